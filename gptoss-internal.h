@@ -1,0 +1,322 @@
+// gptoss-internal.h - the engine's private C++ interfaces, shared by gptoss*.cpp, cpu/, cuda/,
+// tokenizer/ glue and the tests. Nothing here is installed or exported: the public contract
+// is gptoss.h alone.
+//
+// The seams:
+//   errors     fail() records the thread-local message behind gptoss_last_error().
+//   Config     config.json, parsed and checked (gptoss-loader.cpp).
+//   Checkpoint the mmapped safetensors files and a typed view of every tensor (gptoss-loader.cpp).
+//   Backend    one per model: weights in the form a device wants (cpu/, cuda/).
+//   BackendSession  one per session: KV cache + scratch; runs the forward pass on token chunks.
+//   Model, Session  the objects behind the public handles (gptoss.cpp).
+//   session_generate  prefix reuse + prefill + decode loop + sampling; used by gptoss_generate
+//                     and by gptoss_chat (gptoss-harmony.cpp).
+#pragma once
+
+#include "gptoss.h"
+
+#include <atomic>
+#include <cstdarg>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace gptoss {
+
+// ---------------------------------------------------------------------------
+// Errors and logging (gptoss.cpp)
+
+// Formats the thread-local message behind gptoss_last_error() and returns `status`.
+// Messages answer "what, where, expected, found" on one line, no trailing period.
+[[nodiscard]] gptoss_status fail(gptoss_status status, const char* format, ...)
+    __attribute__((format(printf, 2, 3)));
+void clear_error();
+// Sends one line to the log callback, if one is installed and `level` is high enough.
+void log(gptoss_log_level level, const char* format, ...) __attribute__((format(printf, 2, 3)));
+
+#define GPTOSS_TRY(expr)                                   \
+    do {                                                   \
+        const gptoss_status gptoss_try_status_ = (expr);   \
+        if (gptoss_try_status_ != GPTOSS_OK) return gptoss_try_status_; \
+    } while (0)
+
+// Reads an extensible struct the caller passed (API.md §3): copies min(struct_size, sizeof(T))
+// bytes over `defaults`, and fails with UNSUPPORTED if a larger struct has a non-zero byte
+// beyond sizeof(T). `what` names the struct in the message.
+gptoss_status read_extensible(const void* in, size_t sizeof_t, void* out, const char* what);
+template <typename T>
+[[nodiscard]] gptoss_status read_params(const T* in, T* out, const char* what) {
+    return read_extensible(in, sizeof(T), out, what);
+}
+
+// ---------------------------------------------------------------------------
+// bf16 helpers (host)
+
+inline float bf16_to_f32(uint16_t bits) {
+    uint32_t u = uint32_t(bits) << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+}
+// Round to nearest even; NaN stays NaN.
+inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return uint16_t(u >> 16);
+}
+
+// ---------------------------------------------------------------------------
+// config.json (gptoss-loader.cpp). Field names follow MODEL.md's shape letters.
+
+struct Config {
+    uint32_t n_layers = 0;            // num_hidden_layers
+    uint32_t n_experts = 0;           // E, num_local_experts
+    uint32_t n_experts_per_token = 0; // K, num_experts_per_tok
+    uint32_t hidden = 0;              // H, hidden_size (multiple of 32)
+    uint32_t intermediate = 0;        // I, intermediate_size (multiple of 32)
+    uint32_t n_heads = 0;             // Q, num_attention_heads
+    uint32_t n_kv_heads = 0;          // G, num_key_value_heads (divides Q)
+    uint32_t head_dim = 0;            // D, head_dim (even)
+    uint32_t vocab = 0;               // V, vocab_size
+    uint32_t sliding_window = 0;      // keys visible to a sliding layer, self included (128)
+    uint32_t max_context = 0;         // max_position_embeddings
+    float rms_norm_eps = 1e-5f;
+    float rope_theta = 150000.0f;
+    // rope_scaling (YaRN). factor 1 with no rope_scaling object means plain RoPE.
+    float rope_factor = 1.0f;
+    float rope_beta_fast = 32.0f;
+    float rope_beta_slow = 1.0f;
+    uint32_t rope_original_max_context = 4096;
+    bool rope_truncate = false;
+    float swiglu_limit = 7.0f;
+    std::vector<bool> layer_sliding;  // [n_layers]: true for "sliding_attention"
+    std::vector<int32_t> eos_token_ids;  // from config.json / generation_config.json, may be empty
+};
+
+// Reads and checks `dir`/config.json. Fails with IO (missing) or FORMAT (not JSON, missing or
+// inconsistent field), naming the file and field.
+[[nodiscard]] gptoss_status load_config(const std::string& dir, Config* out);
+
+// ---------------------------------------------------------------------------
+// Checkpoint (gptoss-loader.cpp)
+
+enum class DType : uint8_t { BF16, F32, U8 };
+
+// A tensor inside a mapped safetensors file. `data` points into the mapping and lives as long
+// as the Checkpoint.
+struct Tensor {
+    const void* data = nullptr;
+    DType dtype = DType::BF16;
+    std::vector<uint64_t> shape;
+    uint64_t n_bytes = 0;
+    std::string name;
+    const uint16_t* bf16() const { return static_cast<const uint16_t*>(data); }
+    const uint8_t* u8() const { return static_cast<const uint8_t*>(data); }
+};
+
+struct LayerWeights {
+    bool sliding = false;
+    Tensor attn_norm;                 // bf16 [H]
+    Tensor q_weight, q_bias;          // bf16 [Q*D, H], [Q*D]
+    Tensor k_weight, k_bias;          // bf16 [G*D, H], [G*D]
+    Tensor v_weight, v_bias;          // bf16 [G*D, H], [G*D]
+    Tensor o_weight, o_bias;          // bf16 [H, Q*D], [H]
+    Tensor sinks;                     // bf16 or f32 [Q]
+    Tensor mlp_norm;                  // bf16 [H]
+    Tensor router_weight, router_bias;  // bf16 [E, H], [E]
+    Tensor gate_up_blocks;            // u8 [E, 2I, H/32, 16]   rows interleaved gate0, up0, gate1, ...
+    Tensor gate_up_scales;            // u8 [E, 2I, H/32]       E8M0
+    Tensor gate_up_bias;              // bf16 [E, 2I]
+    Tensor down_blocks;               // u8 [E, H, I/32, 16]
+    Tensor down_scales;               // u8 [E, H, I/32]
+    Tensor down_bias;                 // bf16 [E, H]
+};
+
+struct Weights {
+    Tensor embed;                     // bf16 [V, H]
+    std::vector<LayerWeights> layers;
+    Tensor norm;                      // bf16 [H]
+    Tensor lm_head;                   // bf16 [V, H]
+};
+
+// Loading progress: fraction in [0, 1]; return false to cancel.
+using ProgressFn = std::function<bool(float)>;
+
+struct MappedFile;  // defined in gptoss-loader.cpp
+
+struct Checkpoint {
+    Config config;
+    Weights weights;
+    std::vector<std::unique_ptr<MappedFile>> files;
+    uint64_t total_bytes = 0;         // bytes of tensor data in all shards
+    Checkpoint();
+    ~Checkpoint();
+};
+
+// Opens `dir` (config.json + model.safetensors or model.safetensors.index.json and shards),
+// maps every shard and checks every tensor (dtype, shape against config, offsets, overlaps,
+// coverage). Unexpected extra tensors are logged as warnings. `progress` may be empty; it is
+// called at least once per shard. On failure nothing stays mapped.
+[[nodiscard]] gptoss_status load_checkpoint(const std::string& dir, const ProgressFn& progress,
+                                            std::unique_ptr<Checkpoint>* out);
+
+// ---------------------------------------------------------------------------
+// Sampling (gptoss-sampling.cpp). One implementation, used by every backend that samples on
+// the host; a device sampler must implement the same definition:
+//   1. temperature == 0: argmax, lowest id on ties.
+//   2. else: z = logits / temperature; keep the top_k largest (if top_k > 0; ties by lower id);
+//      p = softmax(z over kept); sort kept by p descending (ties by lower id); keep the shortest
+//      prefix whose cumulative p >= top_p (if top_p < 1; at least one token); renormalise;
+//      return the first token whose cumulative p exceeds u * total, u in [0, 1).
+struct SamplingConfig {
+    float temperature = 1.0f;
+    float top_p = 1.0f;
+    uint32_t top_k = 0;
+};
+int32_t sample_logits(const float* logits, uint32_t n_vocab, const SamplingConfig& config,
+                      double u);
+
+// Deterministic on every machine: splitmix64 seeding + xoshiro256** (Blackman & Vigna).
+class Rng {
+public:
+    explicit Rng(uint64_t seed);
+    uint64_t next_u64();
+    double next_double();  // [0, 1), 53 random bits
+private:
+    uint64_t s_[4];
+};
+
+// ---------------------------------------------------------------------------
+// Backends (cpu/backend.cpp, cuda/backend.cu)
+
+class BackendSession {
+public:
+    virtual ~BackendSession() = default;
+    // Runs `n` tokens (1 <= n <= max_batch) at positions [pos, pos + n): stores their K/V in
+    // the cache (a sliding layer keeps the last `sliding_window` positions in a ring, slot
+    // = position % window) and keeps the logits of the last token for get_logits()/sample().
+    // Precondition, guaranteed by the engine: the K/V of positions [0, pos) that each layer
+    // keeps are valid, and pos + n <= max_context.
+    [[nodiscard]] virtual gptoss_status forward(const int32_t* tokens, uint32_t n, uint32_t pos) = 0;
+    // Host copy of the logits [V] (fp32) of the last token of the latest forward(). The pointer
+    // lives until the next call on this object.
+    [[nodiscard]] virtual gptoss_status get_logits(const float** logits_out) = 0;
+    // Samples from the latest logits with `u` drawn by the engine. The default samples on the
+    // host with sample_logits(); a device backend may override it with the same definition.
+    [[nodiscard]] virtual gptoss_status sample(const SamplingConfig& config, double u, int32_t* token_out);
+    // Copies every sliding layer's ring (API.md §6) aside / back. After restore, the cache
+    // holds for sliding layers what it held at the save; full layers are untouched (their
+    // entries below the saved position are still valid, since the engine only rewinds).
+    [[nodiscard]] virtual gptoss_status save_sliding_snapshot() = 0;
+    [[nodiscard]] virtual gptoss_status restore_sliding_snapshot() = 0;
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    [[nodiscard]] virtual gptoss_status create_session(uint32_t max_context, uint32_t max_batch,
+                                                       std::unique_ptr<BackendSession>* out) = 0;
+    virtual uint64_t weight_bytes() const = 0;   // memory held for the weights (device or host copies)
+    virtual int32_t device() const = 0;          // CUDA ordinal or GPTOSS_DEVICE_CPU
+    virtual uint32_t default_max_batch() const = 0;
+};
+
+// cpu/backend.cpp. Keeps pointers into `checkpoint`, which must outlive the backend.
+[[nodiscard]] gptoss_status create_cpu_backend(const Checkpoint& checkpoint, std::unique_ptr<Backend>* out);
+
+#ifdef GPTOSS_HAVE_CUDA
+// cuda/backend.cu. Number of usable CUDA devices (0 when there is no driver or no GPU).
+int cuda_device_count();
+[[nodiscard]] gptoss_status create_cuda_backend(const Checkpoint& checkpoint, int32_t device,
+                                                const ProgressFn& progress,
+                                                std::unique_ptr<Backend>* out);
+#endif
+
+// ---------------------------------------------------------------------------
+// Model and session (gptoss.cpp)
+
+class Tokenizer;  // tokenizer/tokenizer.h
+
+}  // namespace gptoss
+
+struct gptoss_model {
+    std::atomic<int> refs{1};                         // caller's hold + one per session
+    std::unique_ptr<gptoss::Checkpoint> checkpoint;
+    std::unique_ptr<gptoss::Backend> backend;
+    std::shared_ptr<const gptoss::Tokenizer> tokenizer;  // null if the directory has none
+    std::string name;
+    std::atomic<bool> poisoned{false};                // a CUDA error happened: every call fails
+    std::mutex mutex;                                 // guards session creation
+    ~gptoss_model();
+};
+
+namespace gptoss {
+
+// Storage for a gptoss_generate_result; the session keeps two and swaps (API.md §2).
+struct GenerateResultStorage {
+    gptoss_generate_result result{};
+    std::vector<int32_t> tokens;
+    std::string text;
+};
+
+}  // namespace gptoss
+
+struct gptoss_session {
+    gptoss_model* model = nullptr;
+    std::unique_ptr<gptoss::BackendSession> backend;
+    uint32_t max_context = 0;
+    uint32_t max_batch = 0;
+    std::vector<int32_t> cached;          // tokens whose K/V the cache holds, positions 0..n-1
+    uint32_t snapshot_pos = 0;            // sliding rings saved after position snapshot_pos-1; 0: none
+    std::atomic<bool> cancel_requested{false};
+    std::atomic<bool> running{false};
+    gptoss::GenerateResultStorage generate_results[2];
+    int generate_current = 0;
+    std::shared_ptr<void> chat_result;    // owned by gptoss-harmony.cpp
+    std::shared_ptr<void> chat_result_previous;
+};
+
+namespace gptoss {
+
+// What session_generate reports to its caller for each sampled token.
+// Return kContinue to go on, or a gptoss_stop_reason to stop after this token.
+constexpr int kContinue = -1;
+using TokenHook = std::function<int(int32_t token)>;
+
+struct GenerateOptions {
+    SamplingConfig sampling;
+    uint64_t seed = 0;                    // already resolved (never GPTOSS_SEED_RANDOM)
+    uint32_t max_tokens = 0;              // 0: until a stop or a full context
+    std::vector<int32_t> stop_tokens;
+    TokenHook on_token;                   // may be empty
+};
+
+struct GenerateOutput {
+    std::vector<int32_t> tokens;          // sampled, including the stop token if any
+    gptoss_stop_reason stop_reason = GPTOSS_STOP_MAX_TOKENS;
+    uint32_t n_prompt_tokens = 0;
+    uint32_t n_cached_tokens = 0;
+    double prefill_ms = 0;
+    double decode_ms = 0;
+};
+
+// The generation loop behind gptoss_generate and gptoss_chat: reuses the longest cached prefix
+// (restoring the sliding snapshot where API.md §6 needs it), prefills the rest in chunks of
+// max_batch (checking cancel between chunks), snapshots the sliding rings, then samples until
+// a stop token, max_tokens, a full context, cancel, or on_token says stop. On failure the
+// session's cache is left consistent (cached is trimmed to what the cache really holds).
+[[nodiscard]] gptoss_status session_generate(gptoss_session* session, const int32_t* prompt,
+                                             size_t n_prompt, const GenerateOptions& options,
+                                             GenerateOutput* out);
+
+// Converts public sampling params (already read with read_params) to options; resolves the
+// seed (GPTOSS_SEED_RANDOM draws one from std::random_device).
+[[nodiscard]] gptoss_status make_generate_options(const gptoss_sampling_params& params,
+                                                  GenerateOptions* out);
+
+}  // namespace gptoss

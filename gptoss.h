@@ -1,0 +1,454 @@
+// gptoss.h - run OpenAI's gpt-oss models on an NVIDIA GPU (or, slowly, on the CPU).
+//
+// Two objects:
+//   gptoss_model    the weights and tokenizer of one checkpoint, resident on one GPU.
+//                   Immutable once loaded; share it freely between threads.
+//   gptoss_session  working memory for one generation at a time: KV cache, scratch
+//                   buffers, and the result of its latest call. One thread at a time.
+//
+// Every generate/chat call is a function of its arguments alone (given a seed). The
+// session is a cache, not a conversation: pass the whole prompt or conversation each
+// time, and the session skips the longest prefix it has already processed.
+//
+// Basic use:
+//
+//     gptoss_model* model = NULL;
+//     if (gptoss_load("/models/gpt-oss-20b", NULL, &model) != GPTOSS_OK) {
+//         fprintf(stderr, "gptoss: %s\n", gptoss_last_error());
+//         return 1;
+//     }
+//     gptoss_session* session = NULL;
+//     if (gptoss_session_create(model, NULL, &session) != GPTOSS_OK) { ... }
+//
+//     gptoss_message history[1] = {{ GPTOSS_ROLE_USER }};
+//     history[0].content = "What is 2 + 2?";
+//     gptoss_chat_request request = gptoss_chat_default_request();
+//     request.messages   = history;
+//     request.n_messages = 1;
+//
+//     const gptoss_chat_result* reply = NULL;
+//     if (gptoss_chat(session, &request, NULL, NULL, NULL, &reply) == GPTOSS_OK)
+//         printf("%s\n", reply->final);
+//
+//     gptoss_session_free(session);
+//     gptoss_model_free(model);
+//
+// Rules that hold for every function unless its comment says otherwise:
+//   - A function that can fail returns gptoss_status. On failure it stores NULL in
+//     pointer out-parameters, leaves other out-parameters unchanged, and records a
+//     message for gptoss_last_error().
+//   - Strings are UTF-8 and NUL-terminated unless a length is passed with them.
+//   - The caller owns what it passes in; the library copies what it keeps.
+//   - Pointers returned by the library are borrowed: never free them. Each comment
+//     says how long they stay valid.
+//   - Callbacks run synchronously on the calling thread and are never called after
+//     the function that received them returns. Their arguments are valid only
+//     during the callback.
+//   - Passing NULL to a *_free function does nothing.
+
+#ifndef GPTOSS_H
+#define GPTOSS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GPTOSS_VERSION_MAJOR  0
+#define GPTOSS_VERSION_MINOR  1
+#define GPTOSS_VERSION_PATCH  0
+#define GPTOSS_VERSION_NUMBER (GPTOSS_VERSION_MAJOR * 1000000 + GPTOSS_VERSION_MINOR * 1000 + GPTOSS_VERSION_PATCH)
+#define GPTOSS_VERSION_STRING "0.1.0"
+
+#ifndef GPTOSS_API
+#  if defined(GPTOSS_BUILD) && defined(__GNUC__)
+#    define GPTOSS_API __attribute__((visibility("default")))
+#  else
+#    define GPTOSS_API
+#  endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---------------------------------------------------------------------------
+// Status, errors, logging, version
+
+typedef enum gptoss_status {
+    GPTOSS_OK                   = 0,
+    GPTOSS_ERR_INVALID_ARGUMENT = 1,  // NULL where a value is required, value out of range, malformed schema
+    GPTOSS_ERR_IO               = 2,  // a file could not be opened or read
+    GPTOSS_ERR_FORMAT           = 3,  // a file is malformed or disagrees with config.json
+    GPTOSS_ERR_UNSUPPORTED      = 4,  // valid request this build cannot serve (GPU, dtype, newer struct)
+    GPTOSS_ERR_OUT_OF_MEMORY    = 5,  // a host or device allocation failed
+    GPTOSS_ERR_DEVICE           = 6,  // CUDA failed; the model and its sessions are no longer usable
+    GPTOSS_ERR_CONTEXT_FULL     = 7,  // the prompt alone does not fit in the session's context
+    GPTOSS_ERR_BUFFER_TOO_SMALL = 8,  // the caller's buffer is too small; the needed size was stored
+    GPTOSS_ERR_CANCELLED        = 9,  // loading was cancelled by the progress callback
+    GPTOSS_ERR_INTERNAL         = 10, // a bug in gptoss; please report gptoss_last_error()
+} gptoss_status;
+
+// A short, static description of `status`, such as "out of memory".
+GPTOSS_API const char* gptoss_status_string(gptoss_status status);
+
+// Describes the most recent failure of a gptoss function on the calling thread:
+// what failed and why, naming files, tensors and values (for example "model-00002-of-00003
+// .safetensors: tensor model.layers.3.mlp.router.weight has shape [32, 2880], config.json
+// implies [128, 2880]"). Valid until the next gptoss call on this thread. Returns "" if
+// nothing has failed on this thread.
+GPTOSS_API const char* gptoss_last_error(void);
+
+// GPTOSS_VERSION_NUMBER of the library as built. Compare it with the header's to catch a
+// mismatched shared library: gptoss_version() / 1000000 == GPTOSS_VERSION_MAJOR.
+GPTOSS_API uint32_t gptoss_version(void);
+
+typedef enum gptoss_log_level {
+    GPTOSS_LOG_DEBUG = 0,
+    GPTOSS_LOG_INFO  = 1,
+    GPTOSS_LOG_WARN  = 2,
+    GPTOSS_LOG_ERROR = 3,
+} gptoss_log_level;
+
+// Receives one log line, without a trailing newline. May be called from any thread.
+typedef void (*gptoss_log_fn)(void* user_data, gptoss_log_level level, const char* message);
+
+// Sends messages at `min_level` and above to `fn`. By default the library prints nothing;
+// errors are reported through return values and gptoss_last_error(). Pass NULL to silence
+// again. Not thread-safe: call it before any other gptoss function.
+GPTOSS_API void gptoss_set_log_callback(gptoss_log_fn fn, void* user_data, gptoss_log_level min_level);
+
+// ---------------------------------------------------------------------------
+// Model
+
+typedef struct gptoss_model   gptoss_model;
+typedef struct gptoss_session gptoss_session;
+
+#define GPTOSS_DEVICE_CPU  (-1)
+#define GPTOSS_DEVICE_AUTO (-2)
+
+// Reports loading progress as a fraction in [0, 1]. Return false to cancel.
+typedef bool (*gptoss_progress_fn)(void* user_data, float fraction);
+
+typedef struct gptoss_model_params {
+    uint32_t           struct_size;        // sizeof(gptoss_model_params); set by gptoss_model_params_init
+    int32_t            device;             // CUDA device ordinal, GPTOSS_DEVICE_CPU for the CPU
+                                           // reference backend, or GPTOSS_DEVICE_AUTO (the default):
+                                           // device 0 if a CUDA device exists, else the CPU.
+    gptoss_progress_fn progress;           // Default NULL.
+    void*              progress_user_data;
+} gptoss_model_params;
+
+// Fills `params` with defaults. `struct_size` is sizeof(*params) as the caller compiled it,
+// which keeps callers built against an older or newer gptoss.h working.
+GPTOSS_API void gptoss_model_params_init(gptoss_model_params* params, size_t struct_size);
+
+static inline gptoss_model_params gptoss_model_default_params(void) {
+    gptoss_model_params params;
+    gptoss_model_params_init(&params, sizeof params);
+    return params;
+}
+
+// Loads a checkpoint from a directory in Hugging Face layout: config.json, tokenizer.json,
+// and model.safetensors or model.safetensors.index.json with its shards. Every tensor is
+// checked against config.json; a mismatch fails with GPTOSS_ERR_FORMAT, and the message
+// names the file, the tensor, and the expected and found dtype or shape.
+// `params` may be NULL for defaults.
+// On success stores a new model in *model_out; release it with gptoss_model_free().
+// Returns GPTOSS_ERR_CANCELLED if params->progress returned false.
+GPTOSS_API gptoss_status gptoss_load(const char* model_dir,
+                                     const gptoss_model_params* params,
+                                     gptoss_model** model_out);
+
+// Releases the caller's hold on `model`. Its memory is freed once every session created
+// from it has been freed as well, so models and sessions can be freed in any order (as
+// garbage-collected bindings do).
+GPTOSS_API void gptoss_model_free(gptoss_model* model);
+
+typedef struct gptoss_model_info {
+    uint32_t    struct_size;           // set by the caller: sizeof(gptoss_model_info)
+    const char* name;                  // "gpt-oss-20b", "gpt-oss-120b", or "gpt-oss" for other shapes
+    uint32_t    n_layers;
+    uint32_t    n_experts;
+    uint32_t    n_experts_per_token;
+    uint32_t    n_vocab;
+    uint32_t    max_context;           // tokens
+    uint64_t    weight_bytes;          // device memory held by the weights
+    int32_t     device;                // CUDA device ordinal, or GPTOSS_DEVICE_CPU
+} gptoss_model_info;
+
+// Fills the first info->struct_size bytes of `info`. Strings live as long as the model.
+GPTOSS_API gptoss_status gptoss_model_get_info(const gptoss_model* model, gptoss_model_info* info);
+
+// ---------------------------------------------------------------------------
+// Tokenizer (o200k_harmony). Safe to call from any thread.
+
+// Converts `text_len` bytes of UTF-8 `text` to token ids. Text that spells a special token,
+// such as "<|start|>", becomes that token only if `allow_special` is true; otherwise it is
+// ordinary text, which is what untrusted input needs.
+// `text` must be valid UTF-8: a byte-level BPE could encode any bytes, but accepting them
+// silently hides caller bugs, so invalid UTF-8 fails with GPTOSS_ERR_INVALID_ARGUMENT and a
+// message naming the byte offset. NUL bytes are ordinary text (the length is explicit).
+// `text` may be NULL only when `text_len` is 0; `tokens` may be NULL only when `capacity` is 0.
+// Stores the number of tokens in *n_tokens_out and writes them to `tokens` if `capacity`
+// suffices; otherwise returns GPTOSS_ERR_BUFFER_TOO_SMALL, so a call with capacity 0 sizes
+// the buffer.
+GPTOSS_API gptoss_status gptoss_tokenize(const gptoss_model* model,
+                                         const char* text, size_t text_len,
+                                         bool allow_special,
+                                         int32_t* tokens, size_t capacity,
+                                         size_t* n_tokens_out);
+
+// Converts token ids to text; special tokens appear as their names ("<|end|>").
+// An id outside [0, n_vocab) fails with GPTOSS_ERR_INVALID_ARGUMENT naming its position. Stores the
+// byte length in *text_len_out and writes the text plus a NUL to `text` if `capacity`
+// suffices; otherwise returns GPTOSS_ERR_BUFFER_TOO_SMALL. A token sequence can end inside a
+// multi-byte character, so the bytes are not always valid UTF-8; streamed text always is
+// (see gptoss_event).
+GPTOSS_API gptoss_status gptoss_detokenize(const gptoss_model* model,
+                                           const int32_t* tokens, size_t n_tokens,
+                                           char* text, size_t capacity,
+                                           size_t* text_len_out);
+
+// ---------------------------------------------------------------------------
+// Session
+
+typedef struct gptoss_session_params {
+    uint32_t struct_size;       // sizeof(gptoss_session_params); set by gptoss_session_params_init
+    uint32_t max_context;       // tokens. Default 0: the model's maximum (KV memory grows linearly).
+    uint32_t max_batch;         // prompt tokens processed per step. Default 0: chosen by the library.
+} gptoss_session_params;
+
+GPTOSS_API void gptoss_session_params_init(gptoss_session_params* params, size_t struct_size);
+
+static inline gptoss_session_params gptoss_session_default_params(void) {
+    gptoss_session_params params;
+    gptoss_session_params_init(&params, sizeof params);
+    return params;
+}
+
+// Creates a session on `model`'s GPU. `params` may be NULL for defaults. The session keeps
+// the model alive. Safe to call from any thread.
+GPTOSS_API gptoss_status gptoss_session_create(gptoss_model* model,
+                                               const gptoss_session_params* params,
+                                               gptoss_session** session_out);
+
+GPTOSS_API void gptoss_session_free(gptoss_session* session);
+
+// Asks a gptoss_generate() or gptoss_chat() running on `session` to stop before its next
+// token; that call then returns GPTOSS_OK with stop_reason GPTOSS_STOP_CANCELLED and the
+// output so far. Safe to call from any thread, including from a callback. Does nothing if no
+// call is running. Never call it on a session that is being freed.
+GPTOSS_API void gptoss_session_cancel(gptoss_session* session);
+
+// ---------------------------------------------------------------------------
+// Sampling and streaming (shared by gptoss_generate and gptoss_chat)
+
+#define GPTOSS_SEED_RANDOM UINT64_MAX
+
+typedef struct gptoss_sampling_params {
+    uint32_t           struct_size;     // sizeof(gptoss_sampling_params); set by gptoss_sampling_params_init
+    float              temperature;     // Default 1.0, as OpenAI recommends for gpt-oss. 0 = greedy.
+    float              top_p;           // Default 1.0 (off).
+    uint32_t           top_k;           // Default 0 (off).
+    uint64_t           seed;            // Default GPTOSS_SEED_RANDOM. Same seed + same input = same output.
+    uint32_t           max_tokens;      // Default 0: until a stop or a full context.
+    const int32_t*     stop_tokens;     // Default: <|return|> and <|call|>. Ignored by gptoss_chat.
+    size_t             n_stop_tokens;
+    const char* const* stop_strings;    // Default none. Matched against final-channel text in chat.
+    size_t             n_stop_strings;
+} gptoss_sampling_params;
+
+GPTOSS_API void gptoss_sampling_params_init(gptoss_sampling_params* params, size_t struct_size);
+
+static inline gptoss_sampling_params gptoss_sampling_default_params(void) {
+    gptoss_sampling_params params;
+    gptoss_sampling_params_init(&params, sizeof params);
+    return params;
+}
+
+typedef enum gptoss_channel {
+    GPTOSS_CHANNEL_NONE       = 0,
+    GPTOSS_CHANNEL_ANALYSIS   = 1,    // chain of thought
+    GPTOSS_CHANNEL_COMMENTARY = 2,    // tool calls and preambles
+    GPTOSS_CHANNEL_FINAL      = 3,    // the answer for the user
+} gptoss_channel;
+
+typedef enum gptoss_stop_reason {
+    GPTOSS_STOP_RETURN       = 0,     // sampled <|return|>: the answer is complete
+    GPTOSS_STOP_CALL         = 1,     // sampled <|call|>: the model is calling a tool
+    GPTOSS_STOP_TOKEN        = 2,     // sampled another token from stop_tokens
+    GPTOSS_STOP_STRING       = 3,     // produced one of stop_strings (not included in the output)
+    GPTOSS_STOP_MAX_TOKENS   = 4,
+    GPTOSS_STOP_CONTEXT_FULL = 5,
+    GPTOSS_STOP_CANCELLED    = 6,     // gptoss_session_cancel() or a callback returned false
+} gptoss_stop_reason;
+
+// One sampled token.
+typedef struct gptoss_event {
+    uint32_t       struct_size;       // grows in later versions; check before reading new fields
+    int32_t        token;
+    const char*    text;              // complete UTF-8 characters this token finished; often ""
+    size_t         text_len;
+    gptoss_channel channel;           // chat: channel of the message being written
+    const char*    recipient;         // chat: "functions.NAME" while writing a tool call, else NULL
+} gptoss_event;
+
+// Called once per sampled token. Return false to stop generating. Must not call gptoss
+// functions on the same session, except gptoss_session_cancel().
+typedef bool (*gptoss_event_fn)(void* user_data, const gptoss_event* event);
+
+// ---------------------------------------------------------------------------
+// Generate: raw tokens in, tokens out
+
+typedef struct gptoss_generate_result {
+    uint32_t           struct_size;
+    const int32_t*     tokens;            // sampled tokens, including the stop token if any
+    size_t             n_tokens;
+    const char*        text;              // `tokens` as text, special tokens included
+    size_t             text_len;
+    gptoss_stop_reason stop_reason;
+    uint32_t           n_prompt_tokens;
+    uint32_t           n_cached_tokens;   // prompt tokens reused from the session, not recomputed
+    double             prefill_ms;
+    double             decode_ms;
+} gptoss_generate_result;
+
+// Continues `prompt`, which is the whole prompt rather than the tokens since the last call.
+// The session reuses the longest prefix of `prompt` it has already processed.
+// `sampling` may be NULL for defaults; `on_event` may be NULL.
+// On success stores a result owned by the session in *result_out, valid until the next
+// gptoss_generate(), gptoss_chat() or gptoss_session_free() on this session.
+// If the prompt does not fit, returns GPTOSS_ERR_CONTEXT_FULL and the session is unchanged.
+GPTOSS_API gptoss_status gptoss_generate(gptoss_session* session,
+                                         const int32_t* prompt, size_t n_prompt,
+                                         const gptoss_sampling_params* sampling,
+                                         gptoss_event_fn on_event, void* user_data,
+                                         const gptoss_generate_result** result_out);
+
+// ---------------------------------------------------------------------------
+// Chat: Harmony messages in, parsed messages out
+
+typedef enum gptoss_role {
+    GPTOSS_ROLE_USER      = 0,
+    GPTOSS_ROLE_ASSISTANT = 1,
+    GPTOSS_ROLE_TOOL      = 2,
+    // The system and developer messages are rendered from gptoss_chat_request.
+} gptoss_role;
+
+typedef enum gptoss_reasoning_effort {
+    GPTOSS_REASONING_LOW    = 0,
+    GPTOSS_REASONING_MEDIUM = 1,
+    GPTOSS_REASONING_HIGH   = 2,
+} gptoss_reasoning_effort;
+
+// One Harmony message. The layout of this struct never changes (arrays need a fixed stride).
+typedef struct gptoss_message {
+    gptoss_role    role;
+    gptoss_channel channel;        // assistant: required; tool: COMMENTARY; user: NONE
+    const char*    content;
+    const char*    author;         // tool results: the tool, e.g. "functions.get_weather"; else NULL
+    const char*    recipient;      // tool calls: e.g. "functions.get_weather"; else NULL
+    const char*    content_type;   // tool calls: e.g. "json" (rendered <|constrain|>json); else NULL
+} gptoss_message;
+
+// A function the model may call. Layout never changes.
+typedef struct gptoss_tool {
+    const char* name;              // "get_weather"; the model calls it as functions.get_weather
+    const char* description;
+    const char* parameters;        // JSON Schema of the argument object; NULL if none
+} gptoss_tool;
+
+typedef struct gptoss_chat_request {
+    uint32_t                struct_size;      // set by gptoss_chat_request_init
+    const gptoss_message*   messages;         // the conversation so far, oldest first
+    size_t                  n_messages;
+    const char*             instructions;     // the developer message ("system prompt"). Default NULL.
+    const gptoss_tool*      tools;            // Default none.
+    size_t                  n_tools;
+    gptoss_reasoning_effort reasoning_effort; // Default MEDIUM.
+    const char*             current_date;     // "YYYY-MM-DD" for the system message. Default NULL: omitted.
+    bool                    keep_analysis;    // Default false: drop the analysis of turns that ended
+                                              // in a final answer, as Harmony prescribes.
+} gptoss_chat_request;
+
+GPTOSS_API void gptoss_chat_request_init(gptoss_chat_request* request, size_t struct_size);
+
+static inline gptoss_chat_request gptoss_chat_default_request(void) {
+    gptoss_chat_request request;
+    gptoss_chat_request_init(&request, sizeof request);
+    return request;
+}
+
+// A tool call made by the model. Layout never changes.
+typedef struct gptoss_tool_call {
+    const char* name;              // without namespace: "get_weather"
+    const char* recipient;         // as written: "functions.get_weather"
+    const char* arguments;         // as written; normally JSON; not validated
+    const char* content_type;      // "json", another type, or NULL
+} gptoss_tool_call;
+
+typedef struct gptoss_chat_result {
+    uint32_t                struct_size;
+    const char*             final;          // the answer for the user; "" if none
+    const char*             analysis;       // chain of thought; not held to the safety standard of
+                                            // final answers, so do not show it to end users
+    const gptoss_tool_call* tool_calls;
+    size_t                  n_tool_calls;
+    const gptoss_message*   messages;       // this turn, parsed; append to the history as they are
+    size_t                  n_messages;
+    gptoss_stop_reason      stop_reason;
+    const char*             raw;            // the completion as text, special tokens included
+    uint32_t                n_prompt_tokens;
+    uint32_t                n_cached_tokens;
+    uint32_t                n_completion_tokens;
+    double                  prefill_ms;
+    double                  decode_ms;
+} gptoss_chat_result;
+
+// Renders `request` in the Harmony format, up to and including "<|start|>assistant".
+// Buffer rules as for gptoss_tokenize(). Useful for gptoss_generate() and for tests.
+GPTOSS_API gptoss_status gptoss_chat_render(const gptoss_model* model,
+                                            const gptoss_chat_request* request,
+                                            int32_t* tokens, size_t capacity,
+                                            size_t* n_tokens_out);
+
+// Generates the assistant's next turn for `request` and parses it. The parser is lenient:
+// a malformed message header never fails the call; its text still appears in `raw`.
+// `sampling` may be NULL for defaults; `on_event` may be NULL.
+// On success stores a result owned by the session in *result_out, valid until the next
+// gptoss_generate(), gptoss_chat() or gptoss_session_free() on this session.
+GPTOSS_API gptoss_status gptoss_chat(gptoss_session* session,
+                                     const gptoss_chat_request* request,
+                                     const gptoss_sampling_params* sampling,
+                                     gptoss_event_fn on_event, void* user_data,
+                                     const gptoss_chat_result** result_out);
+
+// ---------------------------------------------------------------------------
+// Conversations as JSON: the OpenAI Chat Completions request shape
+
+typedef struct gptoss_conversation gptoss_conversation;
+
+// Parses `json_len` bytes of an OpenAI Chat Completions request body into a chat request:
+// "messages" (role system|developer|user|assistant|tool; content as a string or an array of
+// {"type":"text","text":...} parts; assistant "tool_calls" with function name/arguments and
+// "reasoning_content" or "thinking" as analysis; tool "tool_call_id" or "name"), "tools"
+// ({"type":"function","function":{name, description, parameters}}), "reasoning_effort"
+// (low|medium|high). System and developer messages become `instructions`. Other fields are
+// ignored. On failure returns GPTOSS_ERR_INVALID_ARGUMENT with a message naming the field, for
+// example "messages[3].tool_calls[0].function.arguments: expected a string".
+// On success stores a new conversation in *conversation_out; release it with
+// gptoss_conversation_free().
+GPTOSS_API gptoss_status gptoss_conversation_parse_json(const char* json, size_t json_len,
+                                                        gptoss_conversation** conversation_out);
+
+// The request the conversation holds, with defaults for what the JSON did not say. It and every
+// string it points to live until gptoss_conversation_free(). Returns NULL if `conversation` is NULL.
+GPTOSS_API const gptoss_chat_request* gptoss_conversation_get_request(const gptoss_conversation* conversation);
+
+GPTOSS_API void gptoss_conversation_free(gptoss_conversation* conversation);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif
+
+#endif  // GPTOSS_H

@@ -214,6 +214,9 @@ public:
     // entries below the saved position are still valid, since the engine only rewinds).
     [[nodiscard]] virtual gptoss_status save_sliding_snapshot() = 0;
     [[nodiscard]] virtual gptoss_status restore_sliding_snapshot() = 0;
+
+protected:
+    uint32_t n_vocab_ = 0;  // V; set by the derived class (the default sample() needs it)
 };
 
 class Backend {

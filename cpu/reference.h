@@ -16,8 +16,19 @@ struct Config;
 namespace cpu {
 
 // Runs fn(i) for i in [0, n) on the shared worker pool (std::thread; GPTOSS_THREADS or the
-// hardware concurrency). Blocks until all are done. fn must not call parallel_for.
+// hardware concurrency). Blocks until all are done. fn must not call parallel_for. Without a
+// live PoolHold it runs on the calling thread (same results: nothing depends on the split).
 void parallel_for(size_t n, void (*fn)(void* ctx, size_t i), void* ctx);
+
+// Keeps the worker pool alive; the pool's threads exit when the last hold is destroyed, so no
+// thread outlives the last CPU model (API.md §8). Tests may create one to run ops threaded.
+class PoolHold {
+public:
+    PoolHold();
+    ~PoolHold();
+    PoolHold(const PoolHold&) = delete;
+    PoolHold& operator=(const PoolHold&) = delete;
+};
 
 // E2M1 code (0..15) → value: 0, .5, 1, 1.5, 2, 3, 4, 6 and negatives for 8..15.
 float e2m1_to_f32(uint8_t code);

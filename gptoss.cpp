@@ -1,0 +1,659 @@
+// gptoss.cpp - the engine core and the C entry points of gptoss.h (except chat, which lives
+// in gptoss-harmony.cpp, and loading, in gptoss-loader.cpp).
+// Sections: errors & logging | extensible structs | model | session | generation loop
+// (KV prefix reuse, sliding-window snapshot, sampling, streaming) | tokenizer shims.
+// Every extern "C" function is a thin shim: check arguments, catch everything, return a status.
+// Invariant: session->cached lists exactly the tokens whose K/V the backend's cache holds
+// (for sliding layers: the last `sliding_window` of them), at positions 0..n-1.
+#include "gptoss-internal.h"
+
+#include "tokenizer/tokenizer.h"  // defines: Tokenizer, Utf8StreamDecoder
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <random>
+#include <sys/stat.h>
+
+namespace gptoss {
+
+// ---------------------------------------------------------------------------
+// Errors and logging
+
+static thread_local std::string t_last_error;
+
+gptoss_status fail(gptoss_status status, const char* format, ...) {
+    char buffer[2048];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(buffer, sizeof buffer, format, args);
+    va_end(args);
+    t_last_error = buffer;
+    log(GPTOSS_LOG_DEBUG, "error: %s", buffer);
+    return status;
+}
+
+void clear_error() { t_last_error.clear(); }
+
+static gptoss_log_fn g_log_fn = nullptr;
+static void* g_log_user_data = nullptr;
+static gptoss_log_level g_log_min_level = GPTOSS_LOG_ERROR;
+
+// GPTOSS_LOG=debug|info|warn|error prints to stderr when no callback is installed: a
+// debugging aid only (API.md §8); it never changes results.
+static int env_log_level() {
+    static const int level = [] {
+        const char* env = std::getenv("GPTOSS_LOG");
+        if (env == nullptr) return -1;
+        if (!strcmp(env, "debug")) return int(GPTOSS_LOG_DEBUG);
+        if (!strcmp(env, "info")) return int(GPTOSS_LOG_INFO);
+        if (!strcmp(env, "warn")) return int(GPTOSS_LOG_WARN);
+        if (!strcmp(env, "error")) return int(GPTOSS_LOG_ERROR);
+        return -1;
+    }();
+    return level;
+}
+
+void log(gptoss_log_level level, const char* format, ...) {
+    const bool to_callback = g_log_fn != nullptr && level >= g_log_min_level;
+    const bool to_stderr = g_log_fn == nullptr && env_log_level() >= 0 && int(level) >= env_log_level();
+    if (!to_callback && !to_stderr) return;
+    char buffer[2048];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(buffer, sizeof buffer, format, args);
+    va_end(args);
+    if (to_callback) {
+        g_log_fn(g_log_user_data, level, buffer);
+    } else {
+        static const char* const kNames[] = {"debug", "info", "warn", "error"};
+        fprintf(stderr, "gptoss %s: %s\n", kNames[level], buffer);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Extensible structs (API.md §3)
+
+gptoss_status read_extensible(const void* in, size_t sizeof_t, void* out, const char* what) {
+    uint32_t struct_size;
+    std::memcpy(&struct_size, in, sizeof struct_size);
+    if (struct_size < sizeof(uint32_t))
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT,
+                    "%s: struct_size is %u; initialise the struct with its *_init function", what, struct_size);
+    const unsigned char* bytes = static_cast<const unsigned char*>(in);
+    for (size_t i = sizeof_t; i < struct_size; i++)
+        if (bytes[i] != 0)
+            return fail(GPTOSS_ERR_UNSUPPORTED,
+                        "%s: byte %zu is set, but this library (%s) knows only the first %zu bytes of the "
+                        "struct: a field of a newer gptoss.h is not supported",
+                        what, i, GPTOSS_VERSION_STRING, sizeof_t);
+    std::memcpy(out, in, std::min<size_t>(struct_size, sizeof_t));
+    std::memcpy(out, &struct_size, sizeof struct_size);
+    return GPTOSS_OK;
+}
+
+// Zeroes the caller's struct (all of its `struct_size` bytes) and writes `defaults` into the
+// part both sides know.
+static void init_extensible(void* params, size_t struct_size, const void* defaults, size_t sizeof_t) {
+    if (params == nullptr || struct_size < sizeof(uint32_t)) return;
+    std::memset(params, 0, struct_size);
+    std::memcpy(params, defaults, std::min(struct_size, sizeof_t));
+    const uint32_t size32 = uint32_t(std::min<size_t>(struct_size, UINT32_MAX));
+    std::memcpy(params, &size32, sizeof size32);
+}
+
+// Runs `body` and turns any escaping exception into a status (no exception crosses extern "C").
+template <typename Body>
+static gptoss_status guarded(const char* function, const Body& body) {
+    try {
+        clear_error();
+        return body();
+    } catch (const std::bad_alloc&) {
+        return fail(GPTOSS_ERR_OUT_OF_MEMORY, "%s: out of host memory", function);
+    } catch (const std::exception& e) {
+        return fail(GPTOSS_ERR_INTERNAL, "%s: unexpected exception: %s", function, e.what());
+    } catch (...) {
+        return fail(GPTOSS_ERR_INTERNAL, "%s: unexpected exception", function);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Model
+
+static void model_release(gptoss_model* model) {
+    if (model != nullptr && model->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete model;
+}
+
+static const char* model_name(const Config& c) {
+    if (c.n_layers == 24 && c.n_experts == 32 && c.hidden == 2880) return "gpt-oss-20b";
+    if (c.n_layers == 36 && c.n_experts == 128 && c.hidden == 2880) return "gpt-oss-120b";
+    return "gpt-oss";
+}
+
+static bool file_exists(const std::string& path) {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static gptoss_status load_model(const char* model_dir, const gptoss_model_params& params, gptoss_model** out) {
+    int32_t device = params.device;
+    if (device < GPTOSS_DEVICE_AUTO)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT,
+                    "params.device: %d is not a CUDA ordinal, GPTOSS_DEVICE_CPU (-1) or GPTOSS_DEVICE_AUTO (-2)", device);
+#ifdef GPTOSS_HAVE_CUDA
+    const int n_devices = cuda_device_count();
+#else
+    const int n_devices = 0;
+#endif
+    if (device == GPTOSS_DEVICE_AUTO) device = n_devices > 0 ? 0 : GPTOSS_DEVICE_CPU;
+    if (device >= 0) {
+#ifndef GPTOSS_HAVE_CUDA
+        return fail(GPTOSS_ERR_UNSUPPORTED,
+                    "params.device: %d asks for a GPU, but this build has no CUDA backend (built without nvcc); "
+                    "use GPTOSS_DEVICE_CPU",
+                    device);
+#else
+        if (n_devices == 0)
+            return fail(GPTOSS_ERR_UNSUPPORTED, "params.device: %d asks for a GPU, but no CUDA device was found", device);
+        if (device >= n_devices)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "params.device: %d, but only %d CUDA device(s) exist", device,
+                        n_devices);
+#endif
+    }
+
+    // Loading the files is the first half of the progress bar, uploading to a GPU the second.
+    const float file_share = device >= 0 ? 0.5f : 1.0f;
+    ProgressFn file_progress;
+    if (params.progress != nullptr)
+        file_progress = [&](float f) { return params.progress(params.progress_user_data, f * file_share); };
+
+    std::unique_ptr<gptoss_model> model(new gptoss_model());
+    GPTOSS_TRY(load_checkpoint(model_dir, file_progress, &model->checkpoint));
+
+    const std::string tokenizer_path = std::string(model_dir) + "/tokenizer.json";
+    if (file_exists(tokenizer_path)) {
+        std::unique_ptr<Tokenizer> tokenizer;
+        GPTOSS_TRY(Tokenizer::load_hf_json(tokenizer_path, &tokenizer));
+        model->tokenizer = std::move(tokenizer);
+    } else {
+        log(GPTOSS_LOG_WARN, "%s: not found; tokenize, detokenize and chat will be unavailable", tokenizer_path.c_str());
+    }
+
+    if (device == GPTOSS_DEVICE_CPU) {
+        GPTOSS_TRY(create_cpu_backend(*model->checkpoint, &model->backend));
+    } else {
+#ifdef GPTOSS_HAVE_CUDA
+        ProgressFn upload_progress;
+        if (params.progress != nullptr)
+            upload_progress = [&](float f) { return params.progress(params.progress_user_data, 0.5f + 0.5f * f); };
+        GPTOSS_TRY(create_cuda_backend(*model->checkpoint, device, upload_progress, &model->backend));
+#endif
+    }
+    if (params.progress != nullptr && !params.progress(params.progress_user_data, 1.0f))
+        return fail(GPTOSS_ERR_CANCELLED, "%s: loading cancelled by the progress callback", model_dir);
+    model->name = model_name(model->checkpoint->config);
+    *out = model.release();
+    return GPTOSS_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Generation loop
+
+static double ms_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+static gptoss_status check_model_usable(const gptoss_model* model, const char* function) {
+    if (model->poisoned.load())
+        return fail(GPTOSS_ERR_DEVICE, "%s: an earlier CUDA error left this model unusable; free it and load again",
+                    function);
+    return GPTOSS_OK;
+}
+
+// Where the cache can resume for a prompt whose first `prefix` tokens equal the cached ones:
+// the position to restart from, after restoring the sliding snapshot if `*use_snapshot`.
+static uint32_t resume_position(const gptoss_session* session, uint32_t prefix, bool* use_snapshot) {
+    const Config& c = session->model->checkpoint->config;
+    const uint32_t n = uint32_t(session->cached.size());
+    const uint32_t W = c.sliding_window;
+    const bool has_sliding = std::find(c.layer_sliding.begin(), c.layer_sliding.end(), true) != c.layer_sliding.end();
+    *use_snapshot = false;
+    // Resuming at r needs the sliding K/V of [r - W + 1, r); the rings hold [n - W, n).
+    if (prefix >= n || !has_sliding || n <= W || prefix + 1 >= n) return prefix;
+    // The trap of API.md §6: the rings cannot rewind. The snapshot taken after the last
+    // prefill holds them as they were at s = snapshot_pos, i.e. [s - W, s): enough to resume
+    // at s - 1 or s.
+    const uint32_t s = session->snapshot_pos;
+    if (s > 0 && s <= prefix + 1) {
+        *use_snapshot = true;
+        return std::min(prefix, s);
+    }
+    return 0;
+}
+
+gptoss_status session_generate(gptoss_session* session, const int32_t* prompt, size_t n_prompt,
+                               const GenerateOptions& options, GenerateOutput* out) {
+    gptoss_model* model = session->model;
+    const Config& config = model->checkpoint->config;
+    BackendSession& backend = *session->backend;
+    GPTOSS_TRY(check_model_usable(model, "generate"));
+    if (n_prompt == 0) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "prompt: empty (n_prompt is 0)");
+    for (size_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || uint32_t(prompt[i]) >= config.vocab)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "prompt[%zu]: token id %d is outside the vocabulary [0, %u)", i,
+                        prompt[i], config.vocab);
+    if (n_prompt > session->max_context)
+        return fail(GPTOSS_ERR_CONTEXT_FULL, "prompt: %zu tokens do not fit the session's max_context of %u",
+                    n_prompt, session->max_context);
+
+    *out = GenerateOutput();
+    out->n_prompt_tokens = uint32_t(n_prompt);
+    const auto start = std::chrono::steady_clock::now();
+
+    // Longest common prefix with the cache; always recompute the last prompt position, whose
+    // logits start the generation.
+    uint32_t prefix = 0;
+    const uint32_t n_cached = uint32_t(session->cached.size());
+    while (prefix < n_cached && prefix < n_prompt && session->cached[prefix] == prompt[prefix]) prefix++;
+    prefix = std::min(prefix, uint32_t(n_prompt - 1));
+    bool use_snapshot = false;
+    const uint32_t resume = resume_position(session, prefix, &use_snapshot);
+    if (use_snapshot) {
+        const gptoss_status status = backend.restore_sliding_snapshot();
+        if (status != GPTOSS_OK) {
+            session->cached.clear();
+            session->snapshot_pos = 0;
+            return status;
+        }
+    }
+    session->cached.resize(resume);
+    if (session->snapshot_pos > resume) session->snapshot_pos = 0;  // its prefix is about to change
+    out->n_cached_tokens = resume;
+
+    // Prefill in chunks of max_batch; cancel is checked between chunks.
+    for (uint32_t pos = resume; pos < n_prompt;) {
+        if (session->cancel_requested.load()) {
+            out->stop_reason = GPTOSS_STOP_CANCELLED;
+            out->prefill_ms = ms_since(start);
+            return GPTOSS_OK;
+        }
+        const uint32_t n = std::min<uint32_t>(session->max_batch, uint32_t(n_prompt) - pos);
+        GPTOSS_TRY(backend.forward(prompt + pos, n, pos));
+        session->cached.insert(session->cached.end(), prompt + pos, prompt + pos + n);
+        pos += n;
+    }
+    GPTOSS_TRY(backend.save_sliding_snapshot());
+    session->snapshot_pos = uint32_t(n_prompt);
+    out->prefill_ms = ms_since(start);
+
+    // Decode.
+    const auto decode_start = std::chrono::steady_clock::now();
+    Rng rng(options.seed);
+    for (;;) {
+        if (session->cancel_requested.load()) {
+            out->stop_reason = GPTOSS_STOP_CANCELLED;
+            break;
+        }
+        int32_t token = 0;
+        GPTOSS_TRY(backend.sample(options.sampling, rng.next_double(), &token));
+        out->tokens.push_back(token);
+        if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), token) != options.stop_tokens.end()) {
+            out->stop_reason = token == 200002 ? GPTOSS_STOP_RETURN : token == 200012 ? GPTOSS_STOP_CALL : GPTOSS_STOP_TOKEN;
+            if (options.on_token) options.on_token(token);
+            break;
+        }
+        if (options.on_token) {
+            const int verdict = options.on_token(token);
+            if (verdict != kContinue) {
+                out->stop_reason = gptoss_stop_reason(verdict);
+                break;
+            }
+        }
+        // Stop before feeding a token whose logits nobody will use.
+        if (options.max_tokens != 0 && out->tokens.size() >= options.max_tokens) {
+            out->stop_reason = GPTOSS_STOP_MAX_TOKENS;
+            break;
+        }
+        if (session->cached.size() >= session->max_context) {
+            out->stop_reason = GPTOSS_STOP_CONTEXT_FULL;
+            break;
+        }
+        const uint32_t pos = uint32_t(session->cached.size());
+        GPTOSS_TRY(backend.forward(&token, 1, pos));
+        session->cached.push_back(token);
+    }
+    out->decode_ms = ms_since(decode_start);
+    return GPTOSS_OK;
+}
+
+static const int32_t kDefaultStopTokens[2] = {200002, 200012};  // <|return|>, <|call|>
+
+gptoss_status make_generate_options(const gptoss_sampling_params& params, GenerateOptions* out) {
+    if (!(params.temperature >= 0.0f) || !std::isfinite(params.temperature))
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "sampling.temperature: %g is not a finite number >= 0",
+                    double(params.temperature));
+    if (!(params.top_p > 0.0f && params.top_p <= 1.0f))
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "sampling.top_p: %g is outside (0, 1]", double(params.top_p));
+    if (params.n_stop_tokens > 0 && params.stop_tokens == nullptr)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "sampling.stop_tokens: NULL with n_stop_tokens %zu", params.n_stop_tokens);
+    if (params.n_stop_strings > 0 && params.stop_strings == nullptr)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "sampling.stop_strings: NULL with n_stop_strings %zu",
+                    params.n_stop_strings);
+    for (size_t i = 0; i < params.n_stop_strings; i++)
+        if (params.stop_strings[i] == nullptr || params.stop_strings[i][0] == '\0')
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "sampling.stop_strings[%zu]: NULL or empty", i);
+    *out = GenerateOptions();
+    out->sampling.temperature = params.temperature;
+    out->sampling.top_p = params.top_p;
+    out->sampling.top_k = params.top_k;
+    out->max_tokens = params.max_tokens;
+    if (params.seed == GPTOSS_SEED_RANDOM) {
+        std::random_device device;
+        out->seed = (uint64_t(device()) << 32) ^ device();
+    } else {
+        out->seed = params.seed;
+    }
+    out->stop_tokens.assign(params.stop_tokens, params.stop_tokens + params.n_stop_tokens);
+    return GPTOSS_OK;
+}
+
+// The text of one token for streaming: bytes through the UTF-8 holder, so events carry only
+// complete characters.
+static void token_text(const Tokenizer* tokenizer, int32_t token, Utf8StreamDecoder* decoder, std::string* text) {
+    text->clear();
+    if (tokenizer == nullptr || token < 0 || uint32_t(token) >= tokenizer->n_vocab()) return;
+    decoder->push(tokenizer->token_bytes(token), text);
+}
+
+// ---------------------------------------------------------------------------
+// C API: status, errors, logging, version. The extern "C" functions sit inside namespace
+// gptoss only for name lookup; C linkage gives them their plain gptoss_* symbols.
+
+extern "C" {
+
+GPTOSS_API const char* gptoss_status_string(gptoss_status status) {
+    switch (status) {
+        case GPTOSS_OK: return "ok";
+        case GPTOSS_ERR_INVALID_ARGUMENT: return "invalid argument";
+        case GPTOSS_ERR_IO: return "i/o error";
+        case GPTOSS_ERR_FORMAT: return "malformed file";
+        case GPTOSS_ERR_UNSUPPORTED: return "unsupported";
+        case GPTOSS_ERR_OUT_OF_MEMORY: return "out of memory";
+        case GPTOSS_ERR_DEVICE: return "device error";
+        case GPTOSS_ERR_CONTEXT_FULL: return "context full";
+        case GPTOSS_ERR_BUFFER_TOO_SMALL: return "buffer too small";
+        case GPTOSS_ERR_CANCELLED: return "cancelled";
+        case GPTOSS_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+GPTOSS_API const char* gptoss_last_error(void) { return t_last_error.c_str(); }
+
+GPTOSS_API uint32_t gptoss_version(void) { return GPTOSS_VERSION_NUMBER; }
+
+GPTOSS_API void gptoss_set_log_callback(gptoss_log_fn fn, void* user_data, gptoss_log_level min_level) {
+    g_log_fn = fn;
+    g_log_user_data = user_data;
+    g_log_min_level = min_level;
+}
+
+// ---------------------------------------------------------------------------
+// C API: model
+
+GPTOSS_API void gptoss_model_params_init(gptoss_model_params* params, size_t struct_size) {
+    gptoss_model_params defaults;
+    std::memset(&defaults, 0, sizeof defaults);
+    defaults.device = GPTOSS_DEVICE_AUTO;
+    init_extensible(params, struct_size, &defaults, sizeof defaults);
+}
+
+GPTOSS_API gptoss_status gptoss_load(const char* model_dir, const gptoss_model_params* params,
+                                     gptoss_model** model_out) {
+    return guarded("gptoss_load", [&]() -> gptoss_status {
+        if (model_out == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_load: model_out is NULL");
+        *model_out = nullptr;
+        if (model_dir == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_load: model_dir is NULL");
+        gptoss_model_params p;
+        gptoss_model_params_init(&p, sizeof p);
+        if (params != nullptr) GPTOSS_TRY(read_params(params, &p, "gptoss_model_params"));
+        return load_model(model_dir, p, model_out);
+    });
+}
+
+GPTOSS_API void gptoss_model_free(gptoss_model* model) { model_release(model); }
+
+GPTOSS_API gptoss_status gptoss_model_get_info(const gptoss_model* model, gptoss_model_info* info) {
+    return guarded("gptoss_model_get_info", [&]() -> gptoss_status {
+        if (model == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_model_get_info: model is NULL");
+        if (info == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_model_get_info: info is NULL");
+        const uint32_t size = info->struct_size;
+        if (size < sizeof(uint32_t))
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_model_get_info: info->struct_size is %u; set it to "
+                        "sizeof(gptoss_model_info)", size);
+        const Config& c = model->checkpoint->config;
+        gptoss_model_info full;
+        std::memset(&full, 0, sizeof full);
+        full.struct_size = size;
+        full.name = model->name.c_str();
+        full.n_layers = c.n_layers;
+        full.n_experts = c.n_experts;
+        full.n_experts_per_token = c.n_experts_per_token;
+        full.n_vocab = c.vocab;
+        full.max_context = c.max_context;
+        full.weight_bytes = model->backend->weight_bytes();
+        full.device = model->backend->device();
+        std::memcpy(info, &full, std::min<size_t>(size, sizeof full));
+        return GPTOSS_OK;
+    });
+}
+
+// ---------------------------------------------------------------------------
+// C API: tokenizer
+
+GPTOSS_API gptoss_status gptoss_tokenize(const gptoss_model* model, const char* text, size_t text_len,
+                                         bool allow_special, int32_t* tokens, size_t capacity,
+                                         size_t* n_tokens_out) {
+    return guarded("gptoss_tokenize", [&]() -> gptoss_status {
+        if (model == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_tokenize: model is NULL");
+        if (n_tokens_out == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_tokenize: n_tokens_out is NULL");
+        if (text == nullptr && text_len > 0)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_tokenize: text is NULL but text_len is %zu", text_len);
+        if (tokens == nullptr && capacity > 0)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_tokenize: tokens is NULL but capacity is %zu", capacity);
+        if (!model->tokenizer)
+            return fail(GPTOSS_ERR_UNSUPPORTED, "gptoss_tokenize: the model directory had no tokenizer.json");
+        std::vector<int32_t> ids;
+        GPTOSS_TRY(model->tokenizer->encode(text == nullptr ? "" : text, text_len, allow_special, &ids));
+        *n_tokens_out = ids.size();
+        if (ids.size() > capacity)
+            return fail(GPTOSS_ERR_BUFFER_TOO_SMALL, "gptoss_tokenize: %zu tokens do not fit capacity %zu", ids.size(),
+                        capacity);
+        if (!ids.empty()) std::memcpy(tokens, ids.data(), ids.size() * sizeof(int32_t));
+        return GPTOSS_OK;
+    });
+}
+
+GPTOSS_API gptoss_status gptoss_detokenize(const gptoss_model* model, const int32_t* tokens, size_t n_tokens,
+                                           char* text, size_t capacity, size_t* text_len_out) {
+    return guarded("gptoss_detokenize", [&]() -> gptoss_status {
+        if (model == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_detokenize: model is NULL");
+        if (text_len_out == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_detokenize: text_len_out is NULL");
+        if (tokens == nullptr && n_tokens > 0)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_detokenize: tokens is NULL but n_tokens is %zu", n_tokens);
+        if (text == nullptr && capacity > 0)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_detokenize: text is NULL but capacity is %zu", capacity);
+        if (!model->tokenizer)
+            return fail(GPTOSS_ERR_UNSUPPORTED, "gptoss_detokenize: the model directory had no tokenizer.json");
+        std::string bytes;
+        GPTOSS_TRY(model->tokenizer->decode(tokens, n_tokens, &bytes));
+        *text_len_out = bytes.size();
+        if (bytes.size() + 1 > capacity)
+            return fail(GPTOSS_ERR_BUFFER_TOO_SMALL, "gptoss_detokenize: %zu bytes plus the NUL do not fit capacity %zu",
+                        bytes.size(), capacity);
+        std::memcpy(text, bytes.data(), bytes.size());
+        text[bytes.size()] = '\0';
+        return GPTOSS_OK;
+    });
+}
+
+// ---------------------------------------------------------------------------
+// C API: session
+
+GPTOSS_API void gptoss_session_params_init(gptoss_session_params* params, size_t struct_size) {
+    gptoss_session_params defaults;
+    std::memset(&defaults, 0, sizeof defaults);
+    init_extensible(params, struct_size, &defaults, sizeof defaults);
+}
+
+GPTOSS_API gptoss_status gptoss_session_create(gptoss_model* model, const gptoss_session_params* params,
+                                               gptoss_session** session_out) {
+    return guarded("gptoss_session_create", [&]() -> gptoss_status {
+        if (session_out == nullptr)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_session_create: session_out is NULL");
+        *session_out = nullptr;
+        if (model == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_session_create: model is NULL");
+        GPTOSS_TRY(check_model_usable(model, "gptoss_session_create"));
+        gptoss_session_params p;
+        gptoss_session_params_init(&p, sizeof p);
+        if (params != nullptr) GPTOSS_TRY(read_params(params, &p, "gptoss_session_params"));
+        const Config& c = model->checkpoint->config;
+        const uint32_t max_context = p.max_context == 0 ? c.max_context : p.max_context;
+        if (max_context > c.max_context)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT,
+                        "gptoss_session_create: params.max_context %u exceeds the model's max_position_embeddings %u",
+                        max_context, c.max_context);
+        const uint32_t max_batch = p.max_batch == 0 ? model->backend->default_max_batch() : p.max_batch;
+        std::unique_ptr<gptoss_session> session(new gptoss_session());
+        session->model = model;
+        session->max_context = max_context;
+        session->max_batch = max_batch;
+        {
+            std::lock_guard<std::mutex> lock(model->mutex);
+            GPTOSS_TRY(model->backend->create_session(max_context, max_batch, &session->backend));
+        }
+        model->refs.fetch_add(1, std::memory_order_relaxed);
+        *session_out = session.release();
+        return GPTOSS_OK;
+    });
+}
+
+GPTOSS_API void gptoss_session_free(gptoss_session* session) {
+    if (session == nullptr) return;
+    gptoss_model* model = session->model;
+    delete session;
+    model_release(model);
+}
+
+GPTOSS_API void gptoss_session_cancel(gptoss_session* session) {
+    if (session != nullptr && session->running.load()) session->cancel_requested.store(true);
+}
+
+GPTOSS_API void gptoss_sampling_params_init(gptoss_sampling_params* params, size_t struct_size) {
+    gptoss_sampling_params defaults;
+    std::memset(&defaults, 0, sizeof defaults);
+    defaults.temperature = 1.0f;
+    defaults.top_p = 1.0f;
+    defaults.top_k = 0;
+    defaults.seed = GPTOSS_SEED_RANDOM;
+    defaults.max_tokens = 0;
+    defaults.stop_tokens = kDefaultStopTokens;
+    defaults.n_stop_tokens = 2;
+    init_extensible(params, struct_size, &defaults, sizeof defaults);
+}
+
+// ---------------------------------------------------------------------------
+// C API: generate
+
+GPTOSS_API gptoss_status gptoss_generate(gptoss_session* session, const int32_t* prompt, size_t n_prompt,
+                                         const gptoss_sampling_params* sampling, gptoss_event_fn on_event,
+                                         void* user_data, const gptoss_generate_result** result_out) {
+    if (result_out != nullptr) *result_out = nullptr;
+    if (session == nullptr)
+        return guarded("gptoss_generate", [] { return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_generate: session is NULL"); });
+    session->cancel_requested.store(false);
+    session->running.store(true);
+    const gptoss_status status = guarded("gptoss_generate", [&]() -> gptoss_status {
+        if (result_out == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_generate: result_out is NULL");
+        if (prompt == nullptr && n_prompt > 0)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_generate: prompt is NULL but n_prompt is %zu", n_prompt);
+        gptoss_sampling_params params;
+        gptoss_sampling_params_init(&params, sizeof params);
+        if (sampling != nullptr) GPTOSS_TRY(read_params(sampling, &params, "gptoss_sampling_params"));
+        GenerateOptions options;
+        GPTOSS_TRY(make_generate_options(params, &options));
+
+        // Streaming: each sampled token's complete characters; stop strings match the text.
+        const Tokenizer* tokenizer = session->model->tokenizer.get();
+        Utf8StreamDecoder decoder;
+        std::string piece, text_so_far;
+        std::vector<std::string> stop_strings(params.stop_strings, params.stop_strings + params.n_stop_strings);
+        size_t stop_cut = std::string::npos;
+        options.on_token = [&](int32_t token) -> int {
+            token_text(tokenizer, token, &decoder, &piece);
+            if (on_event != nullptr) {
+                gptoss_event event;
+                std::memset(&event, 0, sizeof event);
+                event.struct_size = sizeof event;
+                event.token = token;
+                event.text = piece.c_str();
+                event.text_len = piece.size();
+                event.channel = GPTOSS_CHANNEL_NONE;
+                event.recipient = nullptr;
+                if (!on_event(user_data, &event)) return GPTOSS_STOP_CANCELLED;
+            }
+            if (!stop_strings.empty()) {
+                const size_t from = text_so_far.size();
+                text_so_far += piece;
+                for (const std::string& s : stop_strings) {
+                    const size_t at = text_so_far.find(s, from >= s.size() ? from - s.size() + 1 : 0);
+                    if (at != std::string::npos) {
+                        stop_cut = std::min(stop_cut, at);
+                        return GPTOSS_STOP_STRING;
+                    }
+                }
+            }
+            return kContinue;
+        };
+        GenerateOutput output;
+        GPTOSS_TRY(session_generate(session, prompt, n_prompt, options, &output));
+
+        // Build the result in the idle slot, then swap (API.md §2).
+        const int next = 1 - session->generate_current;
+        GenerateResultStorage& storage = session->generate_results[next];
+        storage.tokens = std::move(output.tokens);
+        storage.text.clear();
+        if (tokenizer != nullptr) GPTOSS_TRY(tokenizer->decode(storage.tokens.data(), storage.tokens.size(), &storage.text));
+        if (stop_cut != std::string::npos && stop_cut < storage.text.size()) storage.text.resize(stop_cut);
+        gptoss_generate_result& r = storage.result;
+        std::memset(&r, 0, sizeof r);
+        r.struct_size = sizeof r;
+        r.tokens = storage.tokens.data();
+        r.n_tokens = storage.tokens.size();
+        r.text = storage.text.c_str();
+        r.text_len = storage.text.size();
+        r.stop_reason = output.stop_reason;
+        r.n_prompt_tokens = output.n_prompt_tokens;
+        r.n_cached_tokens = output.n_cached_tokens;
+        r.prefill_ms = output.prefill_ms;
+        r.decode_ms = output.decode_ms;
+        session->generate_current = next;
+        *result_out = &r;
+        return GPTOSS_OK;
+    });
+    session->running.store(false);
+    return status;
+}
+
+}  // extern "C"
+
+}  // namespace gptoss
+
+// Frees the backend before the checkpoint: the backend may point into its mappings.
+gptoss_model::~gptoss_model() {
+    backend.reset();
+    checkpoint.reset();
+}

@@ -28,7 +28,7 @@ test: all
 
 # The C++ unit tests again, CPU only, under AddressSanitizer + UBSan (leaks fail the run).
 test-asan: deps tokenizer-data
-	@test -f $(BUILD_ASAN)/CMakeCache.txt || cmake -S . -B $(BUILD_ASAN) $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug \
+	@test -f $(BUILD_ASAN)/CMakeCache.txt || cmake -S . -B $(BUILD_ASAN) $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" -DCMAKE_C_FLAGS_DEBUG="-g -O1" \
 	    -DGPTOSS_CUDA=OFF -DGPTOSS_SANITIZE=address,undefined $(CMAKE_ARGS)
 	cmake --build $(BUILD_ASAN) -j$(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \

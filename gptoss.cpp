@@ -234,8 +234,19 @@ static uint32_t resume_position(const gptoss_session* session, uint32_t prefix, 
     return 0;
 }
 
+static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* prompt, size_t n_prompt,
+                                       const GenerateOptions& options, GenerateOutput* out);
+
 gptoss_status session_generate(gptoss_session* session, const int32_t* prompt, size_t n_prompt,
                                const GenerateOptions& options, GenerateOutput* out) {
+    const gptoss_status status = generate_on_cache(session, prompt, n_prompt, options, out);
+    // A CUDA error is sticky for the whole context: poison the model (API.md §1).
+    if (status == GPTOSS_ERR_DEVICE) session->model->poisoned.store(true);
+    return status;
+}
+
+static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* prompt, size_t n_prompt,
+                                       const GenerateOptions& options, GenerateOutput* out) {
     gptoss_model* model = session->model;
     const Config& config = model->checkpoint->config;
     BackendSession& backend = *session->backend;
@@ -533,7 +544,9 @@ GPTOSS_API gptoss_status gptoss_session_create(gptoss_model* model, const gptoss
         session->max_batch = max_batch;
         {
             std::lock_guard<std::mutex> lock(model->mutex);
-            GPTOSS_TRY(model->backend->create_session(max_context, max_batch, &session->backend));
+            const gptoss_status status = model->backend->create_session(max_context, max_batch, &session->backend);
+            if (status == GPTOSS_ERR_DEVICE) model->poisoned.store(true);
+            GPTOSS_TRY(status);
         }
         model->refs.fetch_add(1, std::memory_order_relaxed);
         *session_out = session.release();

@@ -349,7 +349,7 @@ std::string config_json(const Shape& s) {
              "  \"architectures\": [\n    \"GptOssForCausalLM\"\n  ],\n"
              "  \"attention_bias\": true,\n"
              "  \"attention_dropout\": 0.0,\n"
-             "  \"eos_token_id\": 200002,\n"
+             "  \"eos_token_id\": %s,\n"
              "  \"experts_per_token\": %u,\n"
              "  \"head_dim\": %u,\n"
              "  \"hidden_act\": \"silu\",\n"
@@ -366,7 +366,7 @@ std::string config_json(const Shape& s) {
              "  \"num_key_value_heads\": %u,\n"
              "  \"num_local_experts\": %u,\n"
              "  \"output_router_logits\": false,\n"
-             "  \"pad_token_id\": 199999,\n"
+             "  \"pad_token_id\": %s,\n"
              "  \"quantization_config\": {\n"
              "    \"modules_to_not_convert\": [\n"
              "      \"model.layers.*.self_attn\",\n"
@@ -394,19 +394,28 @@ std::string config_json(const Shape& s) {
              "  \"use_cache\": true,\n"
              "  \"vocab_size\": %u\n"
              "}\n",
-             s.experts_per_token, s.head_dim, s.hidden, s.intermediate, types.c_str(), s.max_context,
-             s.heads, s.experts_per_token, s.layers, s.kv_heads, s.experts, s.sliding_window, s.vocab);
+             s.vocab > 200002 ? "200002" : "null", s.experts_per_token, s.head_dim, s.hidden, s.intermediate, types.c_str(), s.max_context,
+             s.heads, s.experts_per_token, s.layers, s.kv_heads, s.experts,
+             s.vocab > 199999 ? "199999" : "null", s.sliding_window, s.vocab);
     return buffer;
 }
 
-const char* kGenerationConfig =
-    "{\n"
-    "  \"bos_token_id\": 199998,\n"
-    "  \"do_sample\": true,\n"
-    "  \"eos_token_id\": [\n    200002,\n    199999,\n    200012\n  ],\n"
-    "  \"pad_token_id\": 199999,\n"
-    "  \"transformers_version\": \"4.55.0.dev0\"\n"
-    "}\n";
+// Special ids outside a shrunken vocabulary (--vocab) are written as null: transformers rejects
+// a pad_token_id beyond the embedding table.
+std::string generation_config_json(const Shape& s) {
+    if (s.vocab > 200012)
+        return "{\n"
+               "  \"bos_token_id\": 199998,\n"
+               "  \"do_sample\": true,\n"
+               "  \"eos_token_id\": [\n    200002,\n    199999,\n    200012\n  ],\n"
+               "  \"pad_token_id\": 199999,\n"
+               "  \"transformers_version\": \"4.55.0.dev0\"\n"
+               "}\n";
+    return "{\n"
+           "  \"do_sample\": true,\n"
+           "  \"transformers_version\": \"4.55.0.dev0\"\n"
+           "}\n";
+}
 
 void usage() {
     fprintf(stderr,
@@ -536,7 +545,7 @@ int main(int argc, char** argv) {
         write_text(out + "/model.safetensors.index.json", index);
     }
     write_text(out + "/config.json", config_json(shape));
-    write_text(out + "/generation_config.json", kGenerationConfig);
+    write_text(out + "/generation_config.json", generation_config_json(shape));
 
     if (tokenizer_dir.empty()) {
         fprintf(stderr, "gptoss-synth: no --tokenizer-dir given: tokenizer.json not copied\n");

@@ -259,7 +259,9 @@ TEST_CASE("HARMONY.md's spot checks hold") {
     CHECK(encode("hello world") == std::vector<int32_t>{24912, 2375});
     CHECK(encode("").empty());
     CHECK(encode(std::string(120, 'a')) == std::vector<int32_t>(15, 117525));
-    CHECK(encode(std::string(129, ' ') + "x") == std::vector<int32_t>{72056, 220, 1215});
+    // HARMONY.md says "129 spaces" for these ids; the oracle gives them for 130 (129: [72056, 1215]).
+    CHECK(encode(std::string(130, ' ') + "x") == std::vector<int32_t>{72056, 220, 1215});
+    CHECK(encode(std::string(129, ' ') + "x") == std::vector<int32_t>{72056, 1215});
     CHECK(encode("a\xc2\x85" "b") == std::vector<int32_t>{64, 126, 227, 65});
     CHECK(encode("\xf0\x9f\x92\x96") == std::vector<int32_t>{31446, 244});
 }

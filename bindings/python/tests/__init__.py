@@ -1,0 +1,1 @@
+# Tests of the gptoss Python binding (see test_gptoss.py).

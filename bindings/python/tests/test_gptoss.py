@@ -1,0 +1,340 @@
+# test_gptoss.py - the Python binding's promises, checked against the C library itself.
+# Run by ctest as `python3 -m unittest discover -s tests -t .` in bindings/python, with
+# GPTOSS_LIBRARY (libgptoss.so), GPTOSS_TINY_MODEL (the synthetic checkpoint, CPU backend),
+# GPTOSS_ABI_DUMP and GPTOSS_GENERATE_REF (the C oracles in bindings/abi) in the environment.
+# Oracles: struct layouts come from the C compiler (abi-dump), seeded tokens and error texts from
+# a C program calling gptoss.h directly (generate-ref), token texts from gptoss_detokenize, and
+# the OpenAI-dict conversion from the library's own JSON parser (gptoss_conversation_parse_json).
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+from typing import Dict, List
+
+import gptoss
+from gptoss import _ffi
+
+MODEL = os.environ.get("GPTOSS_TINY_MODEL", "")
+PROMPT = "The quick brown fox"
+SEED = 1234
+N_TOKENS = 12
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Gets the current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def need_env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise unittest.SkipTest(f"{name} is not set (run through ctest)")
+    return value
+
+
+def generate_ref(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([need_env("GPTOSS_GENERATE_REF"), *args], capture_output=True, text=True)
+
+
+class AbiTest(unittest.TestCase):
+    def test_every_struct_mirror_matches_c_layout(self) -> None:
+        dump = json.loads(subprocess.check_output([need_env("GPTOSS_ABI_DUMP")], text=True))
+        self.assertEqual(set(dump), set(_ffi.STRUCTS), "structs mirrored vs structs in gptoss.h")
+        for name, c in dump.items():
+            py = _ffi.STRUCTS[name]
+            with self.subTest(struct=name):
+                self.assertEqual(ctypes.sizeof(py), c["size"], f"sizeof({name})")
+                self.assertEqual(ctypes.alignment(py), c["align"], f"alignof({name})")
+                self.assertEqual([f[0] for f in py._fields_], list(c["fields"]), f"fields of {name}")
+                for field, offset in c["fields"].items():
+                    self.assertEqual(getattr(py, field).offset, offset, f"offsetof({name}, {field})")
+
+
+class LibraryTest(unittest.TestCase):
+    def test_loaded_library_version_is_the_one_mirrored(self) -> None:
+        self.assertEqual(gptoss.library_version().split(".")[:2], gptoss.__version__.split(".")[:2])
+
+    def _python(self, code: str, env: Dict[str, str], cwd: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=cwd)
+
+    def test_a_library_of_another_minor_version_is_refused_at_load(self) -> None:
+        need_env("GPTOSS_LIBRARY")
+        code = ("import gptoss, gptoss._ffi as f\nf.VERSION_MINOR += 1\n"
+                "try:\n    gptoss.library_version()\nexcept gptoss.VersionMismatch as e:\n    print('refused:', e)\n")
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        r = self._python(code, dict(os.environ, PYTHONPATH=here), here)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("refused:", r.stdout)
+        self.assertIn("this binding needs 0.2.x", r.stdout)
+
+    def test_library_is_found_next_to_the_installed_package(self) -> None:
+        library = need_env("GPTOSS_LIBRARY")
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copytree(os.path.join(here, "gptoss"), os.path.join(tmp, "gptoss"))
+            bundled = os.path.join(tmp, "gptoss", "libgptoss.so")
+            shutil.copy(library, bundled)
+            env = {k: v for k, v in os.environ.items() if k not in ("GPTOSS_LIBRARY", "LD_LIBRARY_PATH")}
+            env["PYTHONPATH"] = tmp
+            r = self._python("import gptoss; print(gptoss.library_version()); print(gptoss.library_path())", env, tmp)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.split(), [gptoss.library_version(), bundled])
+
+
+class ModelTest(unittest.TestCase):
+    model: gptoss.Model
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        need_env("GPTOSS_TINY_MODEL")
+        cls.model = gptoss.Model(MODEL, device="cpu")
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.model.close()
+
+    def test_bad_model_directory_raises_with_the_c_message(self) -> None:
+        bad = os.path.join(tempfile.gettempdir(), "gptoss-no-such-model")
+        with self.assertRaises(gptoss.GptossError) as caught:
+            gptoss.Model(bad, device="cpu")
+        err = caught.exception
+        ref = generate_ref(bad, "0", "1", "x")
+        self.assertEqual(ref.returncode, 1)
+        # generate-ref prints "generate-ref: gptoss_load: <status string>: <gptoss_last_error()>"
+        self.assertEqual(ref.stderr.strip().split(": ", 3)[3], err.message)
+        self.assertIn(bad, err.message)
+        self.assertIsInstance(err.status, gptoss.Status)
+        self.assertIs(type(err), gptoss._ERRORS[err.status])
+        self.assertIn(err.message, str(err))
+
+    def test_info_describes_the_loaded_checkpoint(self) -> None:
+        with open(os.path.join(MODEL, "config.json")) as f:
+            config = json.load(f)
+        info = self.model.info
+        self.assertEqual(info.device, gptoss.DEVICE_CPU)
+        self.assertEqual(info.n_layers, config["num_hidden_layers"])
+        self.assertEqual(info.n_experts, config["num_local_experts"])
+        self.assertEqual(info.n_vocab, config["vocab_size"])
+
+    def test_tokenize_round_trip(self) -> None:
+        text = "Hello, wörld! 你好 🦊 <|start|>"
+        tokens = self.model.tokenize(text)
+        self.assertGreater(len(tokens), 5)
+        self.assertEqual(self.model.detokenize(tokens), text)
+        self.assertEqual(self.model.tokenize(""), [])
+
+    def test_special_tokens_only_with_allow_special(self) -> None:
+        self.assertEqual(len(self.model.tokenize("<|start|>", allow_special=True)), 1)
+        self.assertGreater(len(self.model.tokenize("<|start|>")), 1)
+
+    def test_detokenize_of_an_out_of_range_id_raises_invalid_argument(self) -> None:
+        with self.assertRaises(gptoss.InvalidArgumentError) as caught:
+            self.model.detokenize([1, 2**30])
+        self.assertTrue(caught.exception.message)
+
+    def test_generate_with_a_seed_gives_the_c_api_tokens(self) -> None:
+        ref = generate_ref(MODEL, str(SEED), str(N_TOKENS), PROMPT)
+        self.assertEqual(ref.returncode, 0, ref.stderr)
+        lines = {line.split(" ")[0]: [int(x) for x in line.split(" ")[1:]] for line in ref.stdout.splitlines()}
+        prompt = self.model.tokenize(PROMPT)
+        self.assertEqual(prompt, lines["prompt"])
+        with self.model.session() as session:
+            result = session.generate(prompt, seed=SEED, max_tokens=N_TOKENS)
+        self.assertEqual(result.tokens, lines["tokens"])
+        self.assertEqual(int(result.stop_reason), lines["stop_reason"][0])
+        self.assertEqual(result.n_prompt_tokens, len(prompt))
+        self.assertEqual(result.text, self.model.detokenize(result.tokens))
+
+    def test_streamed_events_are_the_generated_tokens(self) -> None:
+        prompt = self.model.tokenize(PROMPT)
+        with self.model.session() as session:
+            stream = session.generate(prompt, seed=SEED, max_tokens=N_TOKENS, stream=True)
+            events = list(stream)
+            result = stream.result
+        self.assertIsInstance(result, gptoss.GenerateResult)
+        self.assertEqual([e.token for e in events], result.tokens)
+        self.assertTrue(all(isinstance(e, gptoss.Event) for e in events))
+
+    def test_returning_false_from_the_callback_cancels(self) -> None:
+        prompt = self.model.tokenize(PROMPT)
+        seen: List[int] = []
+
+        def on_event(event: gptoss.Event) -> bool:
+            seen.append(event.token)
+            return len(seen) < 3
+
+        with self.model.session() as session:
+            result = session.generate(prompt, seed=SEED, max_tokens=N_TOKENS, on_event=on_event)
+        self.assertEqual(result.stop_reason, gptoss.StopReason.CANCELLED)
+        self.assertEqual(result.tokens, seen)
+        self.assertEqual(len(seen), 3)
+
+    def test_closing_a_stream_cancels_after_the_last_event_seen(self) -> None:
+        prompt = self.model.tokenize(PROMPT)
+        with self.model.session() as session:
+            stream = session.generate(prompt, seed=SEED, max_tokens=N_TOKENS, stream=True)
+            first = [next(stream), next(stream)]
+            stream.close()
+            self.assertEqual(stream.result.stop_reason, gptoss.StopReason.CANCELLED)
+            self.assertEqual(stream.result.tokens, [e.token for e in first])
+            # The session is free again once the stream is closed.
+            self.assertEqual(len(session.generate(prompt, seed=SEED, max_tokens=2).tokens), 2)
+
+    def test_an_exception_in_the_callback_propagates_and_stops_generation(self) -> None:
+        def on_event(event: gptoss.Event) -> bool:
+            raise KeyError("from callback")
+
+        with self.model.session() as session:
+            with self.assertRaises(KeyError):
+                session.generate(self.model.tokenize(PROMPT), max_tokens=N_TOKENS, on_event=on_event)
+
+    def test_a_session_refuses_a_second_call_while_a_stream_is_open(self) -> None:
+        prompt = self.model.tokenize(PROMPT)
+        with self.model.session() as session:
+            stream = session.generate(prompt, seed=SEED, max_tokens=N_TOKENS, stream=True)
+            next(stream)
+            with self.assertRaises(RuntimeError):
+                session.generate(prompt, max_tokens=1)
+            stream.close()
+
+    def test_a_prompt_longer_than_the_context_raises_context_full(self) -> None:
+        prompt = self.model.tokenize(PROMPT * 8)
+        with self.model.session(max_context=16) as session:
+            with self.assertRaises(gptoss.ContextFullError) as caught:
+                session.generate(prompt, max_tokens=1)
+        self.assertEqual(caught.exception.status, gptoss.Status.CONTEXT_FULL)
+        self.assertTrue(caught.exception.message)
+
+    def test_sessions_on_two_threads_match_one_thread(self) -> None:
+        prompt = self.model.tokenize(PROMPT)
+        with self.model.session() as session:
+            expected = session.generate(prompt, seed=SEED, max_tokens=4).tokens
+        results: Dict[int, List[int]] = {}
+
+        def work(i: int) -> None:
+            with self.model.session() as s:
+                results[i] = s.generate(prompt, seed=SEED, max_tokens=4).tokens
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(results, {0: expected, 1: expected})
+
+    def test_used_after_close_raises(self) -> None:
+        session = self.model.session()
+        session.close()
+        session.close()  # twice is fine
+        with self.assertRaises(gptoss.InvalidArgumentError):
+            session.generate([1], max_tokens=1)
+
+
+class ChatTest(unittest.TestCase):
+    model: gptoss.Model
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        need_env("GPTOSS_TINY_MODEL")
+        cls.model = gptoss.Model(MODEL, device="cpu")
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.model.close()
+
+    CONVERSATION = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "reasoning_content": "Need the weather tool.",
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"sunny\": true}"},
+        {"role": "user", "content": [{"type": "text", "text": "And "}, {"type": "text", "text": "tomorrow?"}]},
+    ]
+
+    def test_openai_dicts_render_as_the_library_json_parser_renders_them(self) -> None:
+        body = json.dumps({"messages": self.CONVERSATION, "tools": [WEATHER_TOOL],
+                           "reasoning_effort": "high"}).encode()
+        lib = _ffi.library()
+        conversation = ctypes.c_void_p()
+        gptoss._check(lib.gptoss_conversation_parse_json(body, len(body), ctypes.byref(conversation)))
+        try:
+            request = lib.gptoss_conversation_get_request(conversation)
+            capacity = 4096
+            buf = (ctypes.c_int32 * capacity)()
+            n = ctypes.c_size_t()
+            gptoss._check(lib.gptoss_chat_render(self.model.handle, request, buf, capacity, ctypes.byref(n)))
+            expected = list(buf[:n.value])
+        finally:
+            lib.gptoss_conversation_free(conversation)
+        got = self.model.render(self.CONVERSATION, tools=[WEATHER_TOOL], reasoning_effort="high")
+        self.assertEqual(self.model.detokenize(got), self.model.detokenize(expected))
+        self.assertEqual(got, expected)
+
+    def test_chat_with_a_tool_streams_the_turn_it_returns(self) -> None:
+        messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+        with self.model.session() as session:
+            stream = session.chat(messages, tools=[WEATHER_TOOL], reasoning_effort="low", seed=SEED,
+                                  max_tokens=24, stream=True)
+            events = list(stream)
+            result = stream.result
+            again = session.chat(messages, tools=[WEATHER_TOOL], reasoning_effort="low", seed=SEED, max_tokens=24)
+        self.assertIsInstance(result, gptoss.ChatResult)
+        self.assertEqual(len(events), result.n_completion_tokens)
+        self.assertEqual(result.raw, self.model.detokenize([e.token for e in events]))
+        self.assertEqual(again.raw, result.raw)  # streaming does not change the output
+        self.assertGreater(again.n_cached_tokens, 0)  # the second call reused the first's prompt
+        self.assertEqual(result.n_prompt_tokens, len(self.model.render(messages, tools=[WEATHER_TOOL],
+                                                                        reasoning_effort="low")))
+        for e in events:
+            self.assertIsInstance(e.channel, gptoss.Channel)
+
+    def test_returning_false_from_the_chat_callback_cancels(self) -> None:
+        seen: List[gptoss.Event] = []
+        with self.model.session() as session:
+            result = session.chat([{"role": "user", "content": "Hi"}], seed=SEED, max_tokens=24,
+                                  on_event=lambda e: seen.append(e) or len(seen) < 2)
+        self.assertEqual(result.stop_reason, gptoss.StopReason.CANCELLED)
+        self.assertEqual(result.n_completion_tokens, 2)
+
+    def test_result_messages_can_be_appended_to_the_history(self) -> None:
+        history: List[gptoss.MessageLike] = [{"role": "user", "content": "Hi"}]
+        with self.model.session() as session:
+            result = session.chat(history, seed=SEED, max_tokens=24)
+            history.extend(result.messages)
+            history.append({"role": "user", "content": "Again"})
+            second = session.chat(history, seed=SEED, max_tokens=4)
+        self.assertGreater(second.n_prompt_tokens, result.n_prompt_tokens)
+        for m in result.messages:
+            self.assertIsInstance(m, gptoss.Message)
+
+    def test_malformed_messages_raise_invalid_argument_naming_the_field(self) -> None:
+        cases = [
+            ([{"role": "robot", "content": "x"}], "messages[0].role"),
+            ([{"role": "user", "content": 5}], "messages[0].content"),
+            ([{"role": "tool", "content": "x"}], "messages[0]"),
+            ([{"role": "assistant", "tool_calls": [{"function": {}}]}], "messages[0].tool_calls[0].function.name"),
+        ]
+        with self.model.session() as session:
+            for messages, where in cases:
+                with self.subTest(where=where):
+                    with self.assertRaises(gptoss.InvalidArgumentError) as caught:
+                        session.chat(messages, max_tokens=1)
+                    self.assertTrue(caught.exception.message.startswith(where), caught.exception.message)
+            with self.assertRaises(gptoss.InvalidArgumentError):
+                session.chat([{"role": "user", "content": "x"}], reasoning_effort="extreme")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,221 @@
+// binding.rs - the Rust binding's promises, checked against the C library on the tiny synthetic
+// checkpoint (CPU backend). Oracles: seeded tokens and error texts from generate-ref (a C
+// program calling gptoss.h directly), token texts from gptoss_detokenize.
+mod common;
+
+use common::{generate_ref, model, N_TOKENS, PROMPT, SEED};
+use gptoss::{ChatRequest, Channel, Device, Message, Model, ReasoningEffort, Sampling, SessionParams, Status, StopReason, Tool};
+
+const WEATHER_PARAMS: &str = r#"{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}"#;
+
+fn weather_request() -> ChatRequest {
+    ChatRequest::new(vec![Message::user("What is the weather in Paris?")])
+        .tool(Tool::new("get_weather", "Gets the current weather in a city", Some(WEATHER_PARAMS)))
+        .reasoning_effort(ReasoningEffort::Low)
+}
+
+#[test]
+fn loaded_library_is_the_version_mirrored() {
+    let (major, minor, _) = gptoss::library_version();
+    assert_eq!((major, minor), (gptoss::sys::GPTOSS_VERSION_MAJOR, gptoss::sys::GPTOSS_VERSION_MINOR));
+    assert_eq!(gptoss::check_version(), Ok(()));
+}
+
+#[test]
+fn bad_model_directory_is_an_error_carrying_the_c_message() {
+    let bad = std::env::temp_dir().join("gptoss-no-such-model");
+    let err = match Model::load(&bad, Device::Cpu) {
+        Err(e) => e,
+        Ok(_) => panic!("loading {} succeeded", bad.display()),
+    };
+    let (code, _, stderr) = generate_ref(&[bad.to_str().unwrap(), "0", "1", "x"]);
+    assert_eq!(code, 1);
+    // generate-ref prints "generate-ref: gptoss_load: <status string>: <gptoss_last_error()>"
+    let c_message = stderr.trim_end().splitn(4, ": ").nth(3).unwrap();
+    assert_eq!(err.message, c_message);
+    assert!(err.message.contains(bad.to_str().unwrap()), "{}", err.message);
+    assert!(err.to_string().contains(&err.message));
+    assert!(!matches!(err.status, Status::Other(_)));
+}
+
+#[test]
+fn info_describes_the_checkpoint() {
+    let info = model().info().unwrap();
+    assert_eq!(info.device, Device::Cpu);
+    assert!(info.n_layers > 0 && info.n_vocab > 200_000, "{info:?}");
+}
+
+#[test]
+fn tokenize_round_trip() {
+    let model = model();
+    let text = "Hello, wörld! 你好 🦊 <|start|>";
+    let tokens = model.tokenize(text, false).unwrap();
+    assert!(tokens.len() > 5);
+    assert_eq!(model.detokenize(&tokens).unwrap(), text);
+    assert_eq!(model.tokenize("", false).unwrap(), Vec::<i32>::new());
+    assert_eq!(model.tokenize("<|start|>", true).unwrap().len(), 1);
+}
+
+#[test]
+fn detokenize_of_an_out_of_range_id_is_invalid_argument() {
+    let err = model().detokenize(&[1, 1 << 30]).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert!(!err.message.is_empty());
+}
+
+#[test]
+fn generate_with_a_seed_gives_the_c_api_tokens() {
+    let (code, lines, stderr) = generate_ref(&[&common::env("GPTOSS_TINY_MODEL"), &SEED.to_string(), &N_TOKENS.to_string(), PROMPT]);
+    assert_eq!(code, 0, "{stderr}");
+    let model = model();
+    let prompt = model.tokenize(PROMPT, false).unwrap();
+    assert_eq!(prompt.iter().map(|&t| t as i64).collect::<Vec<_>>(), lines["prompt"]);
+    let mut session = model.session(SessionParams::default()).unwrap();
+    let out = session.generate(&prompt, &Sampling::new().seed(SEED).max_tokens(N_TOKENS)).unwrap();
+    assert_eq!(out.tokens.iter().map(|&t| t as i64).collect::<Vec<_>>(), lines["tokens"]);
+    assert_eq!(out.stop_reason.raw() as i64, lines["stop_reason"][0]);
+    assert_eq!(out.text, model.detokenize_bytes(&out.tokens).unwrap());
+}
+
+#[test]
+fn streamed_events_are_the_generated_tokens() {
+    let model = model();
+    let prompt = model.tokenize(PROMPT, false).unwrap();
+    let mut session = model.session(SessionParams::default()).unwrap();
+    let mut seen = Vec::new();
+    let mut text = String::new();
+    let out = session
+        .generate_streaming(&prompt, &Sampling::new().seed(SEED).max_tokens(N_TOKENS), |e| {
+            seen.push(e.token);
+            text.push_str(e.text);
+            true
+        })
+        .unwrap();
+    assert_eq!(seen, out.tokens);
+    assert!(String::from_utf8_lossy(&out.text).starts_with(&text));
+}
+
+#[test]
+fn returning_false_from_the_closure_cancels() {
+    let model = model();
+    let prompt = model.tokenize(PROMPT, false).unwrap();
+    let mut session = model.session(SessionParams::default()).unwrap();
+    let mut n = 0;
+    let out = session
+        .generate_streaming(&prompt, &Sampling::new().seed(SEED).max_tokens(N_TOKENS), |_| {
+            n += 1;
+            n < 3
+        })
+        .unwrap();
+    assert_eq!(out.stop_reason, StopReason::Cancelled);
+    assert_eq!(out.tokens.len(), 3);
+}
+
+#[test]
+fn a_canceller_stops_generation_from_the_callback() {
+    let model = model();
+    let prompt = model.tokenize(PROMPT, false).unwrap();
+    let mut session = model.session(SessionParams::default()).unwrap();
+    let canceller = session.canceller();
+    let mut n = 0;
+    let out = session
+        .generate_streaming(&prompt, &Sampling::new().seed(SEED).max_tokens(N_TOKENS), |_| {
+            n += 1;
+            if n == 2 {
+                canceller.cancel();
+            }
+            true
+        })
+        .unwrap();
+    assert_eq!(out.stop_reason, StopReason::Cancelled);
+    assert_eq!(out.tokens.len(), 2);
+}
+
+#[test]
+fn a_panic_in_the_closure_stops_generation_and_resumes() {
+    let model = model();
+    let prompt = model.tokenize(PROMPT, false).unwrap();
+    let mut session = model.session(SessionParams::default()).unwrap();
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = session.generate_streaming(&prompt, &Sampling::new().max_tokens(N_TOKENS), |_| panic!("from closure"));
+    }));
+    assert_eq!(*caught.unwrap_err().downcast::<&str>().unwrap(), "from closure");
+    // The session still works afterwards.
+    assert_eq!(session.generate(&prompt, &Sampling::new().max_tokens(2)).unwrap().tokens.len(), 2);
+}
+
+#[test]
+fn a_prompt_longer_than_the_context_is_context_full() {
+    let model = model();
+    let prompt = model.tokenize(&PROMPT.repeat(8), false).unwrap();
+    let mut session = model.session(SessionParams { max_context: Some(16), max_batch: None }).unwrap();
+    let err = session.generate(&prompt, &Sampling::new().max_tokens(1)).unwrap_err();
+    assert_eq!(err.status, Status::ContextFull);
+}
+
+#[test]
+fn a_nul_in_a_message_is_invalid_argument_naming_it() {
+    let model = model();
+    let mut session = model.session(SessionParams::default()).unwrap();
+    let request = ChatRequest::new(vec![Message::user("ok"), Message::user("bad\0")]);
+    let err = session.chat(&request, &Sampling::new().max_tokens(1)).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert!(err.message.starts_with("messages[1].content"), "{}", err.message);
+}
+
+#[test]
+fn model_and_sessions_work_across_threads() {
+    let model = std::sync::Arc::new(model());
+    let prompt = model.tokenize(PROMPT, false).unwrap();
+    let sampling = Sampling::new().seed(SEED).max_tokens(4);
+    let expected = model.session(SessionParams::default()).unwrap().generate(&prompt, &sampling).unwrap().tokens;
+    let handles: Vec<_> = (0..2)
+        .map(|_| {
+            let (model, prompt, sampling) = (model.clone(), prompt.clone(), sampling.clone());
+            // A session is created here and moved into the thread (Session: Send).
+            let mut session = model.session(SessionParams::default()).unwrap();
+            std::thread::spawn(move || {
+                let _ = &model;
+                session.generate(&prompt, &sampling).unwrap().tokens
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), expected);
+    }
+}
+
+#[test]
+fn chat_with_a_tool_streams_the_turn_it_returns() {
+    let model = model();
+    let request = weather_request();
+    let sampling = Sampling::new().seed(SEED).max_tokens(24);
+    let mut session = model.session(SessionParams::default()).unwrap();
+    let mut events = Vec::new();
+    let out = session
+        .chat_streaming(&request, &sampling, |e| {
+            events.push((e.token, e.channel));
+            true
+        })
+        .unwrap();
+    assert_eq!(events.len() as u32, out.n_completion_tokens);
+    let tokens: Vec<i32> = events.iter().map(|e| e.0).collect();
+    assert_eq!(out.raw, model.detokenize(&tokens).unwrap());
+    assert!(events.iter().all(|e| !matches!(e.1, Channel::Other(_))));
+    assert_eq!(out.n_prompt_tokens as usize, model.render(&request).unwrap().len());
+    let again = session.chat(&request, &sampling).unwrap();
+    assert_eq!(again.raw, out.raw, "streaming does not change the output");
+    assert!(again.n_cached_tokens > 0, "the second call reused the first's prompt");
+}
+
+#[test]
+fn chat_result_messages_can_be_appended_to_the_history() {
+    let model = model();
+    let mut session = model.session(SessionParams::default()).unwrap();
+    let mut request = ChatRequest::new(vec![Message::user("Hi")]);
+    let first = session.chat(&request, &Sampling::new().seed(SEED).max_tokens(24)).unwrap();
+    request.messages.extend(first.messages.iter().cloned());
+    request.messages.push(Message::user("Again"));
+    let second = session.chat(&request, &Sampling::new().seed(SEED).max_tokens(4)).unwrap();
+    assert!(second.n_prompt_tokens > first.n_prompt_tokens);
+}

@@ -1,0 +1,3 @@
+module gptoss
+
+go 1.19

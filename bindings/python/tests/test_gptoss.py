@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import shutil
@@ -78,18 +79,35 @@ class LibraryTest(unittest.TestCase):
         self.assertIn("refused:", r.stdout)
         self.assertIn("this binding needs 0.2.x", r.stdout)
 
-    def test_library_is_found_next_to_the_installed_package(self) -> None:
+    def test_pip_installs_offline_and_finds_the_bundled_library(self) -> None:
         library = need_env("GPTOSS_LIBRARY")
+        if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode != 0:
+            self.skipTest("pip is not available")
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         with tempfile.TemporaryDirectory() as tmp:
-            shutil.copytree(os.path.join(here, "gptoss"), os.path.join(tmp, "gptoss"))
-            bundled = os.path.join(tmp, "gptoss", "libgptoss.so")
-            shutil.copy(library, bundled)
+            src = os.path.join(tmp, "src")
+            shutil.copytree(here, src, ignore=shutil.ignore_patterns("__pycache__", "tests"))
+            shutil.copy(library, os.path.join(src, "gptoss", "libgptoss.so"))
+            site = os.path.join(tmp, "site")
+            r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-cache-dir",
+                                "--disable-pip-version-check", "--target", site, src],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
             env = {k: v for k, v in os.environ.items() if k not in ("GPTOSS_LIBRARY", "LD_LIBRARY_PATH")}
-            env["PYTHONPATH"] = tmp
+            env["PYTHONPATH"] = site
             r = self._python("import gptoss; print(gptoss.library_version()); print(gptoss.library_path())", env, tmp)
             self.assertEqual(r.returncode, 0, r.stderr)
-            self.assertEqual(r.stdout.split(), [gptoss.library_version(), bundled])
+            self.assertEqual(r.stdout.split(), [gptoss.library_version(),
+                                                os.path.join(site, "gptoss", "libgptoss.so")])
+
+    def test_build_backend_version_is_the_package_version(self) -> None:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        sys.path.insert(0, os.path.join(here, "_build"))
+        try:
+            import gptoss_build
+        finally:
+            sys.path.pop(0)
+        self.assertEqual(gptoss_build.VERSION, gptoss.__version__)
 
 
 class ModelTest(unittest.TestCase):
@@ -117,6 +135,15 @@ class ModelTest(unittest.TestCase):
         self.assertIsInstance(err.status, gptoss.Status)
         self.assertIs(type(err), gptoss._ERRORS[err.status])
         self.assertIn(err.message, str(err))
+
+    def test_progress_reports_fractions_and_false_cancels_the_load(self) -> None:
+        fractions: List[float] = []
+        gptoss.Model(MODEL, device="cpu", progress=fractions.append).close()
+        self.assertTrue(fractions)
+        self.assertTrue(all(0.0 <= f <= 1.0 for f in fractions), fractions)
+        with self.assertRaises(gptoss.CancelledError) as caught:
+            gptoss.Model(MODEL, device="cpu", progress=lambda f: False)
+        self.assertEqual(caught.exception.status, gptoss.Status.CANCELLED)
 
     def test_info_describes_the_loaded_checkpoint(self) -> None:
         with open(os.path.join(MODEL, "config.json")) as f:
@@ -189,6 +216,15 @@ class ModelTest(unittest.TestCase):
             self.assertEqual(stream.result.stop_reason, gptoss.StopReason.CANCELLED)
             self.assertEqual(stream.result.tokens, [e.token for e in first])
             # The session is free again once the stream is closed.
+            self.assertEqual(len(session.generate(prompt, seed=SEED, max_tokens=2).tokens), 2)
+
+    def test_an_abandoned_stream_releases_the_session(self) -> None:
+        prompt = self.model.tokenize(PROMPT)
+        with self.model.session() as session:
+            stream = session.generate(prompt, seed=SEED, max_tokens=N_TOKENS, stream=True)
+            next(stream)
+            del stream
+            gc.collect()
             self.assertEqual(len(session.generate(prompt, seed=SEED, max_tokens=2).tokens), 2)
 
     def test_an_exception_in_the_callback_propagates_and_stops_generation(self) -> None:

@@ -52,6 +52,20 @@ fn bad_model_directory_is_an_error_carrying_the_c_message() {
 }
 
 #[test]
+fn progress_reports_fractions_and_false_cancels_the_load() {
+    let path = common::env("GPTOSS_TINY_MODEL");
+    let mut fractions = Vec::new();
+    drop(Model::load_with_progress(&path, Device::Cpu, |f| {
+        fractions.push(f);
+        true
+    })
+    .unwrap());
+    assert!(!fractions.is_empty() && fractions.iter().all(|f| (0.0..=1.0).contains(f)), "{fractions:?}");
+    let err = Model::load_with_progress(&path, Device::Cpu, |_| false).err().expect("cancelled load succeeded");
+    assert_eq!(err.status, Status::Cancelled);
+}
+
+#[test]
 fn info_describes_the_checkpoint() {
     let info = model().info().unwrap();
     assert_eq!(info.device, Device::Cpu);

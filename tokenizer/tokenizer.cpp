@@ -324,21 +324,28 @@ inline uint64_t hash_bytes(const uint8_t* p, size_t n) { return hash_bytes(p, n,
 // tokenizer they belong to by a serial number, so a freed and reallocated tokenizer never
 // sees another's entries.
 struct PieceCache {
-    static constexpr size_t kSlots = 4096;
+    static constexpr size_t kSlots = 4096;  // 256 KB: stays in L2, unlike the 8 MB rank table
     static constexpr size_t kMaxBytes = 24;
     static constexpr size_t kMaxIds = 8;
-    struct Slot {
-        uint64_t owner = 0;
-        uint64_t hash = 0;
+    struct alignas(64) Slot {
+        uint64_t head = 0;      // load_head() of the piece
+        uint32_t owner = 0;     // serial of the tokenizer that wrote it; 0: empty
         uint8_t n_bytes = 0;
         uint8_t n_ids = 0;
-        uint8_t bytes[kMaxBytes];
-        int32_t ids[kMaxIds];
+        uint8_t rest[kMaxBytes - 8] = {};  // bytes 8.. of the piece
+        int32_t ids[kMaxIds] = {};
     };
     Slot slots[kSlots];
+
+    // The cache of the calling thread, created on first use and freed when the thread exits.
+    static PieceCache* get() {
+        thread_local std::unique_ptr<PieceCache> cache;
+        if (!cache) cache = std::make_unique<PieceCache>();
+        return cache.get();
+    }
 };
 
-std::atomic<uint64_t> g_tokenizer_serial{1};
+std::atomic<uint32_t> g_tokenizer_serial{1};
 
 // ---------------------------------------------------------------------------
 // The tokenizer
@@ -377,6 +384,7 @@ private:
     };
 
     uint32_t rank_of(const uint8_t* p, size_t n) const {
+        if (n <= 2) return n == 2 ? pair_rank_[size_t(p[0]) << 8 | p[1]] : byte_rank_[p[0]];
         if (n > max_token_bytes_) return kNoRank;
         const uint64_t head = load_head(p, n);
         const uint64_t h = hash_bytes(p, n, head);
@@ -390,19 +398,23 @@ private:
     }
 
     void encode_ordinary(const uint8_t* s, size_t n, std::vector<int32_t>* out) const;
-    void encode_piece(const uint8_t* p, size_t n, std::vector<int32_t>* out) const;
+    void encode_piece(const uint8_t* p, size_t n, PieceCache* cache, std::vector<int32_t>* out) const;
     void merge_short(const uint8_t* p, size_t n, std::vector<int32_t>* out) const;
     void merge_long(const uint8_t* p, size_t n, std::vector<int32_t>* out) const;
 
     std::string blob_;                // bytes of every id, specials as their names
     std::vector<uint32_t> offsets_;   // [kNumVocab + 1]
     std::vector<Slot> table_;         // open addressing, linear probing; ordinary ranks only
+    // Ranks of all 1- and 2-byte strings, direct: BPE starts from byte pairs, and this 256 KB
+    // table answers those lookups without hashing into the 8 MB one.
+    uint32_t byte_rank_[256];
+    std::vector<uint32_t> pair_rank_;  // [65536], index byte0 << 8 | byte1
     size_t mask_ = 0;
     size_t max_token_bytes_ = 0;
     size_t max_special_bytes_ = 0;
     std::unordered_map<std::string_view, int32_t> special_ids_;  // keys point into blob_
     std::string alias_200018_ = "<|reserved_200018|>";
-    uint64_t serial_;
+    uint32_t serial_;
 };
 
 gptoss_status O200kTokenizer::build(std::string blob, std::vector<uint32_t> offsets,
@@ -447,6 +459,14 @@ gptoss_status O200kTokenizer::build(std::string blob, std::vector<uint32_t> offs
                             slot.rank, r);
         }
         table_[i] = Slot{head, r, uint32_t(n)};
+    }
+    std::fill(std::begin(byte_rank_), std::end(byte_rank_), kNoRank);
+    pair_rank_.assign(65536, kNoRank);
+    for (uint32_t r = 0; r < kNumRanks; r++) {
+        const uint8_t* p = reinterpret_cast<const uint8_t*>(blob_.data()) + offsets_[r];
+        const size_t n = offsets_[r + 1] - offsets_[r];
+        if (n == 1) byte_rank_[p[0]] = r;
+        if (n == 2) pair_rank_[size_t(p[0]) << 8 | p[1]] = r;
     }
     // Every byte string must encode, so every single byte needs a rank.
     for (int b = 0; b < 256; b++) {
@@ -548,43 +568,46 @@ void O200kTokenizer::merge_long(const uint8_t* p, size_t n, std::vector<int32_t>
     for (uint32_t k = 0; k < n; k = next[k]) out->push_back(int32_t(token[k]));
 }
 
-void O200kTokenizer::encode_piece(const uint8_t* p, size_t n, std::vector<int32_t>* out) const {
-    const uint32_t whole = rank_of(p, n);
-    if (whole != kNoRank) {  // tiktoken's fast path: the whole piece is a token
-        out->push_back(int32_t(whole));
-        return;
-    }
+void O200kTokenizer::encode_piece(const uint8_t* p, size_t n, PieceCache* cache, std::vector<int32_t>* out) const {
     if (n > PieceCache::kMaxBytes) {
-        if (n <= 128) merge_short(p, n, out);
+        const uint32_t whole = rank_of(p, n);
+        if (whole != kNoRank) out->push_back(int32_t(whole));  // tiktoken's fast path
+        else if (n <= 128) merge_short(p, n, out);
         else merge_long(p, n, out);
         return;
     }
-    thread_local std::unique_ptr<PieceCache> cache;  // one per thread, freed at its exit
-    if (!cache) cache = std::make_unique<PieceCache>();
-    const uint64_t h = hash_bytes(p, n);
-    PieceCache::Slot& slot = cache->slots[h & (PieceCache::kSlots - 1)];
-    if (slot.owner == serial_ && slot.hash == h && slot.n_bytes == n && std::memcmp(slot.bytes, p, n) == 0) {
-        out->insert(out->end(), slot.ids, slot.ids + slot.n_ids);
+    // Short pieces, nearly all of them, go through the cache first: most text repeats a small
+    // set of pieces, and the cache is far smaller than the rank table.
+    const uint64_t head = load_head(p, n);
+    const uint64_t h = hash_bytes(p, n, head);
+    PieceCache::Slot& slot = cache->slots[(h >> 40) & (PieceCache::kSlots - 1)];
+    if (slot.owner == serial_ && slot.head == head && slot.n_bytes == n &&
+        (n <= 8 || std::memcmp(slot.rest, p + 8, n - 8) == 0)) {
+        if (slot.n_ids == 1) out->push_back(slot.ids[0]);
+        else out->insert(out->end(), slot.ids, slot.ids + slot.n_ids);
         return;
     }
     const size_t before = out->size();
-    merge_short(p, n, out);
+    const uint32_t whole = rank_of(p, n);
+    if (whole != kNoRank) out->push_back(int32_t(whole));
+    else merge_short(p, n, out);
     const size_t n_ids = out->size() - before;
     if (n_ids <= PieceCache::kMaxIds) {
         slot.owner = serial_;
-        slot.hash = h;
+        slot.head = head;
         slot.n_bytes = uint8_t(n);
         slot.n_ids = uint8_t(n_ids);
-        std::memcpy(slot.bytes, p, n);
+        if (n > 8) std::memcpy(slot.rest, p + 8, n - 8);
         std::copy(out->begin() + before, out->end(), slot.ids);
     }
 }
 
 void O200kTokenizer::encode_ordinary(const uint8_t* s, size_t n, std::vector<int32_t>* out) const {
+    PieceCache* cache = PieceCache::get();
     const Scanner scanner{s, n};
     for (size_t i = 0; i < n;) {
         const size_t e = scanner.next(i);
-        encode_piece(s + i, e - i, out);
+        encode_piece(s + i, e - i, cache, out);
         i = e;
     }
 }

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
 )
 
 const (
@@ -408,7 +409,19 @@ func TestChatWithAToolStreamsTheTurnItReturns(t *testing.T) {
 	if uint32(len(tokens)) != r.NCompletionTokens {
 		t.Fatalf("%d events, %d completion tokens", len(tokens), r.NCompletionTokens)
 	}
-	if raw, _ := m.Detokenize(tokens); raw != r.Raw {
+	// The same prompt, seed and stop tokens through gptoss_generate give the same tokens.
+	prompt, err := m.Render(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := sampling(24)
+	plain.StopTokens = []int32{200002, 200012, 199999} // <|return|>, <|call|>, <|endoftext|>
+	generated, err := newSession(t, m, SessionParams{}).Generate(prompt, plain, nil)
+	if err != nil || !reflect.DeepEqual(generated.Tokens, tokens) {
+		t.Fatalf("chat tokens %v, generate tokens %v (%v)", tokens, generated, err)
+	}
+	// Raw is the tokens as text; compared exactly when the bytes are valid UTF-8.
+	if raw, _ := m.Detokenize(tokens); utf8.ValidString(raw) && raw != r.Raw {
 		t.Fatalf("raw %q, events %q", r.Raw, raw)
 	}
 	rendered, err := m.Render(req)

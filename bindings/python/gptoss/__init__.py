@@ -725,6 +725,11 @@ class Stream:
             self._state.busy.release()
             return
         self._state.cancel = True
+        if threading.current_thread() is self._thread:
+            # Collected on the worker itself (inside a callback): draining here would wait for
+            # this very thread, so just let the call stop at its next event.
+            self._state.resume.release()
+            return
         try:
             for _ in self:
                 pass

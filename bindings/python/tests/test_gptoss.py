@@ -27,6 +27,8 @@ PROMPT = "The quick brown fox"
 SEED = 1234
 N_TOKENS = 12
 
+CHAT_STOP_TOKENS = [200002, 200012, 199999]  # <|return|>, <|call|>, <|endoftext|>: what gptoss_chat stops at
+
 WEATHER_TOOL = {
     "type": "function",
     "function": {
@@ -362,7 +364,16 @@ class ChatTest(unittest.TestCase):
             again = session.chat(messages, tools=[WEATHER_TOOL], reasoning_effort="low", seed=SEED, max_tokens=24)
         self.assertIsInstance(result, gptoss.ChatResult)
         self.assertEqual(len(events), result.n_completion_tokens)
-        self.assertEqual(result.raw, self.model.detokenize([e.token for e in events]))
+        tokens = [e.token for e in events]
+        # The same prompt, seed and stop tokens through gptoss_generate give the same tokens.
+        with self.model.session() as plain:
+            prompt = self.model.render(messages, tools=[WEATHER_TOOL], reasoning_effort="low")
+            generated = plain.generate(prompt, seed=SEED, max_tokens=24, stop_tokens=CHAT_STOP_TOKENS)
+        self.assertEqual(tokens, generated.tokens)
+        try:  # raw is the tokens as text; compared exactly when the bytes are valid UTF-8
+            self.assertEqual(result.raw, self.model.detokenize_bytes(tokens).decode("utf-8"))
+        except UnicodeDecodeError:
+            pass
         self.assertEqual(again.raw, result.raw)  # streaming does not change the output
         self.assertGreater(again.n_cached_tokens, 0)  # the second call reused the first's prompt
         self.assertEqual(result.n_prompt_tokens, len(self.model.render(messages, tools=[WEATHER_TOOL],

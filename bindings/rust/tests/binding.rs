@@ -230,7 +230,15 @@ fn chat_with_a_tool_streams_the_turn_it_returns() {
         .unwrap();
     assert_eq!(events.len() as u32, out.n_completion_tokens);
     let tokens: Vec<i32> = events.iter().map(|e| e.0).collect();
-    assert_eq!(out.raw, model.detokenize(&tokens).unwrap());
+    // The same prompt, seed and stop tokens through gptoss_generate give the same tokens.
+    let prompt = model.render(&request).unwrap();
+    let mut plain = model.session(SessionParams::default()).unwrap();
+    let generated = plain.generate(&prompt, &sampling.clone().stop_tokens(vec![200002, 200012, 199999])).unwrap();
+    assert_eq!(tokens, generated.tokens);
+    // raw is the tokens as text; compared exactly when the bytes are valid UTF-8.
+    if let Ok(text) = String::from_utf8(model.detokenize_bytes(&tokens).unwrap()) {
+        assert_eq!(out.raw, text);
+    }
     assert!(events.iter().all(|e| !matches!(e.1, Channel::Other(_))));
     assert_eq!(out.n_prompt_tokens as usize, model.render(&request).unwrap().len());
     let again = session.chat(&request, &sampling).unwrap();

@@ -445,8 +445,11 @@ func TestChatResultMessagesCanBeAppendedToTheHistory(t *testing.T) {
 	}
 	req.Messages = append(append(req.Messages, first.Messages...), UserMessage("Again"))
 	second, err := s.Chat(req, sampling(4), nil)
-	if err != nil || second.NPromptTokens <= first.NPromptTokens {
-		t.Fatalf("%+v, %v", second, err)
+	if err != nil {
+		t.Fatalf("gptoss.h: a result's messages can be appended to the history as they are, but the library rejected %+v: %v", first.Messages, err)
+	}
+	if second.NPromptTokens <= first.NPromptTokens {
+		t.Fatalf("second prompt %d tokens, first %d", second.NPromptTokens, first.NPromptTokens)
 	}
 }
 

@@ -389,10 +389,12 @@ class ChatTest(unittest.TestCase):
         path = 'gptoss.Model("/models/gpt-oss-20b")'
         self.assertIn(path, code)
         code = code.replace(path, f"gptoss.Model({MODEL!r}, device='cpu')")
+        self.assertIn("max_tokens=256", code)
+        code = code.replace("max_tokens=256", "max_tokens=16")  # the tiny model on the CPU is slow
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env=dict(os.environ, PYTHONPATH=here))
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("StopReason.", r.stdout)
+        self.assertTrue(any(f"\n {name} " in r.stdout for name in gptoss.StopReason.__members__), r.stdout)
 
     def test_returning_false_from_the_chat_callback_cancels(self) -> None:
         seen: List[gptoss.Event] = []
@@ -408,7 +410,11 @@ class ChatTest(unittest.TestCase):
             result = session.chat(history, seed=SEED, max_tokens=24)
             history.extend(result.messages)
             history.append({"role": "user", "content": "Again"})
-            second = session.chat(history, seed=SEED, max_tokens=4)
+            try:
+                second = session.chat(history, seed=SEED, max_tokens=4)
+            except gptoss.InvalidArgumentError as e:
+                self.fail(f"gptoss.h: a result's messages can be appended to the history as they are, "
+                          f"but the library rejected {result.messages}: {e}")
         self.assertGreater(second.n_prompt_tokens, result.n_prompt_tokens)
         for m in result.messages:
             self.assertIsInstance(m, gptoss.Message)

@@ -257,6 +257,11 @@ fn chat_result_messages_can_be_appended_to_the_history() {
     let first = session.chat(&request, &Sampling::new().seed(SEED).max_tokens(24)).unwrap();
     request.messages.extend(first.messages.iter().cloned());
     request.messages.push(Message::user("Again"));
-    let second = session.chat(&request, &Sampling::new().seed(SEED).max_tokens(4)).unwrap();
+    let second = session.chat(&request, &Sampling::new().seed(SEED).max_tokens(4)).unwrap_or_else(|e| {
+        panic!(
+            "gptoss.h: a result's messages can be appended to the history as they are, but the library rejected {:?}: {e}",
+            first.messages
+        )
+    });
     assert!(second.n_prompt_tokens > first.n_prompt_tokens);
 }

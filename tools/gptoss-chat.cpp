@@ -652,19 +652,40 @@ struct Style {
 // Prints the streamed turn: analysis dimmed (or a placeholder with --hide-reasoning), tool
 // calls in color with their recipient, final text plain. A new segment starts whenever the
 // channel or the recipient changes.
+// The length of the longest prefix of `s` that does not end inside a UTF-8 sequence.
+size_t complete_utf8_prefix(const std::string& s) {
+    size_t n = s.size();
+    for (size_t back = 1; back <= 4 && back <= n; ++back) {
+        unsigned char c = static_cast<unsigned char>(s[n - back]);
+        if ((c & 0xc0) == 0x80) continue;  // a continuation byte: look further back
+        size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 1;
+        return len > back ? n - back : n;
+    }
+    return n;
+}
+
+// A Harmony header is a few tokens ("<|channel|>final<|message|>", or about ten for a tool call
+// with a content type). One that goes on longer is not a header: the model is off the format
+// (always so for the random tiny model), and its tokens are shown raw rather than hidden.
+constexpr size_t kMaxHeaderTokens = 24;
+
 class StreamPrinter {
 public:
-    StreamPrinter(FILE* out, Style style, bool hide_reasoning)
-        : out_(out), style_(style), hide_reasoning_(hide_reasoning) {}
+    StreamPrinter(FILE* out, Style style, bool hide_reasoning, const gptoss_model* model)
+        : out_(out), style_(style), hide_reasoning_(hide_reasoning), model_(model) {}
 
     void event(const gptoss_event* e) {
+        if (e->channel == GPTOSS_CHANNEL_NONE && e->text_len == 0) {
+            header_token(e->token);
+            return;
+        }
+        header_.clear();
+        raw_mode_ = false;
         if (e->text_len == 0) return;
         std::string recipient = e->recipient ? e->recipient : "";
         if (!open_ || e->channel != channel_ || recipient != recipient_) begin(e->channel, recipient);
         if (hidden_) return;
-        std::fwrite(e->text, 1, e->text_len, out_);
-        at_line_start_ = e->text[e->text_len - 1] == '\n';
-        std::fflush(out_);
+        write(e->text, e->text_len);
     }
 
     // Ends the turn's output on a fresh line with the style reset.
@@ -674,6 +695,42 @@ public:
     }
 
 private:
+    void write(const char* text, size_t len) {
+        if (len == 0) return;
+        std::fwrite(text, 1, len, out_);
+        at_line_start_ = text[len - 1] == '\n';
+        std::fflush(out_);
+    }
+
+    // A token outside message content (a header, or text between messages): held back while it
+    // may be a header, shown dimmed once it clearly is not.
+    void header_token(int32_t token) {
+        header_.push_back(token);
+        if (!raw_mode_ && header_.size() <= kMaxHeaderTokens) return;
+        if (!raw_mode_) {
+            raw_mode_ = true;
+            raw_bytes_.clear();
+        }
+        size_t n = 0;
+        std::string bytes(64, '\0');
+        gptoss_status st = gptoss_detokenize(model_, header_.data(), header_.size(), bytes.data(), bytes.size(), &n);
+        if (st == GPTOSS_ERR_BUFFER_TOO_SMALL) {
+            bytes.assign(n + 1, '\0');
+            st = gptoss_detokenize(model_, header_.data(), header_.size(), bytes.data(), bytes.size(), &n);
+        }
+        header_.clear();
+        if (st != GPTOSS_OK) return;
+        raw_bytes_.append(bytes.data(), n);
+        // A token can end inside a character: print only complete ones (a stray byte goes after
+        // four bytes, so the terminal shows a replacement mark rather than waiting forever).
+        size_t complete = complete_utf8_prefix(raw_bytes_);
+        if (raw_bytes_.size() - complete >= 4) complete = raw_bytes_.size();
+        if (complete == 0) return;
+        if (!open_ || channel_ != GPTOSS_CHANNEL_NONE || !recipient_.empty()) begin(GPTOSS_CHANNEL_NONE, "");
+        write(raw_bytes_.data(), complete);
+        raw_bytes_.erase(0, complete);
+    }
+
     void end_segment() {
         if (!open_) return;
         if (hidden_ && style_.on) {
@@ -717,6 +774,10 @@ private:
     FILE* out_;
     Style style_;
     bool hide_reasoning_;
+    const gptoss_model* model_;
+    std::vector<int32_t> header_;   // tokens since the last content token
+    bool raw_mode_ = false;         // this header ran past kMaxHeaderTokens
+    std::string raw_bytes_;         // raw text not yet printed (an incomplete character)
     bool open_ = false, hidden_ = false, at_line_start_ = true;
     gptoss_channel channel_ = GPTOSS_CHANNEL_NONE;
     std::string recipient_;
@@ -1222,7 +1283,7 @@ private:
 
         // Only a person at a terminal sees the turn as it is written; scripts get answers.
         const bool stream = mode_ == Mode::Interactive && !opts_.json;
-        StreamPrinter printer(stdout, style_, opts_.hide_reasoning);
+        StreamPrinter printer(stdout, style_, opts_.hide_reasoning, model_);
         const gptoss_chat_result* result = nullptr;
         g_sigint = 0;
         g_generating = 1;
@@ -1246,6 +1307,10 @@ private:
         stats.stop = result->stop_reason;
         for (size_t i = 0; i < result->n_messages; ++i) {
             Message m = copy_message(result->messages[i]);
+            // A reply off the Harmony format parses into an assistant message with no channel,
+            // which gptoss_chat() refuses as history; it was shown as text, so keep it as such.
+            if (m.role == GPTOSS_ROLE_ASSISTANT && m.channel == GPTOSS_CHANNEL_NONE)
+                m.channel = m.recipient ? GPTOSS_CHANNEL_COMMENTARY : GPTOSS_CHANNEL_FINAL;
             last_.messages.push_back(m);
             conv_.messages.push_back(std::move(m));
         }

@@ -8,9 +8,9 @@ use std::path::PathBuf;
 fn main() {
     println!("cargo:rerun-if-env-changed=GPTOSS_LIB_DIR");
     println!("cargo:rerun-if-env-changed=GPTOSS_LIBRARY");
-    let dir = env::var_os("GPTOSS_LIB_DIR").map(PathBuf::from).or_else(|| {
-        env::var_os("GPTOSS_LIBRARY").and_then(|lib| PathBuf::from(lib).parent().map(PathBuf::from))
-    });
+    let dir = env::var_os("GPTOSS_LIB_DIR")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("GPTOSS_LIBRARY").and_then(|lib| PathBuf::from(lib).parent().map(PathBuf::from)));
     if let Some(dir) = dir {
         println!("cargo:rustc-link-search=native={}", dir.display());
         println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());

@@ -147,6 +147,23 @@ class ModelTest(unittest.TestCase):
             gptoss.Model(MODEL, device="cpu", progress=lambda f: False)
         self.assertEqual(caught.exception.status, gptoss.Status.CANCELLED)
 
+    def test_log_callback_receives_lines_until_silenced(self) -> None:
+        # The library logs every recorded error at DEBUG, so a failed load produces a line.
+        bad = os.path.join(tempfile.gettempdir(), "gptoss-no-such-model")
+        lines: List[tuple] = []
+        gptoss.set_log_callback(lambda level, line: lines.append((level, line)), gptoss.LogLevel.DEBUG)
+        try:
+            with self.assertRaises(gptoss.GptossError) as caught:
+                gptoss.Model(bad, device="cpu")
+        finally:
+            gptoss.set_log_callback(None)
+        self.assertTrue(any(caught.exception.message in line for _, line in lines), lines)
+        self.assertTrue(all(isinstance(level, gptoss.LogLevel) and not line.endswith("\n") for level, line in lines))
+        n = len(lines)
+        with self.assertRaises(gptoss.GptossError):
+            gptoss.Model(bad, device="cpu")
+        self.assertEqual(len(lines), n)
+
     def test_info_describes_the_loaded_checkpoint(self) -> None:
         with open(os.path.join(MODEL, "config.json")) as f:
             config = json.load(f)

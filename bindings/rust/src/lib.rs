@@ -139,8 +139,9 @@ unsafe fn cstr(p: *const c_char) -> Option<String> {
 }
 
 fn cstring(value: &str, what: &str) -> Result<CString> {
-    CString::new(value)
-        .map_err(|e| Error::new(Status::InvalidArgument, format!("{what}: contains a NUL byte at offset {}", e.nul_position())))
+    CString::new(value).map_err(|e| {
+        Error::new(Status::InvalidArgument, format!("{what}: contains a NUL byte at offset {}", e.nul_position()))
+    })
 }
 
 fn opt_cstring(value: &Option<String>, what: &str) -> Result<Option<CString>> {
@@ -399,15 +400,19 @@ impl Model {
 
     /// As [`Model::load`], calling `progress(fraction)` as loading proceeds; returning false
     /// cancels the load ([`Status::Cancelled`]).
-    pub fn load_with_progress(path: impl AsRef<Path>, device: Device, mut progress: impl FnMut(f32) -> bool) -> Result<Model> {
+    pub fn load_with_progress(
+        path: impl AsRef<Path>,
+        device: Device,
+        mut progress: impl FnMut(f32) -> bool,
+    ) -> Result<Model> {
         Self::load_impl(path.as_ref(), device, Some(&mut progress))
     }
 
     fn load_impl(path: &Path, device: Device, progress: Option<&mut dyn FnMut(f32) -> bool>) -> Result<Model> {
         check_version()?;
-        let path = path
-            .to_str()
-            .ok_or_else(|| Error::new(Status::InvalidArgument, format!("model_dir: {} is not UTF-8", path.display())))?;
+        let path = path.to_str().ok_or_else(|| {
+            Error::new(Status::InvalidArgument, format!("model_dir: {} is not UTF-8", path.display()))
+        })?;
         let c_path = cstring(path, "model_dir")?;
         let mut params = std::mem::MaybeUninit::<sys::gptoss_model_params>::zeroed();
         let mut params = unsafe {
@@ -520,8 +525,9 @@ impl Model {
         let mut tokens = vec![0i32; 1024];
         loop {
             let mut n = 0usize;
-            let status =
-                unsafe { sys::gptoss_chat_render(self.ptr.as_ptr(), &c.request, tokens.as_mut_ptr(), tokens.len(), &mut n) };
+            let status = unsafe {
+                sys::gptoss_chat_render(self.ptr.as_ptr(), &c.request, tokens.as_mut_ptr(), tokens.len(), &mut n)
+            };
             if status == sys::GPTOSS_ERR_BUFFER_TOO_SMALL && n > tokens.len() {
                 tokens.resize(n, 0);
                 continue;
@@ -708,11 +714,25 @@ pub struct Message {
 
 impl Message {
     pub fn user(content: impl Into<String>) -> Message {
-        Message { role: Role::User, channel: Channel::None, content: content.into(), author: None, recipient: None, content_type: None }
+        Message {
+            role: Role::User,
+            channel: Channel::None,
+            content: content.into(),
+            author: None,
+            recipient: None,
+            content_type: None,
+        }
     }
     /// An earlier assistant message on `channel`.
     pub fn assistant(channel: Channel, content: impl Into<String>) -> Message {
-        Message { role: Role::Assistant, channel, content: content.into(), author: None, recipient: None, content_type: None }
+        Message {
+            role: Role::Assistant,
+            channel,
+            content: content.into(),
+            author: None,
+            recipient: None,
+            content_type: None,
+        }
     }
     /// An earlier tool call: `arguments` (JSON) sent to functions.`name`.
     pub fn tool_call(name: &str, arguments: impl Into<String>) -> Message {
@@ -1002,11 +1022,14 @@ impl Session {
         let mut out: *const sys::gptoss_generate_result = ptr::null();
         let mut state = on_event.map(|f| EventState { f, panic: None });
         let (fn_, user) = match state.as_mut() {
-            Some(s) => (Some(event_trampoline as unsafe extern "C" fn(_, _) -> bool), s as *mut EventState as *mut c_void),
+            Some(s) => {
+                (Some(event_trampoline as unsafe extern "C" fn(_, _) -> bool), s as *mut EventState as *mut c_void)
+            }
             None => (None, ptr::null_mut()),
         };
-        let status =
-            unsafe { sys::gptoss_generate(self.as_ptr(), prompt.as_ptr(), prompt.len(), &c.params, fn_, user, &mut out) };
+        let status = unsafe {
+            sys::gptoss_generate(self.as_ptr(), prompt.as_ptr(), prompt.len(), &c.params, fn_, user, &mut out)
+        };
         let result = check(status);
         if let Some(payload) = state.and_then(|s| s.panic) {
             panic::resume_unwind(payload);
@@ -1052,7 +1075,9 @@ impl Session {
         let mut out: *const sys::gptoss_chat_result = ptr::null();
         let mut state = on_event.map(|f| EventState { f, panic: None });
         let (fn_, user) = match state.as_mut() {
-            Some(s) => (Some(event_trampoline as unsafe extern "C" fn(_, _) -> bool), s as *mut EventState as *mut c_void),
+            Some(s) => {
+                (Some(event_trampoline as unsafe extern "C" fn(_, _) -> bool), s as *mut EventState as *mut c_void)
+            }
             None => (None, ptr::null_mut()),
         };
         let status =

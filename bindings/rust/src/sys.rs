@@ -77,8 +77,7 @@ pub struct gptoss_conversation {
 pub type gptoss_log_fn =
     Option<unsafe extern "C" fn(user_data: *mut c_void, level: gptoss_log_level, message: *const c_char)>;
 pub type gptoss_progress_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, fraction: f32) -> bool>;
-pub type gptoss_event_fn =
-    Option<unsafe extern "C" fn(user_data: *mut c_void, event: *const gptoss_event) -> bool>;
+pub type gptoss_event_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, event: *const gptoss_event) -> bool>;
 
 #[repr(C)]
 #[derive(Clone, Copy)]

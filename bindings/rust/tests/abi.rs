@@ -35,24 +35,68 @@ fn every_struct_mirror_matches_the_c_layout() {
 
     let mut rust = BTreeMap::new();
     layout!(rust, gptoss_model_params { struct_size, device, progress, progress_user_data });
-    layout!(rust, gptoss_model_info {
-        struct_size, name, n_layers, n_experts, n_experts_per_token, n_vocab, max_context, weight_bytes, device
-    });
+    layout!(
+        rust,
+        gptoss_model_info {
+            struct_size,
+            name,
+            n_layers,
+            n_experts,
+            n_experts_per_token,
+            n_vocab,
+            max_context,
+            weight_bytes,
+            device
+        }
+    );
     layout!(rust, gptoss_session_params { struct_size, max_context, max_batch });
-    layout!(rust, gptoss_sampling_params {
-        struct_size, temperature, top_p, top_k, seed, max_tokens, stop_tokens, n_stop_tokens, stop_strings,
-        n_stop_strings
-    });
+    layout!(
+        rust,
+        gptoss_sampling_params {
+            struct_size,
+            temperature,
+            top_p,
+            top_k,
+            seed,
+            max_tokens,
+            stop_tokens,
+            n_stop_tokens,
+            stop_strings,
+            n_stop_strings
+        }
+    );
     layout!(rust, gptoss_event { struct_size, token, text, text_len, channel, recipient });
-    layout!(rust, gptoss_generate_result {
-        struct_size, tokens, n_tokens, text, text_len, stop_reason, n_prompt_tokens, n_cached_tokens, prefill_ms,
-        decode_ms
-    });
+    layout!(
+        rust,
+        gptoss_generate_result {
+            struct_size,
+            tokens,
+            n_tokens,
+            text,
+            text_len,
+            stop_reason,
+            n_prompt_tokens,
+            n_cached_tokens,
+            prefill_ms,
+            decode_ms
+        }
+    );
     layout!(rust, gptoss_message { role, channel, content, author, recipient, content_type });
     layout!(rust, gptoss_tool { name, description, parameters });
-    layout!(rust, gptoss_chat_request {
-        struct_size, messages, n_messages, instructions, tools, n_tools, reasoning_effort, current_date, keep_analysis
-    });
+    layout!(
+        rust,
+        gptoss_chat_request {
+            struct_size,
+            messages,
+            n_messages,
+            instructions,
+            tools,
+            n_tools,
+            reasoning_effort,
+            current_date,
+            keep_analysis
+        }
+    );
     layout!(rust, gptoss_tool_call { name, recipient, arguments, content_type });
     layout!(rust, gptoss_chat_result {
         struct_size, final_ as "final", analysis, tool_calls, n_tool_calls, messages, n_messages, stop_reason, raw,

@@ -4,7 +4,9 @@
 mod common;
 
 use common::{generate_ref, model, N_TOKENS, PROMPT, SEED};
-use gptoss::{ChatRequest, Channel, Device, Message, Model, ReasoningEffort, Sampling, SessionParams, Status, StopReason, Tool};
+use gptoss::{
+    Channel, ChatRequest, Device, Message, Model, ReasoningEffort, Sampling, SessionParams, Status, StopReason, Tool,
+};
 
 const WEATHER_PARAMS: &str = r#"{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}"#;
 
@@ -55,11 +57,13 @@ fn bad_model_directory_is_an_error_carrying_the_c_message() {
 fn progress_reports_fractions_and_false_cancels_the_load() {
     let path = common::env("GPTOSS_TINY_MODEL");
     let mut fractions = Vec::new();
-    drop(Model::load_with_progress(&path, Device::Cpu, |f| {
-        fractions.push(f);
-        true
-    })
-    .unwrap());
+    drop(
+        Model::load_with_progress(&path, Device::Cpu, |f| {
+            fractions.push(f);
+            true
+        })
+        .unwrap(),
+    );
     assert!(!fractions.is_empty() && fractions.iter().all(|f| (0.0..=1.0).contains(f)), "{fractions:?}");
     let err = Model::load_with_progress(&path, Device::Cpu, |_| false).err().expect("cancelled load succeeded");
     assert_eq!(err.status, Status::Cancelled);
@@ -92,7 +96,8 @@ fn detokenize_of_an_out_of_range_id_is_invalid_argument() {
 
 #[test]
 fn generate_with_a_seed_gives_the_c_api_tokens() {
-    let (code, lines, stderr) = generate_ref(&[&common::env("GPTOSS_TINY_MODEL"), &SEED.to_string(), &N_TOKENS.to_string(), PROMPT]);
+    let (code, lines, stderr) =
+        generate_ref(&[&common::env("GPTOSS_TINY_MODEL"), &SEED.to_string(), &N_TOKENS.to_string(), PROMPT]);
     assert_eq!(code, 0, "{stderr}");
     let model = model();
     let prompt = model.tokenize(PROMPT, false).unwrap();

@@ -110,14 +110,17 @@ var versionOnce struct {
 // CheckVersion reports an *Error (StatusUnsupported) if the loaded library is not the version
 // this package mirrors. Load calls it.
 func CheckVersion() error {
-	versionOnce.Do(func() {
-		major, minor, patch := LibraryVersion()
-		if major != VersionMajor || minor != VersionMinor {
-			versionOnce.err = &Error{StatusUnsupported, fmt.Sprintf(
-				"libgptoss is version %d.%d.%d, this binding needs %d.%d.x", major, minor, patch, VersionMajor, VersionMinor)}
-		}
-	})
+	versionOnce.Do(func() { versionOnce.err = versionCompatible(LibraryVersion()) })
 	return versionOnce.err
+}
+
+// versionCompatible is nil if a library of this version matches what the package mirrors.
+func versionCompatible(major, minor, patch int) error {
+	if major == VersionMajor && minor == VersionMinor {
+		return nil
+	}
+	return &Error{StatusUnsupported, fmt.Sprintf(
+		"libgptoss is version %d.%d.%d, this binding needs %d.%d.x", major, minor, patch, VersionMajor, VersionMinor)}
 }
 
 // ---------------------------------------------------------------------------

@@ -145,6 +145,20 @@ func TestLoadedLibraryIsTheVersionMirrored(t *testing.T) {
 	}
 }
 
+func TestOnlyTheSameMajorAndMinorVersionIsAccepted(t *testing.T) {
+	if versionCompatible(VersionMajor, VersionMinor, 0) != nil || versionCompatible(VersionMajor, VersionMinor, 9) != nil {
+		t.Fatal("a patch release was refused")
+	}
+	err := versionCompatible(VersionMajor, VersionMinor+1, 0)
+	var e *Error
+	if !errors.As(err, &e) || e.Status != StatusUnsupported || !strings.Contains(e.Message, fmt.Sprintf("this binding needs %d.%d.x", VersionMajor, VersionMinor)) {
+		t.Fatalf("got %v", err)
+	}
+	if versionCompatible(VersionMajor+1, VersionMinor, 0) == nil {
+		t.Fatal("another major version was accepted")
+	}
+}
+
 func TestBadModelDirectoryReturnsTheCMessage(t *testing.T) {
 	bad := filepath.Join(os.TempDir(), "gptoss-no-such-model")
 	_, err := Load(bad, WithDevice(DeviceCPU))

@@ -165,23 +165,38 @@ pub fn library_version() -> (u32, u32, u32) {
 /// version may change the ABI (API.md §3), so major and minor must both match.
 pub fn check_version() -> Result<()> {
     static CHECKED: OnceLock<Result<()>> = OnceLock::new();
-    CHECKED
-        .get_or_init(|| {
-            let (major, minor, patch) = library_version();
-            if (major, minor) == (sys::GPTOSS_VERSION_MAJOR, sys::GPTOSS_VERSION_MINOR) {
-                Ok(())
-            } else {
-                Err(Error::new(
-                    Status::Unsupported,
-                    format!(
-                        "libgptoss is version {major}.{minor}.{patch}, this binding needs {}.{}.x",
-                        sys::GPTOSS_VERSION_MAJOR,
-                        sys::GPTOSS_VERSION_MINOR
-                    ),
-                ))
-            }
-        })
-        .clone()
+    CHECKED.get_or_init(|| version_compatible(library_version())).clone()
+}
+
+/// Ok if a library of version `(major, minor, patch)` matches what `sys` mirrors.
+fn version_compatible((major, minor, patch): (u32, u32, u32)) -> Result<()> {
+    if (major, minor) == (sys::GPTOSS_VERSION_MAJOR, sys::GPTOSS_VERSION_MINOR) {
+        return Ok(());
+    }
+    Err(Error::new(
+        Status::Unsupported,
+        format!(
+            "libgptoss is version {major}.{minor}.{patch}, this binding needs {}.{}.x",
+            sys::GPTOSS_VERSION_MAJOR,
+            sys::GPTOSS_VERSION_MINOR
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_same_major_and_minor_version_is_accepted() {
+        let (major, minor) = (sys::GPTOSS_VERSION_MAJOR, sys::GPTOSS_VERSION_MINOR);
+        assert_eq!(version_compatible((major, minor, 0)), Ok(()));
+        assert_eq!(version_compatible((major, minor, 7)), Ok(()));
+        let err = version_compatible((major, minor + 1, 0)).unwrap_err();
+        assert_eq!(err.status, Status::Unsupported);
+        assert!(err.message.contains(&format!("this binding needs {major}.{minor}.x")), "{}", err.message);
+        assert!(version_compatible((major + 1, minor, 0)).is_err());
+    }
 }
 
 // ---------------------------------------------------------------------------

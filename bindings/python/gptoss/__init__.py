@@ -825,6 +825,9 @@ class Session:
 
     def _run(self, call: Callable[[int, Optional[Callable[[Event], bool]]], Any], stream: bool,
              on_event: Optional[Callable[[Event], Optional[bool]]]) -> Any:
+        if stream and on_event is not None:
+            raise InvalidArgumentError(Status.INVALID_ARGUMENT,
+                                       "on_event: not used with stream=True; iterate the stream instead")
         handle = self._enter()
         if stream:
             s = Stream(self._busy, lambda cb: call(handle, cb))

@@ -1,0 +1,367 @@
+// cuda/attention.cu - causal attention with per-head sinks, optional sliding window and GQA,
+// for prefill and decode, plus the KV-cache commit. Math (MODEL.md §Attention with sinks):
+// p_i = exp(s_i − m) / (Σ_j exp(s_j − m) + exp(S − m)), s_i = q·k_i / sqrt(D), out = Σ p_i v_i.
+//
+// Mapping: a warp owns one query token and the (Q/G ≤ 8) heads of one kv head; lane l owns
+// keys l and l+32 of each 64-key block for the scores and dims 2l, 2l+1 of the output. Keys
+// are visited in absolute 64-key blocks, grouped into kAttentionSplit-key splits: each split
+// is an online softmax from scratch, and splits are merged in increasing order into a state
+// that starts as the sink (M = S, L = 1, O = 0). The decode kernel runs one warp per split
+// and merges in a second kernel; the prefill kernel runs the splits in sequence in one warp.
+// Both use attend_block, merge_ml and merge_o with explicitly rounded fp32 operations, so a
+// position's output is bit-identical whichever path computed it (reused == fresh sessions).
+// Floor (decode): K/V bytes, 2·G·D·2 = 2 KB per visible key per layer.
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+
+#include <cmath>
+
+namespace gptoss {
+namespace cuda {
+namespace {
+
+constexpr int kD = 64;
+constexpr int kBlock = 64;
+constexpr int kMaxHeads = 8;      // query heads per kv head
+constexpr int kRowWords = 33;     // 64 bf16 + 1 pad word: conflict-free column reads
+
+struct SplitState {
+    float m[kMaxHeads], l[kMaxHeads], o[kMaxHeads][2];
+};
+
+__device__ __forceinline__ void reset(SplitState& st) {
+#pragma unroll
+    for (int h = 0; h < kMaxHeads; ++h) {
+        st.m[h] = -INFINITY;
+        st.l[h] = 0.0f;
+        st.o[h][0] = st.o[h][1] = 0.0f;
+    }
+}
+
+__device__ __forceinline__ float lo_bf16(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi_bf16(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+// One 64-key block [kb, kb + 64) for a query at position p seeing keys [lo, p].
+// qs: fp32 [hpg][64]; ks, vs: [64][kRowWords] words; ps: this warp's fp32 [kMaxHeads][64].
+__device__ __forceinline__ void attend_block(SplitState& st, const float* qs, const uint32_t* ks,
+                                             const uint32_t* vs, float* ps, int kb, int lo, int p,
+                                             int hpg, int lane) {
+    const int k0 = kb + lane, k1 = kb + lane + 32;
+    const bool vis0 = k0 >= lo && k0 <= p, vis1 = k1 >= lo && k1 <= p;
+    float s0[kMaxHeads], s1[kMaxHeads];
+#pragma unroll
+    for (int h = 0; h < kMaxHeads; ++h) s0[h] = s1[h] = 0.0f;
+    const uint32_t* kr0 = ks + lane * kRowWords;
+    const uint32_t* kr1 = ks + (lane + 32) * kRowWords;
+#pragma unroll 4
+    for (int d2 = 0; d2 < kD / 2; ++d2) {
+        const uint32_t w0 = kr0[d2], w1 = kr1[d2];
+        const float a0 = lo_bf16(w0), b0 = hi_bf16(w0), a1 = lo_bf16(w1), b1 = hi_bf16(w1);
+#pragma unroll
+        for (int h = 0; h < kMaxHeads; ++h) {
+            if (h < hpg) {
+                const float2 qv = reinterpret_cast<const float2*>(qs + h * kD)[d2];
+                s0[h] = __fmaf_rn(qv.x, a0, s0[h]);
+                s0[h] = __fmaf_rn(qv.y, b0, s0[h]);
+                s1[h] = __fmaf_rn(qv.x, a1, s1[h]);
+                s1[h] = __fmaf_rn(qv.y, b1, s1[h]);
+            }
+        }
+    }
+    const float sm_scale = 0.125f;  // 1/sqrt(64), exact
+#pragma unroll
+    for (int h = 0; h < kMaxHeads; ++h) {
+        if (h >= hpg) break;
+        const float a0 = vis0 ? __fmul_rn(s0[h], sm_scale) : -INFINITY;
+        const float a1 = vis1 ? __fmul_rn(s1[h], sm_scale) : -INFINITY;
+        const float m_new = fmaxf(st.m[h], warp_max(fmaxf(a0, a1)));
+        if (m_new == -INFINITY) {
+            ps[h * kBlock + lane] = 0.0f;
+            ps[h * kBlock + lane + 32] = 0.0f;
+            continue;
+        }
+        const float alpha = expf(st.m[h] - m_new);
+        const float e0 = vis0 ? expf(a0 - m_new) : 0.0f;
+        const float e1 = vis1 ? expf(a1 - m_new) : 0.0f;
+        st.l[h] = __fmaf_rn(st.l[h], alpha, warp_sum(__fadd_rn(e0, e1)));
+        st.o[h][0] = __fmul_rn(st.o[h][0], alpha);
+        st.o[h][1] = __fmul_rn(st.o[h][1], alpha);
+        st.m[h] = m_new;
+        ps[h * kBlock + lane] = e0;
+        ps[h * kBlock + lane + 32] = e1;
+    }
+    __syncwarp();
+#pragma unroll 4
+    for (int j = 0; j < kBlock; ++j) {
+        const uint32_t w = vs[j * kRowWords + lane];
+        const float vx = lo_bf16(w), vy = hi_bf16(w);
+#pragma unroll
+        for (int h = 0; h < kMaxHeads; ++h) {
+            if (h < hpg) {
+                const float pj = ps[h * kBlock + j];
+                st.o[h][0] = __fmaf_rn(pj, vx, st.o[h][0]);
+                st.o[h][1] = __fmaf_rn(pj, vy, st.o[h][1]);
+            }
+        }
+    }
+    __syncwarp();
+}
+
+// Merges a finished split (m, l) into the running (M, L) and returns the weights of the old
+// state (a) and of the split (b); merge_o then applies them per output dim. The same code, in
+// the same order, runs in the prefill kernel and in the decode combine.
+__device__ __forceinline__ void merge_ml(float& M, float& L, float m, float l, float& a, float& b) {
+    const float mn = fmaxf(M, m);
+    a = expf(M - mn);
+    b = expf(m - mn);
+    L = __fadd_rn(__fmul_rn(L, a), __fmul_rn(l, b));
+    M = mn;
+}
+__device__ __forceinline__ void merge_o(float& O, float o, float a, float b) {
+    O = __fadd_rn(__fmul_rn(O, a), __fmul_rn(o, b));
+}
+
+// Loads keys [kb, kb + 64) of kv head g into shared memory (zero outside [0, kmax]).
+__device__ __forceinline__ void load_kv_block(const AttentionArgs& a, int pos0, int kb, int kmax, int g,
+                                              uint32_t* ks, uint32_t* vs, int tid, int nthreads) {
+    const int GD = int(a.G) * kD;
+    for (int i = tid; i < kBlock * 8; i += nthreads) {
+        const int key = i >> 3, part = i & 7;  // 8 × 16 bytes per 64-dim row
+        const int kp = kb + key;
+        uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+        if (kp >= 0 && kp <= kmax) {
+            size_t off;
+            const uint16_t *kbase, *vbase;
+            if (kp >= pos0) {
+                off = size_t(kp - pos0) * GD + g * kD;
+                kbase = a.k_new;
+                vbase = a.v_new;
+            } else {
+                off = size_t(uint32_t(kp) % a.slots) * GD + g * kD;
+                kbase = a.k_cache;
+                vbase = a.v_cache;
+            }
+            kv = *reinterpret_cast<const uint4*>(kbase + off + part * 8);
+            vv = *reinterpret_cast<const uint4*>(vbase + off + part * 8);
+        }
+        uint32_t* kd = ks + key * kRowWords + part * 4;
+        uint32_t* vd = vs + key * kRowWords + part * 4;
+        kd[0] = kv.x; kd[1] = kv.y; kd[2] = kv.z; kd[3] = kv.w;
+        vd[0] = vv.x; vd[1] = vv.y; vd[2] = vv.z; vd[3] = vv.w;
+    }
+}
+
+__device__ __forceinline__ int visible_lo(int p, uint32_t window) {
+    return window ? max(0, p - int(window) + 1) : 0;
+}
+
+// ---------------------------------------------------------------------------
+// Prefill: CTA = 8 query tokens × one kv head; warp w = token t0 + w.
+
+constexpr int kPrefillTokens = 8;
+constexpr size_t kPrefillSmem = sizeof(float) * kPrefillTokens * kMaxHeads * kD   // q
+                              + sizeof(uint32_t) * 2 * kBlock * kRowWords         // k, v
+                              + sizeof(float) * kPrefillTokens * kMaxHeads * kBlock;  // p
+
+__global__ __launch_bounds__(256) void bf16_attention_prefill_kernel(const AttentionArgs a) {
+    extern __shared__ float smem[];
+    float* qs = smem;
+    uint32_t* ks = reinterpret_cast<uint32_t*>(qs + kPrefillTokens * kMaxHeads * kD);
+    uint32_t* vs = ks + kBlock * kRowWords;
+    float* ps_all = reinterpret_cast<float*>(vs + kBlock * kRowWords);
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = blockIdx.y;
+    const int hpg = int(a.Q / a.G);
+    const int T = int(a.T);
+    const int pos0 = a.step->pos0;
+    const int t0 = blockIdx.x * kPrefillTokens;
+    const int t = t0 + warp;
+    const bool active = t < T;
+    const int t_last = min(t0 + kPrefillTokens, T) - 1;
+    const int p = pos0 + t, lo = visible_lo(p, a.window);
+    const int p_last = pos0 + t_last;
+    const int lo_first = visible_lo(pos0 + t0, a.window);
+
+    for (int i = threadIdx.x; i < kPrefillTokens * hpg * kD; i += blockDim.x) {
+        const int tt = i / (hpg * kD), r = i % (hpg * kD);
+        float v = 0.0f;
+        if (t0 + tt < T) v = a.q[(size_t(t0 + tt) * a.Q + size_t(g) * hpg) * kD + r];
+        qs[tt * kMaxHeads * kD + r] = v;
+    }
+    const float* my_q = qs + warp * kMaxHeads * kD;
+    float* ps = ps_all + warp * kMaxHeads * kBlock;
+
+    float M[kMaxHeads], L[kMaxHeads], O[kMaxHeads][2];
+#pragma unroll
+    for (int h = 0; h < kMaxHeads; ++h) {
+        M[h] = h < hpg ? a.sinks[g * hpg + h] : 0.0f;
+        L[h] = 1.0f;
+        O[h][0] = O[h][1] = 0.0f;
+    }
+    SplitState st;
+    reset(st);
+    int cur_split = -1;
+
+    for (int kb = (lo_first / kBlock) * kBlock; kb <= p_last; kb += kBlock) {
+        __syncthreads();
+        load_kv_block(a, pos0, kb, p_last, g, ks, vs, threadIdx.x, blockDim.x);
+        __syncthreads();
+        if (!active || kb > p || kb + kBlock - 1 < lo) continue;
+        const int split = kb / int(kAttentionSplit);
+        if (split != cur_split) {
+            if (cur_split >= 0) {
+#pragma unroll
+                for (int h = 0; h < kMaxHeads; ++h) {
+                    if (h >= hpg) break;
+                    float wa, wb;
+                    merge_ml(M[h], L[h], st.m[h], st.l[h], wa, wb);
+                    merge_o(O[h][0], st.o[h][0], wa, wb);
+                    merge_o(O[h][1], st.o[h][1], wa, wb);
+                }
+            }
+            reset(st);
+            cur_split = split;
+        }
+        attend_block(st, my_q, ks, vs, ps, kb, lo, p, hpg, lane);
+    }
+    if (!active) return;
+    if (cur_split >= 0) {
+#pragma unroll
+        for (int h = 0; h < kMaxHeads; ++h) {
+            if (h >= hpg) break;
+            float wa, wb;
+            merge_ml(M[h], L[h], st.m[h], st.l[h], wa, wb);
+            merge_o(O[h][0], st.o[h][0], wa, wb);
+            merge_o(O[h][1], st.o[h][1], wa, wb);
+        }
+    }
+    uint16_t* out = a.out + size_t(t) * a.Q * kD;
+#pragma unroll
+    for (int h = 0; h < kMaxHeads; ++h) {
+        if (h >= hpg) break;
+        const uint32_t base = uint32_t(g * hpg + h) * kD;
+        out[permuted_k(base + 2 * lane)] = f32_to_bf16_bits(__fdiv_rn(O[h][0], L[h]));
+        out[permuted_k(base + 2 * lane + 1)] = f32_to_bf16_bits(__fdiv_rn(O[h][1], L[h]));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Decode: one warp per (split, kv head), then one CTA of D threads per query head.
+
+constexpr size_t kDecodeSmem = sizeof(float) * kMaxHeads * kD + sizeof(uint32_t) * 2 * kBlock * kRowWords +
+                               sizeof(float) * kMaxHeads * kBlock;
+
+__global__ __launch_bounds__(32) void bf16_attention_decode_kernel(const AttentionArgs a, float* partial,
+                                                                  uint32_t max_splits) {
+    extern __shared__ float smem[];
+    float* qs = smem;
+    uint32_t* ks = reinterpret_cast<uint32_t*>(qs + kMaxHeads * kD);
+    uint32_t* vs = ks + kBlock * kRowWords;
+    float* ps = reinterpret_cast<float*>(vs + kBlock * kRowWords);
+    const int lane = threadIdx.x;
+    const int g = blockIdx.y;
+    const int hpg = int(a.Q / a.G);
+    const int pos0 = a.step->pos0;
+    const int p = pos0, lo = visible_lo(p, a.window);
+    const int s_rel = blockIdx.x, s = lo / int(kAttentionSplit) + s_rel;
+    const int s_begin = s * int(kAttentionSplit), s_end = s_begin + int(kAttentionSplit) - 1;
+    if (s_begin > p || s_end < lo) return;
+    for (int i = lane; i < hpg * kD; i += 32) qs[i] = a.q[size_t(g) * hpg * kD + i];
+    __syncwarp();
+    SplitState st;
+    reset(st);
+    for (int kb = s_begin; kb <= s_end; kb += kBlock) {
+        if (kb > p || kb + kBlock - 1 < lo) continue;
+        __syncwarp();
+        load_kv_block(a, pos0, kb, p, g, ks, vs, lane, 32);
+        __syncwarp();
+        attend_block(st, qs, ks, vs, ps, kb, lo, p, hpg, lane);
+    }
+#pragma unroll
+    for (int h = 0; h < kMaxHeads; ++h) {
+        if (h >= hpg) break;
+        float* dst = partial + (size_t(g * hpg + h) * max_splits + s_rel) * (kD + 2);
+        dst[2 * lane] = st.o[h][0];
+        dst[2 * lane + 1] = st.o[h][1];
+        if (lane == 0) {
+            dst[kD] = st.m[h];
+            dst[kD + 1] = st.l[h];
+        }
+    }
+}
+
+__global__ __launch_bounds__(64) void f32_attention_combine_kernel(const AttentionArgs a, const float* partial,
+                                                                  uint32_t max_splits) {
+    const int head = blockIdx.x, d = threadIdx.x;
+    const int p = a.step->pos0, lo = visible_lo(p, a.window);
+    float M = a.sinks[head], L = 1.0f, O = 0.0f;
+    const int s_first = lo / int(kAttentionSplit), s_last = p / int(kAttentionSplit);
+    for (int s = s_first; s <= s_last && s - s_first < int(max_splits); ++s) {
+        const float* src = partial + (size_t(head) * max_splits + (s - s_first)) * (kD + 2);
+        float wa, wb;
+        const float m = src[kD], l = src[kD + 1];
+        merge_ml(M, L, m, l, wa, wb);
+        merge_o(O, src[d], wa, wb);
+    }
+    a.out[permuted_k(uint32_t(head) * kD + d)] = f32_to_bf16_bits(__fdiv_rn(O, L));
+}
+
+__global__ void bf16_kv_commit_kernel(const uint16_t* __restrict__ k_new, const uint16_t* __restrict__ v_new,
+                                      uint16_t* __restrict__ k_cache, uint16_t* __restrict__ v_cache,
+                                      uint32_t slots, const StepInfo* step, uint32_t T, uint32_t GD) {
+    const uint32_t t = blockIdx.x;
+    if (T > slots && t < T - slots) return;  // overwritten later in this chunk
+    const uint32_t slot = uint32_t(step->pos0 + int32_t(t)) % slots;
+    for (uint32_t i = threadIdx.x; i < GD; i += blockDim.x) {
+        k_cache[size_t(slot) * GD + i] = k_new[size_t(t) * GD + i];
+        v_cache[size_t(slot) * GD + i] = v_new[size_t(t) * GD + i];
+    }
+}
+
+gptoss_status check(const AttentionArgs& a) {
+    if (a.D != kD) return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA attention: head_dim %u, only 64 is supported", a.D);
+    if (a.G == 0 || a.Q % a.G != 0 || a.Q / a.G > kMaxHeads)
+        return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA attention: %u query heads per kv head, at most %d supported",
+                    a.G ? a.Q / a.G : 0, kMaxHeads);
+    return GPTOSS_OK;
+}
+
+}  // namespace
+
+gptoss_status attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
+    GPTOSS_TRY(check(a));
+    if (a.T == 0) return GPTOSS_OK;
+    static bool configured = false;  // benign race: the attribute call is idempotent
+    if (!configured) {
+        GPTOSS_CUDA_TRY(cudaFuncSetAttribute(bf16_attention_prefill_kernel,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPrefillSmem)));
+        configured = true;
+    }
+    const dim3 grid(ceil_div(a.T, kPrefillTokens), a.G);
+    bf16_attention_prefill_kernel<<<grid, 32 * kPrefillTokens, kPrefillSmem, stream>>>(a);
+    GPTOSS_CUDA_LAUNCH_CHECK();
+    return GPTOSS_OK;
+}
+
+gptoss_status attention_decode(const AttentionArgs& a, float* partial, uint32_t max_splits, cudaStream_t stream) {
+    GPTOSS_TRY(check(a));
+    if (a.T != 1) return fail(GPTOSS_ERR_INTERNAL, "attention_decode: T=%u, expected 1", a.T);
+    const dim3 grid(max_splits, a.G);
+    bf16_attention_decode_kernel<<<grid, 32, kDecodeSmem, stream>>>(a, partial, max_splits);
+    GPTOSS_CUDA_LAUNCH_CHECK();
+    f32_attention_combine_kernel<<<a.Q, kD, 0, stream>>>(a, partial, max_splits);
+    GPTOSS_CUDA_LAUNCH_CHECK();
+    return GPTOSS_OK;
+}
+
+gptoss_status kv_commit(const uint16_t* k_new, const uint16_t* v_new, uint16_t* k_cache, uint16_t* v_cache,
+                        uint32_t slots, const StepInfo* step, uint32_t T, uint32_t GD, cudaStream_t stream) {
+    if (T == 0) return GPTOSS_OK;
+    bf16_kv_commit_kernel<<<T, 256, 0, stream>>>(k_new, v_new, k_cache, v_cache, slots, step, T, GD);
+    GPTOSS_CUDA_LAUNCH_CHECK();
+    return GPTOSS_OK;
+}
+
+}  // namespace cuda
+}  // namespace gptoss

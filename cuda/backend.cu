@@ -1,0 +1,810 @@
+// cuda/backend.cu - the CUDA backend: weights on the device (uploaded from the mapped
+// checkpoint through pinned staging buffers, repacked at load), sessions with their KV cache
+// and scratch, and the forward pass as a sequence of the launchers in cuda/kernels.h; the
+// decode step (one token) is captured once per session as a CUDA graph and replayed.
+// Mirrors the CPU backend (cpu/backend.cpp) op for op; math in MODEL.md §Forward pass.
+// Faults: every CUDA failure becomes GPTOSS_ERR_DEVICE (and poisons this backend: later
+// calls fail too) or OUT_OF_MEMORY; the caller's current device is restored after each call.
+#include "cuda/backend.h"
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+#include "cpu/reference.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <map>
+
+namespace gptoss {
+
+int cuda_device_count() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+namespace cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
+
+// Carves one device allocation into aligned pieces (two passes: measure, then assign).
+class Carver {
+public:
+    explicit Carver(char* base) : base_(base) {}
+    template <typename T> T* take(size_t bytes) {
+        T* p = base_ ? reinterpret_cast<T*>(base_ + used_) : nullptr;
+        used_ += align_up(bytes);
+        return p;
+    }
+    size_t used() const { return used_; }
+private:
+    char* base_;
+    size_t used_ = 0;
+};
+
+struct LayerDev {
+    bool sliding = false;
+    float* attn_norm = nullptr;
+    float* mlp_norm = nullptr;
+    void* qkv_w = nullptr;
+    float* qkv_b = nullptr;
+    void* o_w = nullptr;
+    float* o_b = nullptr;
+    float* sinks = nullptr;
+    void* router_w = nullptr;
+    float* router_b = nullptr;
+    void* gu_w = nullptr;
+    uint16_t* gu_s = nullptr;
+    float* gu_b = nullptr;
+    void* dn_w = nullptr;
+    uint16_t* dn_s = nullptr;
+    float* dn_b = nullptr;
+};
+
+struct Dims {
+    uint32_t H, I, E, K, Q, G, D, V, QD, QKV;
+};
+
+Dims dims_of(const Config& c) {
+    Dims d{};
+    d.H = c.hidden; d.I = c.intermediate; d.E = c.n_experts; d.K = c.n_experts_per_token;
+    d.Q = c.n_heads; d.G = c.n_kv_heads; d.D = c.head_dim; d.V = c.vocab;
+    d.QD = d.Q * d.D;
+    d.QKV = (d.Q + 2 * d.G) * d.D;
+    return d;
+}
+
+gptoss_status check_config(const Config& c) {
+    const Dims d = dims_of(c);
+    if (d.H % 64 || d.I % 64 || d.QD % 64)
+        return fail(GPTOSS_ERR_UNSUPPORTED,
+                    "CUDA backend: hidden_size %u, intermediate_size %u and heads·head_dim %u must be multiples of 64",
+                    d.H, d.I, d.QD);
+    if (d.D != 64) return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA backend: head_dim %u, only 64 is supported", d.D);
+    if (d.G == 0 || d.Q % d.G || d.Q / d.G > 8)
+        return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA backend: %u heads over %u kv heads, at most 8 per kv head", d.Q, d.G);
+    if (d.E > 256 || d.K == 0 || d.K > 8 || d.K > d.E)
+        return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA backend: %u experts, top-%u; supported up to 256, top-8", d.E, d.K);
+    if (c.layer_sliding.size() != c.n_layers)
+        return fail(GPTOSS_ERR_INTERNAL, "CUDA backend: layer_sliding has %zu entries, expected %u",
+                    c.layer_sliding.size(), c.n_layers);
+    return GPTOSS_OK;
+}
+
+class CudaBackend;
+
+// ---------------------------------------------------------------------------
+// Session
+
+class CudaSession final : public BackendSession {
+public:
+    CudaSession(CudaBackend& backend, uint32_t max_context, uint32_t max_batch)
+        : be_(backend), max_context_(max_context), max_batch_(max_batch) {}
+    ~CudaSession() override;
+
+    gptoss_status init();
+    gptoss_status forward(const int32_t* tokens, uint32_t n, uint32_t pos) override;
+    gptoss_status get_logits(const float** logits_out) override;
+    gptoss_status sample(const SamplingConfig& config, double u, int32_t* token_out) override;
+    gptoss_status save_sliding_snapshot() override;
+    gptoss_status restore_sliding_snapshot() override;
+
+    gptoss_status profile(const int32_t* tokens, uint32_t n, uint32_t pos,
+                          std::vector<std::pair<std::string, double>>* out);
+    gptoss_status sync();
+
+private:
+    gptoss_status upload_step(const int32_t* tokens, uint32_t n, uint32_t pos);
+    gptoss_status enqueue(uint32_t n);  // the whole forward on stream_
+    gptoss_status mark(const char* label);
+    gptoss_status checked(gptoss_status s);
+
+    CudaBackend& be_;
+    uint32_t max_context_, max_batch_;
+    int device_ = 0;
+    cudaStream_t stream_ = nullptr;
+    DeviceBuffer arena_;
+    uint32_t max_splits_ = 0, max_tiles_ = 0;
+    // scratch
+    StepInfo* step_ = nullptr;
+    int32_t* tokens_ = nullptr;
+    float* x_ = nullptr;
+    uint16_t* xn_ = nullptr;
+    float* qkv_ = nullptr;
+    float* q_ = nullptr;
+    uint16_t* k_new_ = nullptr;
+    uint16_t* v_new_ = nullptr;
+    uint16_t* attn_ = nullptr;
+    float* rlogits_ = nullptr;
+    int32_t* experts_ = nullptr;
+    float* weights_ = nullptr;
+    int32_t* tiles_ = nullptr;
+    int32_t* pairs_ = nullptr;
+    uint16_t* act_ = nullptr;
+    float* part_ = nullptr;
+    float* logits_ = nullptr;
+    float* partial_ = nullptr;
+    int32_t* argmax_ = nullptr;
+    struct LayerKv { uint16_t* k; uint16_t* v; uint32_t slots; uint16_t* snap_k; uint16_t* snap_v; };
+    std::vector<LayerKv> kv_;
+    // host side
+    std::vector<float> logits_host_;
+    std::vector<int32_t> tokens_host_;
+    StepInfo step_host_{};
+    cudaGraphExec_t graph_ = nullptr;
+    bool have_logits_ = false;
+    // profiling
+    bool profiling_ = false;
+    std::vector<cudaEvent_t> events_;
+    std::vector<const char*> labels_;
+};
+
+// ---------------------------------------------------------------------------
+// Backend
+
+class CudaBackend final : public Backend {
+public:
+    CudaBackend(const Config& config, int32_t device) : config_(config), dims_(dims_of(config)), device_(device) {}
+    ~CudaBackend() override {
+        DeviceGuard guard(device_);
+        arena_.reset();
+    }
+
+    gptoss_status create_session(uint32_t max_context, uint32_t max_batch,
+                                 std::unique_ptr<BackendSession>* out) override {
+        if (poisoned_) return fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable");
+        if (max_context == 0 || max_batch == 0)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "CUDA session: max_context %u and max_batch %u must be > 0",
+                        max_context, max_batch);
+        if (max_batch > 8192)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "CUDA session: max_batch %u, at most 8192", max_batch);
+        DeviceGuard guard(device_);
+        auto s = std::make_unique<CudaSession>(*this, max_context, max_batch);
+        GPTOSS_TRY(s->init());
+        *out = std::move(s);
+        return GPTOSS_OK;
+    }
+    uint64_t weight_bytes() const override { return arena_.bytes(); }
+    int32_t device() const override { return device_; }
+    uint32_t default_max_batch() const override { return 1024; }
+
+    // Layout of every weight in one allocation; with base == nullptr only measures.
+    size_t layout(char* base) {
+        const Dims& d = dims_;
+        Carver c(base);
+        embed_ = c.take<uint16_t>(size_t(d.V) * d.H * 2);
+        lm_head_ = c.take<void>(bf16_fragment_bytes(d.V, d.H));
+        final_norm_ = c.take<float>(d.H * 4);
+        inv_freq_ = c.take<float>(d.D / 2 * 4);
+        bad_scale_ = c.take<int>(4);
+        layers_.assign(config_.n_layers, LayerDev{});
+        for (uint32_t l = 0; l < config_.n_layers; ++l) {
+            LayerDev& L = layers_[l];
+            L.sliding = config_.layer_sliding[l];
+            L.attn_norm = c.take<float>(d.H * 4);
+            L.mlp_norm = c.take<float>(d.H * 4);
+            L.qkv_w = c.take<void>(bf16_fragment_bytes(d.QKV, d.H));
+            L.qkv_b = c.take<float>(size_t(d.QKV) * 4);
+            L.o_w = c.take<void>(bf16_fragment_bytes(d.H, d.QD));
+            L.o_b = c.take<float>(d.H * 4);
+            L.sinks = c.take<float>(d.Q * 4);
+            L.router_w = c.take<void>(bf16_fragment_bytes(d.E, d.H));
+            L.router_b = c.take<float>(d.E * 4);
+            L.gu_w = c.take<void>(size_t(d.E) * mxfp4_fragment_bytes(2 * d.I, d.H));
+            L.gu_s = c.take<uint16_t>(size_t(d.E) * mxfp4_scale_bytes(2 * d.I, d.H));
+            L.gu_b = c.take<float>(size_t(d.E) * 2 * d.I * 4);
+            L.dn_w = c.take<void>(size_t(d.E) * mxfp4_fragment_bytes(d.H, d.I));
+            L.dn_s = c.take<uint16_t>(size_t(d.E) * mxfp4_scale_bytes(d.H, d.I));
+            L.dn_b = c.take<float>(size_t(d.E) * d.H * 4);
+        }
+        return c.used();
+    }
+
+    gptoss_status allocate(size_t extra_bytes) {
+        const size_t bytes = layout(nullptr);
+        size_t free_b = 0, total_b = 0;
+        GPTOSS_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+        if (bytes + extra_bytes > free_b)
+            return fail(GPTOSS_ERR_OUT_OF_MEMORY,
+                        "CUDA backend: the weights need %zu bytes (+%zu staging) on device %d, only %zu bytes free of %zu",
+                        bytes, extra_bytes, device_, free_b, total_b);
+        GPTOSS_TRY(arena_.alloc(bytes, "model weights"));
+        layout(arena_.as<char>());
+        return GPTOSS_OK;
+    }
+
+    gptoss_status upload_rope() {
+        const cpu::Rope rope = cpu::rope_init(config_);
+        rope_scale_ = rope.scale;
+        GPTOSS_CUDA_TRY(cudaMemcpy(inv_freq_, rope.inv_freq, dims_.D / 2 * sizeof(float), cudaMemcpyHostToDevice));
+        return GPTOSS_OK;
+    }
+
+    gptoss_status load(const Checkpoint& ck, const ProgressFn& progress);
+    gptoss_status synthesize(uint64_t seed);
+
+    GemmWeights dense(const void* w, const float* bias, uint32_t N, uint32_t K) const {
+        GemmWeights g;
+        g.w = w; g.bias = bias; g.N = N; g.K = K;
+        return g;
+    }
+    GemmWeights experts(const void* w, const uint16_t* s, const float* b, uint32_t N, uint32_t K) const {
+        GemmWeights g;
+        g.w = w; g.scales = s; g.bias = b; g.mxfp4 = true; g.N = N; g.K = K;
+        g.w_expert_stride = mxfp4_fragment_bytes(N, K);
+        g.s_expert_stride = mxfp4_scale_bytes(N, K) / 2;
+        g.bias_expert_stride = N;
+        return g;
+    }
+
+    Config config_;
+    Dims dims_;
+    int32_t device_;
+    DeviceBuffer arena_;
+    uint16_t* embed_ = nullptr;
+    void* lm_head_ = nullptr;
+    float* final_norm_ = nullptr;
+    float* inv_freq_ = nullptr;
+    int* bad_scale_ = nullptr;
+    float rope_scale_ = 1.0f;
+    std::vector<LayerDev> layers_;
+    std::atomic<bool> poisoned_{false};
+};
+
+// Host → device through two pinned staging buffers: the CPU copies (page-faults the mapping)
+// into one while the DMA engine drains the other.
+class Stager {
+public:
+    static constexpr size_t kChunk = 64u << 20;
+    gptoss_status init(cudaStream_t stream) {
+        stream_ = stream;
+        for (int i = 0; i < 2; ++i) {
+            GPTOSS_CUDA_TRY(cudaMallocHost(&buf_[i], kChunk));
+            GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
+            GPTOSS_CUDA_TRY(cudaEventRecord(done_[i], stream_));
+        }
+        return GPTOSS_OK;
+    }
+    ~Stager() {
+        for (int i = 0; i < 2; ++i) {
+            if (done_[i]) { cudaEventSynchronize(done_[i]); cudaEventDestroy(done_[i]); }
+            if (buf_[i]) cudaFreeHost(buf_[i]);
+        }
+    }
+    gptoss_status upload(const void* host, size_t bytes, void* dev) {
+        const char* src = static_cast<const char*>(host);
+        char* dst = static_cast<char*>(dev);
+        for (size_t off = 0; off < bytes; off += kChunk) {
+            const size_t n = std::min(kChunk, bytes - off);
+            GPTOSS_CUDA_TRY(cudaEventSynchronize(done_[cur_]));
+            std::memcpy(buf_[cur_], src + off, n);
+            GPTOSS_CUDA_TRY(cudaMemcpyAsync(dst + off, buf_[cur_], n, cudaMemcpyHostToDevice, stream_));
+            GPTOSS_CUDA_TRY(cudaEventRecord(done_[cur_], stream_));
+            cur_ ^= 1;
+            total_ += n;
+        }
+        return GPTOSS_OK;
+    }
+    size_t total() const { return total_; }
+private:
+    cudaStream_t stream_ = nullptr;
+    void* buf_[2] = {nullptr, nullptr};
+    cudaEvent_t done_[2] = {nullptr, nullptr};
+    int cur_ = 0;
+    size_t total_ = 0;
+};
+
+class StreamOwner {
+public:
+    ~StreamOwner() { if (s) { cudaStreamSynchronize(s); cudaStreamDestroy(s); } }
+    cudaStream_t s = nullptr;
+};
+
+gptoss_status CudaBackend::load(const Checkpoint& ck, const ProgressFn& progress) {
+    const Dims& d = dims_;
+    const Weights& w = ck.weights;
+    // Raw staging on the device: the largest piece repacked at once.
+    const size_t lm_rows = 16384;
+    const size_t raw_bytes = std::max({size_t(d.QKV) * d.H * 2, size_t(d.H) * d.QD * 2, lm_rows * d.H * 2,
+                                       size_t(2 * d.I) * d.H / 2 + size_t(2 * d.I) * d.H / 32,
+                                       size_t(d.E) * d.H * 2, size_t(d.E) * 2 * d.I * 2});
+    GPTOSS_TRY(allocate(raw_bytes));
+    DeviceBuffer raw;
+    GPTOSS_TRY(raw.alloc(raw_bytes, "weight staging"));
+    StreamOwner stream;
+    GPTOSS_CUDA_TRY(cudaStreamCreateWithFlags(&stream.s, cudaStreamNonBlocking));
+    Stager st;
+    GPTOSS_TRY(st.init(stream.s));
+    char* rb = raw.as<char>();
+    GPTOSS_CUDA_TRY(cudaMemsetAsync(bad_scale_, 0, sizeof(int), stream.s));
+
+    auto bias_f32 = [&](const Tensor& t, uint32_t n, bool gate_up, float* out) -> gptoss_status {
+        GPTOSS_TRY(st.upload(t.data, size_t(n) * 2, rb));
+        return bf16_to_f32(rb, n, gate_up, out, stream.s);
+    };
+    auto norm_f32 = [&](const Tensor& t, float* out) { return bias_f32(t, d.H, false, out); };
+
+    GPTOSS_TRY(st.upload(w.embed.data, size_t(d.V) * d.H * 2, embed_));
+    for (size_t r0 = 0; r0 < d.V; r0 += lm_rows) {
+        const size_t n = std::min<size_t>(lm_rows, d.V - r0);
+        GPTOSS_TRY(st.upload(w.lm_head.bf16() + r0 * d.H, n * d.H * 2, rb));
+        GPTOSS_TRY(repack_bf16(reinterpret_cast<uint16_t*>(rb), uint32_t(n), d.H,
+                               static_cast<char*>(lm_head_) + (r0 / 16) * (d.H / 64) * 2048, stream.s));
+    }
+    GPTOSS_TRY(norm_f32(w.norm, final_norm_));
+    GPTOSS_TRY(upload_rope());
+
+    for (uint32_t l = 0; l < config_.n_layers; ++l) {
+        const LayerWeights& lw = w.layers[l];
+        LayerDev& L = layers_[l];
+        GPTOSS_TRY(norm_f32(lw.attn_norm, L.attn_norm));
+        GPTOSS_TRY(norm_f32(lw.mlp_norm, L.mlp_norm));
+        // q | k | v rows concatenated, then one repack.
+        const size_t qb = size_t(d.QD) * d.H * 2, kb = size_t(d.G) * d.D * d.H * 2;
+        GPTOSS_TRY(st.upload(lw.q_weight.data, qb, rb));
+        GPTOSS_TRY(st.upload(lw.k_weight.data, kb, rb + qb));
+        GPTOSS_TRY(st.upload(lw.v_weight.data, kb, rb + qb + kb));
+        GPTOSS_TRY(repack_bf16(reinterpret_cast<uint16_t*>(rb), d.QKV, d.H, L.qkv_w, stream.s));
+        GPTOSS_TRY(st.upload(lw.q_bias.data, d.QD * 2, rb));
+        GPTOSS_TRY(st.upload(lw.k_bias.data, d.G * d.D * 2, rb + d.QD * 2));
+        GPTOSS_TRY(st.upload(lw.v_bias.data, d.G * d.D * 2, rb + d.QD * 2 + d.G * d.D * 2));
+        GPTOSS_TRY(bf16_to_f32(rb, d.QKV, false, L.qkv_b, stream.s));
+        GPTOSS_TRY(st.upload(lw.o_weight.data, size_t(d.H) * d.QD * 2, rb));
+        GPTOSS_TRY(repack_bf16(reinterpret_cast<uint16_t*>(rb), d.H, d.QD, L.o_w, stream.s));
+        GPTOSS_TRY(bias_f32(lw.o_bias, d.H, false, L.o_b));
+        if (lw.sinks.dtype == DType::F32) {
+            GPTOSS_TRY(st.upload(lw.sinks.data, d.Q * 4, L.sinks));
+        } else {
+            GPTOSS_TRY(bias_f32(lw.sinks, d.Q, false, L.sinks));
+        }
+        GPTOSS_TRY(st.upload(lw.router_weight.data, size_t(d.E) * d.H * 2, rb));
+        GPTOSS_TRY(repack_bf16(reinterpret_cast<uint16_t*>(rb), d.E, d.H, L.router_w, stream.s));
+        GPTOSS_TRY(bias_f32(lw.router_bias, d.E, false, L.router_b));
+        // The gate/up regrouping of the rows applies to each expert's bias too.
+        for (uint32_t e = 0; e < d.E; ++e) {
+            GPTOSS_TRY(st.upload(lw.gate_up_bias.bf16() + size_t(e) * 2 * d.I, size_t(2 * d.I) * 2, rb));
+            GPTOSS_TRY(bf16_to_f32(rb, 2 * d.I, true, L.gu_b + size_t(e) * 2 * d.I, stream.s));
+        }
+        GPTOSS_TRY(bias_f32(lw.down_bias, d.E * d.H, false, L.dn_b));
+        const GemmWeights gu = experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H);
+        const GemmWeights dn = experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I);
+        const size_t gu_blk = size_t(2 * d.I) * d.H / 2, gu_sc = size_t(2 * d.I) * d.H / 32;
+        const size_t dn_blk = size_t(d.H) * d.I / 2, dn_sc = size_t(d.H) * d.I / 32;
+        for (uint32_t e = 0; e < d.E; ++e) {
+            GPTOSS_TRY(st.upload(lw.gate_up_blocks.u8() + e * gu_blk, gu_blk, rb));
+            GPTOSS_TRY(st.upload(lw.gate_up_scales.u8() + e * gu_sc, gu_sc, rb + gu_blk));
+            GPTOSS_TRY(repack_mxfp4(reinterpret_cast<uint8_t*>(rb), reinterpret_cast<uint8_t*>(rb + gu_blk), 2 * d.I,
+                                    d.H, true, static_cast<char*>(L.gu_w) + e * gu.w_expert_stride,
+                                    L.gu_s + e * gu.s_expert_stride, bad_scale_, stream.s));
+            GPTOSS_TRY(st.upload(lw.down_blocks.u8() + e * dn_blk, dn_blk, rb));
+            GPTOSS_TRY(st.upload(lw.down_scales.u8() + e * dn_sc, dn_sc, rb + dn_blk));
+            GPTOSS_TRY(repack_mxfp4(reinterpret_cast<uint8_t*>(rb), reinterpret_cast<uint8_t*>(rb + dn_blk), d.H, d.I,
+                                    false, static_cast<char*>(L.dn_w) + e * dn.w_expert_stride,
+                                    L.dn_s + e * dn.s_expert_stride, bad_scale_, stream.s));
+        }
+        if (progress && !progress(float(l + 1) / float(config_.n_layers))) {
+            GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream.s));
+            return fail(GPTOSS_ERR_CANCELLED, "loading cancelled by the progress callback after layer %u", l);
+        }
+    }
+    int bad = 0;
+    GPTOSS_CUDA_TRY(cudaMemcpyAsync(&bad, bad_scale_, sizeof(int), cudaMemcpyDeviceToHost, stream.s));
+    GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream.s));
+    if (bad)
+        return fail(GPTOSS_ERR_UNSUPPORTED,
+                    "CUDA backend: an MXFP4 scale byte is %d (2^%d); the GPU dequantizer supports at most 128", bad,
+                    bad - 127);
+    return GPTOSS_OK;
+}
+
+gptoss_status CudaBackend::synthesize(uint64_t seed) {
+    const Dims& d = dims_;
+    GPTOSS_TRY(allocate(0));
+    StreamOwner stream;
+    GPTOSS_CUDA_TRY(cudaStreamCreateWithFlags(&stream.s, cudaStreamNonBlocking));
+    uint64_t k = seed * 1000003ull;
+    const float amp = 0.0346f;  // uniform [-a, a) has std a/sqrt(3) = 0.02
+    auto bf16 = [&](void* p, size_t bytes) { return fill_random(p, bytes / 4, ++k, true, amp, stream.s); };
+    auto vec = [&](float* p, size_t n, float c, float a) { return fill_random_f32(p, n, ++k, c, a, stream.s); };
+    GPTOSS_TRY(bf16(embed_, size_t(d.V) * d.H * 2));
+    GPTOSS_TRY(bf16(lm_head_, bf16_fragment_bytes(d.V, d.H)));
+    GPTOSS_TRY(vec(final_norm_, d.H, 1.0f, 0.05f));
+    GPTOSS_TRY(upload_rope());
+    for (LayerDev& L : layers_) {
+        GPTOSS_TRY(vec(L.attn_norm, d.H, 1.0f, 0.05f));
+        GPTOSS_TRY(vec(L.mlp_norm, d.H, 1.0f, 0.05f));
+        GPTOSS_TRY(bf16(L.qkv_w, bf16_fragment_bytes(d.QKV, d.H)));
+        GPTOSS_TRY(vec(L.qkv_b, d.QKV, 0.0f, 0.01f));
+        GPTOSS_TRY(bf16(L.o_w, bf16_fragment_bytes(d.H, d.QD)));
+        GPTOSS_TRY(vec(L.o_b, d.H, 0.0f, 0.01f));
+        GPTOSS_TRY(vec(L.sinks, d.Q, 0.0f, 1.0f));
+        GPTOSS_TRY(bf16(L.router_w, bf16_fragment_bytes(d.E, d.H)));
+        GPTOSS_TRY(vec(L.router_b, d.E, 0.0f, 0.01f));
+        GPTOSS_TRY(fill_random(L.gu_w, size_t(d.E) * mxfp4_fragment_bytes(2 * d.I, d.H) / 4, ++k, false, 0, stream.s));
+        GPTOSS_TRY(fill_random_scales(L.gu_s, size_t(d.E) * mxfp4_scale_bytes(2 * d.I, d.H) / 2, ++k, 118, 122, stream.s));
+        GPTOSS_TRY(vec(L.gu_b, size_t(d.E) * 2 * d.I, 0.0f, 0.01f));
+        GPTOSS_TRY(fill_random(L.dn_w, size_t(d.E) * mxfp4_fragment_bytes(d.H, d.I) / 4, ++k, false, 0, stream.s));
+        GPTOSS_TRY(fill_random_scales(L.dn_s, size_t(d.E) * mxfp4_scale_bytes(d.H, d.I) / 2, ++k, 118, 122, stream.s));
+        GPTOSS_TRY(vec(L.dn_b, size_t(d.E) * d.H, 0.0f, 0.01f));
+    }
+    GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream.s));
+    return GPTOSS_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Session implementation
+
+CudaSession::~CudaSession() {
+    DeviceGuard guard(device_);
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (graph_) cudaGraphExecDestroy(graph_);
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    if (stream_) cudaStreamDestroy(stream_);
+    arena_.reset();
+}
+
+gptoss_status CudaSession::checked(gptoss_status s) {
+    if (s == GPTOSS_ERR_DEVICE) be_.poisoned_ = true;
+    return s;
+}
+
+gptoss_status CudaSession::init() {
+    device_ = be_.device_;
+    const Dims& d = be_.dims_;
+    const Config& c = be_.config_;
+    const uint32_t T = max_batch_;
+    max_splits_ = ceil_div(max_context_, kAttentionSplit) + 1;
+    max_tiles_ = route_max_tiles(T, d.E, d.K, 8);
+    auto layout = [&](char* base) {
+        Carver cv(base);
+        step_ = cv.take<StepInfo>(sizeof(StepInfo));
+        tokens_ = cv.take<int32_t>(T * 4);
+        x_ = cv.take<float>(size_t(T) * d.H * 4);
+        xn_ = cv.take<uint16_t>(size_t(T) * d.H * 2);
+        qkv_ = cv.take<float>(size_t(T) * d.QKV * 4);
+        q_ = cv.take<float>(size_t(T) * d.QD * 4);
+        k_new_ = cv.take<uint16_t>(size_t(T) * d.G * d.D * 2);
+        v_new_ = cv.take<uint16_t>(size_t(T) * d.G * d.D * 2);
+        attn_ = cv.take<uint16_t>(size_t(T) * d.QD * 2);
+        rlogits_ = cv.take<float>(size_t(T) * d.E * 4);
+        experts_ = cv.take<int32_t>(size_t(T) * d.K * 4);
+        weights_ = cv.take<float>(size_t(T) * d.K * 4);
+        tiles_ = cv.take<int32_t>((1 + 3 * size_t(max_tiles_)) * 4);
+        pairs_ = cv.take<int32_t>(size_t(T) * d.K * 4);
+        act_ = cv.take<uint16_t>(size_t(T) * d.K * d.I * 2);
+        part_ = cv.take<float>(size_t(T) * d.K * d.H * 4);
+        logits_ = cv.take<float>(size_t(d.V) * 4);
+        partial_ = cv.take<float>(size_t(d.Q) * max_splits_ * (d.D + 2) * 4);
+        argmax_ = cv.take<int32_t>(8);
+        kv_.assign(c.n_layers, LayerKv{});
+        for (uint32_t l = 0; l < c.n_layers; ++l) {
+            LayerKv& kv = kv_[l];
+            kv.slots = c.layer_sliding[l] ? std::min(c.sliding_window, max_context_) : max_context_;
+            const size_t bytes = size_t(kv.slots) * d.G * d.D * 2;
+            kv.k = cv.take<uint16_t>(bytes);
+            kv.v = cv.take<uint16_t>(bytes);
+            kv.snap_k = c.layer_sliding[l] ? cv.take<uint16_t>(bytes) : nullptr;
+            kv.snap_v = c.layer_sliding[l] ? cv.take<uint16_t>(bytes) : nullptr;
+        }
+        return cv.used();
+    };
+    const size_t bytes = layout(nullptr);
+    size_t free_b = 0, total_b = 0;
+    GPTOSS_TRY(checked(cuda_status(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo", __FILE__, __LINE__)));
+    if (bytes > free_b)
+        return fail(GPTOSS_ERR_OUT_OF_MEMORY,
+                    "CUDA session: KV cache and scratch need %zu bytes (max_context %u, max_batch %u) on device %d, "
+                    "only %zu bytes free",
+                    bytes, max_context_, max_batch_, device_, free_b);
+    GPTOSS_TRY(arena_.alloc(bytes, "session KV cache and scratch"));
+    layout(arena_.as<char>());
+    GPTOSS_TRY(checked(cuda_status(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate",
+                                   __FILE__, __LINE__)));
+    // Zeroed so that nothing ever reads uninitialized memory (compute-sanitizer initcheck).
+    GPTOSS_TRY(checked(cuda_status(cudaMemsetAsync(arena_.get(), 0, arena_.bytes(), stream_), "cudaMemsetAsync",
+                                   __FILE__, __LINE__)));
+    logits_host_.resize(d.V);
+    return GPTOSS_OK;
+}
+
+gptoss_status CudaSession::mark(const char* label) {
+    if (!profiling_) return GPTOSS_OK;
+    cudaEvent_t e;
+    GPTOSS_CUDA_TRY(cudaEventCreate(&e));
+    events_.push_back(e);
+    labels_.push_back(label);
+    GPTOSS_CUDA_TRY(cudaEventRecord(e, stream_));
+    return GPTOSS_OK;
+}
+
+gptoss_status CudaSession::enqueue(uint32_t n) {
+    CudaBackend& b = be_;
+    const Dims& d = b.dims_;
+    const Config& c = b.config_;
+    const int nb = n == 1 ? 1 : 8;
+    const uint32_t tile_tokens = 8u * uint32_t(nb);
+    const uint32_t max_tiles = route_max_tiles(n, d.E, d.K, tile_tokens);
+    cudaStream_t s = stream_;
+
+    ResidualArgs embed;
+    embed.mode = ResidualMode::kEmbed;
+    embed.embed = b.embed_;
+    embed.tokens = tokens_;
+    GPTOSS_TRY(mark("start"));
+    GPTOSS_TRY(residual_rmsnorm(embed, x_, b.layers_[0].attn_norm, c.rms_norm_eps, xn_, n, d.H, s));
+    GPTOSS_TRY(mark("embed+norm"));
+    for (uint32_t l = 0; l < c.n_layers; ++l) {
+        const LayerDev& L = b.layers_[l];
+        const LayerKv& kv = kv_[l];
+        GPTOSS_TRY(gemm(b.dense(L.qkv_w, L.qkv_b, d.QKV, d.H), xn_, n, nullptr, Epilogue::kStore, qkv_, nullptr,
+                        d.QKV, 0, nb, s));
+        GPTOSS_TRY(mark("qkv gemm"));
+        GPTOSS_TRY(rope_qkv(qkv_, step_, b.inv_freq_, b.rope_scale_, q_, k_new_, v_new_, n, d.Q, d.G, d.D, s));
+        GPTOSS_TRY(mark("rope"));
+        AttentionArgs aa;
+        aa.q = q_; aa.k_new = k_new_; aa.v_new = v_new_; aa.k_cache = kv.k; aa.v_cache = kv.v;
+        aa.slots = kv.slots; aa.window = L.sliding ? c.sliding_window : 0; aa.sinks = L.sinks; aa.step = step_;
+        aa.T = n; aa.Q = d.Q; aa.G = d.G; aa.D = d.D; aa.out = attn_;
+        if (n == 1) {
+            const uint32_t splits = L.sliding ? std::min(max_splits_, ceil_div(c.sliding_window, kAttentionSplit) + 1)
+                                              : max_splits_;
+            GPTOSS_TRY(attention_decode(aa, partial_, splits, s));
+        } else {
+            GPTOSS_TRY(attention_prefill(aa, s));
+        }
+        GPTOSS_TRY(mark(L.sliding ? "attention (sliding)" : "attention (full)"));
+        GPTOSS_TRY(kv_commit(k_new_, v_new_, kv.k, kv.v, kv.slots, step_, n, d.G * d.D, s));
+        GPTOSS_TRY(mark("kv commit"));
+        GPTOSS_TRY(gemm(b.dense(L.o_w, L.o_b, d.H, d.QD), attn_, n, nullptr, Epilogue::kAdd, x_, nullptr, d.H, 0, nb, s));
+        GPTOSS_TRY(mark("o gemm + residual"));
+        ResidualArgs none;
+        GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, c.rms_norm_eps, xn_, n, d.H, s));
+        GPTOSS_TRY(mark("rmsnorm"));
+        GPTOSS_TRY(gemm(b.dense(L.router_w, L.router_b, d.E, d.H), xn_, n, nullptr, Epilogue::kStore, rlogits_,
+                        nullptr, d.E, 0, nb, s));
+        GPTOSS_TRY(mark("router gemm"));
+        GPTOSS_TRY(router_route(rlogits_, n, d.E, d.K, experts_, weights_, tiles_, pairs_, tile_tokens, s));
+        GPTOSS_TRY(mark("router top-k + route"));
+        GemmRoute r1;
+        r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = d.K; r1.max_tiles = max_tiles;
+        GPTOSS_TRY(gemm(b.experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H), xn_, n, &r1, Epilogue::kSwiglu, nullptr,
+                        act_, d.I, c.swiglu_limit, nb, s));
+        GPTOSS_TRY(mark("moe gate_up + swiglu"));
+        GemmRoute r2 = r1;
+        r2.in_div = 1;
+        GPTOSS_TRY(gemm(b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I), act_, n * d.K, &r2, Epilogue::kStore, part_,
+                        nullptr, d.H, 0, nb, s));
+        GPTOSS_TRY(mark("moe down"));
+        ResidualArgs moe;
+        moe.mode = ResidualMode::kMoeAdd;
+        moe.part = part_;
+        moe.weights = weights_;
+        moe.K = d.K;
+        const float* next_norm = l + 1 < c.n_layers ? b.layers_[l + 1].attn_norm : b.final_norm_;
+        GPTOSS_TRY(residual_rmsnorm(moe, x_, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
+        GPTOSS_TRY(mark("moe combine + rmsnorm"));
+    }
+    GPTOSS_TRY(gemm(b.dense(b.lm_head_, nullptr, d.V, d.H), xn_ + size_t(n - 1) * d.H, 1, nullptr, Epilogue::kStore,
+                    logits_, nullptr, d.V, 0, 1, s));
+    GPTOSS_TRY(mark("lm_head"));
+    return GPTOSS_OK;
+}
+
+gptoss_status CudaSession::upload_step(const int32_t* tokens, uint32_t n, uint32_t pos) {
+    const uint32_t V = be_.dims_.V;
+    for (uint32_t i = 0; i < n; ++i)
+        if (tokens[i] < 0 || uint32_t(tokens[i]) >= V)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "CUDA forward: token %d at index %u is outside [0, %u)", tokens[i],
+                        i, V);
+    // Pageable sources: cudaMemcpyAsync stages them before returning, so the host copies can
+    // be reused at once even while earlier work is still queued.
+    tokens_host_.assign(tokens, tokens + n);
+    step_host_.pos0 = int32_t(pos);
+    step_host_.n_tokens = int32_t(n);
+    GPTOSS_CUDA_TRY(cudaMemcpyAsync(tokens_, tokens_host_.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    GPTOSS_CUDA_TRY(cudaMemcpyAsync(step_, &step_host_, sizeof(StepInfo), cudaMemcpyHostToDevice, stream_));
+    return GPTOSS_OK;
+}
+
+gptoss_status CudaSession::forward(const int32_t* tokens, uint32_t n, uint32_t pos) {
+    if (be_.poisoned_) return fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable");
+    if (n == 0 || n > max_batch_)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "CUDA forward: %u tokens, expected 1..%u", n, max_batch_);
+    if (uint64_t(pos) + n > max_context_)
+        return fail(GPTOSS_ERR_CONTEXT_FULL, "CUDA forward: positions %u..%u exceed max_context %u", pos,
+                    pos + n - 1, max_context_);
+    DeviceGuard guard(device_);
+    have_logits_ = false;
+    GPTOSS_TRY(checked(upload_step(tokens, n, pos)));
+    if (n == 1) {
+        if (!graph_) {
+            GPTOSS_TRY(checked(cuda_status(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                                           "cudaStreamBeginCapture", __FILE__, __LINE__)));
+            const gptoss_status st = enqueue(1);
+            cudaGraph_t graph = nullptr;
+            const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+            if (st != GPTOSS_OK) {
+                if (graph) cudaGraphDestroy(graph);
+                return checked(st);
+            }
+            GPTOSS_TRY(checked(cuda_status(end, "cudaStreamEndCapture", __FILE__, __LINE__)));
+            const cudaError_t inst = cudaGraphInstantiate(&graph_, graph, 0);
+            cudaGraphDestroy(graph);
+            GPTOSS_TRY(checked(cuda_status(inst, "cudaGraphInstantiate", __FILE__, __LINE__)));
+        }
+        GPTOSS_TRY(checked(cuda_status(cudaGraphLaunch(graph_, stream_), "cudaGraphLaunch", __FILE__, __LINE__)));
+    } else {
+        GPTOSS_TRY(checked(enqueue(n)));
+    }
+    have_logits_ = true;
+    return GPTOSS_OK;
+}
+
+gptoss_status CudaSession::sync() {
+    DeviceGuard guard(device_);
+    return checked(cuda_status(cudaStreamSynchronize(stream_), "forward pass", __FILE__, __LINE__));
+}
+
+gptoss_status CudaSession::get_logits(const float** logits_out) {
+    if (be_.poisoned_) return fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable");
+    if (!have_logits_) return fail(GPTOSS_ERR_INTERNAL, "CUDA get_logits: no forward() has run");
+    DeviceGuard guard(device_);
+    GPTOSS_TRY(checked(cuda_status(cudaMemcpyAsync(logits_host_.data(), logits_, logits_host_.size() * 4,
+                                                   cudaMemcpyDeviceToHost, stream_),
+                                   "copying logits", __FILE__, __LINE__)));
+    GPTOSS_TRY(sync());
+    *logits_out = logits_host_.data();
+    return GPTOSS_OK;
+}
+
+gptoss_status CudaSession::sample(const SamplingConfig& config, double u, int32_t* token_out) {
+    if (config.temperature > 0.0f) return BackendSession::sample(config, u, token_out);
+    if (be_.poisoned_) return fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable");
+    if (!have_logits_) return fail(GPTOSS_ERR_INTERNAL, "CUDA sample: no forward() has run");
+    DeviceGuard guard(device_);
+    GPTOSS_TRY(checked(argmax(logits_, be_.dims_.V, argmax_, stream_)));
+    unsigned long long key = 0;
+    GPTOSS_TRY(checked(cuda_status(cudaMemcpyAsync(&key, argmax_, sizeof(key), cudaMemcpyDeviceToHost, stream_),
+                                   "copying the sampled token", __FILE__, __LINE__)));
+    GPTOSS_TRY(sync());
+    *token_out = decode_argmax(key);
+    return GPTOSS_OK;
+}
+
+gptoss_status CudaSession::save_sliding_snapshot() {
+    if (be_.poisoned_) return fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable");
+    DeviceGuard guard(device_);
+    const size_t row = size_t(be_.dims_.G) * be_.dims_.D * 2;
+    for (const LayerKv& kv : kv_) {
+        if (!kv.snap_k) continue;
+        GPTOSS_TRY(checked(cuda_status(cudaMemcpyAsync(kv.snap_k, kv.k, kv.slots * row, cudaMemcpyDeviceToDevice, stream_),
+                                       "snapshot", __FILE__, __LINE__)));
+        GPTOSS_TRY(checked(cuda_status(cudaMemcpyAsync(kv.snap_v, kv.v, kv.slots * row, cudaMemcpyDeviceToDevice, stream_),
+                                       "snapshot", __FILE__, __LINE__)));
+    }
+    return GPTOSS_OK;
+}
+
+gptoss_status CudaSession::restore_sliding_snapshot() {
+    if (be_.poisoned_) return fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable");
+    DeviceGuard guard(device_);
+    const size_t row = size_t(be_.dims_.G) * be_.dims_.D * 2;
+    for (const LayerKv& kv : kv_) {
+        if (!kv.snap_k) continue;
+        GPTOSS_TRY(checked(cuda_status(cudaMemcpyAsync(kv.k, kv.snap_k, kv.slots * row, cudaMemcpyDeviceToDevice, stream_),
+                                       "snapshot restore", __FILE__, __LINE__)));
+        GPTOSS_TRY(checked(cuda_status(cudaMemcpyAsync(kv.v, kv.snap_v, kv.slots * row, cudaMemcpyDeviceToDevice, stream_),
+                                       "snapshot restore", __FILE__, __LINE__)));
+    }
+    return GPTOSS_OK;
+}
+
+gptoss_status CudaSession::profile(const int32_t* tokens, uint32_t n, uint32_t pos,
+                                   std::vector<std::pair<std::string, double>>* out) {
+    if (n == 0 || n > max_batch_ || uint64_t(pos) + n > max_context_)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "CUDA profile: %u tokens at %u do not fit", n, pos);
+    DeviceGuard guard(device_);
+    GPTOSS_TRY(checked(upload_step(tokens, n, pos)));
+    profiling_ = true;
+    const gptoss_status st = enqueue(n);
+    profiling_ = false;
+    GPTOSS_TRY(checked(st));
+    GPTOSS_TRY(sync());
+    have_logits_ = true;
+    std::vector<std::string> order;
+    std::map<std::string, double> total;
+    for (size_t i = 1; i < events_.size(); ++i) {
+        float ms = 0;
+        GPTOSS_CUDA_TRY(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
+        const std::string key = labels_[i];
+        if (!total.count(key)) order.push_back(key);
+        total[key] += ms;
+    }
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    events_.clear();
+    labels_.clear();
+    for (const std::string& k : order) out->emplace_back(k, total[k]);
+    return GPTOSS_OK;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Entry points
+
+gptoss_status create_synthetic_backend(const Config& config, int32_t device, uint64_t seed,
+                                       std::unique_ptr<Backend>* out) {
+    GPTOSS_TRY(check_config(config));
+    const int n = cuda_device_count();
+    if (device < 0 || device >= n)
+        return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA backend: device %d requested, %d CUDA devices present", device, n);
+    DeviceGuard guard(device);
+    auto b = std::make_unique<CudaBackend>(config, device);
+    GPTOSS_TRY(b->synthesize(seed));
+    *out = std::move(b);
+    return GPTOSS_OK;
+}
+
+gptoss_status profile_forward(BackendSession* session, const int32_t* tokens, uint32_t n, uint32_t pos,
+                              std::vector<std::pair<std::string, double>>* ms_by_op) {
+    auto* s = dynamic_cast<CudaSession*>(session);
+    if (!s) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "profile_forward: not a CUDA session");
+    return s->profile(tokens, n, pos, ms_by_op);
+}
+
+gptoss_status synchronize(BackendSession* session) {
+    auto* s = dynamic_cast<CudaSession*>(session);
+    if (!s) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "synchronize: not a CUDA session");
+    return s->sync();
+}
+
+}  // namespace cuda
+
+gptoss_status create_cuda_backend(const Checkpoint& checkpoint, int32_t device, const ProgressFn& progress,
+                                  std::unique_ptr<Backend>* out) {
+    GPTOSS_TRY(cuda::check_config(checkpoint.config));
+    const int n = cuda_device_count();
+    if (n == 0) return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA backend: no CUDA device is present");
+    if (device < 0 || device >= n)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "CUDA backend: device %d requested, devices 0..%d present", device,
+                    n - 1);
+    cuda::DeviceGuard guard(device);
+    auto b = std::make_unique<cuda::CudaBackend>(checkpoint.config, device);
+    const auto t0 = std::chrono::steady_clock::now();
+    GPTOSS_TRY(b->load(checkpoint, progress));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    log(GPTOSS_LOG_INFO, "CUDA backend: loaded %.2f GB of weights on device %d in %.2f s (%.2f GB/s)",
+        double(b->weight_bytes()) / 1e9, device, s, double(checkpoint.total_bytes) / 1e9 / s);
+    *out = std::move(b);
+    return GPTOSS_OK;
+}
+
+}  // namespace gptoss

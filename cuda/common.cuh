@@ -1,0 +1,160 @@
+// cuda/common.cuh - shared device helpers for the gptoss CUDA kernels: error mapping
+// (GPTOSS_CUDA_TRY → gptoss_status), RAII device buffers, bf16 conversions, warp reductions and
+// the one mma.sync wrapper every matrix kernel uses.
+// Invariants: no function here prints, throws or aborts; every CUDA failure becomes a status
+// with file:line and cudaGetErrorString in gptoss_last_error().
+#pragma once
+
+#include "gptoss-internal.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace gptoss {
+namespace cuda {
+
+// Maps a CUDA error to a status: allocation failures are OUT_OF_MEMORY, the rest DEVICE.
+[[nodiscard]] inline gptoss_status cuda_status(cudaError_t err, const char* what, const char* file,
+                                               int line) {
+    if (err == cudaSuccess) return GPTOSS_OK;
+    const gptoss_status status =
+        err == cudaErrorMemoryAllocation ? GPTOSS_ERR_OUT_OF_MEMORY : GPTOSS_ERR_DEVICE;
+    return fail(status, "CUDA: %s failed at %s:%d: %s (%s)", what, file, line,
+                cudaGetErrorString(err), cudaGetErrorName(err));
+}
+
+#define GPTOSS_CUDA_TRY(call) \
+    GPTOSS_TRY(::gptoss::cuda::cuda_status((call), #call, __FILE__, __LINE__))
+
+// After a kernel launch: launch-configuration errors surface here, faults at the next sync.
+#define GPTOSS_CUDA_LAUNCH_CHECK() \
+    GPTOSS_TRY(::gptoss::cuda::cuda_status(cudaGetLastError(), "kernel launch", __FILE__, __LINE__))
+
+// Device memory owned by one object; freed on destruction (errors at free are ignored: the
+// context may already be poisoned, and a destructor cannot report).
+class DeviceBuffer {
+public:
+    DeviceBuffer() = default;
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; o.bytes_ = 0; }
+    DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+        if (this != &o) { reset(); ptr_ = o.ptr_; bytes_ = o.bytes_; o.ptr_ = nullptr; o.bytes_ = 0; }
+        return *this;
+    }
+    ~DeviceBuffer() { reset(); }
+    // Allocates `bytes` (rounded up to 256); fails with OUT_OF_MEMORY naming `what`, the bytes
+    // asked for and the bytes free.
+    [[nodiscard]] gptoss_status alloc(size_t bytes, const char* what) {
+        reset();
+        if (bytes == 0) bytes = 256;
+        bytes = (bytes + 255) & ~size_t(255);
+        const cudaError_t err = cudaMalloc(&ptr_, bytes);
+        if (err != cudaSuccess) {
+            ptr_ = nullptr;
+            cudaGetLastError();  // clear the (non-sticky) allocation error
+            size_t free_b = 0, total_b = 0;
+            cudaMemGetInfo(&free_b, &total_b);
+            if (err == cudaErrorMemoryAllocation)
+                return fail(GPTOSS_ERR_OUT_OF_MEMORY,
+                            "CUDA: allocating %s: needed %zu bytes, %zu bytes free of %zu", what,
+                            bytes, free_b, total_b);
+            return cuda_status(err, what, __FILE__, __LINE__);
+        }
+        bytes_ = bytes;
+        return GPTOSS_OK;
+    }
+    void reset() {
+        if (ptr_) cudaFree(ptr_);
+        ptr_ = nullptr;
+        bytes_ = 0;
+    }
+    template <typename T> T* as() const { return static_cast<T*>(ptr_); }
+    void* get() const { return ptr_; }
+    size_t bytes() const { return bytes_; }
+private:
+    void* ptr_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+// Restores the caller's current device when it goes out of scope (API.md §8).
+class DeviceGuard {
+public:
+    explicit DeviceGuard(int device) {
+        if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+        cudaGetLastError();
+        if (device != previous_) cudaSetDevice(device);
+    }
+    ~DeviceGuard() {
+        int now = -1;
+        if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+    }
+    DeviceGuard(const DeviceGuard&) = delete;
+    DeviceGuard& operator=(const DeviceGuard&) = delete;
+private:
+    int previous_ = -1;
+};
+
+inline uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+
+// ---------------------------------------------------------------------------
+// Device helpers
+
+#ifdef __CUDACC__
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) {
+    return __uint_as_float(uint32_t(b) << 16);
+}
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    return uint32_t(f32_to_bf16_bits(lo)) | (uint32_t(f32_to_bf16_bits(hi)) << 16);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Streaming 16-byte load that does not pollute L1 (weights are read once per step).
+__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+// D += A·B for one m16n8k16 tile, bf16 inputs, fp32 accumulators (PTX fragment layout:
+// lane = 4·g + t; a = rows g / g+8, k pairs 2t / 2t+8; b = k pairs 2t / 2t+8 of column g;
+// c = rows g / g+8, columns 2t, 2t+1).
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                               uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Position of element k of an activation row in the "fragment-permuted" layout that the GEMM
+// kernel reads with two 16-byte loads per lane and 64-k chunk: within each chunk of 64, lane
+// quad t owns k = 16j + 2t + {0,1,8,9} for j = 0..3, stored contiguously (16 elements).
+__host__ __device__ __forceinline__ uint32_t permuted_k(uint32_t k) {
+    const uint32_t c = k >> 6, r = k & 63, j = r >> 4, rr = r & 15;
+    const uint32_t half = rr >> 3, t = (rr & 7) >> 1, e = rr & 1;
+    return (c << 6) + t * 16 + j * 4 + half * 2 + e;
+}
+
+#endif  // __CUDACC__
+
+}  // namespace cuda
+}  // namespace gptoss

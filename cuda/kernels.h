@@ -1,0 +1,187 @@
+// cuda/kernels.h - the CUDA kernels' internal C++ API: one launcher per op, shapes in MODEL.md's
+// letters (T tokens, H hidden, I expert width, E experts, K active experts, Q query heads,
+// G kv heads, D head dim, V vocab). Launchers check preconditions, pick grids, launch on
+// `stream` and return a status; they never synchronize.
+// Numerics: the residual stream is fp32; every GEMM input is bf16 in the "fragment-permuted"
+// row layout (permuted_k in common.cuh); every output element is computed in an order that
+// depends only on its own row and column, never on T or on how tokens are grouped, so a
+// position's logits are bit-identical however a prompt is chunked.
+#pragma once
+
+#include "gptoss-internal.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace gptoss {
+namespace cuda {
+
+// Per-forward values the kernels read from device memory, so one CUDA graph serves every
+// decode step: pos0 = position of the first token of the chunk.
+struct StepInfo {
+    int32_t pos0;
+    int32_t n_tokens;
+};
+
+// ---------------------------------------------------------------------------
+// Weight layouts (repack.cu). Done once at load, on the device.
+//
+// bf16 "fragment" layout of W [N, K]: 16-row slabs × 64-k chunks of 2048 bytes; inside a
+// chunk, k16 sub-tile j (0..3) is 512 contiguous bytes, lane l's 16 bytes = its mma A fragment
+// (rows g, g+8; k = 16j + 2t + {0,1,8,9}). N is padded to 16 with zero rows. K % 64 == 0.
+size_t bf16_fragment_bytes(uint32_t N, uint32_t K);
+[[nodiscard]] gptoss_status repack_bf16(const uint16_t* raw, uint32_t N, uint32_t K, void* out,
+                                        cudaStream_t stream);
+
+// MXFP4 fragment layout of one expert's W [N, K] (blocks u8 [N, K/32, 16], scales u8
+// [N, K/32]): 16-row slabs × 64-k chunks of 512 bytes, lane l's 16 bytes = 4 words, word j =
+// the 8 nibbles of its A fragment for sub-tile j, placed so that nibble p and p+4 dequantize to
+// the bf16 pair p with one shift and two masks. Scales become bf16 2^(s-1) (the 2^126 of the
+// nibble→bf16 bit trick folded in), 32 bytes... per slab-chunk: [g 0..7][(row g, blk 0), (row g,
+// blk 1), (row g+8, blk 0), (row g+8, blk 1)]. gate_up = true regroups the interleaved rows so
+// that slab s holds gate rows 8s..8s+7 then up rows 8s..8s+7 (SwiGLU fuses in registers).
+// A scale byte > 128 (2^(s-1) not a finite bf16) sets *bad_scale (device int) to that byte.
+size_t mxfp4_fragment_bytes(uint32_t N, uint32_t K);
+size_t mxfp4_scale_bytes(uint32_t N, uint32_t K);
+[[nodiscard]] gptoss_status repack_mxfp4(const uint8_t* blocks, const uint8_t* scales, uint32_t N,
+                                         uint32_t K, bool gate_up, void* out, void* out_scales,
+                                         int* bad_scale, cudaStream_t stream);
+
+// bf16 [n] → fp32 [n]. gate_up = true applies the gate/up regrouping of repack_mxfp4 to a
+// [2I] bias (output index 16s + r, r < 8: gate 8s + r; r >= 8: up 8s + r - 8).
+[[nodiscard]] gptoss_status bf16_to_f32(const void* raw, uint32_t n, bool gate_up, float* out,
+                                        cudaStream_t stream);
+
+// Synthetic weights (bench): fills `n_words` 32-bit words with a deterministic hash of
+// (seed, index) — random bf16 pairs with |x| ≲ amplitude when `bf16`, otherwise random bytes.
+[[nodiscard]] gptoss_status fill_random(void* out, size_t n_words, uint64_t seed, bool bf16,
+                                        float amplitude, cudaStream_t stream);
+// Fills n fp32 with center + amplitude·u, u uniform in [-1, 1).
+[[nodiscard]] gptoss_status fill_random_f32(float* out, size_t n, uint64_t seed, float center,
+                                            float amplitude, cudaStream_t stream);
+// Fills the bf16 scale stream of n_scales entries with 2^(s-1) for s uniform in [lo, hi].
+[[nodiscard]] gptoss_status fill_random_scales(uint16_t* out, size_t n_scales, uint64_t seed,
+                                               int lo, int hi, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------
+// GEMM (gemm.cu): out[row, n] = Σ_k x[row, k] · W[n, k] + bias[n], tensor cores (mma.sync
+// m16n8k16, bf16 in, fp32 accumulate), weights as the MMA A operand.
+
+enum class Epilogue : int {
+    kStore = 0,   // out_f32[row, n] = acc + bias
+    kAdd = 1,     // out_f32[row, n] += acc + bias          (residual add of O-proj)
+    kSwiglu = 2,  // out_bf16 permuted [row, N/2]: SwiGLU-OAI of the gate/up regrouped rows
+};
+
+struct GemmWeights {
+    const void* w = nullptr;           // fragment layout (bf16 or MXFP4), expert 0
+    const uint16_t* scales = nullptr;  // MXFP4 only
+    const float* bias = nullptr;       // fp32 [N] (expert 0), may be null
+    bool mxfp4 = false;
+    uint32_t N = 0, K = 0;
+    size_t w_expert_stride = 0;        // bytes between experts
+    size_t s_expert_stride = 0;        // scale elements between experts
+    size_t bias_expert_stride = 0;     // floats between experts
+};
+
+// MoE routing for a grouped GEMM (built by router_route on the device): tiles[0] = number of
+// tiles, then per tile (expert, start, count) into pairs; pairs = sorted (token·K + slot) ids.
+// The input row of pair p is p / in_div; its output row is p.
+struct GemmRoute {
+    const int32_t* tiles = nullptr;
+    const int32_t* pairs = nullptr;
+    uint32_t in_div = 1;
+    uint32_t max_tiles = 0;
+};
+
+// x: bf16 permuted [n_rows, K] (dense) or indexed through route. nb = 8-token column tiles per
+// CTA: 1 (decode) or 8 (prefill); results do not depend on nb. ldo: output row stride in
+// elements. swiglu_limit for kSwiglu.
+[[nodiscard]] gptoss_status gemm(const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
+                                 const GemmRoute* route, Epilogue epilogue, float* out_f32,
+                                 uint16_t* out_bf16, uint32_t ldo, float swiglu_limit, int nb,
+                                 cudaStream_t stream);
+
+// ---------------------------------------------------------------------------
+// Residual stream + RMSNorm (rmsnorm.cu). One CTA per token:
+//   mode kEmbed:    x[t] = embed[tokens[t]] (bf16 [V, H] table)
+//   mode kMoeAdd:   x[t] += Σ_s weights[t, s] · part[t·K + s]   (slots in router order)
+//   mode kNone:     x unchanged
+// then xn[t] = bf16(x[t] / sqrt(mean(x[t]²) + eps) · norm_w), permuted layout. x: fp32 [T, H].
+enum class ResidualMode : int { kNone = 0, kEmbed = 1, kMoeAdd = 2 };
+struct ResidualArgs {
+    ResidualMode mode = ResidualMode::kNone;
+    const uint16_t* embed = nullptr;   // kEmbed
+    const int32_t* tokens = nullptr;   // kEmbed, device [T]
+    const float* part = nullptr;       // kMoeAdd: fp32 [T·K, H]
+    const float* weights = nullptr;    // kMoeAdd: fp32 [T, K]
+    uint32_t K = 0;
+};
+[[nodiscard]] gptoss_status residual_rmsnorm(const ResidualArgs& args, float* x, const float* norm_w,
+                                             float eps, uint16_t* xn, uint32_t T, uint32_t H,
+                                             cudaStream_t stream);
+
+// ---------------------------------------------------------------------------
+// RoPE (rope.cu): qkv fp32 [T, (Q + 2G)·D] (q | k | v) → q fp32 [T, Q, D] rotated, k bf16
+// [T, G, D] rotated, v bf16 [T, G, D]. YaRN inv_freq fp32 [D/2] on the device; cos and sin
+// are multiplied by `scale`. Position of token t = step->pos0 + t.
+[[nodiscard]] gptoss_status rope_qkv(const float* qkv, const StepInfo* step, const float* inv_freq,
+                                     float scale, float* q, uint16_t* k, uint16_t* v, uint32_t T,
+                                     uint32_t Q, uint32_t G, uint32_t D, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------
+// Attention with sinks (attention.cu), D = 64. Keys at positions >= pos0 come from the chunk's
+// k_new/v_new [T, G, D]; earlier keys from the cache [slots, G, D] at slot = position % slots.
+// window: 0 = causal over all, else keys p-window+1 .. p. sinks fp32 [Q]. out bf16 permuted
+// [T, Q·D]. Keys are processed in absolute 64-key blocks grouped into 256-key splits that are
+// merged in order, identically in the prefill and decode kernels.
+struct AttentionArgs {
+    const float* q = nullptr;
+    const uint16_t* k_new = nullptr;
+    const uint16_t* v_new = nullptr;
+    const uint16_t* k_cache = nullptr;
+    const uint16_t* v_cache = nullptr;
+    uint32_t slots = 0;
+    uint32_t window = 0;
+    const float* sinks = nullptr;
+    const StepInfo* step = nullptr;
+    uint32_t T = 0, Q = 0, G = 0, D = 0;
+    uint16_t* out = nullptr;
+};
+constexpr uint32_t kAttentionSplit = 256;
+// Prefill / any T: one CTA per (8 tokens, kv head).
+[[nodiscard]] gptoss_status attention_prefill(const AttentionArgs& args, cudaStream_t stream);
+// Decode (T = 1): one warp per (split, kv head) for max_splits splits starting at the split
+// of the first visible key (early exit past the position), then an in-order combine.
+// partial: fp32 [Q, max_splits, D + 2]; max_splits must cover the visible range.
+[[nodiscard]] gptoss_status attention_decode(const AttentionArgs& args, float* partial,
+                                             uint32_t max_splits, cudaStream_t stream);
+
+// Copies the chunk's k/v [T, G·D] into the cache: positions max(pos0, pos0 + T - slots) ..
+// pos0 + T - 1 to slot = position % slots.
+[[nodiscard]] gptoss_status kv_commit(const uint16_t* k_new, const uint16_t* v_new, uint16_t* k_cache,
+                                      uint16_t* v_cache, uint32_t slots, const StepInfo* step,
+                                      uint32_t T, uint32_t GD, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------
+// Router (router.cu): logits fp32 [T, E] → experts int32 [T, K] (descending, ties: lower
+// expert), weights fp32 [T, K] = softmax of the K logits; plus the grouped-GEMM route for
+// tiles of `tile_tokens` pairs (see GemmRoute). tiles: int32 [1 + 3·max_tiles], pairs [T·K].
+uint32_t route_max_tiles(uint32_t T, uint32_t E, uint32_t K, uint32_t tile_tokens);
+[[nodiscard]] gptoss_status router_route(const float* logits, uint32_t T, uint32_t E, uint32_t K,
+                                         int32_t* experts, float* weights, int32_t* tiles,
+                                         int32_t* pairs, uint32_t tile_tokens, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------
+// Sampling (sample.cu): greedy argmax of fp32 [V] (lowest id on ties). `out` points to 8 device
+// bytes that receive a 64-bit key; the id is ~(uint32_t)key (decode_argmax).
+[[nodiscard]] gptoss_status argmax(const float* logits, uint32_t V, int32_t* out, cudaStream_t stream);
+inline int32_t decode_argmax(unsigned long long key) { return int32_t(~uint32_t(key)); }
+
+// Streaming-read bandwidth probe (bench): sums n 16-byte words into *sink.
+[[nodiscard]] gptoss_status read_probe(const void* data, size_t n_words16, float* sink,
+                                       cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace gptoss

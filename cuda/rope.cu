@@ -1,0 +1,60 @@
+// cuda/rope.cu - YaRN rotary embedding (rotate-half, MODEL.md §YaRN RoPE) applied to the fused
+// QKV projection output, splitting it into q (fp32, for attention) and the chunk's k/v (bf16,
+// the cache's precision). Mirrors cpu::rope: angle = fp32(position · inv_freq[i]); cos and sin
+// are multiplied by the YaRN attention factor; out = [x1·cos − x2·sin | x2·cos + x1·sin].
+// Mapping: one CTA per token; threads stride over (head, i < D/2) pairs, then over v.
+// Floor: memory-bound, ~(Q + 2G)·D·(4 + 4) bytes per token; negligible next to the GEMMs.
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+
+namespace gptoss {
+namespace cuda {
+namespace {
+
+__global__ __launch_bounds__(256) void f32_rope_qkv_kernel(const float* __restrict__ qkv,
+                                                          const StepInfo* __restrict__ step,
+                                                          const float* __restrict__ inv_freq, float scale,
+                                                          float* __restrict__ q, uint16_t* __restrict__ k,
+                                                          uint16_t* __restrict__ v, uint32_t Q, uint32_t G,
+                                                          uint32_t D) {
+    const uint32_t t = blockIdx.x;
+    const uint32_t half = D / 2;
+    const float pos = float(step->pos0 + int32_t(t));
+    const float* row = qkv + size_t(t) * (Q + 2 * G) * D;
+    const uint32_t n_rot = (Q + G) * half;
+    for (uint32_t idx = threadIdx.x; idx < n_rot; idx += blockDim.x) {
+        const uint32_t head = idx / half, i = idx % half;
+        float s, c;
+        sincosf(pos * inv_freq[i], &s, &c);
+        c *= scale;
+        s *= scale;
+        const float x1 = row[head * D + i], x2 = row[head * D + i + half];
+        const float o1 = x1 * c - x2 * s, o2 = x2 * c + x1 * s;
+        if (head < Q) {
+            float* out = q + (size_t(t) * Q + head) * D;
+            out[i] = o1;
+            out[i + half] = o2;
+        } else {
+            uint16_t* out = k + (size_t(t) * G + (head - Q)) * D;
+            out[i] = f32_to_bf16_bits(o1);
+            out[i + half] = f32_to_bf16_bits(o2);
+        }
+    }
+    const float* vrow = row + (Q + G) * D;
+    for (uint32_t idx = threadIdx.x; idx < G * D; idx += blockDim.x)
+        v[size_t(t) * G * D + idx] = f32_to_bf16_bits(vrow[idx]);
+}
+
+}  // namespace
+
+gptoss_status rope_qkv(const float* qkv, const StepInfo* step, const float* inv_freq, float scale,
+                       float* q, uint16_t* k, uint16_t* v, uint32_t T, uint32_t Q, uint32_t G,
+                       uint32_t D, cudaStream_t stream) {
+    if (T == 0) return GPTOSS_OK;
+    f32_rope_qkv_kernel<<<T, 256, 0, stream>>>(qkv, step, inv_freq, scale, q, k, v, Q, G, D);
+    GPTOSS_CUDA_LAUNCH_CHECK();
+    return GPTOSS_OK;
+}
+
+}  // namespace cuda
+}  // namespace gptoss

@@ -1,0 +1,93 @@
+// cuda/router.cu - MoE routing: top-K of the router logits (ties: lower expert first), softmax
+// over the K chosen logits (gpt_oss/torch/model.py), and the grouped-GEMM work list: pairs
+// (token·K + slot) grouped by expert and cut into tiles of `tile_tokens` columns.
+// Mirrors cpu::router_topk. Mapping: one CTA; threads stride over tokens, then over pairs.
+// The order of pairs inside an expert's group comes from atomics and may vary between runs:
+// that is harmless, because gemm.cu computes each column independently of its neighbours.
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+
+#include <cmath>
+
+namespace gptoss {
+namespace cuda {
+namespace {
+
+constexpr uint32_t kMaxExperts = 256;
+constexpr uint32_t kMaxK = 8;
+
+__global__ __launch_bounds__(1024) void f32_router_route_kernel(const float* __restrict__ logits, uint32_t T,
+                                                               uint32_t E, uint32_t K, int32_t* experts,
+                                                               float* weights, int32_t* tiles, int32_t* pairs,
+                                                               uint32_t tile_tokens) {
+    __shared__ int32_t count[kMaxExperts], offset[kMaxExperts], cursor[kMaxExperts];
+    for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) { count[e] = 0; cursor[e] = 0; }
+    __syncthreads();
+    for (uint32_t t = threadIdx.x; t < T; t += blockDim.x) {
+        const float* l = logits + size_t(t) * E;
+        int32_t idx[kMaxK];
+        float val[kMaxK];
+        for (uint32_t k = 0; k < K; ++k) {
+            int32_t best = -1;
+            float best_v = -INFINITY;
+            for (uint32_t e = 0; e < E; ++e) {
+                bool taken = false;
+                for (uint32_t j = 0; j < k; ++j) taken |= idx[j] == int32_t(e);
+                if (taken) continue;
+                if (best < 0 || l[e] > best_v) { best = int32_t(e); best_v = l[e]; }
+            }
+            idx[k] = best;
+            val[k] = best_v;
+        }
+        float sum = 0.0f;
+        float ex[kMaxK];
+        for (uint32_t k = 0; k < K; ++k) { ex[k] = expf(val[k] - val[0]); sum += ex[k]; }
+        for (uint32_t k = 0; k < K; ++k) {
+            experts[t * K + k] = idx[k];
+            weights[t * K + k] = ex[k] / sum;
+            atomicAdd(&count[idx[k]], 1);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t off = 0, n_tiles = 0;
+        for (uint32_t e = 0; e < E; ++e) {
+            offset[e] = off;
+            for (int32_t s = 0; s < count[e]; s += int32_t(tile_tokens)) {
+                int32_t* ti = tiles + 1 + 3 * n_tiles;
+                ti[0] = int32_t(e);
+                ti[1] = off + s;
+                ti[2] = min(int32_t(tile_tokens), count[e] - s);
+                ++n_tiles;
+            }
+            off += count[e];
+        }
+        tiles[0] = n_tiles;
+    }
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < T * K; i += blockDim.x) {
+        const int32_t e = experts[i];
+        pairs[offset[e] + atomicAdd(&cursor[e], 1)] = int32_t(i);
+    }
+}
+
+}  // namespace
+
+uint32_t route_max_tiles(uint32_t T, uint32_t E, uint32_t K, uint32_t tile_tokens) {
+    return ceil_div(T * K, tile_tokens) + E;
+}
+
+gptoss_status router_route(const float* logits, uint32_t T, uint32_t E, uint32_t K, int32_t* experts,
+                           float* weights, int32_t* tiles, int32_t* pairs, uint32_t tile_tokens,
+                           cudaStream_t stream) {
+    if (E > kMaxExperts || K > kMaxK || K == 0 || K > E)
+        return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA router: %u experts / top-%u, supported up to %u / %u", E, K,
+                    kMaxExperts, kMaxK);
+    if (T == 0) return GPTOSS_OK;
+    f32_router_route_kernel<<<1, 1024, 0, stream>>>(logits, T, E, K, experts, weights, tiles, pairs, tile_tokens);
+    GPTOSS_CUDA_LAUNCH_CHECK();
+    return GPTOSS_OK;
+}
+
+}  // namespace cuda
+}  // namespace gptoss

@@ -309,17 +309,14 @@ public:
             GPTOSS_CUDA_TRY(cudaMemcpyAsync(dst + off, buf_[cur_], n, cudaMemcpyHostToDevice, stream_));
             GPTOSS_CUDA_TRY(cudaEventRecord(done_[cur_], stream_));
             cur_ ^= 1;
-            total_ += n;
         }
         return GPTOSS_OK;
     }
-    size_t total() const { return total_; }
 private:
     cudaStream_t stream_ = nullptr;
     void* buf_[2] = {nullptr, nullptr};
     cudaEvent_t done_[2] = {nullptr, nullptr};
     int cur_ = 0;
-    size_t total_ = 0;
 };
 
 class StreamOwner {

@@ -1,0 +1,772 @@
+// tests/test-kernels.cu - every CUDA launcher (cuda/kernels.h) against the CPU reference op
+// (cpu/reference.h) on fresh seeded random inputs, the shape edges (1 token, 127/128/129
+// positions, many tokens on one expert, all tokens on the same four experts), the
+// bit-identity promises (decode == prefill, any chunking), and the CUDA backend against the
+// CPU backend on the tiny checkpoint. Tolerance |got − ref| <= atol + rtol·|ref|, sized to
+// bf16 where a bf16 rounding sits between the two. Without a CUDA device every test is
+// skipped with a visible message.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include "cpu/reference.h"
+#include "cuda/backend.h"
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+#include "gptoss-internal.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+using namespace gptoss;
+
+namespace {
+
+// --- device memory --------------------------------------------------------------------------
+
+template <typename T>
+struct Dev {
+    T* p = nullptr;
+    size_t n = 0;
+    explicit Dev(size_t count) : n(count) {
+        REQUIRE(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) == cudaSuccess);
+        // Poison: every output element must be written by the kernel under test.
+        REQUIRE(cudaMemset(p, 0xff, std::max<size_t>(count, 1) * sizeof(T)) == cudaSuccess);
+    }
+    explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
+        REQUIRE(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+    }
+    ~Dev() { cudaFree(p); }
+    std::vector<T> get() const {
+        std::vector<T> v(n);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        REQUIRE(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+        return v;
+    }
+    Dev(const Dev&) = delete;
+    Dev& operator=(const Dev&) = delete;
+};
+
+#define OK(expr)                                                   \
+    do {                                                           \
+        const gptoss_status s_ = (expr);                           \
+        INFO(std::string(gptoss_last_error()));                    \
+        REQUIRE(s_ == GPTOSS_OK);                                  \
+    } while (0)
+
+void sync_ok() { REQUIRE(cudaDeviceSynchronize() == cudaSuccess); }
+
+// --- random inputs ---------------------------------------------------------------------------
+
+struct Rand {
+    Rng rng;
+    explicit Rand(uint64_t seed) : rng(seed) {}
+    float uniform(float a) { return float((rng.next_double() * 2.0 - 1.0) * a); }
+    uint32_t below(uint32_t n) { return uint32_t(rng.next_u64() % n); }
+    std::vector<float> floats(size_t n, float a) {
+        std::vector<float> v(n);
+        for (float& x : v) x = uniform(a);
+        return v;
+    }
+    std::vector<uint16_t> bf16s(size_t n, float a) {
+        std::vector<uint16_t> v(n);
+        for (uint16_t& x : v) x = f32_to_bf16(uniform(a));
+        return v;
+    }
+    std::vector<uint8_t> bytes(size_t n) {
+        std::vector<uint8_t> v(n);
+        for (uint8_t& x : v) x = uint8_t(rng.next_u64());
+        return v;
+    }
+};
+
+float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+std::vector<float> rounded(std::vector<float> v) {
+    for (float& x : v) x = round_bf16(x);
+    return v;
+}
+std::vector<float> widen(const std::vector<uint16_t>& v) {
+    std::vector<float> o(v.size());
+    for (size_t i = 0; i < v.size(); ++i) o[i] = bf16_to_f32(v[i]);
+    return o;
+}
+// [T, K] fp32 → bf16 rows in the GEMM's permuted layout.
+std::vector<uint16_t> permuted_rows(const std::vector<float>& x, uint32_t T, uint32_t K) {
+    std::vector<uint16_t> o(size_t(T) * K);
+    for (uint32_t t = 0; t < T; ++t)
+        for (uint32_t k = 0; k < K; ++k) o[size_t(t) * K + cuda::permuted_k(k)] = f32_to_bf16(x[size_t(t) * K + k]);
+    return o;
+}
+std::vector<float> unpermuted_rows(const std::vector<uint16_t>& x, uint32_t T, uint32_t K) {
+    std::vector<float> o(size_t(T) * K);
+    for (uint32_t t = 0; t < T; ++t)
+        for (uint32_t k = 0; k < K; ++k) o[size_t(t) * K + k] = bf16_to_f32(x[size_t(t) * K + cuda::permuted_k(k)]);
+    return o;
+}
+
+// Checks |got − ref| <= atol + rtol·|ref| everywhere; prints the first mismatches and the max error.
+void expect_close(const std::vector<float>& got, const std::vector<float>& ref, float atol, float rtol,
+                  const std::string& what) {
+    REQUIRE(got.size() == ref.size());
+    size_t bad = 0;
+    double max_err = 0;
+    std::string first;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        const double err = std::fabs(double(got[i]) - double(ref[i]));
+        if (!(err <= atol + rtol * std::fabs(ref[i]))) {
+            if (bad < 5) {
+                char buf[160];
+                std::snprintf(buf, sizeof buf, "  [%zu] got %.7g ref %.7g\n", i, got[i], ref[i]);
+                first += buf;
+            }
+            ++bad;
+        }
+        if (std::isnan(got[i]) || err > max_err) max_err = std::isnan(got[i]) ? INFINITY : err;
+    }
+    INFO(what << ": " << bad << " of " << ref.size() << " mismatches, max |err| " << max_err << "\n" << first);
+    CHECK(bad == 0);
+}
+
+// --- GEMM helpers ----------------------------------------------------------------------------
+
+struct DenseW {
+    Dev<uint8_t> frag;
+    Dev<float> bias;
+    cuda::GemmWeights w;
+    DenseW(const std::vector<uint16_t>& W, const std::vector<uint16_t>& b, uint32_t N, uint32_t K)
+        : frag(cuda::bf16_fragment_bytes(N, K)), bias(N) {
+        Dev<uint16_t> raw(W), rawb(b);
+        OK(cuda::repack_bf16(raw.p, N, K, frag.p, nullptr));
+        OK(cuda::bf16_to_f32(rawb.p, N, false, bias.p, nullptr));
+        sync_ok();
+        w.w = frag.p; w.bias = bias.p; w.N = N; w.K = K;
+    }
+};
+
+struct ExpertsW {
+    Dev<uint8_t> frag, scales;
+    Dev<float> bias;
+    Dev<int> bad;
+    cuda::GemmWeights w;
+    ExpertsW(const std::vector<uint8_t>& blocks, const std::vector<uint8_t>& sc, const std::vector<uint16_t>& b,
+             uint32_t E, uint32_t N, uint32_t K, bool gate_up)
+        : frag(E * cuda::mxfp4_fragment_bytes(N, K)), scales(E * cuda::mxfp4_scale_bytes(N, K)), bias(size_t(E) * N),
+          bad(1) {
+        Dev<uint8_t> rb(blocks), rs(sc);
+        Dev<uint16_t> rbias(b);
+        REQUIRE(cudaMemset(bad.p, 0, sizeof(int)) == cudaSuccess);
+        for (uint32_t e = 0; e < E; ++e) {
+            OK(cuda::repack_mxfp4(rb.p + size_t(e) * N * K / 2, rs.p + size_t(e) * N * K / 32, N, K, gate_up,
+                                  frag.p + e * cuda::mxfp4_fragment_bytes(N, K),
+                                  scales.p + e * cuda::mxfp4_scale_bytes(N, K), bad.p, nullptr));
+            OK(cuda::bf16_to_f32(rbias.p + size_t(e) * N, N, gate_up, bias.p + size_t(e) * N, nullptr));
+        }
+        sync_ok();
+        w.w = frag.p; w.scales = reinterpret_cast<uint16_t*>(scales.p); w.bias = bias.p; w.mxfp4 = true;
+        w.N = N; w.K = K;
+        w.w_expert_stride = cuda::mxfp4_fragment_bytes(N, K);
+        w.s_expert_stride = cuda::mxfp4_scale_bytes(N, K) / 2;
+        w.bias_expert_stride = N;
+    }
+};
+
+// Routes every row of x to `expert` (tiles of up to tile_tokens columns).
+struct SingleRoute {
+    Dev<int32_t> tiles, pairs;
+    cuda::GemmRoute r;
+    SingleRoute(uint32_t T, int32_t expert, uint32_t tile_tokens)
+        : tiles(1 + 3 * size_t(cuda::ceil_div(T, tile_tokens))), pairs(T) {
+        std::vector<int32_t> t{int32_t(cuda::ceil_div(T, tile_tokens))}, p(T);
+        for (uint32_t s = 0; s < T; s += tile_tokens) {
+            t.push_back(expert);
+            t.push_back(int32_t(s));
+            t.push_back(int32_t(std::min(tile_tokens, T - s)));
+        }
+        std::iota(p.begin(), p.end(), 0);
+        REQUIRE(cudaMemcpy(tiles.p, t.data(), t.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+        REQUIRE(cudaMemcpy(pairs.p, p.data(), p.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+        r.tiles = tiles.p; r.pairs = pairs.p; r.in_div = 1; r.max_tiles = uint32_t(t[0]);
+    }
+};
+
+std::vector<float> run_dense(const DenseW& d, const std::vector<float>& x, uint32_t T, int nb) {
+    Dev<uint16_t> xd(permuted_rows(x, T, d.w.K));
+    Dev<float> out(size_t(T) * d.w.N);
+    OK(cuda::gemm(d.w, xd.p, T, nullptr, cuda::Epilogue::kStore, out.p, nullptr, d.w.N, 0, nb, nullptr));
+    return out.get();
+}
+
+// --- tests -----------------------------------------------------------------------------------
+
+TEST_CASE("bf16 gemm matches cpu::matmul_bf16 for T = 1, 7, 8, 9, 64, 130 and N not a multiple of 16") {
+    Rand r(11);
+    const uint32_t N = 200, K = 320;
+    const auto W = r.bf16s(size_t(N) * K, 0.1f);
+    const auto b = r.bf16s(N, 0.1f);
+    DenseW d(W, b, N, K);
+    for (uint32_t T : {1u, 7u, 8u, 9u, 64u, 130u}) {
+        const auto x = rounded(r.floats(size_t(T) * K, 1.0f));
+        std::vector<float> ref(size_t(T) * N);
+        cpu::matmul_bf16(x.data(), W.data(), b.data(), T, K, N, ref.data());
+        expect_close(run_dense(d, x, T, T == 1 ? 1 : 8), ref, 1e-4f, 1e-4f, "T=" + std::to_string(T));
+    }
+}
+
+TEST_CASE("gemm rows are bit-identical whatever T, the column tile and nb (chunking invariance)") {
+    Rand r(12);
+    const uint32_t N = 96, K = 448, T = 37;
+    DenseW d(r.bf16s(size_t(N) * K, 0.1f), r.bf16s(N, 0.1f), N, K);
+    const auto x = rounded(r.floats(size_t(T) * K, 1.0f));
+    const auto all = run_dense(d, x, T, 8);
+    for (uint32_t t = 0; t < T; ++t) {
+        const std::vector<float> row(x.begin() + size_t(t) * K, x.begin() + size_t(t + 1) * K);
+        const auto one = run_dense(d, row, 1, 1);
+        CHECK(std::memcmp(one.data(), all.data() + size_t(t) * N, N * 4) == 0);
+    }
+}
+
+TEST_CASE("the kAdd epilogue adds the product and bias into the existing output") {
+    Rand r(13);
+    const uint32_t N = 64, K = 128, T = 3;
+    const auto W = r.bf16s(size_t(N) * K, 0.1f);
+    const auto b = r.bf16s(N, 0.1f);
+    DenseW d(W, b, N, K);
+    const auto x = rounded(r.floats(size_t(T) * K, 1.0f));
+    const auto base = r.floats(size_t(T) * N, 5.0f);
+    Dev<uint16_t> xd(permuted_rows(x, T, K));
+    Dev<float> out(base);
+    OK(cuda::gemm(d.w, xd.p, T, nullptr, cuda::Epilogue::kAdd, out.p, nullptr, N, 0, 8, nullptr));
+    std::vector<float> ref(size_t(T) * N);
+    cpu::matmul_bf16(x.data(), W.data(), b.data(), T, K, N, ref.data());
+    for (size_t i = 0; i < ref.size(); ++i) ref[i] += base[i];
+    expect_close(out.get(), ref, 1e-4f, 1e-5f, "residual add");
+}
+
+TEST_CASE("MXFP4 expert gemm matches cpu::matmul_mxfp4 over all 16 codes and scale bytes 0..128") {
+    Rand r(14);
+    const uint32_t E = 3, N = 48, K = 256;
+    const auto blocks = r.bytes(size_t(E) * N * K / 2);
+    auto scales = r.bytes(size_t(E) * N * K / 32);
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = uint8_t(i % 9 == 0 ? r.below(129) : 115 + r.below(14));
+    const auto bias = r.bf16s(size_t(E) * N, 0.1f);
+    ExpertsW ew(blocks, scales, bias, E, N, K, false);
+    CHECK(ew.bad.get()[0] == 0);
+    for (uint32_t T : {1u, 5u, 70u}) {
+        for (int32_t e = 0; e < int32_t(E); ++e) {
+            const auto x = rounded(r.floats(size_t(T) * K, 1.0f));
+            SingleRoute route(T, e, T == 1 ? 8 : 64);
+            Dev<uint16_t> xd(permuted_rows(x, T, K));
+            Dev<float> out(size_t(T) * N);
+            OK(cuda::gemm(ew.w, xd.p, T, &route.r, cuda::Epilogue::kStore, out.p, nullptr, N, 0, T == 1 ? 1 : 8,
+                          nullptr));
+            std::vector<float> ref(size_t(T) * N);
+            cpu::matmul_mxfp4(x.data(), blocks.data() + size_t(e) * N * K / 2, scales.data() + size_t(e) * N * K / 32,
+                              bias.data() + size_t(e) * N, T, K, N, ref.data());
+            expect_close(out.get(), ref, 1e-5f, 1e-4f, "T=" + std::to_string(T) + " expert " + std::to_string(e));
+        }
+    }
+}
+
+TEST_CASE("MXFP4 gate_up with fused SwiGLU matches cpu::matmul_mxfp4 + cpu::swiglu") {
+    Rand r(15);
+    const uint32_t E = 2, I = 64, K = 192, N = 2 * I, T = 9;
+    const auto blocks = r.bytes(size_t(E) * N * K / 2);
+    std::vector<uint8_t> scales(size_t(E) * N * K / 32);
+    for (uint8_t& s : scales) s = uint8_t(122 + r.below(6));  // large enough to hit the ±7 clamps
+    const auto bias = r.bf16s(size_t(E) * N, 0.5f);
+    ExpertsW ew(blocks, scales, bias, E, N, K, true);
+    const auto x = rounded(r.floats(size_t(T) * K, 1.0f));
+    SingleRoute route(T, 1, 64);
+    Dev<uint16_t> xd(permuted_rows(x, T, K));
+    Dev<uint16_t> act(size_t(T) * I);
+    OK(cuda::gemm(ew.w, xd.p, T, &route.r, cuda::Epilogue::kSwiglu, nullptr, act.p, I, 7.0f, 8, nullptr));
+    std::vector<float> g(size_t(T) * N), ref(size_t(T) * I);
+    cpu::matmul_mxfp4(x.data(), blocks.data() + size_t(N) * K / 2, scales.data() + size_t(N) * K / 32,
+                      bias.data() + N, T, K, N, g.data());
+    cpu::swiglu(g.data(), T, I, 7.0f, ref.data());
+    expect_close(unpermuted_rows(act.get(), T, I), ref, 1e-3f, 8e-3f, "swiglu");
+}
+
+TEST_CASE("an MXFP4 scale byte above 128 is reported by the repack") {
+    const uint32_t N = 16, K = 64;
+    std::vector<uint8_t> blocks(N * K / 2, 0x11), scales(N * K / 32, 120);
+    scales[5] = 200;
+    ExpertsW ew(blocks, scales, std::vector<uint16_t>(N, 0), 1, N, K, false);
+    CHECK(ew.bad.get()[0] == 200);
+}
+
+TEST_CASE("router_route matches cpu::router_topk (ties pick the lower expert) and covers every pair once") {
+    Rand r(16);
+    const uint32_t E = 32, K = 4, T = 100, tile = 8;
+    auto logits = r.floats(size_t(T) * E, 2.0f);
+    for (uint32_t t = 0; t < T; t += 3) {  // exact ties
+        logits[size_t(t) * E + 7] = 9.0f;
+        logits[size_t(t) * E + 3] = 9.0f;
+        logits[size_t(t) * E + 20] = 9.0f;
+    }
+    Dev<float> ld(logits);
+    const uint32_t max_tiles = cuda::route_max_tiles(T, E, K, tile);
+    Dev<int32_t> experts(size_t(T) * K), tiles(1 + 3 * size_t(max_tiles)), pairs(size_t(T) * K);
+    Dev<float> weights(size_t(T) * K);
+    OK(cuda::router_route(ld.p, T, E, K, experts.p, weights.p, tiles.p, pairs.p, tile, nullptr));
+    std::vector<int32_t> ref_e(size_t(T) * K);
+    std::vector<float> ref_w(size_t(T) * K);
+    cpu::router_topk(logits.data(), T, E, K, ref_e.data(), ref_w.data());
+    const auto ge = experts.get();
+    CHECK(ge == ref_e);
+    expect_close(weights.get(), ref_w, 1e-6f, 1e-5f, "routing weights");
+    const auto ti = tiles.get();
+    const auto pr = pairs.get();
+    std::vector<int> seen(size_t(T) * K, 0);
+    REQUIRE(ti[0] > 0);
+    REQUIRE(uint32_t(ti[0]) <= max_tiles);
+    for (int i = 0; i < ti[0]; ++i) {
+        const int32_t e = ti[1 + 3 * i], s = ti[2 + 3 * i], n = ti[3 + 3 * i];
+        CHECK(n >= 1);
+        CHECK(n <= int32_t(tile));
+        for (int32_t j = s; j < s + n; ++j) {
+            CHECK(ge[size_t(pr[j])] == e);
+            seen[size_t(pr[j])]++;
+        }
+    }
+    CHECK(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+}
+
+// The MoE block as the backend runs it: route → gate_up+SwiGLU → down → combine + residual.
+void check_moe(const std::vector<float>& logits_override, uint32_t T, uint64_t seed, const char* what) {
+    Rand r(seed);
+    const uint32_t E = 8, K = 4, H = 128, I = 64;
+    const auto gu_blocks = r.bytes(size_t(E) * 2 * I * H / 2);
+    const auto dn_blocks = r.bytes(size_t(E) * H * I / 2);
+    std::vector<uint8_t> gu_scales(size_t(E) * 2 * I * H / 32), dn_scales(size_t(E) * H * I / 32);
+    for (uint8_t& s : gu_scales) s = uint8_t(119 + r.below(4));
+    for (uint8_t& s : dn_scales) s = uint8_t(119 + r.below(4));
+    const auto gu_bias = r.bf16s(size_t(E) * 2 * I, 0.1f);
+    const auto dn_bias = r.bf16s(size_t(E) * H, 0.1f);
+    ExpertsW gu(gu_blocks, gu_scales, gu_bias, E, 2 * I, H, true);
+    ExpertsW dn(dn_blocks, dn_scales, dn_bias, E, H, I, false);
+    const auto xn = rounded(r.floats(size_t(T) * H, 2.0f));
+    const auto logits = logits_override.empty() ? r.floats(size_t(T) * E, 1.0f) : logits_override;
+    const auto x0 = r.floats(size_t(T) * H, 1.0f);
+
+    const int nb = T == 1 ? 1 : 8;
+    const uint32_t tile = 8u * uint32_t(nb), max_tiles = cuda::route_max_tiles(T, E, K, tile);
+    Dev<float> ld(logits), weights(size_t(T) * K), part(size_t(T) * K * H), x(x0);
+    Dev<int32_t> experts(size_t(T) * K), tiles(1 + 3 * size_t(max_tiles)), pairs(size_t(T) * K);
+    Dev<uint16_t> xd(permuted_rows(xn, T, H)), act(size_t(T) * K * I), xn_out(size_t(T) * H);
+    std::vector<float> ones(H, 1.0f);
+    Dev<float> norm_w(ones);
+    OK(cuda::router_route(ld.p, T, E, K, experts.p, weights.p, tiles.p, pairs.p, tile, nullptr));
+    cuda::GemmRoute r1;
+    r1.tiles = tiles.p; r1.pairs = pairs.p; r1.in_div = K; r1.max_tiles = max_tiles;
+    OK(cuda::gemm(gu.w, xd.p, T, &r1, cuda::Epilogue::kSwiglu, nullptr, act.p, I, 7.0f, nb, nullptr));
+    cuda::GemmRoute r2 = r1;
+    r2.in_div = 1;
+    OK(cuda::gemm(dn.w, act.p, T * K, &r2, cuda::Epilogue::kStore, part.p, nullptr, H, 0, nb, nullptr));
+    cuda::ResidualArgs ra;
+    ra.mode = cuda::ResidualMode::kMoeAdd; ra.part = part.p; ra.weights = weights.p; ra.K = K;
+    OK(cuda::residual_rmsnorm(ra, x.p, norm_w.p, 1e-5f, xn_out.p, T, H, nullptr));
+
+    std::vector<int32_t> re(size_t(T) * K);
+    std::vector<float> rw(size_t(T) * K), moe(size_t(T) * H);
+    cpu::router_topk(logits.data(), T, E, K, re.data(), rw.data());
+    const cpu::MoeWeights mw{gu_blocks.data(), gu_scales.data(), gu_bias.data(),
+                             dn_blocks.data(), dn_scales.data(), dn_bias.data()};
+    cpu::moe(xn.data(), T, H, I, mw, re.data(), rw.data(), K, 7.0f, moe.data());
+    std::vector<float> ref(x0);
+    float scale = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        ref[i] += moe[i];
+        scale = std::max(scale, std::fabs(moe[i]));
+    }
+    // The SwiGLU output is rounded to bf16 before the down projection (the CPU keeps fp32).
+    expect_close(x.get(), ref, 1e-2f * scale, 1e-2f, what);
+}
+
+TEST_CASE("the grouped MoE matches cpu::moe for one token") { check_moe({}, 1, 21, "T=1"); }
+
+TEST_CASE("the grouped MoE matches cpu::moe with 200 tokens, most on one expert") {
+    Rand r(22);
+    const uint32_t T = 200, E = 8;
+    auto logits = r.floats(size_t(T) * E, 1.0f);
+    for (uint32_t t = 0; t < T; ++t) logits[size_t(t) * E + 5] += 4.0f;
+    check_moe(logits, T, 23, "many on expert 5");
+}
+
+TEST_CASE("the grouped MoE matches cpu::moe when every token picks the same four experts") {
+    const uint32_t T = 77, E = 8;
+    std::vector<float> logits(size_t(T) * E, 0.0f);
+    for (uint32_t t = 0; t < T; ++t)
+        for (uint32_t e = 0; e < 4; ++e) logits[size_t(t) * E + e] = 3.0f - 0.5f * float(e) + 0.001f * float(t % 7);
+    check_moe(logits, T, 24, "same four experts");
+}
+
+TEST_CASE("embedding + rmsnorm match cpu::embed + cpu::rmsnorm") {
+    Rand r(31);
+    const uint32_t V = 300, H = 192, T = 5;
+    const auto table = r.bf16s(size_t(V) * H, 1.0f);
+    const auto w_bf16 = r.bf16s(H, 1.0f);
+    std::vector<int32_t> tokens{0, 299, 17, 17, 150};
+    Dev<uint16_t> td(table), xn(size_t(T) * H);
+    Dev<int32_t> tok(tokens);
+    Dev<float> w(widen(w_bf16)), x(size_t(T) * H);
+    cuda::ResidualArgs ra;
+    ra.mode = cuda::ResidualMode::kEmbed; ra.embed = td.p; ra.tokens = tok.p;
+    OK(cuda::residual_rmsnorm(ra, x.p, w.p, 1e-5f, xn.p, T, H, nullptr));
+    std::vector<float> rx(size_t(T) * H), rn(size_t(T) * H);
+    cpu::embed(table.data(), tokens.data(), T, H, rx.data());
+    cpu::rmsnorm(rx.data(), w_bf16.data(), T, H, 1e-5f, rn.data());
+    expect_close(x.get(), rx, 0, 0, "embedding");
+    expect_close(unpermuted_rows(xn.get(), T, H), rn, 1e-6f, 8e-3f, "rmsnorm (bf16 output)");
+}
+
+Config test_config() {
+    Config c;
+    c.n_layers = 2; c.n_experts = 8; c.n_experts_per_token = 4; c.hidden = 64; c.intermediate = 64;
+    c.n_heads = 16; c.n_kv_heads = 2; c.head_dim = 64; c.vocab = 1024; c.sliding_window = 128;
+    c.max_context = 131072; c.rope_theta = 150000.0f; c.rope_factor = 32.0f; c.rope_beta_fast = 32.0f;
+    c.rope_beta_slow = 1.0f; c.rope_original_max_context = 4096;
+    c.layer_sliding = {true, false};
+    return c;
+}
+
+TEST_CASE("rope_qkv matches cpu::rope at positions 0, 127, 128, 129, 4095 and 70000") {
+    Rand r(41);
+    const Config c = test_config();
+    const uint32_t Q = c.n_heads, G = c.n_kv_heads, D = c.head_dim, W = (Q + 2 * G) * D;
+    const cpu::Rope rope = cpu::rope_init(c);
+    Dev<float> inv(std::vector<float>(rope.inv_freq, rope.inv_freq + D / 2));
+    for (int32_t pos0 : {0, 127, 128, 129, 4095, 70000}) {
+        const uint32_t T = 3;
+        const auto qkv = r.floats(size_t(T) * W, 2.0f);
+        cuda::StepInfo si{pos0, int32_t(T)};
+        Dev<cuda::StepInfo> step(std::vector<cuda::StepInfo>{si});
+        Dev<float> in(qkv), q(size_t(T) * Q * D);
+        Dev<uint16_t> k(size_t(T) * G * D), v(size_t(T) * G * D);
+        OK(cuda::rope_qkv(in.p, step.p, inv.p, rope.scale, q.p, k.p, v.p, T, Q, G, D, nullptr));
+        std::vector<float> rq(size_t(T) * Q * D), rk(size_t(T) * G * D), rv(size_t(T) * G * D);
+        for (uint32_t t = 0; t < T; ++t) {
+            std::copy_n(&qkv[size_t(t) * W], Q * D, &rq[size_t(t) * Q * D]);
+            std::copy_n(&qkv[size_t(t) * W + Q * D], G * D, &rk[size_t(t) * G * D]);
+            std::copy_n(&qkv[size_t(t) * W + (Q + G) * D], G * D, &rv[size_t(t) * G * D]);
+        }
+        cpu::rope(rq.data(), T, Q, D, uint32_t(pos0), rope);
+        cpu::rope(rk.data(), T, G, D, uint32_t(pos0), rope);
+        const std::string at = "pos " + std::to_string(pos0);
+        expect_close(q.get(), rq, 2e-5f, 2e-5f, "q " + at);
+        expect_close(widen(k.get()), rk, 1e-5f, 8e-3f, "k " + at);
+        expect_close(widen(v.get()), rounded(rv), 0, 0, "v " + at);
+    }
+}
+
+// Keys/values for positions [0, pos0 + T), bf16; the cache holds positions < pos0 (a ring of
+// `slots`, later positions overwriting earlier ones), k_new/v_new the chunk.
+struct AttnCase {
+    uint32_t Q = 16, G = 2, D = 64;
+    uint32_t pos0, T, window, slots;
+    std::vector<uint16_t> k, v;  // [pos0 + T, G, D]
+    std::vector<float> q, sinks;
+    AttnCase(uint32_t pos0_, uint32_t T_, uint32_t window_, uint32_t slots_, uint64_t seed)
+        : pos0(pos0_), T(T_), window(window_), slots(slots_) {
+        Rand r(seed);
+        const size_t n = size_t(pos0 + T) * G * D;
+        k = r.bf16s(n, 1.0f);
+        v = r.bf16s(n, 1.0f);
+        q = r.floats(size_t(T) * Q * D, 1.5f);
+        sinks = r.floats(Q, 5.0f);
+    }
+    std::vector<float> reference() const {
+        std::vector<float> out(size_t(T) * Q * D);
+        const auto kf = widen(k), vf = widen(v);
+        cpu::attention(q.data(), T, pos0, Q, G, D, kf.data(), vf.data(), pos0 + T, 0, window, sinks.data(),
+                       out.data());
+        return out;
+    }
+    // Runs the prefill (decode = false) or decode kernel; returns bf16 outputs unpermuted.
+    std::vector<uint16_t> run(bool decode) const {
+        const size_t row = size_t(G) * D;
+        std::vector<uint16_t> kc(size_t(slots) * row, 0), vc(size_t(slots) * row, 0);
+        for (uint32_t p = 0; p < pos0; ++p) {
+            std::copy_n(&k[p * row], row, &kc[(p % slots) * row]);
+            std::copy_n(&v[p * row], row, &vc[(p % slots) * row]);
+        }
+        Dev<uint16_t> kcd(kc), vcd(vc), kn(std::vector<uint16_t>(k.begin() + pos0 * row, k.end())),
+            vn(std::vector<uint16_t>(v.begin() + pos0 * row, v.end())), out(size_t(T) * Q * D);
+        Dev<float> qd(q), sd(sinks);
+        cuda::StepInfo si{int32_t(pos0), int32_t(T)};
+        Dev<cuda::StepInfo> step(std::vector<cuda::StepInfo>{si});
+        cuda::AttentionArgs a;
+        a.q = qd.p; a.k_new = kn.p; a.v_new = vn.p; a.k_cache = kcd.p; a.v_cache = vcd.p; a.slots = slots;
+        a.window = window; a.sinks = sd.p; a.step = step.p; a.T = T; a.Q = Q; a.G = G; a.D = D; a.out = out.p;
+        if (decode) {
+            const uint32_t splits = cuda::ceil_div(pos0 + 1, cuda::kAttentionSplit) + 1;
+            Dev<float> partial(size_t(Q) * splits * (D + 2));
+            OK(cuda::attention_decode(a, partial.p, splits, nullptr));
+            sync_ok();
+            return out.get();
+        }
+        OK(cuda::attention_prefill(a, nullptr));
+        return out.get();
+    }
+};
+
+TEST_CASE("attention prefill matches cpu::attention: sinks, GQA, window 128, 1/127/128/129 positions, cached prefix") {
+    struct P { uint32_t pos0, T, window, slots; };
+    for (P p : {P{0, 1, 0, 1024}, P{0, 127, 128, 128}, P{0, 128, 128, 128}, P{0, 129, 128, 128}, P{0, 300, 0, 1024},
+                P{0, 300, 128, 128}, P{200, 50, 128, 128}, P{600, 40, 0, 1024}, P{126, 3, 128, 128}}) {
+        AttnCase c(p.pos0, p.T, p.window, p.slots, 50 + p.pos0 + p.T);
+        const auto got = unpermuted_rows(c.run(false), c.T, c.Q * c.D);
+        expect_close(got, c.reference(), 2e-3f, 8e-3f,
+                     "pos0 " + std::to_string(p.pos0) + " T " + std::to_string(p.T) + " window " +
+                         std::to_string(p.window));
+    }
+}
+
+TEST_CASE("attention decode is bit-identical to prefill of the same position, and matches cpu::attention") {
+    for (uint32_t window : {0u, 128u}) {
+        for (uint32_t p : {0u, 5u, 127u, 128u, 129u, 255u, 256u, 700u}) {
+            const uint32_t slots = window ? 128 : 1024;
+            // The whole prompt in one prefill; its last row is position p.
+            AttnCase whole(0, p + 1, window, slots, 77 + p);
+            const auto pre = whole.run(false);
+            // The same keys, position p decoded alone on top of the cache.
+            AttnCase dec(p, 1, window, slots, 77 + p);
+            dec.k = whole.k;
+            dec.v = whole.v;
+            dec.q.assign(whole.q.end() - whole.Q * whole.D, whole.q.end());
+            dec.sinks = whole.sinks;
+            const auto d = dec.run(true);
+            const auto single = dec.run(false);
+            const size_t n = size_t(whole.Q) * whole.D;
+            INFO("window " << window << " position " << p);
+            CHECK(std::memcmp(d.data(), pre.data() + size_t(p) * n, n * 2) == 0);
+            CHECK(std::memcmp(single.data(), d.data(), n * 2) == 0);
+            expect_close(unpermuted_rows(d, 1, whole.Q * whole.D), dec.reference(), 2e-3f, 8e-3f, "decode");
+        }
+    }
+}
+
+TEST_CASE("kv_commit writes the chunk's last min(T, slots) positions at slot = position % slots") {
+    const uint32_t GD = 128, slots = 128, T = 300, pos0 = 50;
+    std::vector<uint16_t> kn(size_t(T) * GD), vn(size_t(T) * GD);
+    for (size_t i = 0; i < kn.size(); ++i) { kn[i] = uint16_t(i / GD); vn[i] = uint16_t(1000 + i / GD); }
+    Dev<uint16_t> k(kn), v(vn), kc(size_t(slots) * GD), vc(size_t(slots) * GD);
+    cuda::StepInfo si{int32_t(pos0), int32_t(T)};
+    Dev<cuda::StepInfo> step(std::vector<cuda::StepInfo>{si});
+    OK(cuda::kv_commit(k.p, v.p, kc.p, vc.p, slots, step.p, T, GD, nullptr));
+    const auto gk = kc.get(), gv = vc.get();
+    for (uint32_t p = pos0 + T - slots; p < pos0 + T; ++p) {
+        CHECK(gk[size_t(p % slots) * GD] == uint16_t(p - pos0));
+        CHECK(gv[size_t(p % slots) * GD + GD - 1] == uint16_t(1000 + p - pos0));
+    }
+}
+
+TEST_CASE("argmax returns the lowest id among equal maxima") {
+    Rand r(61);
+    const uint32_t V = 201088;
+    auto logits = r.floats(V, 3.0f);
+    logits[150000] = 7.5f;
+    logits[9001] = 7.5f;
+    logits[200000] = 7.5f;
+    Dev<float> ld(logits);
+    Dev<int32_t> key(2);
+    OK(cuda::argmax(ld.p, V, key.p, nullptr));
+    const auto k = key.get();
+    unsigned long long kk;
+    std::memcpy(&kk, k.data(), 8);
+    CHECK(cuda::decode_argmax(kk) == 9001);
+    CHECK(cuda::decode_argmax(kk) == sample_logits(logits.data(), V, SamplingConfig{0.0f, 1.0f, 0}, 0.5));
+}
+
+// --- the whole backend -----------------------------------------------------------------------
+
+std::unique_ptr<Checkpoint> load_tiny() {
+    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
+    REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
+    std::unique_ptr<Checkpoint> ck;
+    OK(load_checkpoint(dir, {}, &ck));
+    return ck;
+}
+
+std::vector<int32_t> prompt(size_t n, uint64_t seed) {
+    Rng rng(seed);
+    std::vector<int32_t> p(n);
+    for (int32_t& t : p) t = int32_t(rng.next_u64() % 199998);
+    return p;
+}
+
+std::vector<float> logits_of(BackendSession* s) {
+    const float* l = nullptr;
+    OK(s->get_logits(&l));
+    return std::vector<float>(l, l + 201088);
+}
+
+// Compares GPU and CPU logits of one position: relative L2 error and the top token where the
+// CPU's top-2 gap is well above the error.
+void expect_logits_close(const std::vector<float>& gpu, const std::vector<float>& cpu_l, const std::string& what) {
+    double num = 0, den = 0, max_err = 0;
+    for (size_t i = 0; i < cpu_l.size(); ++i) {
+        const double d = double(gpu[i]) - cpu_l[i];
+        num += d * d;
+        den += double(cpu_l[i]) * cpu_l[i];
+        max_err = std::max(max_err, std::fabs(d));
+    }
+    const double rel = std::sqrt(num / std::max(den, 1e-30));
+    const size_t top = size_t(std::max_element(cpu_l.begin(), cpu_l.end()) - cpu_l.begin());
+    float second = -INFINITY;
+    for (size_t i = 0; i < cpu_l.size(); ++i)
+        if (i != top) second = std::max(second, cpu_l[i]);
+    INFO(what << ": relative L2 error " << rel << ", max |err| " << max_err << ", top-2 gap " << cpu_l[top] - second);
+    CHECK(rel < 2e-2);
+    if (cpu_l[top] - second > 4 * max_err) {
+        const size_t gtop = size_t(std::max_element(gpu.begin(), gpu.end()) - gpu.begin());
+        CHECK(gtop == top);
+    }
+}
+
+struct Pair {
+    std::unique_ptr<Checkpoint> ck;
+    std::unique_ptr<Backend> cpu_b, gpu_b;
+};
+Pair& tiny_pair() {
+    static Pair p = [] {
+        Pair q;
+        q.ck = load_tiny();
+        OK(create_cpu_backend(*q.ck, &q.cpu_b));
+        OK(create_cuda_backend(*q.ck, 0, {}, &q.gpu_b));
+        return q;
+    }();
+    return p;
+}
+
+TEST_CASE("the CUDA backend matches the CPU backend on the tiny checkpoint at positions 0, 127, 128, 129, 299, 300") {
+    Pair& p = tiny_pair();
+    std::unique_ptr<BackendSession> cs, gs;
+    OK(p.cpu_b->create_session(1024, 256, &cs));
+    OK(p.gpu_b->create_session(1024, 256, &gs));
+    const auto toks = prompt(301, 5);
+    const std::vector<std::pair<uint32_t, uint32_t>> chunks{{0, 1}, {1, 127}, {128, 1}, {129, 1}, {130, 170}, {300, 1}};
+    for (auto [pos, n] : chunks) {
+        OK(cs->forward(toks.data() + pos, n, pos));
+        OK(gs->forward(toks.data() + pos, n, pos));
+        expect_logits_close(logits_of(gs.get()), logits_of(cs.get()), "position " + std::to_string(pos + n - 1));
+    }
+}
+
+TEST_CASE("CUDA logits are bit-identical however the prompt is chunked (reused == fresh)") {
+    Pair& p = tiny_pair();
+    std::unique_ptr<BackendSession> a, b;
+    OK(p.gpu_b->create_session(1024, 512, &a));
+    OK(p.gpu_b->create_session(1024, 512, &b));
+    const auto toks = prompt(400, 6);
+    OK(a->forward(toks.data(), 399, 0));
+    const auto la = logits_of(a.get());
+    uint32_t pos = 0;
+    for (uint32_t n : {1u, 126u, 1u, 1u, 2u, 200u}) {
+        OK(b->forward(toks.data() + pos, n, pos));
+        pos += n;
+    }
+    while (pos < 399) {
+        OK(b->forward(toks.data() + pos, 1, pos));
+        ++pos;
+    }
+    const auto lb = logits_of(b.get());
+    CHECK(std::memcmp(la.data(), lb.data(), la.size() * 4) == 0);
+    OK(a->forward(toks.data() + 399, 1, 399));
+    OK(b->forward(toks.data() + 399, 1, 399));
+    CHECK(std::memcmp(logits_of(a.get()).data(), logits_of(b.get()).data(), la.size() * 4) == 0);
+}
+
+TEST_CASE("greedy sampling on the GPU equals sample_logits at temperature 0") {
+    Pair& p = tiny_pair();
+    std::unique_ptr<BackendSession> s;
+    OK(p.gpu_b->create_session(256, 64, &s));
+    const auto toks = prompt(40, 7);
+    OK(s->forward(toks.data(), 40, 0));
+    int32_t tok = -1;
+    OK(s->sample(SamplingConfig{0.0f, 1.0f, 0}, 0.25, &tok));
+    const auto l = logits_of(s.get());
+    CHECK(tok == sample_logits(l.data(), uint32_t(l.size()), SamplingConfig{0.0f, 1.0f, 0}, 0.25));
+}
+
+TEST_CASE("restoring the sliding snapshot gives the logits of a fresh session") {
+    Pair& p = tiny_pair();
+    std::unique_ptr<BackendSession> a, b;
+    OK(p.gpu_b->create_session(1024, 256, &a));
+    OK(p.gpu_b->create_session(1024, 256, &b));
+    const auto toks = prompt(400, 8);
+    auto other = prompt(100, 9);
+    OK(a->forward(toks.data(), 250, 0));
+    OK(a->save_sliding_snapshot());
+    OK(a->forward(other.data(), 100, 250));  // diverging continuation, then rewind
+    OK(a->restore_sliding_snapshot());
+    OK(a->forward(toks.data() + 250, 150, 250));
+    OK(b->forward(toks.data(), 250, 0));
+    OK(b->forward(toks.data() + 250, 150, 250));
+    CHECK(std::memcmp(logits_of(a.get()).data(), logits_of(b.get()).data(), 201088 * 4) == 0);
+}
+
+TEST_CASE("a session whose KV cache cannot fit fails with OUT_OF_MEMORY naming the bytes") {
+    Pair& p = tiny_pair();
+    std::unique_ptr<BackendSession> s;
+    const gptoss_status st = p.gpu_b->create_session(4000000000u, 64, &s);
+    CHECK(st == GPTOSS_ERR_OUT_OF_MEMORY);
+    CHECK(std::string(gptoss_last_error()).find("bytes") != std::string::npos);
+    CHECK(s == nullptr);
+    std::unique_ptr<BackendSession> ok;
+    OK(p.gpu_b->create_session(256, 16, &ok));  // the model is still usable
+}
+
+TEST_CASE("the caller's current device is the same after backend calls") {
+    int before = -1, after = -2;
+    REQUIRE(cudaGetDevice(&before) == cudaSuccess);
+    Pair& p = tiny_pair();
+    std::unique_ptr<BackendSession> s;
+    OK(p.gpu_b->create_session(64, 8, &s));
+    const auto toks = prompt(8, 10);
+    OK(s->forward(toks.data(), 8, 0));
+    REQUIRE(cudaGetDevice(&after) == cudaSuccess);
+    CHECK(before == after);
+}
+
+TEST_CASE("a 20b-shaped checkpoint cut to 2 layers gives the CPU backend's logits ($GPTOSS_20B_2L_MODEL)") {
+    const char* dir = std::getenv("GPTOSS_20B_2L_MODEL");
+    if (!dir) {
+        MESSAGE("GPTOSS_20B_2L_MODEL not set: skipping the 20b-shaped comparison (tools/device-check.sh sets it)");
+        return;
+    }
+    std::unique_ptr<Checkpoint> ck;
+    OK(load_checkpoint(dir, {}, &ck));
+    std::unique_ptr<Backend> cb, gb;
+    OK(create_cpu_backend(*ck, &cb));
+    OK(create_cuda_backend(*ck, 0, {}, &gb));
+    std::unique_ptr<BackendSession> cs, gs;
+    OK(cb->create_session(512, 256, &cs));
+    OK(gb->create_session(512, 256, &gs));
+    const auto toks = prompt(200, 11);
+    for (auto [pos, n] : std::vector<std::pair<uint32_t, uint32_t>>{{0, 130}, {130, 1}, {131, 69}}) {
+        OK(cs->forward(toks.data() + pos, n, pos));
+        OK(gs->forward(toks.data() + pos, n, pos));
+        expect_logits_close(logits_of(gs.get()), logits_of(cs.get()), "20b-2L position " + std::to_string(pos + n - 1));
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        std::printf("no CUDA device: skipping the CUDA kernel tests (test-kernels)\n");
+        return 0;
+    }
+    doctest::Context ctx;
+    ctx.applyCommandLine(argc, argv);
+    return ctx.run();
+}

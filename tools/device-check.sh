@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# tools/device-check.sh - THE standard call on the GPU machine: build (sm_90a, -j16), ctest,
+# the 20b-shaped 2-layer CPU-vs-GPU comparison, compute-sanitizer (memcheck + racecheck) on the
+# kernel tests, then gptoss-bench on the synthetic 20b and 120b shapes. Everything lands in $OUT.
+# Usage (from the repository root on the GPU machine):
+#   tools/device-check.sh --deps DIR/.deps --tokenizer DIR/.tokenizer [--skip-sanitizer] [--skip-120b]
+#                         [--bench-args "..."]
+set -uo pipefail
+DEPS="" TOK="" SAN=1 BIG=1 BENCH_ARGS="" TWO_LAYER=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --deps) DEPS="$2"; shift 2;;
+    --tokenizer) TOK="$2"; shift 2;;
+    --skip-sanitizer) SAN=0; shift;;
+    --skip-120b) BIG=0; shift;;
+    --skip-2layer) TWO_LAYER=0; shift;;
+    --bench-args) BENCH_ARGS="$2"; shift 2;;
+    *) echo "device-check: unknown option $1"; exit 2;;
+  esac
+done
+OUT="${OUT:-/tmp/device-check-out}"
+mkdir -p "$OUT"
+B=build-gpu
+log() { echo "== $(date +%T) $*" | tee -a "$OUT/summary.txt"; }
+
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+log "GPU: $(tail -1 "$OUT/gpu.txt")"
+t0=$(date +%s)
+cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+  ${DEPS:+-DCMAKE_PREFIX_PATH=$DEPS/usr -DCMAKE_BUILD_RPATH=$DEPS/usr/lib/x86_64-linux-gnu} \
+  ${TOK:+-DGPTOSS_TOKENIZER_DIR=$TOK} > "$OUT/build.log" 2>&1 \
+  && cmake --build $B -j16 >> "$OUT/build.log" 2>&1
+rc=$?
+log "build rc=$rc in $(( $(date +%s) - t0 )) s"
+if [ $rc -ne 0 ]; then tail -60 "$OUT/build.log"; exit 1; fi
+
+timeout 300 ctest --test-dir $B --output-on-failure -j4 > "$OUT/ctest.log" 2>&1
+log "ctest rc=$? ($(grep -E 'tests passed|tests failed' "$OUT/ctest.log"))"
+grep -E "Failed|FAILED|\*\*\*" "$OUT/ctest.log" | head -20 | tee -a "$OUT/summary.txt"
+# the kernel tests' own output (doctest summary and any mismatch report)
+GPTOSS_TINY_MODEL=$PWD/$B/models/tiny timeout 200 ./$B/test-kernels > "$OUT/test-kernels.log" 2>&1
+log "test-kernels rc=$? $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/test-kernels.log" | tr '\n' ' ')"
+
+if [ $TWO_LAYER -eq 1 ]; then
+  t0=$(date +%s)
+  ./$B/gptoss-synth --preset 20b --layers 2 --seed 3 --out /tmp/m20b2l > "$OUT/synth-20b2l.log" 2>&1
+  log "synth 20b/2 layers rc=$? in $(( $(date +%s) - t0 )) s"
+  GPTOSS_TINY_MODEL=$PWD/$B/models/tiny GPTOSS_20B_2L_MODEL=/tmp/m20b2l timeout 300 ./$B/test-kernels \
+    -tc='*20b-shaped*' -s > "$OUT/test-20b2l.log" 2>&1
+  log "20b 2-layer CPU vs GPU rc=$? $(grep -E 'relative L2' "$OUT/test-20b2l.log" | head -3 | tr '\n' ' ')"
+  rm -rf /tmp/m20b2l
+fi
+
+if [ $SAN -eq 1 ]; then
+  for tool in memcheck racecheck; do
+    GPTOSS_TINY_MODEL=$PWD/$B/models/tiny timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 \
+      ./$B/test-kernels -tce='*20b-shaped*,*OUT_OF_MEMORY*' > "$OUT/sanitizer-$tool.log" 2>&1
+    log "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
+  done
+fi
+
+timeout 300 ./$B/gptoss-bench --synthetic 20b --profile $BENCH_ARGS > "$OUT/bench-20b.txt" 2>&1
+log "bench 20b rc=$?"
+cat "$OUT/bench-20b.txt"
+if [ $BIG -eq 1 ]; then
+  timeout 240 ./$B/gptoss-bench --synthetic 120b --no-gemm-probe -p 2048 $BENCH_ARGS > "$OUT/bench-120b.txt" 2>&1
+  log "bench 120b rc=$?"
+  cat "$OUT/bench-120b.txt"
+fi
+cat "$OUT/summary.txt"

@@ -1,0 +1,295 @@
+// tools/gptoss-bench.cpp - llama-bench for gptoss: prompt processing (pp) and token generation
+// (tg) throughput of the CUDA backend at chosen context depths, against the hardware ceilings
+// measured in the same run (device-to-device copy bandwidth for decode, cuBLASLt bf16 rate for
+// prefill). `--synthetic 20b|120b` builds random weights directly in GPU memory (a 120b-shaped
+// file does not fit the GPU machine's disk); `--model DIR` loads a checkpoint and reports the
+// load rate. Decode bytes per token = every active weight once (attention projections, router,
+// 4 experts per layer, lm_head) + the K/V the token attends to, from the config (DEVICE.md).
+#include "gptoss-internal.h"
+#ifdef GPTOSS_HAVE_CUDA
+#include "cuda/backend.h"
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+[[noreturn]] void die(const char* fmt, const char* arg = "") {
+    std::fprintf(stderr, "gptoss-bench: ");
+    std::fprintf(stderr, fmt, arg);
+    std::fprintf(stderr, "\n");
+    std::exit(2);
+}
+
+#ifdef GPTOSS_HAVE_CUDA
+void check(gptoss_status s, const char* what) {
+    if (s != GPTOSS_OK) {
+        std::fprintf(stderr, "gptoss-bench: %s failed: %s\n", what, gptoss_last_error());
+        std::exit(1);
+    }
+}
+
+#endif  // GPTOSS_HAVE_CUDA
+
+std::vector<uint32_t> parse_list(const char* s) {
+    std::vector<uint32_t> v;
+    for (const char* p = s; *p;) {
+        char* end = nullptr;
+        const unsigned long x = std::strtoul(p, &end, 10);
+        if (end == p) die("bad number list \"%s\"", s);
+        v.push_back(uint32_t(x));
+        p = *end == ',' ? end + 1 : end;
+    }
+    return v;
+}
+
+#ifdef GPTOSS_HAVE_CUDA
+gptoss::Config preset(const std::string& name) {
+    gptoss::Config c;
+    if (name != "20b" && name != "120b") die("--synthetic is \"%s\", expected 20b or 120b", name.c_str());
+    const bool big = name == "120b";
+    c.n_layers = big ? 36 : 24;
+    c.n_experts = big ? 128 : 32;
+    c.n_experts_per_token = 4;
+    c.hidden = 2880; c.intermediate = 2880; c.n_heads = 64; c.n_kv_heads = 8; c.head_dim = 64;
+    c.vocab = 201088; c.sliding_window = 128; c.max_context = 131072;
+    c.rope_theta = 150000.0f; c.rope_factor = 32.0f; c.rope_beta_fast = 32.0f; c.rope_beta_slow = 1.0f;
+    c.rope_original_max_context = 4096; c.swiglu_limit = 7.0f; c.rms_norm_eps = 1e-5f;
+    c.layer_sliding.resize(c.n_layers);
+    for (uint32_t l = 0; l < c.n_layers; ++l) c.layer_sliding[l] = l % 2 == 0;
+    return c;
+}
+
+// Bytes one decoded token must read at context position `pos` (weights + visible K/V).
+double decode_bytes(const gptoss::Config& c, uint32_t pos) {
+    const double H = c.hidden, I = c.intermediate, E = c.n_experts, K = c.n_experts_per_token;
+    const double QD = double(c.n_heads) * c.head_dim, KV = double(c.n_kv_heads) * c.head_dim;
+    const double attn = 2.0 * (H * (QD + 2 * KV) + QD * H) + 2.0 * (QD + 2 * KV + H);
+    const double router = 2.0 * E * H + 2.0 * E;
+    const double expert = (2 * I * H + H * I) * (0.5 + 1.0 / 32) + 2.0 * (2 * I + H);
+    double bytes = c.n_layers * (attn + router + K * expert) + 2.0 * c.vocab * H;
+    for (uint32_t l = 0; l < c.n_layers; ++l) {
+        const double keys = c.layer_sliding[l] ? std::min<double>(pos + 1, c.sliding_window) : pos + 1.0;
+        bytes += keys * KV * 2 * 2;
+    }
+    return bytes;
+}
+
+// FLOPs of a prefill of n tokens at depth d (2 per weight per token, attention core, no lm_head
+// except for the last token).
+double prefill_flops(const gptoss::Config& c, uint32_t d, uint32_t n) {
+    const double H = c.hidden, I = c.intermediate, E = c.n_experts, K = c.n_experts_per_token;
+    const double QD = double(c.n_heads) * c.head_dim, KV = double(c.n_kv_heads) * c.head_dim;
+    const double per_token = c.n_layers * 2.0 * (H * (QD + 2 * KV) + QD * H + E * H + K * 3 * I * H);
+    double attn = 0;
+    for (uint32_t l = 0; l < c.n_layers; ++l)
+        for (uint32_t t = 0; t < n; t += 16) {  // sampled every 16 tokens
+            const double keys = c.layer_sliding[l] ? std::min<double>(d + t + 1, c.sliding_window) : d + t + 1.0;
+            attn += 16.0 * 4.0 * QD * keys;
+        }
+    return per_token * n + attn + 2.0 * c.vocab * H;
+}
+
+double now_ms() {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Result {
+    std::string test;
+    uint32_t depth, n;
+    double ms_per_token, tok_s, gbps, pct_floor, tflops, pct_tc;
+};
+#endif  // GPTOSS_HAVE_CUDA
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::string model_dir, synthetic;
+    int32_t device = 0;
+    std::vector<uint32_t> pp{512, 2048}, depths{0, 8192};
+    uint32_t tg = 128, reps = 3, layers = 0;
+    bool json = false, profile = false, gemm_probe = true;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto value = [&]() -> const char* {
+            if (i + 1 >= argc) die("%s needs a value", a.c_str());
+            return argv[++i];
+        };
+        if (a == "--model" || a == "-m") model_dir = value();
+        else if (a == "--synthetic") synthetic = value();
+        else if (a == "--device") device = int32_t(std::atoi(value()));
+        else if (a == "-p" || a == "--prompt") pp = parse_list(value());
+        else if (a == "-n" || a == "--gen") tg = uint32_t(std::atoi(value()));
+        else if (a == "-d" || a == "--depth") depths = parse_list(value());
+        else if (a == "-r" || a == "--reps") reps = uint32_t(std::max(1, std::atoi(value())));
+        else if (a == "--layers") layers = uint32_t(std::atoi(value()));
+        else if (a == "--json") json = true;
+        else if (a == "--profile") profile = true;
+        else if (a == "--no-gemm-probe") gemm_probe = false;
+        else if (a == "-h" || a == "--help") {
+            std::printf(
+                "usage: gptoss-bench (--model DIR | --synthetic 20b|120b) [--device N] [-p 512,2048] [-n 128]\n"
+                "                    [-d 0,8192] [-r REPS] [--layers N] [--profile] [--json] [--no-gemm-probe]\n"
+                "Prints pp (prefill) and tg (decode) throughput at each context depth, with GB/s and %% of the\n"
+                "bandwidth floor (decode) or TFLOP/s and %% of the measured bf16 tensor-core rate (prefill).\n");
+            return 0;
+        } else die("unknown option %s (see --help)", a.c_str());
+    }
+    if (model_dir.empty() == synthetic.empty()) die("give exactly one of --model DIR and --synthetic 20b|120b");
+#ifndef GPTOSS_HAVE_CUDA
+    (void)device; (void)pp; (void)depths; (void)tg; (void)reps; (void)layers; (void)json; (void)profile;
+    (void)gemm_probe;
+    die("this build has no CUDA backend (configure with nvcc available)");
+#else
+    using namespace gptoss;
+    cuda::DeviceCeilings ceil;
+    check(cuda::measure_ceilings(device, gemm_probe, &ceil), "measuring the device ceilings");
+
+    std::unique_ptr<Checkpoint> ck;
+    std::unique_ptr<Backend> backend;
+    Config config;
+    double load_s = 0, load_gb = 0;
+    if (!synthetic.empty()) {
+        config = preset(synthetic);
+        if (layers) {
+            config.n_layers = layers;
+            config.layer_sliding.resize(layers);
+        }
+        const double t0 = now_ms();
+        check(cuda::create_synthetic_backend(config, device, 1, &backend), "building the synthetic model");
+        load_s = (now_ms() - t0) / 1e3;
+    } else {
+        const double t0 = now_ms();
+        check(load_checkpoint(model_dir, {}, &ck), "loading the checkpoint");
+        const double t1 = now_ms();
+        check(create_cuda_backend(*ck, device, {}, &backend), "uploading the weights");
+        load_s = (now_ms() - t1) / 1e3;
+        load_gb = double(ck->total_bytes) / 1e9;
+        config = ck->config;
+        std::fprintf(stderr, "mapped in %.2f s; uploaded %.2f GB in %.2f s (%.2f GB/s)\n", (t1 - t0) / 1e3, load_gb,
+                     load_s, load_gb / load_s);
+    }
+    const uint32_t max_pp = *std::max_element(pp.begin(), pp.end());
+    const uint32_t max_depth = *std::max_element(depths.begin(), depths.end());
+    const uint32_t max_context = max_depth + std::max(max_pp, tg) + 16;
+    std::unique_ptr<BackendSession> session;
+    check(backend->create_session(max_context, max_pp, &session), "creating the session");
+
+    Rng rng(42);
+    std::vector<int32_t> tokens(std::max(max_pp, max_depth) + tg + 16);
+    for (int32_t& t : tokens) t = int32_t(rng.next_u64() % 199998);
+
+    std::vector<Result> results;
+    const SamplingConfig greedy{0.0f, 1.0f, 0};
+    for (uint32_t depth : depths) {
+        for (uint32_t pos = 0; pos < depth; pos += max_pp)
+            check(session->forward(tokens.data() + pos, std::min(max_pp, depth - pos), pos), "filling the context");
+        check(cuda::synchronize(session.get()), "filling the context");
+        for (uint32_t n : pp) {
+            std::vector<double> t;
+            for (uint32_t r = 0; r <= reps; ++r) {  // first run is the warm-up
+                const double t0 = now_ms();
+                check(session->forward(tokens.data() + depth, n, depth), "prefill");
+                check(cuda::synchronize(session.get()), "prefill");
+                if (r) t.push_back(now_ms() - t0);
+            }
+            std::sort(t.begin(), t.end());
+            const double ms = t[t.size() / 2];
+            Result res{"pp" + std::to_string(n), depth, n, ms / n, n / (ms / 1e3), 0, 0, 0, 0};
+            res.tflops = prefill_flops(config, depth, n) / (ms / 1e3) / 1e12;
+            res.pct_tc = ceil.bf16_tflops > 0 ? 100.0 * res.tflops / ceil.bf16_tflops : 0;
+            results.push_back(res);
+        }
+        if (tg) {
+            int32_t tok = tokens[depth];
+            check(session->forward(&tok, 1, depth), "decode warm-up");  // captures the graph
+            check(session->sample(greedy, 0.0, &tok), "decode warm-up");
+            std::vector<double> t;
+            double bytes = 0;
+            for (uint32_t r = 0; r < reps; ++r) {
+                tok = tokens[depth];
+                bytes = 0;
+                const double t0 = now_ms();
+                for (uint32_t i = 0; i < tg; ++i) {
+                    check(session->forward(&tok, 1, depth + i), "decode");
+                    check(session->sample(greedy, 0.0, &tok), "decode");
+                    bytes += decode_bytes(config, depth + i);
+                }
+                t.push_back(now_ms() - t0);
+            }
+            std::sort(t.begin(), t.end());
+            const double ms = t[t.size() / 2];
+            Result res{"tg" + std::to_string(tg), depth, tg, ms / tg, tg / (ms / 1e3), 0, 0, 0, 0};
+            res.gbps = bytes / (ms / 1e3) / 1e9;
+            res.pct_floor = 100.0 * res.gbps / ceil.copy_gbps;
+            results.push_back(res);
+        }
+    }
+
+    std::vector<std::pair<std::string, std::vector<std::pair<std::string, double>>>> profiles;
+    if (profile) {
+        for (uint32_t depth : {0u, max_depth}) {
+            std::vector<std::pair<std::string, double>> ops;
+            int32_t tok = tokens[0];
+            check(cuda::profile_forward(session.get(), &tok, 1, depth, &ops), "profiling decode");
+            profiles.emplace_back("decode @" + std::to_string(depth), ops);
+        }
+        std::vector<std::pair<std::string, double>> ops;
+        check(cuda::profile_forward(session.get(), tokens.data(), max_pp, 0, &ops), "profiling prefill");
+        profiles.emplace_back("prefill " + std::to_string(max_pp) + " @0", ops);
+    }
+
+    const std::string what = synthetic.empty() ? model_dir : "synthetic " + synthetic;
+    if (json) {
+        std::printf("{\"model\": \"%s\", \"layers\": %u, \"device\": \"%s\", \"sm_count\": %d, \"memory_gib\": %.1f,\n",
+                    what.c_str(), config.n_layers, ceil.name.c_str(), ceil.sm_count, ceil.memory_gib);
+        std::printf(" \"copy_gbps\": %.1f, \"read_gbps\": %.1f, \"bf16_tflops\": %.1f, \"load_s\": %.2f, \"load_gb\": %.2f,\n",
+                    ceil.copy_gbps, ceil.read_gbps, ceil.bf16_tflops, load_s, load_gb);
+        std::printf(" \"decode_bytes_per_token_at_0\": %.0f,\n \"results\": [\n", decode_bytes(config, 0));
+        for (size_t i = 0; i < results.size(); ++i) {
+            const Result& r = results[i];
+            std::printf("  {\"test\": \"%s\", \"depth\": %u, \"tokens\": %u, \"tok_s\": %.1f, \"ms_per_token\": %.4f, "
+                        "\"gbps\": %.1f, \"pct_floor\": %.1f, \"tflops\": %.1f, \"pct_tensor_core\": %.1f}%s\n",
+                        r.test.c_str(), r.depth, r.n, r.tok_s, r.ms_per_token, r.gbps, r.pct_floor, r.tflops, r.pct_tc,
+                        i + 1 < results.size() ? "," : "");
+        }
+        std::printf(" ],\n \"profile_ms\": {");
+        for (size_t p = 0; p < profiles.size(); ++p) {
+            std::printf("%s\n  \"%s\": {", p ? "," : "", profiles[p].first.c_str());
+            for (size_t i = 0; i < profiles[p].second.size(); ++i)
+                std::printf("%s\"%s\": %.4f", i ? ", " : "", profiles[p].second[i].first.c_str(),
+                            profiles[p].second[i].second);
+            std::printf("}");
+        }
+        std::printf("}\n}\n");
+        return 0;
+    }
+    std::printf("model: %s (%u layers)   device: %s, %d SMs, %.1f GiB\n", what.c_str(), config.n_layers,
+                ceil.name.c_str(), ceil.sm_count, ceil.memory_gib);
+    std::printf("ceilings: D2D copy %.0f GB/s, streaming read %.0f GB/s, cuBLASLt bf16 %.0f TFLOP/s\n", ceil.copy_gbps,
+                ceil.read_gbps, ceil.bf16_tflops);
+    const double floor_ms = decode_bytes(config, 0) / (ceil.copy_gbps * 1e9) * 1e3;
+    std::printf("decode floor at depth 0: %.3f GB/token / %.0f GB/s = %.3f ms/token = %.0f tok/s\n",
+                decode_bytes(config, 0) / 1e9, ceil.copy_gbps, floor_ms, 1e3 / floor_ms);
+    if (load_gb > 0) std::printf("load: %.2f GB in %.2f s = %.2f GB/s\n", load_gb, load_s, load_gb / load_s);
+    else std::printf("synthetic weights built on the device in %.2f s\n", load_s);
+    std::printf("\n| test   | depth | tok/s    | ms/token | GB/s   | %% floor | TFLOP/s | %% bf16 TC |\n");
+    std::printf("|--------|-------|----------|----------|--------|---------|---------|-----------|\n");
+    for (const Result& r : results)
+        std::printf("| %-6s | %5u | %8.1f | %8.4f | %6.0f | %7.1f | %7.1f | %9.1f |\n", r.test.c_str(), r.depth,
+                    r.tok_s, r.ms_per_token, r.gbps, r.pct_floor, r.tflops, r.pct_tc);
+    for (const auto& [name, ops] : profiles) {
+        double total = 0;
+        for (const auto& o : ops) total += o.second;
+        std::printf("\nper-op time, %s (un-graphed, summed over layers): %.3f ms\n", name.c_str(), total);
+        for (const auto& o : ops) std::printf("  %-24s %8.4f ms  %5.1f%%\n", o.first.c_str(), o.second, 100 * o.second / total);
+    }
+    return 0;
+#endif
+}

@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
     check(backend->create_session(max_context, max_pp, &session), "creating the session");
 
     Rng rng(42);
-    std::vector<int32_t> tokens(std::max(max_pp, max_depth) + tg + 16);
+    std::vector<int32_t> tokens(size_t(max_depth) + max_pp + tg + 16);
     for (int32_t& t : tokens) t = int32_t(rng.next_u64() % 199998);
 
     std::vector<Result> results;
@@ -204,6 +204,7 @@ int main(int argc, char** argv) {
             Result res{"pp" + std::to_string(n), depth, n, ms / n, n / (ms / 1e3), 0, 0, 0, 0};
             res.tflops = prefill_flops(config, depth, n) / (ms / 1e3) / 1e12;
             res.pct_tc = ceil.bf16_tflops > 0 ? 100.0 * res.tflops / ceil.bf16_tflops : 0;
+            std::fprintf(stderr, "%s @ %u: %.1f tok/s\n", res.test.c_str(), depth, res.tok_s);
             results.push_back(res);
         }
         if (tg) {
@@ -228,6 +229,7 @@ int main(int argc, char** argv) {
             Result res{"tg" + std::to_string(tg), depth, tg, ms / tg, tg / (ms / 1e3), 0, 0, 0, 0};
             res.gbps = bytes / (ms / 1e3) / 1e9;
             res.pct_floor = 100.0 * res.gbps / ceil.copy_gbps;
+            std::fprintf(stderr, "%s @ %u: %.1f tok/s\n", res.test.c_str(), depth, res.tok_s);
             results.push_back(res);
         }
     }

@@ -1329,7 +1329,9 @@ private:
         total_prefill_ms_ += stats.prefill_ms;
         total_decode_ms_ += stats.decode_ms;
         if (stream) {
-            if (stats.stop == GPTOSS_STOP_CANCELLED) std::printf("%s[stopped]%s\n", style_.bold(), style_.reset());
+            // The terminal echoes Ctrl-C as "^C" wherever the cursor is; write over it.
+            if (stats.stop == GPTOSS_STOP_CANCELLED)
+                std::printf("%s%s[stopped]%s\n", isatty(STDOUT_FILENO) ? "\r\x1b[K" : "", style_.bold(), style_.reset());
             std::printf("%s[%s]%s\n", style_.dim(), stats_line(stats).c_str(), style_.reset());
             if (stats.stop == GPTOSS_STOP_CONTEXT_FULL)
                 note("the context is full: /reset, or start with a larger --ctx");

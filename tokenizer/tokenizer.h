@@ -1,7 +1,10 @@
 // tokenizer/tokenizer.h - the o200k_harmony byte-level BPE tokenizer (HARMONY.md §1).
 // No GPU dependency. Produces exactly the ids of OpenAI's tiktoken: ids 0..199997 are the
-// o200k_base ranks, 199998..201087 special tokens; ids >= 201088 do not exist.
+// o200k_base ranks, 199998..201087 special tokens (the names in the file, "<|reserved_N|>" for
+// the rest; 200018 is "<|endofprompt|>"); ids >= 201088 do not exist.
 // A Tokenizer is immutable after loading and safe to use from many threads at once.
+// Character classes come from Unicode 15.0; tiktoken's regex engine uses 16.0, so text with
+// characters first assigned in 15.1/16.0 may split differently (tokenizer/README.md).
 #pragma once
 
 #include "gptoss.h"
@@ -27,9 +30,12 @@ public:
     // o200k_harmony special tokens.
     [[nodiscard]] static gptoss_status load_tiktoken(const std::string& path, std::unique_ptr<Tokenizer>* out);
 
-    // Appends the ids of `len` bytes of UTF-8 `text` to *out. Special-token spellings become
-    // special ids only when `allow_special`. Invalid UTF-8 → INVALID_ARGUMENT naming the byte
-    // offset; *out is then unchanged.
+    // Appends the ids of `len` bytes of UTF-8 `text` to *out (tiktoken's encode_ordinary, or
+    // encode with allowed_special="all" when `allow_special`). Special-token spellings, any
+    // name of 199998..201087 including "<|reserved_200018|>", become special ids only when
+    // `allow_special`. Invalid UTF-8 → INVALID_ARGUMENT naming the byte offset; *out is then
+    // unchanged. Invalid bytes are rejected rather than encoded (a byte-level BPE could) because
+    // accepting them silently hides caller bugs. NUL bytes are ordinary text.
     [[nodiscard]] virtual gptoss_status encode(const char* text, size_t len, bool allow_special,
                                                std::vector<int32_t>* out) const = 0;
     // Appends the bytes of `n` ids to *out (special tokens as their names). An id outside

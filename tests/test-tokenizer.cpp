@@ -569,3 +569,60 @@ TEST_CASE("Utf8StreamDecoder replaces bytes that can never be valid with U+FFFD"
     CHECK(run({"\xf0\x9f", "\x92", "\x96!"}) == "\xf0\x9f\x92\x96!");
     CHECK(run({"\xc0\x80"}) == fffd + fffd);
 }
+
+// ---------------------------------------------------------------------------
+// Through the public API (gptoss_tokenize / gptoss_detokenize on the tiny checkpoint, which
+// carries the real tokenizer.json)
+
+namespace {
+
+gptoss_model* tiny_model() {
+    static gptoss_model* model = [] {
+        gptoss_model_params params = gptoss_model_default_params();
+        params.device = GPTOSS_DEVICE_CPU;
+        gptoss_model* m = nullptr;
+        const gptoss_status status = gptoss_load(env_or_fail("GPTOSS_TINY_MODEL").c_str(), &params, &m);
+        INFO(gptoss_last_error());
+        REQUIRE(status == GPTOSS_OK);
+        return m;
+    }();
+    return model;
+}
+
+}  // namespace
+
+TEST_CASE("gptoss_tokenize gives tiktoken's ids, sizing the buffer with capacity 0") {
+    const std::string text = "<|start|>user<|message|>What is 2 + 2?<|end|><|start|>assistant";
+    const std::vector<int32_t> want = {200006, 1428, 200008, 4827, 382, 220, 17, 659, 220, 17, 30, 200007, 200006, 173781};
+    size_t n = 0;
+    CHECK(gptoss_tokenize(tiny_model(), text.data(), text.size(), true, nullptr, 0, &n) == GPTOSS_ERR_BUFFER_TOO_SMALL);
+    CHECK(n == want.size());
+    std::vector<int32_t> ids(n);
+    CHECK(gptoss_tokenize(tiny_model(), text.data(), text.size(), true, ids.data(), ids.size(), &n) == GPTOSS_OK);
+    CHECK(ids == want);
+    CHECK(gptoss_tokenize(tiny_model(), "<|start|>", 9, false, ids.data(), ids.size(), &n) == GPTOSS_OK);
+    CHECK(std::vector<int32_t>(ids.begin(), ids.begin() + n) == std::vector<int32_t>{27, 91, 5236, 91, 29});
+    CHECK(gptoss_tokenize(tiny_model(), nullptr, 0, false, nullptr, 0, &n) == GPTOSS_OK);
+    CHECK(n == 0);
+}
+
+TEST_CASE("gptoss_tokenize rejects invalid UTF-8 naming the byte offset") {
+    size_t n = 0;
+    int32_t ids[8];
+    CHECK(gptoss_tokenize(tiny_model(), "ab\xff" "c", 4, false, ids, 8, &n) == GPTOSS_ERR_INVALID_ARGUMENT);
+    CHECK_MESSAGE(std::string(gptoss_last_error()).find("byte offset 2") != std::string::npos, gptoss_last_error());
+}
+
+TEST_CASE("gptoss_detokenize gives the text and rejects out-of-range ids naming the position") {
+    const int32_t ids[] = {24912, 2375, 200007};
+    char text[64];
+    size_t len = 0;
+    CHECK(gptoss_detokenize(tiny_model(), ids, 3, text, sizeof text, &len) == GPTOSS_OK);
+    CHECK(std::string(text, len) == "hello world<|end|>");
+    CHECK(text[len] == '\0');
+    const int32_t bad[] = {24912, 201088};
+    CHECK(gptoss_detokenize(tiny_model(), bad, 2, text, sizeof text, &len) == GPTOSS_ERR_INVALID_ARGUMENT);
+    const std::string message = gptoss_last_error();
+    CHECK_MESSAGE(message.find("tokens[1]") != std::string::npos, message);
+    CHECK_MESSAGE(message.find("201088") != std::string::npos, message);
+}

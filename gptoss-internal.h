@@ -52,6 +52,17 @@ template <typename T>
     return read_extensible(in, sizeof(T), out, what);
 }
 
+// Fault injection for tests (STYLE.md §5, SQLite faultsim lite). In builds with
+// GPTOSS_FAULT_INJECTION (the sanitizer test build), fault_point() marks a place that
+// allocates; after fault_inject_after(n), the n-th point reached throws std::bad_alloc, which
+// the C shims turn into GPTOSS_ERR_OUT_OF_MEMORY. Elsewhere it compiles to nothing.
+#ifdef GPTOSS_FAULT_INJECTION
+void fault_point();
+void fault_inject_after(uint64_t n);  // 0 disables
+#else
+inline void fault_point() {}
+#endif
+
 // ---------------------------------------------------------------------------
 // bf16 helpers (host)
 

@@ -10,6 +10,7 @@
 #include "tokenizer/tokenizer.h"  // defines: Tokenizer, Utf8StreamDecoder
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -73,6 +74,16 @@ void log(gptoss_log_level level, const char* format, ...) {
         fprintf(stderr, "gptoss %s: %s\n", kNames[level], buffer);
     }
 }
+
+#ifdef GPTOSS_FAULT_INJECTION
+static std::atomic<uint64_t> g_fault_countdown{0};
+void fault_inject_after(uint64_t n) { g_fault_countdown.store(n); }
+void fault_point() {
+    uint64_t n = g_fault_countdown.load();
+    while (n != 0 && !g_fault_countdown.compare_exchange_weak(n, n - 1)) {}
+    if (n == 1) throw std::bad_alloc();
+}
+#endif
 
 // ---------------------------------------------------------------------------
 // Extensible structs (API.md §3)
@@ -170,6 +181,7 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
     if (params.progress != nullptr)
         file_progress = [&](float f) { return params.progress(params.progress_user_data, f * file_share); };
 
+    fault_point();
     std::unique_ptr<gptoss_model> model(new gptoss_model());
     GPTOSS_TRY(load_checkpoint(model_dir, file_progress, &model->checkpoint));
 
@@ -182,6 +194,7 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
         log(GPTOSS_LOG_WARN, "%s: not found; tokenize, detokenize and chat will be unavailable", tokenizer_path.c_str());
     }
 
+    fault_point();
     if (device == GPTOSS_DEVICE_CPU) {
         GPTOSS_TRY(create_cpu_backend(*model->checkpoint, &model->backend));
     } else {
@@ -239,9 +252,29 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
 
 gptoss_status session_generate(gptoss_session* session, const int32_t* prompt, size_t n_prompt,
                                const GenerateOptions& options, GenerateOutput* out) {
-    const gptoss_status status = generate_on_cache(session, prompt, n_prompt, options, out);
+    gptoss_status status;
+    try {
+        status = generate_on_cache(session, prompt, n_prompt, options, out);
+    } catch (...) {
+        // A forward pass that stopped half-way may have overwritten sliding-ring slots that
+        // `cached` still counts on: forget the cache (correct, only slower next time).
+        session->cached.clear();
+        session->snapshot_pos = 0;
+        throw;
+    }
     // A CUDA error is sticky for the whole context: poison the model (API.md §1).
     if (status == GPTOSS_ERR_DEVICE) session->model->poisoned.store(true);
+    return status;
+}
+
+// backend.forward(); on failure the cache's content is unknown, so nothing is counted as cached.
+static gptoss_status forward_or_forget(gptoss_session* session, const int32_t* tokens, uint32_t n, uint32_t pos) {
+    fault_point();
+    const gptoss_status status = session->backend->forward(tokens, n, pos);
+    if (status != GPTOSS_OK) {
+        session->cached.clear();
+        session->snapshot_pos = 0;
+    }
     return status;
 }
 
@@ -292,7 +325,7 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
             return GPTOSS_OK;
         }
         const uint32_t n = std::min<uint32_t>(session->max_batch, uint32_t(n_prompt) - pos);
-        GPTOSS_TRY(backend.forward(prompt + pos, n, pos));
+        GPTOSS_TRY(forward_or_forget(session, prompt + pos, n, pos));
         session->cached.insert(session->cached.end(), prompt + pos, prompt + pos + n);
         pos += n;
     }
@@ -333,7 +366,7 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
             break;
         }
         const uint32_t pos = uint32_t(session->cached.size());
-        GPTOSS_TRY(backend.forward(&token, 1, pos));
+        GPTOSS_TRY(forward_or_forget(session, &token, 1, pos));
         session->cached.push_back(token);
     }
     out->decode_ms = ms_since(decode_start);
@@ -538,6 +571,7 @@ GPTOSS_API gptoss_status gptoss_session_create(gptoss_model* model, const gptoss
                         "gptoss_session_create: params.max_context %u exceeds the model's max_position_embeddings %u",
                         max_context, c.max_context);
         const uint32_t max_batch = p.max_batch == 0 ? model->backend->default_max_batch() : p.max_batch;
+        fault_point();
         std::unique_ptr<gptoss_session> session(new gptoss_session());
         session->model = model;
         session->max_context = max_context;
@@ -635,6 +669,7 @@ GPTOSS_API gptoss_status gptoss_generate(gptoss_session* session, const int32_t*
         GPTOSS_TRY(session_generate(session, prompt, n_prompt, options, &output));
 
         // Build the result in the idle slot, then swap (API.md §2).
+        fault_point();
         const int next = 1 - session->generate_current;
         GenerateResultStorage& storage = session->generate_results[next];
         storage.tokens = std::move(output.tokens);

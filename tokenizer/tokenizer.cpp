@@ -4,7 +4,7 @@
 //                  seven alternatives tried leftmost-first with the backtracking outcome of
 //                  fancy-regex, over the code point classes of tokenizer/unicode.h;
 //   BPE            tiktoken's rule (merge the adjacent pair whose concatenated bytes have the
-//                  lowest rank, leftmost on ties): a scan for short pieces, a heap for long ones;
+//                  lowest rank, leftmost on ties): a scan for short pieces, a tournament tree for long ones;
 //   specials       recognised only when the caller allows them (tiktoken's allowed_special).
 // Invariants: ranks 0..199997 are o200k_base, 199998..201087 special; every single byte has a
 // rank (checked at load), so every piece encodes. The object is immutable after loading.
@@ -25,7 +25,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <queue>
 #include <unordered_map>
 
 namespace gptoss {
@@ -530,38 +529,47 @@ void O200kTokenizer::merge_short(const uint8_t* p, size_t n, std::vector<int32_t
     for (size_t k = 0; k < parts; k++) out->push_back(int32_t(token[k]));
 }
 
-// The same rule in O(n log n) for long pieces: parts form a linked list, candidate pairs sit
-// in a min-heap ordered by (rank, start) so ties go to the leftmost pair, and entries made
-// stale by a merge are skipped when popped.
+// The same rule in O(n log n) for long pieces. Parts form a linked list; the candidate pair
+// of each part sits at its start position in a tournament tree (a min segment tree) keyed by
+// rank << 32 | start, so the root is the lowest rank with ties to the leftmost pair. Unlike a
+// heap with lazy deletion it holds no stale entries, and an update walks one leaf-to-root path
+// whose upper part stays in cache.
 void O200kTokenizer::merge_long(const uint8_t* p, size_t n, std::vector<int32_t>* out) const {
+    constexpr uint64_t kNone = ~uint64_t(0);
     // Part k (k = its start byte) is alive while next[k] != 0; it spans [k, next[k]).
-    std::vector<uint32_t> next(n), prev(n), token(n), pair(n, kNoRank);
-    using Entry = uint64_t;  // rank << 32 | start
-    std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+    std::vector<uint32_t> next(n), prev(n), token(n);
+    size_t leaves = 1;
+    while (leaves < n) leaves <<= 1;
+    std::vector<uint64_t> tree(2 * leaves, kNone);
+    auto key = [](uint32_t rank, size_t k) { return rank == kNoRank ? kNone : uint64_t(rank) << 32 | k; };
     for (size_t k = 0; k < n; k++) {
         next[k] = uint32_t(k + 1);
         prev[k] = uint32_t(k - 1);  // wraps for k == 0; never read there
         token[k] = rank_of(p + k, 1);
-        if (k + 1 < n) {
-            pair[k] = rank_of(p + k, 2);
-            if (pair[k] != kNoRank) heap.push(Entry(pair[k]) << 32 | k);
-        }
+        if (k + 1 < n) tree[leaves + k] = key(rank_of(p + k, 2), k);
     }
+    for (size_t i = leaves - 1; i >= 1; i--) tree[i] = std::min(tree[2 * i], tree[2 * i + 1]);
+    auto update = [&](size_t k, uint64_t value) {
+        size_t i = leaves + k;
+        tree[i] = value;
+        for (i >>= 1; i >= 1; i >>= 1) {
+            const uint64_t m = std::min(tree[2 * i], tree[2 * i + 1]);
+            if (tree[i] == m) break;  // the ancestors are unchanged too
+            tree[i] = m;
+        }
+    };
     auto refresh = [&](uint32_t k) {  // part k's pair with its successor changed
         const uint32_t succ = next[k];
-        pair[k] = succ < n ? rank_of(p + k, next[succ] - k) : kNoRank;
-        if (pair[k] != kNoRank) heap.push(Entry(pair[k]) << 32 | k);
+        update(k, succ < n ? key(rank_of(p + k, next[succ] - k), k) : kNone);
     };
-    while (!heap.empty()) {
-        const Entry top = heap.top();
-        heap.pop();
-        const uint32_t k = uint32_t(top), rank = uint32_t(top >> 32);
-        if (next[k] == 0 || pair[k] != rank) continue;  // merged away or stale
+    while (tree[1] != kNone) {
+        const uint32_t k = uint32_t(tree[1]), rank = uint32_t(tree[1] >> 32);
         const uint32_t succ = next[k];
         token[k] = rank;
         next[k] = next[succ];
         next[succ] = 0;
         if (next[k] < n) prev[next[k]] = k;
+        update(succ, kNone);
         refresh(k);
         if (k > 0) refresh(prev[k]);
     }

@@ -121,33 +121,49 @@ __device__ __forceinline__ void merge_o(float& O, float o, float a, float b) {
     O = __fadd_rn(__fmul_rn(O, a), __fmul_rn(o, b));
 }
 
-// Loads keys [kb, kb + 64) of kv head g into shared memory (zero outside [0, kmax]).
+// Loads keys [kb, kb + 64) of kv head g into shared memory (zero outside [0, kmax]) with NT
+// threads; all of a pass's 16-byte loads are issued before any store, so a pass costs one
+// memory round trip.
+template <int NT>
 __device__ __forceinline__ void load_kv_block(const AttentionArgs& a, int pos0, int kb, int kmax, int g,
-                                              uint32_t* ks, uint32_t* vs, int tid, int nthreads) {
+                                              uint32_t* ks, uint32_t* vs, int tid) {
+    constexpr int kPer = kBlock * 8 / NT;          // 16-byte pieces per thread (8 per 64-dim row)
+    constexpr int kBatch = kPer < 8 ? kPer : 8;
     const int GD = int(a.G) * kD;
-    for (int i = tid; i < kBlock * 8; i += nthreads) {
-        const int key = i >> 3, part = i & 7;  // 8 × 16 bytes per 64-dim row
-        const int kp = kb + key;
-        uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-        if (kp >= 0 && kp <= kmax) {
-            size_t off;
-            const uint16_t *kbase, *vbase;
-            if (kp >= pos0) {
-                off = size_t(kp - pos0) * GD + g * kD;
-                kbase = a.k_new;
-                vbase = a.v_new;
-            } else {
-                off = size_t(uint32_t(kp) % a.slots) * GD + g * kD;
-                kbase = a.k_cache;
-                vbase = a.v_cache;
+#pragma unroll
+    for (int pass = 0; pass < kPer / kBatch; ++pass) {
+        uint4 kr[kBatch], vr[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+            const int i = tid + (pass * kBatch + j) * NT;
+            const int key = i >> 3, part = i & 7;
+            const int kp = kb + key;
+            kr[j] = vr[j] = make_uint4(0, 0, 0, 0);
+            if (kp >= 0 && kp <= kmax) {
+                size_t off;
+                const uint16_t *kbase, *vbase;
+                if (kp >= pos0) {
+                    off = size_t(kp - pos0) * GD + g * kD;
+                    kbase = a.k_new;
+                    vbase = a.v_new;
+                } else {
+                    off = size_t(uint32_t(kp) % a.slots) * GD + g * kD;
+                    kbase = a.k_cache;
+                    vbase = a.v_cache;
+                }
+                kr[j] = __ldg(reinterpret_cast<const uint4*>(kbase + off + part * 8));
+                vr[j] = __ldg(reinterpret_cast<const uint4*>(vbase + off + part * 8));
             }
-            kv = *reinterpret_cast<const uint4*>(kbase + off + part * 8);
-            vv = *reinterpret_cast<const uint4*>(vbase + off + part * 8);
         }
-        uint32_t* kd = ks + key * kRowWords + part * 4;
-        uint32_t* vd = vs + key * kRowWords + part * 4;
-        kd[0] = kv.x; kd[1] = kv.y; kd[2] = kv.z; kd[3] = kv.w;
-        vd[0] = vv.x; vd[1] = vv.y; vd[2] = vv.z; vd[3] = vv.w;
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+            const int i = tid + (pass * kBatch + j) * NT;
+            const int key = i >> 3, part = i & 7;
+            uint32_t* kd = ks + key * kRowWords + part * 4;
+            uint32_t* vd = vs + key * kRowWords + part * 4;
+            kd[0] = kr[j].x; kd[1] = kr[j].y; kd[2] = kr[j].z; kd[3] = kr[j].w;
+            vd[0] = vr[j].x; vd[1] = vr[j].y; vd[2] = vr[j].z; vd[3] = vr[j].w;
+        }
     }
 }
 
@@ -205,7 +221,7 @@ __global__ __launch_bounds__(256) void bf16_attention_prefill_kernel(const Atten
 
     for (int kb = (lo_first / kBlock) * kBlock; kb <= p_last; kb += kBlock) {
         __syncthreads();
-        load_kv_block(a, pos0, kb, p_last, g, ks, vs, threadIdx.x, blockDim.x);
+        load_kv_block<32 * kPrefillTokens>(a, pos0, kb, p_last, g, ks, vs, threadIdx.x);
         __syncthreads();
         if (!active || kb > p || kb + kBlock - 1 < lo) continue;
         const int split = kb / int(kAttentionSplit);
@@ -274,7 +290,7 @@ __global__ __launch_bounds__(32) void bf16_attention_decode_kernel(const Attenti
     for (int kb = s_begin; kb <= s_end; kb += kBlock) {
         if (kb > p || kb + kBlock - 1 < lo) continue;
         __syncwarp();
-        load_kv_block(a, pos0, kb, p, g, ks, vs, lane, 32);
+        load_kv_block<32>(a, pos0, kb, p, g, ks, vs, lane);
         __syncwarp();
         attend_block(st, qs, ks, vs, ps, kb, lo, p, hpg, lane);
     }

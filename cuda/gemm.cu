@@ -147,35 +147,65 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
 
-    Chunk cur = {}, nxt = {};
-    uint32_t c = uint32_t(warp);
-    if (c < n_chunks) load_chunk<kFp4>(cur, wp, sp, c);
-    for (; c < n_chunks; c += 4) {
-        if (c + 4 < n_chunks) load_chunk<kFp4>(nxt, wp, sp, c + 4);
-        uint4 xb[NB][2];
+    // Ring of kDepth chunks in flight per warp (decode is a chain of dependent round trips
+    // otherwise); at NB = 1 the activation words ride along in the ring too.
+    constexpr int kDepth = NB == 1 ? 4 : 2;
+    Chunk ring[kDepth];
+    uint4 xr[NB == 1 ? kDepth : 1][2];
+    auto load_x1 = [&](uint4 (&dst)[2], uint32_t cc) {
+        if (xrow[0]) {
+            dst[0] = __ldg(xrow[0] + size_t(cc) * 8);
+            dst[1] = __ldg(xrow[0] + size_t(cc) * 8 + 1);
+        } else {
+            dst[0] = dst[1] = make_uint4(0, 0, 0, 0);
+        }
+    };
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
-            if (xrow[nb]) {
-                xb[nb][0] = __ldg(xrow[nb] + size_t(c) * 8);
-                xb[nb][1] = __ldg(xrow[nb] + size_t(c) * 8 + 1);
+    for (int i = 0; i < kDepth; ++i) {
+        const uint32_t cc = uint32_t(warp) + 4u * i;
+        if (cc < n_chunks) {
+            load_chunk<kFp4>(ring[i], wp, sp, cc);
+            if constexpr (NB == 1) load_x1(xr[i], cc);
+        }
+    }
+    for (uint32_t base = uint32_t(warp); base < n_chunks; base += 4u * kDepth) {
+#pragma unroll
+        for (int i = 0; i < kDepth; ++i) {
+            const uint32_t c = base + 4u * i;
+            if (c >= n_chunks) break;
+            uint4 xb[NB][2];
+            if constexpr (NB == 1) {
+                xb[0][0] = xr[i][0];
+                xb[0][1] = xr[i][1];
             } else {
-                xb[nb][0] = make_uint4(0, 0, 0, 0);
-                xb[nb][1] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+                    if (xrow[nb]) {
+                        xb[nb][0] = __ldg(xrow[nb] + size_t(c) * 8);
+                        xb[nb][1] = __ldg(xrow[nb] + size_t(c) * 8 + 1);
+                    } else {
+                        xb[nb][0] = xb[nb][1] = make_uint4(0, 0, 0, 0);
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                uint32_t a[4];
+                fragment<kFp4>(ring[i], j, a);
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+                    const uint4 b = xb[nb][j >> 1];
+                    const uint32_t b0 = (j & 1) ? b.z : b.x;
+                    const uint32_t b1 = (j & 1) ? b.w : b.y;
+                    mma(acc[nb], a, b0, b1);
+                }
+            }
+            const uint32_t cn = c + 4u * kDepth;
+            if (cn < n_chunks) {
+                load_chunk<kFp4>(ring[i], wp, sp, cn);
+                if constexpr (NB == 1) load_x1(xr[i], cn);
             }
         }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            uint32_t a[4];
-            fragment<kFp4>(cur, j, a);
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-                const uint4 b = xb[nb][j >> 1];
-                const uint32_t b0 = (j & 1) ? b.z : b.x;
-                const uint32_t b1 = (j & 1) ? b.w : b.y;
-                mma(acc[nb], a, b0, b1);
-            }
-        }
-        cur = nxt;
     }
 
     float* mine = red[warp];

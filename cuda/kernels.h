@@ -134,7 +134,7 @@ struct ResidualArgs {
 // Attention with sinks (attention.cu), D = 64. Keys at positions >= pos0 come from the chunk's
 // k_new/v_new [T, G, D]; earlier keys from the cache [slots, G, D] at slot = position % slots.
 // window: 0 = causal over all, else keys p-window+1 .. p. sinks fp32 [Q]. out bf16 permuted
-// [T, Q·D]. Keys are processed in absolute 64-key blocks grouped into 256-key splits that are
+// [T, Q·D]. Keys are processed in absolute 64-key blocks grouped into 128-key splits that are
 // merged in order, identically in the prefill and decode kernels.
 struct AttentionArgs {
     const float* q = nullptr;
@@ -149,7 +149,7 @@ struct AttentionArgs {
     uint32_t T = 0, Q = 0, G = 0, D = 0;
     uint16_t* out = nullptr;
 };
-constexpr uint32_t kAttentionSplit = 256;
+constexpr uint32_t kAttentionSplit = 128;
 // Prefill / any T: one CTA per (8 tokens, kv head).
 [[nodiscard]] gptoss_status attention_prefill(const AttentionArgs& args, cudaStream_t stream);
 // Decode (T = 1): one warp per (split, kv head) for max_splits splits starting at the split

@@ -1,12 +1,14 @@
 // cuda/router.cu - MoE routing: top-K of the router logits (ties: lower expert first), softmax
 // over the K chosen logits (gpt_oss/torch/model.py), and the grouped-GEMM work list: pairs
 // (token·K + slot) grouped by expert and cut into tiles of `tile_tokens` columns.
-// Mirrors cpu::router_topk. Mapping: one CTA; threads stride over tokens, then over pairs.
+// Mirrors cpu::router_topk. Mapping: one CTA; a warp per token for the top-K, then threads
+// stride over the pairs.
 // The order of pairs inside an expert's group comes from atomics and may vary between runs:
 // that is harmless, because gemm.cu computes each column independently of its neighbours.
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace gptoss {
@@ -23,29 +25,54 @@ __global__ __launch_bounds__(1024) void f32_router_route_kernel(const float* __r
     __shared__ int32_t count[kMaxExperts], offset[kMaxExperts], cursor[kMaxExperts];
     for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) { count[e] = 0; cursor[e] = 0; }
     __syncthreads();
-    for (uint32_t t = threadIdx.x; t < T; t += blockDim.x) {
+    // One warp per token: lane l holds logits l, l+32, ...; K rounds of a warp argmax
+    // (larger value, then lower expert, wins).
+    const uint32_t lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
+    for (uint32_t t = threadIdx.x >> 5; t < T; t += n_warps) {
         const float* l = logits + size_t(t) * E;
+        float v[kMaxExperts / 32];
+#pragma unroll
+        for (uint32_t i = 0; i < kMaxExperts / 32; ++i) {
+            const uint32_t e = lane + 32 * i;
+            v[i] = e < E ? l[e] : -INFINITY;
+        }
+        uint32_t taken = 0;
         int32_t idx[kMaxK];
         float val[kMaxK];
         for (uint32_t k = 0; k < K; ++k) {
-            int32_t best = -1;
             float best_v = -INFINITY;
-            for (uint32_t e = 0; e < E; ++e) {
-                bool taken = false;
-                for (uint32_t j = 0; j < k; ++j) taken |= idx[j] == int32_t(e);
-                if (taken) continue;
-                if (best < 0 || l[e] > best_v) { best = int32_t(e); best_v = l[e]; }
+            int32_t best = int32_t(kMaxExperts);
+#pragma unroll
+            for (uint32_t i = 0; i < kMaxExperts / 32; ++i) {
+                const uint32_t e = lane + 32 * i;
+                if (e < E && !(taken >> i & 1u) && (best == int32_t(kMaxExperts) || v[i] > best_v)) {
+                    best_v = v[i];
+                    best = int32_t(e);
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
+                const int32_t oi = __shfl_xor_sync(0xffffffffu, best, o);
+                if (oi != int32_t(kMaxExperts) &&
+                    (best == int32_t(kMaxExperts) || ov > best_v || (ov == best_v && oi < best))) {
+                    best_v = ov;
+                    best = oi;
+                }
             }
             idx[k] = best;
             val[k] = best_v;
+            if (uint32_t(best) % 32 == lane) taken |= 1u << (uint32_t(best) / 32);
         }
-        float sum = 0.0f;
-        float ex[kMaxK];
-        for (uint32_t k = 0; k < K; ++k) { ex[k] = expf(val[k] - val[0]); sum += ex[k]; }
-        for (uint32_t k = 0; k < K; ++k) {
-            experts[t * K + k] = idx[k];
-            weights[t * K + k] = ex[k] / sum;
-            atomicAdd(&count[idx[k]], 1);
+        if (lane == 0) {
+            float sum = 0.0f;
+            float ex[kMaxK];
+            for (uint32_t k = 0; k < K; ++k) { ex[k] = expf(val[k] - val[0]); sum += ex[k]; }
+            for (uint32_t k = 0; k < K; ++k) {
+                experts[t * K + k] = idx[k];
+                weights[t * K + k] = ex[k] / sum;
+                atomicAdd(&count[idx[k]], 1);
+            }
         }
     }
     __syncthreads();
@@ -84,7 +111,8 @@ gptoss_status router_route(const float* logits, uint32_t T, uint32_t E, uint32_t
         return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA router: %u experts / top-%u, supported up to %u / %u", E, K,
                     kMaxExperts, kMaxK);
     if (T == 0) return GPTOSS_OK;
-    f32_router_route_kernel<<<1, 1024, 0, stream>>>(logits, T, E, K, experts, weights, tiles, pairs, tile_tokens);
+    const uint32_t threads = std::min(1024u, std::max(64u, 32u * T));
+    f32_router_route_kernel<<<1, threads, 0, stream>>>(logits, T, E, K, experts, weights, tiles, pairs, tile_tokens);
     GPTOSS_CUDA_LAUNCH_CHECK();
     return GPTOSS_OK;
 }

@@ -51,14 +51,6 @@ if [ $TWO_LAYER -eq 1 ]; then
   rm -rf /tmp/m20b2l
 fi
 
-if [ $SAN -eq 1 ]; then
-  for tool in memcheck racecheck; do
-    GPTOSS_TINY_MODEL=$PWD/$B/models/tiny timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 \
-      ./$B/test-kernels -tce='*20b-shaped*,*OUT_OF_MEMORY*' > "$OUT/sanitizer-$tool.log" 2>&1
-    log "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
-  done
-fi
-
 timeout 300 ./$B/gptoss-bench --synthetic 20b --profile $BENCH_ARGS > "$OUT/bench-20b.txt" 2>&1
 log "bench 20b rc=$?"
 cat "$OUT/bench-20b.txt"
@@ -67,4 +59,12 @@ if [ $BIG -eq 1 ]; then
   log "bench 120b rc=$?"
   cat "$OUT/bench-120b.txt"
 fi
+if [ $SAN -eq 1 ]; then
+  for tool in memcheck racecheck; do
+    GPTOSS_TINY_MODEL=$PWD/$B/models/tiny timeout 170 compute-sanitizer --tool $tool --error-exitcode 9 \
+      ./$B/test-kernels -tce='*20b-shaped*,*OUT_OF_MEMORY*' > "$OUT/sanitizer-$tool.log" 2>&1
+    log "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
+  done
+fi
+
 cat "$OUT/summary.txt"

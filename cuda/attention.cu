@@ -2,11 +2,12 @@
 // for prefill and decode, plus the KV-cache commit. Math (MODEL.md §Attention with sinks):
 // p_i = exp(s_i − m) / (Σ_j exp(s_j − m) + exp(S − m)), s_i = q·k_i / sqrt(D), out = Σ p_i v_i.
 //
-// Mapping: a warp owns one query token and the (Q/G ≤ 8) heads of one kv head; lane l owns
-// keys l and l+32 of each 64-key block for the scores and dims 2l, 2l+1 of the output. Keys
+// Mapping: in prefill a warp owns one query token and the (Q/G ≤ 8) heads of one kv head; in
+// decode a warp owns one head of one split. Lane l owns keys l and l+32 of each 64-key block
+// for the scores and dims 2l, 2l+1 of the output. Keys
 // are visited in absolute 64-key blocks, grouped into kAttentionSplit-key splits: each split
 // is an online softmax from scratch, and splits are merged in increasing order into a state
-// that starts as the sink (M = S, L = 1, O = 0). The decode kernel runs one warp per split
+// that starts as the sink (M = S, L = 1, O = 0). The decode kernel runs one CTA per split
 // and merges in a second kernel; the prefill kernel runs the splits in sequence in one warp.
 // Both use attend_block, merge_ml and merge_o with explicitly rounded fp32 operations, so a
 // position's output is bit-identical whichever path computed it (reused == fresh sessions).
@@ -25,13 +26,16 @@ constexpr int kBlock = 64;
 constexpr int kMaxHeads = 8;      // query heads per kv head
 constexpr int kRowWords = 33;     // 64 bf16 + 1 pad word: conflict-free column reads
 
+// Online-softmax state of NH heads (lane l holds output dims 2l, 2l+1).
+template <int NH>
 struct SplitState {
-    float m[kMaxHeads], l[kMaxHeads], o[kMaxHeads][2];
+    float m[NH], l[NH], o[NH][2];
 };
 
-__device__ __forceinline__ void reset(SplitState& st) {
+template <int NH>
+__device__ __forceinline__ void reset(SplitState<NH>& st) {
 #pragma unroll
-    for (int h = 0; h < kMaxHeads; ++h) {
+    for (int h = 0; h < NH; ++h) {
         st.m[h] = -INFINITY;
         st.l[h] = 0.0f;
         st.o[h][0] = st.o[h][1] = 0.0f;
@@ -42,15 +46,18 @@ __device__ __forceinline__ float lo_bf16(uint32_t w) { return __uint_as_float(w 
 __device__ __forceinline__ float hi_bf16(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
 // One 64-key block [kb, kb + 64) for a query at position p seeing keys [lo, p].
-// qs: fp32 [hpg][64]; ks, vs: [64][kRowWords] words; ps: this warp's fp32 [kMaxHeads][64].
-__device__ __forceinline__ void attend_block(SplitState& st, const float* qs, const uint32_t* ks,
+// qs: fp32 [NH][64]; ks, vs: [64][kRowWords] words; ps: this warp's fp32 [NH][64]. Heads h >= hpg
+// are skipped. Each head's arithmetic is the same whatever NH (the prefill kernel runs the 8
+// heads of a group together, the decode kernel one head per warp).
+template <int NH>
+__device__ __forceinline__ void attend_block(SplitState<NH>& st, const float* qs, const uint32_t* ks,
                                              const uint32_t* vs, float* ps, int kb, int lo, int p,
                                              int hpg, int lane) {
     const int k0 = kb + lane, k1 = kb + lane + 32;
     const bool vis0 = k0 >= lo && k0 <= p, vis1 = k1 >= lo && k1 <= p;
-    float s0[kMaxHeads], s1[kMaxHeads];
+    float s0[NH], s1[NH];
 #pragma unroll
-    for (int h = 0; h < kMaxHeads; ++h) s0[h] = s1[h] = 0.0f;
+    for (int h = 0; h < NH; ++h) s0[h] = s1[h] = 0.0f;
     const uint32_t* kr0 = ks + lane * kRowWords;
     const uint32_t* kr1 = ks + (lane + 32) * kRowWords;
 #pragma unroll 4
@@ -58,7 +65,7 @@ __device__ __forceinline__ void attend_block(SplitState& st, const float* qs, co
         const uint32_t w0 = kr0[d2], w1 = kr1[d2];
         const float a0 = lo_bf16(w0), b0 = hi_bf16(w0), a1 = lo_bf16(w1), b1 = hi_bf16(w1);
 #pragma unroll
-        for (int h = 0; h < kMaxHeads; ++h) {
+        for (int h = 0; h < NH; ++h) {
             if (h < hpg) {
                 const float2 qv = reinterpret_cast<const float2*>(qs + h * kD)[d2];
                 s0[h] = __fmaf_rn(qv.x, a0, s0[h]);
@@ -70,7 +77,7 @@ __device__ __forceinline__ void attend_block(SplitState& st, const float* qs, co
     }
     const float sm_scale = 0.125f;  // 1/sqrt(64), exact
 #pragma unroll
-    for (int h = 0; h < kMaxHeads; ++h) {
+    for (int h = 0; h < NH; ++h) {
         if (h >= hpg) break;
         const float a0 = vis0 ? __fmul_rn(s0[h], sm_scale) : -INFINITY;
         const float a1 = vis1 ? __fmul_rn(s1[h], sm_scale) : -INFINITY;
@@ -96,7 +103,7 @@ __device__ __forceinline__ void attend_block(SplitState& st, const float* qs, co
         const uint32_t w = vs[j * kRowWords + lane];
         const float vx = lo_bf16(w), vy = hi_bf16(w);
 #pragma unroll
-        for (int h = 0; h < kMaxHeads; ++h) {
+        for (int h = 0; h < NH; ++h) {
             if (h < hpg) {
                 const float pj = ps[h * kBlock + j];
                 st.o[h][0] = __fmaf_rn(pj, vx, st.o[h][0]);
@@ -142,7 +149,7 @@ __device__ __forceinline__ void load_kv_block(const AttentionArgs& a, int pos0, 
             if (kp >= 0 && kp <= kmax) {
                 size_t off;
                 const uint16_t *kbase, *vbase;
-                if (kp >= pos0) {
+                if (kp >= pos0 && a.k_new) {
                     off = size_t(kp - pos0) * GD + g * kD;
                     kbase = a.k_new;
                     vbase = a.v_new;
@@ -185,6 +192,8 @@ __global__ __launch_bounds__(256) void bf16_attention_prefill_kernel(const Atten
     uint32_t* ks = reinterpret_cast<uint32_t*>(qs + kPrefillTokens * kMaxHeads * kD);
     uint32_t* vs = ks + kBlock * kRowWords;
     float* ps_all = reinterpret_cast<float*>(vs + kBlock * kRowWords);
+    pdl_wait();
+    pdl_launch_dependents();
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = blockIdx.y;
@@ -215,7 +224,7 @@ __global__ __launch_bounds__(256) void bf16_attention_prefill_kernel(const Atten
         L[h] = 1.0f;
         O[h][0] = O[h][1] = 0.0f;
     }
-    SplitState st;
+    SplitState<kMaxHeads> st;
     reset(st);
     int cur_split = -1;
 
@@ -263,19 +272,22 @@ __global__ __launch_bounds__(256) void bf16_attention_prefill_kernel(const Atten
 }
 
 // ---------------------------------------------------------------------------
-// Decode: one warp per (split, kv head), then one CTA of D threads per query head.
+// Decode: one CTA of 8 warps per (split, kv head); warp h owns query head h of the group (the
+// K/V block is loaded once for all of them); then one CTA of D threads per query head merges.
 
 constexpr size_t kDecodeSmem = sizeof(float) * kMaxHeads * kD + sizeof(uint32_t) * 2 * kBlock * kRowWords +
                                sizeof(float) * kMaxHeads * kBlock;
 
-__global__ __launch_bounds__(32) void bf16_attention_decode_kernel(const AttentionArgs a, float* partial,
-                                                                  uint32_t max_splits) {
+__global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const AttentionArgs a, float* partial,
+                                                                   uint32_t max_splits) {
     extern __shared__ float smem[];
     float* qs = smem;
     uint32_t* ks = reinterpret_cast<uint32_t*>(qs + kMaxHeads * kD);
     uint32_t* vs = ks + kBlock * kRowWords;
-    float* ps = reinterpret_cast<float*>(vs + kBlock * kRowWords);
-    const int lane = threadIdx.x;
+    float* ps_all = reinterpret_cast<float*>(vs + kBlock * kRowWords);
+    pdl_wait();
+    pdl_launch_dependents();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = blockIdx.y;
     const int hpg = int(a.Q / a.G);
     const int pos0 = a.step->pos0;
@@ -283,32 +295,30 @@ __global__ __launch_bounds__(32) void bf16_attention_decode_kernel(const Attenti
     const int s_rel = blockIdx.x, s = lo / int(kAttentionSplit) + s_rel;
     const int s_begin = s * int(kAttentionSplit), s_end = s_begin + int(kAttentionSplit) - 1;
     if (s_begin > p || s_end < lo) return;
-    for (int i = lane; i < hpg * kD; i += 32) qs[i] = a.q[size_t(g) * hpg * kD + i];
-    __syncwarp();
-    SplitState st;
+    for (int i = threadIdx.x; i < hpg * kD; i += blockDim.x) qs[i] = a.q[size_t(g) * hpg * kD + i];
+    SplitState<1> st;
     reset(st);
     for (int kb = s_begin; kb <= s_end; kb += kBlock) {
         if (kb > p || kb + kBlock - 1 < lo) continue;
-        __syncwarp();
-        load_kv_block<32>(a, pos0, kb, p, g, ks, vs, lane);
-        __syncwarp();
-        attend_block(st, qs, ks, vs, ps, kb, lo, p, hpg, lane);
+        __syncthreads();
+        load_kv_block<256>(a, pos0, kb, p, g, ks, vs, threadIdx.x);
+        __syncthreads();
+        if (warp < hpg) attend_block<1>(st, qs + warp * kD, ks, vs, ps_all + warp * kBlock, kb, lo, p, 1, lane);
     }
-#pragma unroll
-    for (int h = 0; h < kMaxHeads; ++h) {
-        if (h >= hpg) break;
-        float* dst = partial + (size_t(g * hpg + h) * max_splits + s_rel) * (kD + 2);
-        dst[2 * lane] = st.o[h][0];
-        dst[2 * lane + 1] = st.o[h][1];
-        if (lane == 0) {
-            dst[kD] = st.m[h];
-            dst[kD + 1] = st.l[h];
-        }
+    if (warp >= hpg) return;
+    float* dst = partial + (size_t(g * hpg + warp) * max_splits + s_rel) * (kD + 2);
+    dst[2 * lane] = st.o[0][0];
+    dst[2 * lane + 1] = st.o[0][1];
+    if (lane == 0) {
+        dst[kD] = st.m[0];
+        dst[kD + 1] = st.l[0];
     }
 }
 
 __global__ __launch_bounds__(64) void f32_attention_combine_kernel(const AttentionArgs a, const float* partial,
                                                                   uint32_t max_splits) {
+    pdl_wait();
+    pdl_launch_dependents();
     const int head = blockIdx.x, d = threadIdx.x;
     const int p = a.step->pos0, lo = visible_lo(p, a.window);
     float M = a.sinks[head], L = 1.0f, O = 0.0f;
@@ -326,6 +336,8 @@ __global__ __launch_bounds__(64) void f32_attention_combine_kernel(const Attenti
 __global__ void bf16_kv_commit_kernel(const uint16_t* __restrict__ k_new, const uint16_t* __restrict__ v_new,
                                       uint16_t* __restrict__ k_cache, uint16_t* __restrict__ v_cache,
                                       uint32_t slots, const StepInfo* step, uint32_t T, uint32_t GD) {
+    pdl_wait();
+    pdl_launch_dependents();
     const uint32_t t = blockIdx.x;
     if (T > slots && t < T - slots) return;  // overwritten later in this chunk
     const uint32_t slot = uint32_t(step->pos0 + int32_t(t)) % slots;
@@ -355,7 +367,7 @@ gptoss_status attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
         configured = true;
     }
     const dim3 grid(ceil_div(a.T, kPrefillTokens), a.G);
-    bf16_attention_prefill_kernel<<<grid, 32 * kPrefillTokens, kPrefillSmem, stream>>>(a);
+    GPTOSS_LAUNCH(bf16_attention_prefill_kernel, grid, 32 * kPrefillTokens, kPrefillSmem, stream, a);
     GPTOSS_CUDA_LAUNCH_CHECK();
     return GPTOSS_OK;
 }
@@ -364,9 +376,9 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, uint32_t 
     GPTOSS_TRY(check(a));
     if (a.T != 1) return fail(GPTOSS_ERR_INTERNAL, "attention_decode: T=%u, expected 1", a.T);
     const dim3 grid(max_splits, a.G);
-    bf16_attention_decode_kernel<<<grid, 32, kDecodeSmem, stream>>>(a, partial, max_splits);
+    GPTOSS_LAUNCH(bf16_attention_decode_kernel, grid, 256, kDecodeSmem, stream, a, partial, max_splits);
     GPTOSS_CUDA_LAUNCH_CHECK();
-    f32_attention_combine_kernel<<<a.Q, kD, 0, stream>>>(a, partial, max_splits);
+    GPTOSS_LAUNCH(f32_attention_combine_kernel, a.Q, kD, 0, stream, a, static_cast<const float*>(partial), max_splits);
     GPTOSS_CUDA_LAUNCH_CHECK();
     return GPTOSS_OK;
 }
@@ -374,7 +386,7 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, uint32_t 
 gptoss_status kv_commit(const uint16_t* k_new, const uint16_t* v_new, uint16_t* k_cache, uint16_t* v_cache,
                         uint32_t slots, const StepInfo* step, uint32_t T, uint32_t GD, cudaStream_t stream) {
     if (T == 0) return GPTOSS_OK;
-    bf16_kv_commit_kernel<<<T, 256, 0, stream>>>(k_new, v_new, k_cache, v_cache, slots, step, T, GD);
+    GPTOSS_LAUNCH(bf16_kv_commit_kernel, T, 256, 0, stream, k_new, v_new, k_cache, v_cache, slots, step, T, GD);
     GPTOSS_CUDA_LAUNCH_CHECK();
     return GPTOSS_OK;
 }

@@ -564,10 +564,14 @@ gptoss_status CudaSession::enqueue(uint32_t n) {
         GPTOSS_TRY(gemm(b.dense(L.qkv_w, L.qkv_b, d.QKV, d.H), xn_, n, nullptr, Epilogue::kStore, qkv_, nullptr,
                         d.QKV, 0, nb, s));
         GPTOSS_TRY(mark("qkv gemm"));
-        GPTOSS_TRY(rope_qkv(qkv_, step_, b.inv_freq_, b.rope_scale_, q_, k_new_, v_new_, n, d.Q, d.G, d.D, s));
+        // Decode writes K/V straight into the cache; a chunk goes through k_new_/v_new_ and is
+        // committed after attention (its queries still need the ring slots it will overwrite).
+        const bool direct = n == 1;
+        GPTOSS_TRY(rope_qkv(qkv_, step_, b.inv_freq_, b.rope_scale_, q_, k_new_, v_new_, direct ? kv.k : nullptr,
+                            direct ? kv.v : nullptr, kv.slots, n, d.Q, d.G, d.D, s));
         GPTOSS_TRY(mark("rope"));
         AttentionArgs aa;
-        aa.q = q_; aa.k_new = k_new_; aa.v_new = v_new_; aa.k_cache = kv.k; aa.v_cache = kv.v;
+        aa.q = q_; aa.k_new = direct ? nullptr : k_new_; aa.v_new = direct ? nullptr : v_new_; aa.k_cache = kv.k; aa.v_cache = kv.v;
         aa.slots = kv.slots; aa.window = L.sliding ? c.sliding_window : 0; aa.sinks = L.sinks; aa.step = step_;
         aa.T = n; aa.Q = d.Q; aa.G = d.G; aa.D = d.D; aa.out = attn_;
         if (n == 1) {
@@ -578,8 +582,10 @@ gptoss_status CudaSession::enqueue(uint32_t n) {
             GPTOSS_TRY(attention_prefill(aa, s));
         }
         GPTOSS_TRY(mark(L.sliding ? "attention (sliding)" : "attention (full)"));
-        GPTOSS_TRY(kv_commit(k_new_, v_new_, kv.k, kv.v, kv.slots, step_, n, d.G * d.D, s));
-        GPTOSS_TRY(mark("kv commit"));
+        if (!direct) {
+            GPTOSS_TRY(kv_commit(k_new_, v_new_, kv.k, kv.v, kv.slots, step_, n, d.G * d.D, s));
+            GPTOSS_TRY(mark("kv commit"));
+        }
         GPTOSS_TRY(gemm(b.dense(L.o_w, L.o_b, d.H, d.QD), attn_, n, nullptr, Epilogue::kAdd, x_, nullptr, d.H, 0, nb, s));
         GPTOSS_TRY(mark("o gemm + residual"));
         ResidualArgs none;

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace gptoss {
 namespace cuda {
@@ -153,6 +154,54 @@ __host__ __device__ __forceinline__ uint32_t permuted_k(uint32_t k) {
     const uint32_t half = rr >> 3, t = (rr & 7) >> 1, e = rr & 1;
     return (c << 6) + t * 16 + j * 4 + half * 2 + e;
 }
+
+// Programmatic dependent launch (sm_90+): a forward kernel may start while its predecessor
+// drains; it must call pdl_wait() before reading anything an earlier kernel wrote (or writing
+// anything an earlier kernel reads). Only read-only weights may be touched before the wait.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// True when the current device supports programmatic dependent launch (compute capability 9+).
+inline bool pdl_supported() {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return major >= 9;
+}
+
+// Launches a forward kernel with programmatic stream serialization where supported (the kernel
+// must start with pdl_wait(); see above).
+template <typename... KArgs, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       Args&&... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_supported() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+#define GPTOSS_LAUNCH(kernel, grid, block, smem, stream, ...)                                          \
+    GPTOSS_TRY(::gptoss::cuda::cuda_status(::gptoss::cuda::launch_pdl(kernel, grid, block, smem, stream, \
+                                                                      __VA_ARGS__),                    \
+                                           #kernel, __FILE__, __LINE__))
 
 #endif  // __CUDACC__
 

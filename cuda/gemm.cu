@@ -103,6 +103,9 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
     const uint32_t slab = blockIdx.x;
     const uint32_t K = args.w.K, N = args.w.N, n_chunks = K >> 6;
 
+    // Dense: stream the first chunks of weights before waiting for the previous kernel
+    // (weights are never written). Routed: the expert comes from the router, so wait first.
+    if (args.routed) pdl_wait();
     int expert = 0;
     uint32_t col_base, n_cols;
     const int32_t* pairs = nullptr;
@@ -119,6 +122,29 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
         n_cols = min(8u * NB, args.n_rows - col_base);
     }
 
+    const char* wbase = static_cast<const char*>(args.w.w) + size_t(expert) * args.w.w_expert_stride;
+    const uint4* wp;
+    const uint2* sp = nullptr;
+    if constexpr (kFp4) {
+        wp = reinterpret_cast<const uint4*>(wbase) + size_t(slab) * n_chunks * 32 + lane;
+        sp = reinterpret_cast<const uint2*>(args.w.scales + size_t(expert) * args.w.s_expert_stride) +
+             size_t(slab) * n_chunks * 8 + g;
+    } else {
+        wp = reinterpret_cast<const uint4*>(wbase) + size_t(slab) * n_chunks * 128 + lane;
+    }
+
+    // Ring of kDepth chunks in flight per warp (decode is a chain of dependent round trips
+    // otherwise); at NB = 1 the activation words ride along in the ring too.
+    constexpr int kDepth = NB == 1 ? 4 : 2;
+    Chunk ring[kDepth];
+#pragma unroll
+    for (int i = 0; i < kDepth; ++i) {
+        const uint32_t cc = uint32_t(warp) + 4u * i;
+        if (cc < n_chunks) load_chunk<kFp4>(ring[i], wp, sp, cc);
+    }
+    if (!args.routed) pdl_wait();
+    pdl_launch_dependents();
+
     // Column g of each 8-column tile: this lane's B fragments come from that row.
     const uint4* xrow[NB];
 #pragma unroll
@@ -131,26 +157,6 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
             xrow[nb] = nullptr;
         }
     }
-
-    const char* wbase = static_cast<const char*>(args.w.w) + size_t(expert) * args.w.w_expert_stride;
-    const uint4* wp;
-    const uint2* sp = nullptr;
-    if constexpr (kFp4) {
-        wp = reinterpret_cast<const uint4*>(wbase) + size_t(slab) * n_chunks * 32 + lane;
-        sp = reinterpret_cast<const uint2*>(args.w.scales + size_t(expert) * args.w.s_expert_stride) +
-             size_t(slab) * n_chunks * 8 + g;
-    } else {
-        wp = reinterpret_cast<const uint4*>(wbase) + size_t(slab) * n_chunks * 128 + lane;
-    }
-
-    float acc[NB][4];
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
-
-    // Ring of kDepth chunks in flight per warp (decode is a chain of dependent round trips
-    // otherwise); at NB = 1 the activation words ride along in the ring too.
-    constexpr int kDepth = NB == 1 ? 4 : 2;
-    Chunk ring[kDepth];
     uint4 xr[NB == 1 ? kDepth : 1][2];
     auto load_x1 = [&](uint4 (&dst)[2], uint32_t cc) {
         if (xrow[0]) {
@@ -160,14 +166,18 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
             dst[0] = dst[1] = make_uint4(0, 0, 0, 0);
         }
     };
+    if constexpr (NB == 1) {
 #pragma unroll
-    for (int i = 0; i < kDepth; ++i) {
-        const uint32_t cc = uint32_t(warp) + 4u * i;
-        if (cc < n_chunks) {
-            load_chunk<kFp4>(ring[i], wp, sp, cc);
-            if constexpr (NB == 1) load_x1(xr[i], cc);
+        for (int i = 0; i < kDepth; ++i) {
+            const uint32_t cc = uint32_t(warp) + 4u * i;
+            if (cc < n_chunks) load_x1(xr[i], cc);
         }
     }
+
+    float acc[NB][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
+
     for (uint32_t base = uint32_t(warp); base < n_chunks; base += 4u * kDepth) {
 #pragma unroll
         for (int i = 0; i < kDepth; ++i) {
@@ -255,8 +265,8 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
 }
 
 template <bool kFp4, int NB>
-void launch(const KernelArgs& a, dim3 grid, cudaStream_t stream) {
-    bf16_gemm_kernel<kFp4, NB><<<grid, 128, 0, stream>>>(a);
+cudaError_t launch(const KernelArgs& a, dim3 grid, cudaStream_t stream) {
+    return launch_pdl(bf16_gemm_kernel<kFp4, NB>, grid, 128, 0, stream, a);
 }
 
 }  // namespace
@@ -287,12 +297,10 @@ gptoss_status gemm(const GemmWeights& w, const uint16_t* x, uint32_t n_rows, con
     if (tiles == 0) return GPTOSS_OK;
     if (tiles > 65535) return fail(GPTOSS_ERR_INTERNAL, "gemm: %u column tiles exceed the grid limit", tiles);
     const dim3 grid(slabs, tiles);
-    if (w.mxfp4) {
-        if (nb == 1) launch<true, 1>(a, grid, stream); else launch<true, 8>(a, grid, stream);
-    } else {
-        if (nb == 1) launch<false, 1>(a, grid, stream); else launch<false, 8>(a, grid, stream);
-    }
-    GPTOSS_CUDA_LAUNCH_CHECK();
+    cudaError_t err;
+    if (w.mxfp4) err = nb == 1 ? launch<true, 1>(a, grid, stream) : launch<true, 8>(a, grid, stream);
+    else err = nb == 1 ? launch<false, 1>(a, grid, stream) : launch<false, 8>(a, grid, stream);
+    GPTOSS_TRY(cuda_status(err, "bf16_gemm_kernel", __FILE__, __LINE__));
     return GPTOSS_OK;
 }
 

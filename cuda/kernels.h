@@ -125,14 +125,18 @@ struct ResidualArgs {
 // ---------------------------------------------------------------------------
 // RoPE (rope.cu): qkv fp32 [T, (Q + 2G)·D] (q | k | v) → q fp32 [T, Q, D] rotated, k bf16
 // [T, G, D] rotated, v bf16 [T, G, D]. YaRN inv_freq fp32 [D/2] on the device; cos and sin
-// are multiplied by `scale`. Position of token t = step->pos0 + t.
+// are multiplied by `scale`. Position of token t = step->pos0 + t. With k_cache/v_cache
+// (decode, T = 1) k and v go straight to cache slot position % slots instead of k/v (the
+// slot's old key, position − slots, is never visible to this query).
 [[nodiscard]] gptoss_status rope_qkv(const float* qkv, const StepInfo* step, const float* inv_freq,
-                                     float scale, float* q, uint16_t* k, uint16_t* v, uint32_t T,
-                                     uint32_t Q, uint32_t G, uint32_t D, cudaStream_t stream);
+                                     float scale, float* q, uint16_t* k, uint16_t* v, uint16_t* k_cache,
+                                     uint16_t* v_cache, uint32_t slots, uint32_t T, uint32_t Q, uint32_t G,
+                                     uint32_t D, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------
 // Attention with sinks (attention.cu), D = 64. Keys at positions >= pos0 come from the chunk's
-// k_new/v_new [T, G, D]; earlier keys from the cache [slots, G, D] at slot = position % slots.
+// k_new/v_new [T, G, D] (or from the cache too when k_new is null: decode wrote them there);
+// earlier keys from the cache [slots, G, D] at slot = position % slots.
 // window: 0 = causal over all, else keys p-window+1 .. p. sinks fp32 [Q]. out bf16 permuted
 // [T, Q·D]. Keys are processed in absolute 64-key blocks grouped into 128-key splits that are
 // merged in order, identically in the prefill and decode kernels.

@@ -16,6 +16,8 @@ __global__ __launch_bounds__(256) void f32_residual_rmsnorm_kernel(ResidualArgs 
                                                                   const float* __restrict__ w, float eps,
                                                                   uint16_t* __restrict__ xn, uint32_t H) {
     __shared__ float partial[8];
+    pdl_wait();
+    pdl_launch_dependents();
     const uint32_t t = blockIdx.x;
     float* xr = x + size_t(t) * H;
     float ss = 0.0f;
@@ -52,7 +54,7 @@ gptoss_status residual_rmsnorm(const ResidualArgs& args, float* x, const float* 
                                uint16_t* xn, uint32_t T, uint32_t H, cudaStream_t stream) {
     if (T == 0) return GPTOSS_OK;
     if (H % 64 != 0) return fail(GPTOSS_ERR_UNSUPPORTED, "rmsnorm: H=%u is not a multiple of 64", H);
-    f32_residual_rmsnorm_kernel<<<T, 256, 0, stream>>>(args, x, norm_w, eps, xn, H);
+    GPTOSS_LAUNCH(f32_residual_rmsnorm_kernel, T, 256, 0, stream, args, x, norm_w, eps, xn, H);
     GPTOSS_CUDA_LAUNCH_CHECK();
     return GPTOSS_OK;
 }

@@ -15,9 +15,17 @@ __global__ __launch_bounds__(256) void f32_rope_qkv_kernel(const float* __restri
                                                           const StepInfo* __restrict__ step,
                                                           const float* __restrict__ inv_freq, float scale,
                                                           float* __restrict__ q, uint16_t* __restrict__ k,
-                                                          uint16_t* __restrict__ v, uint32_t Q, uint32_t G,
-                                                          uint32_t D) {
+                                                          uint16_t* __restrict__ v, uint16_t* __restrict__ k_cache,
+                                                          uint16_t* __restrict__ v_cache, uint32_t slots,
+                                                          uint32_t Q, uint32_t G, uint32_t D) {
+    pdl_wait();
+    pdl_launch_dependents();
     const uint32_t t = blockIdx.x;
+    if (k_cache) {  // decode: straight into the cache slot of this position
+        const size_t slot = size_t(uint32_t(step->pos0) + t) % slots;
+        k = k_cache + slot * G * D - size_t(t) * G * D;
+        v = v_cache + slot * G * D - size_t(t) * G * D;
+    }
     const uint32_t half = D / 2;
     const float pos = float(step->pos0 + int32_t(t));
     const float* row = qkv + size_t(t) * (Q + 2 * G) * D;
@@ -48,10 +56,10 @@ __global__ __launch_bounds__(256) void f32_rope_qkv_kernel(const float* __restri
 }  // namespace
 
 gptoss_status rope_qkv(const float* qkv, const StepInfo* step, const float* inv_freq, float scale,
-                       float* q, uint16_t* k, uint16_t* v, uint32_t T, uint32_t Q, uint32_t G,
-                       uint32_t D, cudaStream_t stream) {
+                       float* q, uint16_t* k, uint16_t* v, uint16_t* k_cache, uint16_t* v_cache,
+                       uint32_t slots, uint32_t T, uint32_t Q, uint32_t G, uint32_t D, cudaStream_t stream) {
     if (T == 0) return GPTOSS_OK;
-    f32_rope_qkv_kernel<<<T, 256, 0, stream>>>(qkv, step, inv_freq, scale, q, k, v, Q, G, D);
+    GPTOSS_LAUNCH(f32_rope_qkv_kernel, T, 256, 0, stream, qkv, step, inv_freq, scale, q, k, v, k_cache, v_cache, slots, Q, G, D);
     GPTOSS_CUDA_LAUNCH_CHECK();
     return GPTOSS_OK;
 }

@@ -23,6 +23,8 @@ __global__ __launch_bounds__(1024) void f32_router_route_kernel(const float* __r
                                                                float* weights, int32_t* tiles, int32_t* pairs,
                                                                uint32_t tile_tokens) {
     __shared__ int32_t count[kMaxExperts], offset[kMaxExperts], cursor[kMaxExperts];
+    pdl_wait();
+    pdl_launch_dependents();
     for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) { count[e] = 0; cursor[e] = 0; }
     __syncthreads();
     // One warp per token: lane l holds logits l, l+32, ...; K rounds of a warp argmax
@@ -101,7 +103,8 @@ __global__ __launch_bounds__(1024) void f32_router_route_kernel(const float* __r
 }  // namespace
 
 uint32_t route_max_tiles(uint32_t T, uint32_t E, uint32_t K, uint32_t tile_tokens) {
-    return ceil_div(T * K, tile_tokens) + E;
+    // Each non-empty expert adds at most one partial tile, and a tile holds at least one pair.
+    return std::min(ceil_div(T * K, tile_tokens) + std::min(E, T * K), T * K);
 }
 
 gptoss_status router_route(const float* logits, uint32_t T, uint32_t E, uint32_t K, int32_t* experts,
@@ -112,7 +115,7 @@ gptoss_status router_route(const float* logits, uint32_t T, uint32_t E, uint32_t
                     kMaxExperts, kMaxK);
     if (T == 0) return GPTOSS_OK;
     const uint32_t threads = std::min(1024u, std::max(64u, 32u * T));
-    f32_router_route_kernel<<<1, threads, 0, stream>>>(logits, T, E, K, experts, weights, tiles, pairs, tile_tokens);
+    GPTOSS_LAUNCH(f32_router_route_kernel, 1, threads, 0, stream, logits, T, E, K, experts, weights, tiles, pairs, tile_tokens);
     GPTOSS_CUDA_LAUNCH_CHECK();
     return GPTOSS_OK;
 }

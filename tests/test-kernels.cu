@@ -450,7 +450,7 @@ TEST_CASE("rope_qkv matches cpu::rope at positions 0, 127, 128, 129, 4095 and 70
         Dev<cuda::StepInfo> step(std::vector<cuda::StepInfo>{si});
         Dev<float> in(qkv), q(size_t(T) * Q * D);
         Dev<uint16_t> k(size_t(T) * G * D), v(size_t(T) * G * D);
-        OK(cuda::rope_qkv(in.p, step.p, inv.p, rope.scale, q.p, k.p, v.p, T, Q, G, D, nullptr));
+        OK(cuda::rope_qkv(in.p, step.p, inv.p, rope.scale, q.p, k.p, v.p, nullptr, nullptr, 0, T, Q, G, D, nullptr));
         std::vector<float> rq(size_t(T) * Q * D), rk(size_t(T) * G * D), rv(size_t(T) * G * D);
         for (uint32_t t = 0; t < T; ++t) {
             std::copy_n(&qkv[size_t(t) * W], Q * D, &rq[size_t(t) * Q * D]);

@@ -4,7 +4,8 @@
 //                  seven alternatives tried leftmost-first with the backtracking outcome of
 //                  fancy-regex, over the code point classes of tokenizer/unicode.h;
 //   BPE            tiktoken's rule (merge the adjacent pair whose concatenated bytes have the
-//                  lowest rank, leftmost on ties): a scan for short pieces, a tournament tree for long ones;
+//                  lowest rank, leftmost on ties): a scan for short pieces, a tournament tree
+//                  for long ones;
 //   specials       recognised only when the caller allows them (tiktoken's allowed_special).
 // Invariants: ranks 0..199997 are o200k_base, 199998..201087 special; every single byte has a
 // rank (checked at load), so every piece encodes. The object is immutable after loading.

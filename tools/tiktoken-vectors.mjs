@@ -199,6 +199,7 @@ for (const t of specialText) {
 
 // Long runs (>= 10k characters), kept short enough for the quadratic WASM oracle.
 add("long", "a".repeat(12000));
+add("long", "a".repeat(100000));  // ~15 s in the quadratic WASM merge; test-tokenizer's timing case uses it
 add("long", " ".repeat(10001) + "x");
 add("long", "\n".repeat(10000));
 add("long", "1234567890".repeat(1100));

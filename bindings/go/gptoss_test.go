@@ -6,6 +6,7 @@
 package gptoss
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -301,6 +302,30 @@ func TestStreamedEventsAreTheGeneratedTokens(t *testing.T) {
 	})
 	if err != nil || !reflect.DeepEqual(seen, r.Tokens) {
 		t.Fatalf("events %v, result %v, %v", seen, r, err)
+	}
+}
+
+func TestAChannelStreamDeliversTheTokensAndCancelsWithTheContext(t *testing.T) {
+	m := loadTiny(t)
+	p, _ := m.Tokenize(prompt, false)
+	s := newSession(t, m, SessionParams{})
+	stream := s.GenerateStream(context.Background(), p, sampling(nTokens))
+	var seen []int32
+	for e := range stream.Events {
+		seen = append(seen, e.Token)
+	}
+	r, err := stream.Wait()
+	if err != nil || !reflect.DeepEqual(seen, r.Tokens) || len(seen) != nTokens {
+		t.Fatalf("events %v, result %+v, %v", seen, r, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stream = s.GenerateStream(ctx, p, sampling(nTokens))
+	<-stream.Events
+	<-stream.Events
+	cancel()
+	r, err = stream.Wait()
+	if err != nil || r.StopReason != StopCancelled || len(r.Tokens) != 3 {
+		t.Fatalf("after cancel: %+v, %v", r, err)
 	}
 }
 

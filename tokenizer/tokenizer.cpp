@@ -532,20 +532,22 @@ void O200kTokenizer::merge_short(const uint8_t* p, size_t n, std::vector<int32_t
 
 // The same rule in O(n log n) for long pieces. Parts form a linked list; the candidate pair
 // of each part sits at its start position in a tournament tree (a min segment tree) keyed by
-// rank << 32 | start, so the root is the lowest rank with ties to the leftmost pair. Unlike a
+// rank << 40 | start, so the root is the lowest rank with ties to the leftmost pair. Unlike a
 // heap with lazy deletion it holds no stale entries, and an update walks one leaf-to-root path
-// whose upper part stays in cache.
+// whose upper part stays in cache. Positions are size_t and starts get 40 bits of the key, so
+// a piece may exceed 4 GB.
 void O200kTokenizer::merge_long(const uint8_t* p, size_t n, std::vector<int32_t>* out) const {
     constexpr uint64_t kNone = ~uint64_t(0);
     // Part k (k = its start byte) is alive while next[k] != 0; it spans [k, next[k]).
-    std::vector<uint32_t> next(n), prev(n), token(n);
+    std::vector<size_t> next(n), prev(n);
+    std::vector<uint32_t> token(n);
     size_t leaves = 1;
     while (leaves < n) leaves <<= 1;
     std::vector<uint64_t> tree(2 * leaves, kNone);
-    auto key = [](uint32_t rank, size_t k) { return rank == kNoRank ? kNone : uint64_t(rank) << 32 | k; };
+    auto key = [](uint32_t rank, size_t k) { return rank == kNoRank ? kNone : uint64_t(rank) << 40 | k; };
     for (size_t k = 0; k < n; k++) {
-        next[k] = uint32_t(k + 1);
-        prev[k] = uint32_t(k - 1);  // wraps for k == 0; never read there
+        next[k] = k + 1;
+        prev[k] = k - 1;  // wraps for k == 0; never read there
         token[k] = rank_of(p + k, 1);
         if (k + 1 < n) tree[leaves + k] = key(rank_of(p + k, 2), k);
     }
@@ -559,13 +561,14 @@ void O200kTokenizer::merge_long(const uint8_t* p, size_t n, std::vector<int32_t>
             tree[i] = m;
         }
     };
-    auto refresh = [&](uint32_t k) {  // part k's pair with its successor changed
-        const uint32_t succ = next[k];
+    auto refresh = [&](size_t k) {  // part k's pair with its successor changed
+        const size_t succ = next[k];
         update(k, succ < n ? key(rank_of(p + k, next[succ] - k), k) : kNone);
     };
     while (tree[1] != kNone) {
-        const uint32_t k = uint32_t(tree[1]), rank = uint32_t(tree[1] >> 32);
-        const uint32_t succ = next[k];
+        const size_t k = size_t(tree[1] & ((uint64_t(1) << 40) - 1));
+        const uint32_t rank = uint32_t(tree[1] >> 40);
+        const size_t succ = next[k];
         token[k] = rank;
         next[k] = next[succ];
         next[succ] = 0;
@@ -574,7 +577,7 @@ void O200kTokenizer::merge_long(const uint8_t* p, size_t n, std::vector<int32_t>
         refresh(k);
         if (k > 0) refresh(prev[k]);
     }
-    for (uint32_t k = 0; k < n; k = next[k]) out->push_back(int32_t(token[k]));
+    for (size_t k = 0; k < n; k = next[k]) out->push_back(int32_t(token[k]));
 }
 
 void O200kTokenizer::encode_piece(const uint8_t* p, size_t n, PieceCache* cache, std::vector<int32_t>* out) const {

@@ -1,46 +1,485 @@
 // gptoss-harmony.cpp - the chat entry points of gptoss.h: gptoss_chat_request_init,
-// gptoss_chat_render, gptoss_chat and the gptoss_conversation_* JSON functions.
-// Rendering and parsing live in tokenizer/harmony.*; this file validates requests, drives
-// session_generate and owns the chat result stored in gptoss_session::chat_result.
-// First version: every function exists so the library links; the real ones follow.
+// gptoss_chat_render, gptoss_chat and gptoss_conversation_*.
+// A request is validated and turned into a harmony::Conversation (tokenizer/harmony.h), rendered
+// as openai/harmony does with the default CoT rule (HARMONY.md §2.8 rule 1), then generated with
+// session_generate (stops: <|return|>, <|call|>, <|endoftext|>, never <|end|>) while the
+// streaming parser turns tokens into events and messages. The result is built in a fresh
+// ChatResult and swapped into session->chat_result, keeping the previous one alive for one more
+// call so a request may point into it (API.md §2).
 #include "gptoss-internal.h"
+#include "tokenizer/chat-json.h"
+#include "tokenizer/harmony.h"
+#include "tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <cstring>
+#include <deque>
+#include <exception>
+#include <new>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
+namespace gptoss {
+namespace {
+
+namespace h = harmony;
+
+template <typename Body>
+gptoss_status guarded(const char* function, const Body& body) {
+    try {
+        clear_error();
+        return body();
+    } catch (const std::bad_alloc&) {
+        return fail(GPTOSS_ERR_OUT_OF_MEMORY, "%s: out of host memory", function);
+    } catch (const std::exception& e) {
+        return fail(GPTOSS_ERR_INTERNAL, "%s: unexpected exception: %s", function, e.what());
+    } catch (...) {
+        return fail(GPTOSS_ERR_INTERNAL, "%s: unexpected exception", function);
+    }
+}
+
+const char* channel_name(gptoss_channel channel) {
+    switch (channel) {
+    case GPTOSS_CHANNEL_ANALYSIS: return "analysis";
+    case GPTOSS_CHANNEL_COMMENTARY: return "commentary";
+    case GPTOSS_CHANNEL_FINAL: return "final";
+    case GPTOSS_CHANNEL_NONE: break;
+    }
+    return "";
+}
+
+gptoss_channel channel_enum(const std::string& channel) {
+    if (channel == "analysis") return GPTOSS_CHANNEL_ANALYSIS;
+    if (channel == "commentary") return GPTOSS_CHANNEL_COMMENTARY;
+    if (channel == "final") return GPTOSS_CHANNEL_FINAL;
+    return GPTOSS_CHANNEL_NONE;  // unknown channel names have no enum value
+}
+
+gptoss_status check_text(const char* text, const std::string& where) {
+    const size_t len = std::strlen(text);
+    const size_t bad = first_invalid_utf8(text, len);
+    if (bad < len) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s: invalid UTF-8 at byte %zu", where.c_str(), bad);
+    return GPTOSS_OK;
+}
+
+// Header words (author, recipient, content type) are split on whitespace by every parser.
+gptoss_status check_word(const char* text, const std::string& where) {
+    GPTOSS_TRY(check_text(text, where));
+    if (text[0] == '\0') return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s: empty", where.c_str());
+    for (const char* p = text; *p; ++p)
+        if (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == '\f' || *p == '\v')
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s: \"%s\" contains whitespace", where.c_str(), text);
+    return GPTOSS_OK;
+}
+
+// Validates `in` (already read with read_params) and builds the conversation gptoss_chat renders.
+gptoss_status build_conversation(const gptoss_chat_request& in, h::Conversation* out) {
+    if (in.n_messages > 0 && in.messages == nullptr)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "request.messages: NULL with n_messages %zu", in.n_messages);
+    if (in.n_tools > 0 && in.tools == nullptr)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "request.tools: NULL with n_tools %zu", in.n_tools);
+    if (in.reasoning_effort < GPTOSS_REASONING_LOW || in.reasoning_effort > GPTOSS_REASONING_HIGH)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "request.reasoning_effort: %d is not LOW, MEDIUM or HIGH",
+                    int(in.reasoning_effort));
+    h::Conversation c;
+    c.has_system = true;
+    static const char* efforts[] = {"low", "medium", "high"};
+    c.system.reasoning = efforts[in.reasoning_effort];
+    if (in.current_date != nullptr) {
+        GPTOSS_TRY(check_text(in.current_date, "request.current_date"));
+        c.system.current_date = in.current_date;
+    }
+    if (in.instructions != nullptr) {
+        GPTOSS_TRY(check_text(in.instructions, "request.instructions"));
+        c.has_developer = true;
+        c.developer.has_instructions = true;
+        c.developer.instructions = in.instructions;
+    }
+    if (in.n_tools > 0) {
+        h::ToolNamespace ns;
+        ns.name = "functions";
+        for (size_t i = 0; i < in.n_tools; ++i) {
+            const gptoss_tool& t = in.tools[i];
+            const std::string at = "tools[" + std::to_string(i) + "]";
+            if (t.name == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.name: NULL", at.c_str());
+            GPTOSS_TRY(check_word(t.name, at + ".name"));
+            h::ToolDef def;
+            def.name = t.name;
+            if (t.description != nullptr) {
+                GPTOSS_TRY(check_text(t.description, at + ".description"));
+                def.description = t.description;
+            }
+            if (t.parameters != nullptr) {
+                GPTOSS_TRY(check_text(t.parameters, at + ".parameters"));
+                std::string ignored;
+                GPTOSS_TRY(h::schema_to_typescript(t.parameters, at + ".parameters", &ignored));
+                def.has_parameters = true;
+                def.parameters = t.parameters;
+            }
+            ns.tools.push_back(std::move(def));
+        }
+        c.has_developer = true;
+        c.developer.namespaces.push_back(std::move(ns));
+    }
+    std::vector<std::string> called;  // recipients of the tool calls so far
+    for (size_t i = 0; i < in.n_messages; ++i) {
+        const gptoss_message& m = in.messages[i];
+        const std::string at = "messages[" + std::to_string(i) + "]";
+        if (m.content == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.content: NULL", at.c_str());
+        GPTOSS_TRY(check_text(m.content, at + ".content"));
+        if (m.channel < GPTOSS_CHANNEL_NONE || m.channel > GPTOSS_CHANNEL_FINAL)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.channel: %d is not a gptoss_channel", at.c_str(), int(m.channel));
+        if (m.recipient != nullptr) GPTOSS_TRY(check_word(m.recipient, at + ".recipient"));
+        if (m.content_type != nullptr) GPTOSS_TRY(check_word(m.content_type, at + ".content_type"));
+        h::Message out_m;
+        out_m.content = m.content;
+        switch (m.role) {
+        case GPTOSS_ROLE_USER:
+            out_m.role = h::Role::User;
+            break;
+        case GPTOSS_ROLE_ASSISTANT:
+            out_m.role = h::Role::Assistant;
+            if (m.channel == GPTOSS_CHANNEL_NONE)
+                return fail(GPTOSS_ERR_INVALID_ARGUMENT,
+                            "%s.channel: an assistant message needs a channel (ANALYSIS, COMMENTARY or FINAL)", at.c_str());
+            out_m.channel = channel_name(m.channel);
+            if (m.recipient != nullptr) {
+                out_m.recipient = m.recipient;
+                called.push_back(m.recipient);
+            }
+            if (m.content_type != nullptr)
+                // "json" is the documented shorthand for what the model writes: <|constrain|>json.
+                out_m.content_type = std::strcmp(m.content_type, "json") == 0 ? "<|constrain|>json" : m.content_type;
+            break;
+        case GPTOSS_ROLE_TOOL:
+            out_m.role = h::Role::Tool;
+            if (m.author == nullptr)
+                return fail(GPTOSS_ERR_INVALID_ARGUMENT,
+                            "%s.author: NULL; a tool message needs the tool's name, e.g. \"functions.get_weather\"",
+                            at.c_str());
+            GPTOSS_TRY(check_word(m.author, at + ".author"));
+            if (std::find(called.begin(), called.end(), m.author) == called.end())
+                return fail(GPTOSS_ERR_INVALID_ARGUMENT,
+                            "%s: a result from \"%s\" answers no earlier tool call (no assistant message before it "
+                            "has recipient \"%s\")",
+                            at.c_str(), m.author, m.author);
+            out_m.name = m.author;
+            out_m.channel = channel_name(m.channel);
+            out_m.recipient = m.recipient != nullptr ? m.recipient : "assistant";
+            if (m.content_type != nullptr) out_m.content_type = m.content_type;
+            break;
+        default:
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.role: %d is not USER, ASSISTANT or TOOL", at.c_str(), int(m.role));
+        }
+        c.messages.push_back(std::move(out_m));
+    }
+    *out = std::move(c);
+    return GPTOSS_OK;
+}
+
+gptoss_status read_request(const gptoss_chat_request* request, gptoss_chat_request* out) {
+    if (request == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "request: NULL");
+    gptoss_chat_request_init(out, sizeof *out);
+    return read_params(request, out, "gptoss_chat_request");
+}
+
+// Renders the request. With `reuse_hint`, also stores where the next turn's prompt will
+// diverge from this one if this turn ends in a final answer: CoT dropping then removes the
+// analysis this prompt still carries (an unfinished tool loop's), so the next prompt shares
+// only the tokens before the first such message. n_prompt when nothing would be dropped.
+gptoss_status render_request(const gptoss_model* model, const gptoss_chat_request& request,
+                             std::vector<int32_t>* tokens, uint32_t* reuse_hint = nullptr) {
+    if (model->tokenizer == nullptr)
+        return fail(GPTOSS_ERR_UNSUPPORTED, "chat: the model has no tokenizer (tokenizer.json missing from its directory)");
+    h::Conversation conversation;
+    GPTOSS_TRY(build_conversation(request, &conversation));
+    h::RenderOptions options;
+    options.cot_drop = request.keep_analysis ? h::CotDrop::Keep : h::CotDrop::Finished;
+    std::vector<h::Piece> pieces;
+    GPTOSS_TRY(h::render(conversation, options, &pieces));
+    GPTOSS_TRY(h::pieces_tokens(*model->tokenizer, pieces, tokens));
+    if (reuse_hint == nullptr) return GPTOSS_OK;
+    *reuse_hint = uint32_t(tokens->size());
+    if (request.keep_analysis) return GPTOSS_OK;
+    options.cot_drop = h::CotDrop::All;
+    std::vector<int32_t> finished;
+    GPTOSS_TRY(h::render(conversation, options, &pieces));
+    GPTOSS_TRY(h::pieces_tokens(*model->tokenizer, pieces, &finished));
+    size_t common = 0;
+    while (common < finished.size() && common < tokens->size() && finished[common] == (*tokens)[common]) ++common;
+    *reuse_hint = uint32_t(common);
+    return GPTOSS_OK;
+}
+
+// session_generate snapshots the sliding-window rings at the end of the prefill (API.md §6).
+// When GenerateOptions grows a `snapshot_at` position (asked of gptoss.cpp: snapshot there
+// instead), pass the reuse hint, so the turn after a tool loop's final answer can restart
+// where CoT dropping makes it diverge; until then this compiles to nothing.
+template <typename T, typename = void>
+struct HasSnapshotAt : std::false_type {};
+template <typename T>
+struct HasSnapshotAt<T, std::void_t<decltype(std::declval<T&>().snapshot_at)>> : std::true_type {};
+template <typename T>
+void set_snapshot_at(T* options, uint32_t position) {
+    if constexpr (HasSnapshotAt<T>::value) options->snapshot_at = position;
+    else (void)options, (void)position;
+}
+
+// Storage behind one gptoss_chat_result; lives in session->chat_result.
+struct ChatResult {
+    gptoss_chat_result result{};
+    std::deque<std::string> strings;
+    std::vector<gptoss_message> messages;
+    std::vector<gptoss_tool_call> tool_calls;
+    const char* keep(std::string text) {
+        strings.push_back(std::move(text));
+        return strings.back().c_str();
+    }
+};
+
+// Holds back final-channel text that could be the start of a stop string, so neither events
+// nor the result ever contain a stop string (API.md: "not included in the output").
+class StopStringMatcher {
+public:
+    explicit StopStringMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+    bool active() const { return !stops_.empty(); }
+    // Appends `delta` to the message text; stores in *emit what may be shown now. Returns true
+    // (and the cut position in the message) when a stop string has appeared.
+    bool push(const std::string& delta, bool message_closed, std::string* emit, size_t* cut) {
+        const size_t from = text_.size();
+        text_ += delta;
+        for (const std::string& s : stops_) {
+            const size_t at = text_.find(s, from >= s.size() ? from - s.size() + 1 : 0);
+            if (at != std::string::npos && at < best_) best_ = at;
+        }
+        if (best_ != std::string::npos) {
+            *emit = best_ > emitted_ ? text_.substr(emitted_, best_ - emitted_) : std::string();
+            *cut = best_;
+            return true;
+        }
+        size_t hold = 0;
+        if (!message_closed)
+            for (const std::string& s : stops_)
+                for (size_t k = std::min(s.size() - 1, text_.size()); k > hold; --k)
+                    if (text_.compare(text_.size() - k, k, s, 0, k) == 0) {
+                        hold = k;
+                        break;
+                    }
+        const size_t upto = text_.size() - hold;
+        *emit = upto > emitted_ ? text_.substr(emitted_, upto - emitted_) : std::string();
+        emitted_ = std::max(emitted_, upto);
+        if (message_closed) reset();
+        return false;
+    }
+    void reset() {
+        text_.clear();
+        emitted_ = 0;
+        best_ = std::string::npos;
+    }
+private:
+    std::vector<std::string> stops_;
+    std::string text_;
+    size_t emitted_ = 0;
+    size_t best_ = std::string::npos;
+};
+
+}  // namespace
+
+// The extern "C" functions sit inside namespace gptoss only for name lookup; C linkage gives
+// them their plain gptoss_* symbols.
 extern "C" {
 
 GPTOSS_API void gptoss_chat_request_init(gptoss_chat_request* request, size_t struct_size) {
-    if (request == nullptr) return;
-    gptoss_chat_request defaults{};
-    defaults.struct_size = uint32_t(sizeof(gptoss_chat_request));
+    if (request == nullptr || struct_size < sizeof(uint32_t)) return;
+    gptoss_chat_request defaults;
+    std::memset(&defaults, 0, sizeof defaults);
     defaults.reasoning_effort = GPTOSS_REASONING_MEDIUM;
-    const size_t n = struct_size < sizeof defaults ? struct_size : sizeof defaults;
-    std::memcpy(request, &defaults, n);
-    if (n >= sizeof(uint32_t)) request->struct_size = uint32_t(n);
+    std::memset(request, 0, struct_size);
+    std::memcpy(request, &defaults, std::min(struct_size, sizeof defaults));
+    const uint32_t size32 = uint32_t(std::min<size_t>(struct_size, UINT32_MAX));
+    std::memcpy(request, &size32, sizeof size32);
 }
 
-GPTOSS_API gptoss_status gptoss_chat_render(const gptoss_model*, const gptoss_chat_request*,
-                                            int32_t*, size_t, size_t*) {
-    return gptoss::fail(GPTOSS_ERR_UNSUPPORTED, "gptoss_chat_render: not implemented yet");
+GPTOSS_API gptoss_status gptoss_chat_render(const gptoss_model* model, const gptoss_chat_request* request,
+                                            int32_t* tokens, size_t capacity, size_t* n_tokens_out) {
+    return guarded("gptoss_chat_render", [&]() -> gptoss_status {
+        if (model == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_chat_render: model is NULL");
+        if (n_tokens_out == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_chat_render: n_tokens_out is NULL");
+        if (tokens == nullptr && capacity > 0)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_chat_render: tokens is NULL but capacity is %zu", capacity);
+        gptoss_chat_request req;
+        GPTOSS_TRY(read_request(request, &req));
+        std::vector<int32_t> rendered;
+        GPTOSS_TRY(render_request(model, req, &rendered));
+        *n_tokens_out = rendered.size();
+        if (rendered.size() > capacity)
+            return fail(GPTOSS_ERR_BUFFER_TOO_SMALL, "gptoss_chat_render: %zu tokens do not fit capacity %zu",
+                        rendered.size(), capacity);
+        std::copy(rendered.begin(), rendered.end(), tokens);
+        return GPTOSS_OK;
+    });
 }
 
-GPTOSS_API gptoss_status gptoss_chat(gptoss_session*, const gptoss_chat_request*,
-                                     const gptoss_sampling_params*, gptoss_event_fn, void*,
+GPTOSS_API gptoss_status gptoss_chat(gptoss_session* session, const gptoss_chat_request* request,
+                                     const gptoss_sampling_params* sampling, gptoss_event_fn on_event, void* user_data,
                                      const gptoss_chat_result** result_out) {
     if (result_out != nullptr) *result_out = nullptr;
-    return gptoss::fail(GPTOSS_ERR_UNSUPPORTED, "gptoss_chat: not implemented yet");
+    if (session == nullptr)
+        return guarded("gptoss_chat", [] { return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_chat: session is NULL"); });
+    session->cancel_requested.store(false);
+    session->running.store(true);
+    const gptoss_status status = guarded("gptoss_chat", [&]() -> gptoss_status {
+        if (result_out == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_chat: result_out is NULL");
+        gptoss_chat_request req;
+        GPTOSS_TRY(read_request(request, &req));
+        std::vector<int32_t> prompt;
+        uint32_t reuse_hint = 0;
+        GPTOSS_TRY(render_request(session->model, req, &prompt, &reuse_hint));
+        const Tokenizer& tokenizer = *session->model->tokenizer;
+
+        gptoss_sampling_params params;
+        gptoss_sampling_params_init(&params, sizeof params);
+        if (sampling != nullptr) GPTOSS_TRY(read_params(sampling, &params, "gptoss_sampling_params"));
+        GenerateOptions options;
+        GPTOSS_TRY(make_generate_options(params, &options));
+        // <|end|> closes every analysis message, so it must never stop sampling (HARMONY.md §2.7).
+        options.stop_tokens = {h::kReturn, h::kCall, h::kEndOfText};
+        set_snapshot_at(&options, reuse_hint);
+
+        h::StreamParser parser(tokenizer, /*assistant_started=*/true);
+        StopStringMatcher matcher(std::vector<std::string>(params.stop_strings, params.stop_strings + params.n_stop_strings));
+        size_t cut_message = SIZE_MAX, cut_at = 0;
+        std::string delta, text;
+        options.on_token = [&](int32_t token) -> int {
+            const bool was_content = parser.in_content();
+            const size_t n_before = parser.messages().size();
+            const h::ParsedMessage before = was_content ? parser.current() : h::ParsedMessage();
+            parser.push(token, &delta);
+            const bool closed = parser.messages().size() != n_before;
+            bool stop = false;
+            if (was_content && matcher.active() && before.role == h::Role::Assistant && before.channel == "final") {
+                size_t cut = 0;
+                stop = matcher.push(delta, closed, &text, &cut);
+                if (stop) {
+                    cut_message = n_before;
+                    cut_at = cut;
+                }
+            } else {
+                text = delta;
+            }
+            if (on_event != nullptr) {
+                // The channel of the message this token belongs to: the one it closed or
+                // continued, or the one whose header it just completed.
+                const h::ParsedMessage& m = was_content ? before : parser.current();
+                const bool known = was_content || parser.in_content();
+                gptoss_event event;
+                std::memset(&event, 0, sizeof event);
+                event.struct_size = sizeof event;
+                event.token = token;
+                event.text = text.c_str();
+                event.text_len = text.size();
+                event.channel = known ? channel_enum(m.channel) : GPTOSS_CHANNEL_NONE;
+                event.recipient = known && !m.recipient.empty() ? m.recipient.c_str() : nullptr;
+                if (!on_event(user_data, &event)) return GPTOSS_STOP_CANCELLED;
+            }
+            return stop ? GPTOSS_STOP_STRING : kContinue;
+        };
+        GenerateOutput output;
+        GPTOSS_TRY(session_generate(session, prompt.data(), prompt.size(), options, &output));
+        parser.finish(&delta);
+
+        // Build the new result, then swap (API.md §2).
+        auto storage = std::make_shared<ChatResult>();
+        ChatResult& r = *storage;
+        std::vector<h::ParsedMessage> messages = parser.messages();
+        if (cut_message < messages.size() && cut_at <= messages[cut_message].content.size())
+            messages[cut_message].content.resize(cut_at);
+        std::string final_text, analysis_text;
+        for (const h::ParsedMessage& m : messages) {
+            gptoss_message out{};
+            if (m.role == h::Role::Assistant) out.role = GPTOSS_ROLE_ASSISTANT;
+            else if (m.role == h::Role::Tool) out.role = GPTOSS_ROLE_TOOL;
+            else if (m.role == h::Role::User) out.role = GPTOSS_ROLE_USER;
+            else continue;  // a system or developer message in the output has no place in the history
+            out.channel = channel_enum(m.channel);
+            out.content = r.keep(m.content);
+            out.author = m.role == h::Role::Tool && !m.name.empty() ? r.keep(m.name) : nullptr;
+            out.recipient = m.recipient.empty() ? nullptr : r.keep(m.recipient);
+            out.content_type = m.content_type.empty() ? nullptr : r.keep(m.content_type);
+            r.messages.push_back(out);
+            if (m.role != h::Role::Assistant) continue;
+            if (!m.recipient.empty()) {
+                gptoss_tool_call call{};
+                const size_t dot = m.recipient.find('.');
+                call.name = r.keep(dot == std::string::npos ? m.recipient : m.recipient.substr(dot + 1));
+                call.recipient = out.recipient;
+                call.arguments = out.content;
+                std::string type = m.content_type;
+                if (type.compare(0, 13, "<|constrain|>") == 0) type.erase(0, 13);
+                call.content_type = type.empty() ? nullptr : r.keep(type);
+                r.tool_calls.push_back(call);
+            } else if (m.channel == "final") {
+                final_text += m.content;
+            } else if (m.channel == "analysis") {
+                if (!analysis_text.empty()) analysis_text += "\n";
+                analysis_text += m.content;
+            }
+        }
+        // raw: the completion with specials spelled out, as valid UTF-8.
+        std::string raw_bytes, raw;
+        GPTOSS_TRY(tokenizer.decode(output.tokens.data(), output.tokens.size(), &raw_bytes));
+        Utf8StreamDecoder utf8;
+        utf8.push(raw_bytes, &raw);
+        utf8.flush(&raw);
+
+        gptoss_chat_result& res = r.result;
+        res.struct_size = sizeof res;
+        res.final = r.keep(final_text);
+        res.analysis = r.keep(analysis_text);
+        res.tool_calls = r.tool_calls.empty() ? nullptr : r.tool_calls.data();
+        res.n_tool_calls = r.tool_calls.size();
+        res.messages = r.messages.empty() ? nullptr : r.messages.data();
+        res.n_messages = r.messages.size();
+        res.stop_reason = output.stop_reason;
+        res.raw = r.keep(raw);
+        res.n_prompt_tokens = output.n_prompt_tokens;
+        res.n_cached_tokens = output.n_cached_tokens;
+        res.n_completion_tokens = uint32_t(output.tokens.size());
+        res.prefill_ms = output.prefill_ms;
+        res.decode_ms = output.decode_ms;
+        session->chat_result_previous = std::move(session->chat_result);
+        session->chat_result = storage;
+        *result_out = &res;
+        return GPTOSS_OK;
+    });
+    session->running.store(false);
+    return status;
 }
 
-GPTOSS_API gptoss_status gptoss_conversation_parse_json(const char*, size_t,
+GPTOSS_API gptoss_status gptoss_conversation_parse_json(const char* json, size_t json_len,
                                                         gptoss_conversation** conversation_out) {
     if (conversation_out != nullptr) *conversation_out = nullptr;
-    return gptoss::fail(GPTOSS_ERR_UNSUPPORTED, "gptoss_conversation_parse_json: not implemented yet");
+    return guarded("gptoss_conversation_parse_json", [&]() -> gptoss_status {
+        if (conversation_out == nullptr)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_conversation_parse_json: conversation_out is NULL");
+        if (json == nullptr && json_len > 0)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "gptoss_conversation_parse_json: json is NULL but json_len is %zu",
+                        json_len);
+        std::unique_ptr<gptoss_conversation> conversation(new gptoss_conversation());
+        GPTOSS_TRY(parse_chat_completions_json(json == nullptr ? "" : json, json_len, &conversation->storage));
+        *conversation_out = conversation.release();
+        return GPTOSS_OK;
+    });
 }
 
-GPTOSS_API const gptoss_chat_request* gptoss_conversation_get_request(const gptoss_conversation*) {
-    return nullptr;
+GPTOSS_API const gptoss_chat_request* gptoss_conversation_get_request(const gptoss_conversation* conversation) {
+    return conversation == nullptr ? nullptr : &conversation->storage.request;
 }
 
-GPTOSS_API void gptoss_conversation_free(gptoss_conversation*) {}
+GPTOSS_API void gptoss_conversation_free(gptoss_conversation* conversation) { delete conversation; }
 
 }  // extern "C"
+
+}  // namespace gptoss

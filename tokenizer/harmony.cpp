@@ -442,7 +442,9 @@ gptoss_status render(const Conversation& conversation, const RenderOptions& opti
 
     const std::vector<Message>& messages = conversation.messages;
     std::vector<bool> drop(messages.size(), false);
-    if (options.cot_drop == CotDrop::Finished) {
+    if (options.cot_drop == CotDrop::All) {
+        for (size_t i = 0; i < messages.size(); ++i) drop[i] = messages[i].channel == "analysis";
+    } else if (options.cot_drop == CotDrop::Finished) {
         bool later_final = false;
         for (size_t i = messages.size(); i-- > 0;) {
             if (messages[i].channel == "analysis" && later_final) drop[i] = true;

@@ -82,6 +82,8 @@ enum class CotDrop {
                    // assistant message is on `final`, i.e. its turn has ended
     HarmonyExact,  // rule 2, openai/harmony auto_drop_analysis: if the last assistant message
                    // is final, drop analysis before the first final message
+    All,           // drop every analysis message: the prompt as the next turn will render it
+                   // once this one ends in a final answer (where turn-to-turn reuse diverges)
 };
 
 struct Conversation {

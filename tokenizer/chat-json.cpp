@@ -1,0 +1,319 @@
+// tokenizer/chat-json.cpp - OpenAI Chat Completions request body → gptoss_chat_request (see
+// chat-json.h). System and developer messages become the instructions; assistant
+// reasoning_content/thinking becomes an analysis message, content a final message (a preamble
+// on commentary when tool_calls follow), each tool call a commentary message to
+// functions.NAME with content type json; tool messages find their function through
+// tool_call_id (or name). Parsed with simdjson's DOM, which also rejects invalid UTF-8.
+#include "tokenizer/chat-json.h"
+
+#include "gptoss-internal.h"
+#include "tokenizer/harmony.h"
+
+#include <simdjson.h>
+
+#include <map>
+
+namespace gptoss {
+
+size_t first_invalid_utf8(const char* text, size_t len) {
+    const unsigned char* s = reinterpret_cast<const unsigned char*>(text);
+    size_t i = 0;
+    while (i < len) {
+        const unsigned char c = s[i];
+        size_t n;
+        uint32_t cp;
+        if (c < 0x80) {
+            ++i;
+            continue;
+        } else if ((c & 0xE0) == 0xC0) {
+            n = 2;
+            cp = c & 0x1F;
+        } else if ((c & 0xF0) == 0xE0) {
+            n = 3;
+            cp = c & 0x0F;
+        } else if ((c & 0xF8) == 0xF0) {
+            n = 4;
+            cp = c & 0x07;
+        } else {
+            return i;
+        }
+        if (i + n > len) return i;
+        for (size_t k = 1; k < n; ++k) {
+            if ((s[i + k] & 0xC0) != 0x80) return i;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < min_cp[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+        i += n;
+    }
+    return len;
+}
+
+namespace {
+
+using simdjson::dom::element;
+using simdjson::dom::element_type;
+
+const char* type_name(element e) {
+    switch (e.type()) {
+    case element_type::ARRAY: return "an array";
+    case element_type::OBJECT: return "an object";
+    case element_type::INT64:
+    case element_type::UINT64:
+    case element_type::DOUBLE: return "a number";
+    case element_type::STRING: return "a string";
+    case element_type::BOOL: return "a boolean";
+    case element_type::NULL_VALUE: return "null";
+    }
+    return "a value";
+}
+
+bool field(element object, const char* key, element* out) {
+    return object.get_object()[key].get(*out) == simdjson::SUCCESS;
+}
+
+gptoss_status get_string(element e, const std::string& where, std::string* out) {
+    std::string_view s;
+    if (e.get_string().get(s) != simdjson::SUCCESS)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s: expected a string, found %s", where.c_str(), type_name(e));
+    out->assign(s);
+    return GPTOSS_OK;
+}
+
+// "content": a string, null, or an array of {"type":"text","text":...} parts (concatenated).
+gptoss_status get_content(element message, const std::string& where, bool* present, std::string* out) {
+    out->clear();
+    element content;
+    *present = field(message, "content", &content) && content.type() != element_type::NULL_VALUE;
+    if (!*present) return GPTOSS_OK;
+    const std::string at = where + ".content";
+    if (content.type() == element_type::STRING) return get_string(content, at, out);
+    if (content.type() != element_type::ARRAY)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s: expected a string or an array of text parts, found %s",
+                    at.c_str(), type_name(content));
+    simdjson::dom::array parts = content.get_array().value();
+    size_t j = 0;
+    for (element part : parts) {
+        const std::string part_at = at + "[" + std::to_string(j++) + "]";
+        if (part.type() != element_type::OBJECT)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s: expected an object, found %s", part_at.c_str(), type_name(part));
+        element type, text;
+        std::string type_text;
+        if (!field(part, "type", &type)) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.type: missing", part_at.c_str());
+        GPTOSS_TRY(get_string(type, part_at + ".type", &type_text));
+        if (type_text != "text")
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.type: \"%s\" is not supported, expected \"text\"",
+                        part_at.c_str(), type_text.c_str());
+        if (!field(part, "text", &text)) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.text: missing", part_at.c_str());
+        std::string piece;
+        GPTOSS_TRY(get_string(text, part_at + ".text", &piece));
+        *out += piece;
+    }
+    return GPTOSS_OK;
+}
+
+gptoss_message make_message(gptoss_role role, gptoss_channel channel) {
+    gptoss_message m{};
+    m.role = role;
+    m.channel = channel;
+    return m;
+}
+
+}  // namespace
+
+gptoss_status parse_chat_completions_json(const char* json, size_t len, ChatRequestStorage* out) {
+    *out = ChatRequestStorage();
+    gptoss_chat_request_init(&out->request, sizeof out->request);
+    if (json == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "json: NULL");
+    const size_t bad = first_invalid_utf8(json, len);
+    if (bad < len) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "json: invalid UTF-8 at byte %zu", bad);
+    simdjson::dom::parser parser;
+    simdjson::padded_string padded(json, len);
+    element root;
+    const simdjson::error_code error = parser.parse(padded).get(root);
+    if (error != simdjson::SUCCESS)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "json: not valid JSON (%s)", simdjson::error_message(error));
+    if (root.type() != element_type::OBJECT)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "json: expected an object (a Chat Completions request body), found %s",
+                    type_name(root));
+
+    // Messages are collected with string indices first: pointers are fixed up at the end.
+    struct Pending {
+        gptoss_message message;
+        std::string content, author, recipient, content_type;
+    };
+    std::vector<Pending> pending;
+    std::string instructions;
+    bool has_instructions = false;
+    std::map<std::string, std::string> call_names;  // tool_call id → function name
+
+    element messages;
+    if (!field(root, "messages", &messages)) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "messages: missing");
+    if (messages.type() != element_type::ARRAY)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "messages: expected an array, found %s", type_name(messages));
+    simdjson::dom::array message_array = messages.get_array().value();
+    size_t i = 0;
+    for (element m : message_array) {
+        const std::string at = "messages[" + std::to_string(i++) + "]";
+        if (m.type() != element_type::OBJECT)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s: expected an object, found %s", at.c_str(), type_name(m));
+        element role_e;
+        std::string role;
+        if (!field(m, "role", &role_e)) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.role: missing", at.c_str());
+        GPTOSS_TRY(get_string(role_e, at + ".role", &role));
+        bool has_content = false;
+        std::string content;
+        GPTOSS_TRY(get_content(m, at, &has_content, &content));
+        if (role == "system" || role == "developer") {
+            if (has_instructions) instructions += "\n\n";
+            instructions += content;
+            has_instructions = true;
+        } else if (role == "user") {
+            if (!has_content) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.content: missing", at.c_str());
+            pending.push_back({make_message(GPTOSS_ROLE_USER, GPTOSS_CHANNEL_NONE), content, "", "", ""});
+        } else if (role == "assistant") {
+            for (const char* key : {"reasoning_content", "thinking", "reasoning"}) {
+                element r;
+                if (!field(m, key, &r) || r.type() == element_type::NULL_VALUE) continue;
+                std::string analysis;
+                GPTOSS_TRY(get_string(r, at + "." + key, &analysis));
+                if (!analysis.empty())
+                    pending.push_back({make_message(GPTOSS_ROLE_ASSISTANT, GPTOSS_CHANNEL_ANALYSIS), analysis, "", "", ""});
+                break;
+            }
+            element calls;
+            const bool has_calls = field(m, "tool_calls", &calls) && calls.type() != element_type::NULL_VALUE;
+            if (has_calls && calls.type() != element_type::ARRAY)
+                return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.tool_calls: expected an array, found %s", at.c_str(),
+                            type_name(calls));
+            if (!has_calls) {
+                pending.push_back({make_message(GPTOSS_ROLE_ASSISTANT, GPTOSS_CHANNEL_FINAL), content, "", "", ""});
+                continue;
+            }
+            if (has_content && !content.empty())  // text before tool calls is a preamble
+                pending.push_back({make_message(GPTOSS_ROLE_ASSISTANT, GPTOSS_CHANNEL_COMMENTARY), content, "", "", ""});
+            simdjson::dom::array call_array = calls.get_array().value();
+            size_t k = 0;
+            for (element call : call_array) {
+                const std::string call_at = at + ".tool_calls[" + std::to_string(k++) + "]";
+                if (call.type() != element_type::OBJECT)
+                    return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s: expected an object, found %s", call_at.c_str(),
+                                type_name(call));
+                element function, name_e, args_e, id_e;
+                if (!field(call, "function", &function))
+                    return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.function: missing", call_at.c_str());
+                if (function.type() != element_type::OBJECT)
+                    return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.function: expected an object, found %s",
+                                call_at.c_str(), type_name(function));
+                std::string name, arguments;
+                if (!field(function, "name", &name_e))
+                    return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.function.name: missing", call_at.c_str());
+                GPTOSS_TRY(get_string(name_e, call_at + ".function.name", &name));
+                if (name.empty())
+                    return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.function.name: empty", call_at.c_str());
+                if (!field(function, "arguments", &args_e))
+                    return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.function.arguments: missing", call_at.c_str());
+                GPTOSS_TRY(get_string(args_e, call_at + ".function.arguments", &arguments));
+                if (field(call, "id", &id_e)) {
+                    std::string id;
+                    GPTOSS_TRY(get_string(id_e, call_at + ".id", &id));
+                    call_names[id] = name;
+                }
+                pending.push_back({make_message(GPTOSS_ROLE_ASSISTANT, GPTOSS_CHANNEL_COMMENTARY), arguments, "",
+                                   "functions." + name, "json"});
+            }
+        } else if (role == "tool") {
+            if (!has_content) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.content: missing", at.c_str());
+            std::string name;
+            element id_e, name_e;
+            if (field(m, "tool_call_id", &id_e)) {
+                std::string id;
+                GPTOSS_TRY(get_string(id_e, at + ".tool_call_id", &id));
+                auto it = call_names.find(id);
+                if (it == call_names.end())
+                    return fail(GPTOSS_ERR_INVALID_ARGUMENT,
+                                "%s.tool_call_id: \"%s\" matches no tool_calls[].id of an earlier assistant message",
+                                at.c_str(), id.c_str());
+                name = it->second;
+            } else if (field(m, "name", &name_e)) {
+                GPTOSS_TRY(get_string(name_e, at + ".name", &name));
+            } else {
+                return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s: a tool message needs tool_call_id (or name)", at.c_str());
+            }
+            pending.push_back({make_message(GPTOSS_ROLE_TOOL, GPTOSS_CHANNEL_COMMENTARY), content,
+                               name.find('.') == std::string::npos ? "functions." + name : name, "", ""});
+        } else {
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT,
+                        "%s.role: unknown role \"%s\", expected system, developer, user, assistant or tool", at.c_str(),
+                        role.c_str());
+        }
+    }
+
+    element tools;
+    if (field(root, "tools", &tools) && tools.type() != element_type::NULL_VALUE) {
+        if (tools.type() != element_type::ARRAY)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tools: expected an array, found %s", type_name(tools));
+        simdjson::dom::array tool_array = tools.get_array().value();
+        size_t k = 0;
+        for (element t : tool_array) {
+            const std::string at = "tools[" + std::to_string(k++) + "]";
+            if (t.type() != element_type::OBJECT)
+                return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s: expected an object, found %s", at.c_str(), type_name(t));
+            element type_e, function, e;
+            if (field(t, "type", &type_e)) {
+                std::string type;
+                GPTOSS_TRY(get_string(type_e, at + ".type", &type));
+                if (type != "function")
+                    return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.type: \"%s\" is not supported, expected \"function\"",
+                                at.c_str(), type.c_str());
+            }
+            if (!field(t, "function", &function)) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.function: missing", at.c_str());
+            if (function.type() != element_type::OBJECT)
+                return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.function: expected an object, found %s", at.c_str(),
+                            type_name(function));
+            gptoss_tool tool{};
+            std::string name, description;
+            if (!field(function, "name", &e)) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.function.name: missing", at.c_str());
+            GPTOSS_TRY(get_string(e, at + ".function.name", &name));
+            if (field(function, "description", &e) && e.type() != element_type::NULL_VALUE)
+                GPTOSS_TRY(get_string(e, at + ".function.description", &description));
+            tool.name = out->keep(name);
+            tool.description = out->keep(description);
+            if (field(function, "parameters", &e) && e.type() != element_type::NULL_VALUE) {
+                std::string schema = simdjson::minify(e);
+                std::string ignored;
+                GPTOSS_TRY(harmony::schema_to_typescript(schema, at + ".function.parameters", &ignored));
+                tool.parameters = out->keep(std::move(schema));
+            }
+            out->tools.push_back(tool);
+        }
+    }
+
+    element effort;
+    if (field(root, "reasoning_effort", &effort) && effort.type() != element_type::NULL_VALUE) {
+        std::string value;
+        GPTOSS_TRY(get_string(effort, "reasoning_effort", &value));
+        if (value == "low") out->request.reasoning_effort = GPTOSS_REASONING_LOW;
+        else if (value == "medium") out->request.reasoning_effort = GPTOSS_REASONING_MEDIUM;
+        else if (value == "high") out->request.reasoning_effort = GPTOSS_REASONING_HIGH;
+        else
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "reasoning_effort: \"%s\" is not low, medium or high", value.c_str());
+    }
+
+    for (Pending& p : pending) {
+        gptoss_message m = p.message;
+        m.content = out->keep(std::move(p.content));
+        m.author = p.author.empty() ? nullptr : out->keep(std::move(p.author));
+        m.recipient = p.recipient.empty() ? nullptr : out->keep(std::move(p.recipient));
+        m.content_type = p.content_type.empty() ? nullptr : out->keep(std::move(p.content_type));
+        out->messages.push_back(m);
+    }
+    if (has_instructions) out->request.instructions = out->keep(std::move(instructions));
+    out->request.messages = out->messages.data();
+    out->request.n_messages = out->messages.size();
+    out->request.tools = out->tools.data();
+    out->request.n_tools = out->tools.size();
+    return GPTOSS_OK;
+}
+
+}  // namespace gptoss

@@ -141,9 +141,8 @@ gptoss_status build_conversation(const gptoss_chat_request& in, h::Conversation*
             break;
         case GPTOSS_ROLE_ASSISTANT:
             out_m.role = h::Role::Assistant;
-            if (m.channel == GPTOSS_CHANNEL_NONE)
-                return fail(GPTOSS_ERR_INVALID_ARGUMENT,
-                            "%s.channel: an assistant message needs a channel (ANALYSIS, COMMENTARY or FINAL)", at.c_str());
+            // NONE renders no channel: the model does write such messages, and a result's
+            // messages must render back as they were parsed.
             out_m.channel = channel_name(m.channel);
             if (m.recipient != nullptr) {
                 out_m.recipient = m.recipient;
@@ -398,18 +397,17 @@ GPTOSS_API gptoss_status gptoss_chat(gptoss_session* session, const gptoss_chat_
             messages[cut_message].content.resize(cut_at);
         std::string final_text, analysis_text;
         for (const h::ParsedMessage& m : messages) {
+            // Only the assistant's messages: what the model writes in another role (a
+            // hallucinated tool result or user turn) stays in raw, so that appending
+            // result->messages to the history is always a valid request.
+            if (m.role != h::Role::Assistant) continue;
             gptoss_message out{};
-            if (m.role == h::Role::Assistant) out.role = GPTOSS_ROLE_ASSISTANT;
-            else if (m.role == h::Role::Tool) out.role = GPTOSS_ROLE_TOOL;
-            else if (m.role == h::Role::User) out.role = GPTOSS_ROLE_USER;
-            else continue;  // a system or developer message in the output has no place in the history
+            out.role = GPTOSS_ROLE_ASSISTANT;
             out.channel = channel_enum(m.channel);
             out.content = r.keep(m.content);
-            out.author = m.role == h::Role::Tool && !m.name.empty() ? r.keep(m.name) : nullptr;
             out.recipient = m.recipient.empty() ? nullptr : r.keep(m.recipient);
             out.content_type = m.content_type.empty() ? nullptr : r.keep(m.content_type);
             r.messages.push_back(out);
-            if (m.role != h::Role::Assistant) continue;
             if (!m.recipient.empty()) {
                 gptoss_tool_call call{};
                 const size_t dot = m.recipient.find('.');

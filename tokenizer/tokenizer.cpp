@@ -174,7 +174,7 @@ struct Scanner {
     size_t contraction(size_t e) const {
         if (e + 1 >= n || s[e] != '\'') return e;
         const uint8_t c = s[e + 1] | 0x20;  // ASCII lower case (only letters matter below)
-        if (c == 's' || c == 't' || c == 'm' || c == 'd') return s[e + 1] >= 0x80 ? e : e + 2;
+        if (c == 's' || c == 't' || c == 'm' || c == 'd') return e + 2;  // (bytes >= 0x80 stay >= 0x80)
         // Unicode simple case folding maps U+017F LATIN SMALL LETTER LONG S to 's'.
         if (s[e + 1] == 0xc5 && e + 2 < n && s[e + 2] == 0xbf) return e + 3;
         if (e + 2 >= n || s[e + 1] >= 0x80) return e;
@@ -320,9 +320,9 @@ inline uint64_t hash_bytes(const uint8_t* p, size_t n, uint64_t head) {
 
 inline uint64_t hash_bytes(const uint8_t* p, size_t n) { return hash_bytes(p, n, load_head(p, n)); }
 
-// A per-thread cache of the ids of recent multi-token pieces; direct mapped. Entries name the
+// A per-thread cache of the ids of recent short pieces; direct mapped. Entries name the
 // tokenizer they belong to by a serial number, so a freed and reallocated tokenizer never
-// sees another's entries.
+// sees another's entries. Per thread, so encode needs no lock and the Tokenizer stays const.
 struct PieceCache {
     static constexpr size_t kSlots = 4096;  // 256 KB: stays in L2, unlike the 8 MB rank table
     static constexpr size_t kMaxBytes = 24;

@@ -596,8 +596,16 @@ private:
     std::string dir_;
 };
 
+// Progress: mapping and checking the shards is the first half, binding the layers the second
+// (API.md §5: at least once per shard and once per layer).
+gptoss_status report(const ProgressFn& progress, float fraction, const std::string& dir) {
+    if (progress && !progress(fraction))
+        return fail(GPTOSS_ERR_CANCELLED, "%s: loading cancelled by the progress callback", dir.c_str());
+    return GPTOSS_OK;
+}
+
 gptoss_status bind_weights(const Config& c, std::map<std::string, FoundTensor>* found,
-                           const std::string& dir, Weights* w) {
+                           const std::string& dir, const ProgressFn& progress, Weights* w) {
     Binder b(found, dir);
     const uint64_t H = c.hidden, I = c.intermediate, E = c.n_experts, V = c.vocab;
     const uint64_t QD = uint64_t(c.n_heads) * c.head_dim, GD = uint64_t(c.n_kv_heads) * c.head_dim;
@@ -630,6 +638,7 @@ gptoss_status bind_weights(const Config& c, std::map<std::string, FoundTensor>* 
         GPTOSS_TRY(b.bind(p + "mlp.experts.down_proj_scales", {E, H, I / 32}, DType::U8,
                           &L.down_scales));
         GPTOSS_TRY(b.bind(p + "mlp.experts.down_proj_bias", {E, H}, DType::BF16, &L.down_bias));
+        GPTOSS_TRY(report(progress, 0.5f + 0.5f * float(l + 1) / float(c.n_layers + 1), dir));
     }
     GPTOSS_TRY(b.bind("model.norm.weight", {H}, DType::BF16, &w->norm));
     GPTOSS_TRY(b.bind("lm_head.weight", {V, H}, DType::BF16, &w->lm_head));
@@ -669,9 +678,7 @@ gptoss_status load_checkpoint(const std::string& dir, const ProgressFn& progress
         const MappedFile& mapped = *file;
         checkpoint->files.push_back(std::move(file));
         GPTOSS_TRY(parse_shard(mapped, &found));
-        if (progress && !progress(float(i + 1) / float(shards.size() + 1)))
-            return fail(GPTOSS_ERR_CANCELLED, "%s: loading cancelled by the progress callback",
-                        dir.c_str());
+        GPTOSS_TRY(report(progress, 0.5f * float(i + 1) / float(shards.size()), dir));
     }
 
     // Every tensor the index names must be in the shard it names.
@@ -688,7 +695,7 @@ gptoss_status load_checkpoint(const std::string& dir, const ProgressFn& progress
                         it->second.file->name.c_str());
     }
 
-    GPTOSS_TRY(bind_weights(checkpoint->config, &found, dir, &checkpoint->weights));
+    GPTOSS_TRY(bind_weights(checkpoint->config, &found, dir, progress, &checkpoint->weights));
     uint64_t total = 0;
     for (const auto& entry : found) {
         total += entry.second.tensor.n_bytes;
@@ -698,8 +705,7 @@ gptoss_status load_checkpoint(const std::string& dir, const ProgressFn& progress
                 dtype_name(entry.second.tensor.dtype), shape_string(entry.second.tensor.shape).c_str());
     }
     checkpoint->total_bytes = total;
-    if (progress && !progress(1.0f))
-        return fail(GPTOSS_ERR_CANCELLED, "%s: loading cancelled by the progress callback", dir.c_str());
+    GPTOSS_TRY(report(progress, 1.0f, dir));
     *out = std::move(checkpoint);
     return GPTOSS_OK;
 }

@@ -9,6 +9,7 @@
 
 #include "gptoss-internal.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -217,9 +218,11 @@ TEST_CASE("a sharded checkpoint and a single file load the same tensors, pointin
         if (e.path().extension() == ".safetensors") shards.push_back(e.path().filename());
     REQUIRE(shards.size() >= 3);  // really sharded
     std::unique_ptr<gptoss::Checkpoint> a, b;
-    int calls = 0;
-    REQUIRE(gptoss::load_checkpoint(sharded.dir, [&](float) { ++calls; return true; }, &a) == GPTOSS_OK);
-    CHECK(calls >= int(shards.size()));  // at least once per shard
+    std::vector<float> calls;
+    REQUIRE(gptoss::load_checkpoint(sharded.dir, [&](float f) { calls.push_back(f); return true; }, &a) == GPTOSS_OK);
+    CHECK(calls.size() >= shards.size() + 2);  // at least once per shard and once per layer
+    CHECK(std::is_sorted(calls.begin(), calls.end()));
+    CHECK(calls.back() == 1.0f);
     REQUIRE(gptoss::load_checkpoint(single.dir, {}, &b) == GPTOSS_OK);
     CHECK(a->files.size() == shards.size());
     CHECK(b->files.size() == 1);

@@ -29,5 +29,25 @@ case "$err" in *"byte offset 2"*) check "invalid UTF-8 names the offset" ok ok ;
                *) check "invalid UTF-8 names the offset" "byte offset 2" "$err" ;; esac
 "$tool" --model /nonexistent "x" >/dev/null 2>&1; check "bad model dir fails" "1" "$?"
 "$tool" "x" >/dev/null 2>&1; check "missing --model is a usage error" "2" "$?"
+# --chat: an OpenAI Chat Completions body rendered in the Harmony format; the expected text is
+# openai/harmony's own test vector (tests/data/harmony/, verbatim).
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+cat > "$tmp/request.json" <<'JSON'
+{"messages": [{"role": "system", "content": "Answer the user's questions like a robot."},
+              {"role": "user", "content": "What is the capital of the largest country in the world?"}],
+ "reasoning_effort": "low"}
+JSON
+expected="$(cat "${GPTOSS_SOURCE_DIR:?}/tests/data/harmony/test_simple_convo_low_effort.txt")"
+check "--chat renders harmony's text" "$expected" "$("$tool" --model "$model" --chat "$tmp/request.json")"
+check "--chat --ids are the text's tokens with specials" "$("$tool" --model "$model" --allow-special "$expected")" \
+      "$("$tool" --model "$model" --chat "$tmp/request.json" --ids)"
+check "--chat --count" "$("$tool" --model "$model" --allow-special --count "$expected")" \
+      "$("$tool" --model "$model" --chat "$tmp/request.json" --count)"
+echo '{"messages": 3}' > "$tmp/bad.json"
+err=$("$tool" --model "$model" --chat "$tmp/bad.json" 2>&1 >/dev/null); rc=$?
+check "--chat with a bad request fails" "1" "$rc"
+case "$err" in *messages*) check "--chat error names the field" ok ok ;;
+               *) check "--chat error names the field" "messages: ..." "$err" ;; esac
+"$tool" --model "$model" --chat "$tmp/missing.json" >/dev/null 2>&1; check "--chat with a missing file fails" "1" "$?"
 echo "test-gptoss-tokenize: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

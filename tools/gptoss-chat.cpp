@@ -1307,10 +1307,6 @@ private:
         stats.stop = result->stop_reason;
         for (size_t i = 0; i < result->n_messages; ++i) {
             Message m = copy_message(result->messages[i]);
-            // A reply off the Harmony format parses into an assistant message with no channel,
-            // which gptoss_chat() refuses as history; it was shown as text, so keep it as such.
-            if (m.role == GPTOSS_ROLE_ASSISTANT && m.channel == GPTOSS_CHANNEL_NONE)
-                m.channel = m.recipient ? GPTOSS_CHANNEL_COMMENTARY : GPTOSS_CHANNEL_FINAL;
             last_.messages.push_back(m);
             conv_.messages.push_back(std::move(m));
         }

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# test-chat-oneshot.sh - gptoss-chat used from scripts, on the tiny synthetic model (CPU):
+# -p with piped stdin and --json (exit 0, the JSON holds what was sent), plain -p prints only
+# the final answer, --json output continues with --conversation, --tool-cmd answers a pending
+# tool call with what the tool program prints, line mode runs commands, the default model is
+# written on first use, and every kind of bad input exits non-zero with a message naming it.
+# Expected values come from what this script sends, from running examples/tool.py directly, and
+# from the fixture's own gptoss-synth output; the model's random text is never an expectation.
+set -euo pipefail
+
+chat="${GPTOSS_CHAT:-${GPTOSS_BUILD_DIR:?}/gptoss-chat}"
+model="${GPTOSS_TINY_MODEL:?}"
+src="${GPTOSS_SOURCE_DIR:?}"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+run() { "$chat" --model "$model" --device cpu --seed 7 --max-tokens 12 "$@"; }
+# check NAME PYTHON_ASSERTIONS FILE: runs assertions against the JSON document `d` in FILE.
+check() {
+    local name=$1 code=$2 file=$3
+    python3 -c "import json, sys
+d = json.load(open(sys.argv[1]))
+$code" "$file" || fail "$name"
+}
+# expect_error NAME EXIT_CODE REGEX ARGS...: the command fails with that code and says REGEX.
+expect_error() {
+    local name=$1 want=$2 pattern=$3
+    shift 3
+    local rc=0
+    "$@" </dev/null >"$work/out" 2>"$work/err" || rc=$?
+    if [ "$rc" -ne "$want" ]; then fail "$name: exit status $rc, expected $want"; cat "$work/err" >&2; return; fi
+    grep -qE -- "$pattern" "$work/err" || { fail "$name: stderr does not match /$pattern/:"; cat "$work/err" >&2; }
+}
+
+# --- one-shot with piped stdin and --json ----------------------------------------------------
+printf 'line one\nline two\n' | run -p "Summarize this:" --json -r high -s "Answer briefly." >"$work/a.json" ||
+    fail "one-shot --json exited with status $?"
+check "one-shot --json holds the prompt, the piped stdin and the settings" '
+users = [m["content"] for m in d["messages"] if m["role"] == "user"]
+assert users == ["Summarize this:\n\nline one\nline two"], users
+assert d["messages"][0] == {"role": "developer", "content": "Answer briefly."}, d["messages"][0]
+assert d["reasoning_effort"] == "high", d["reasoning_effort"]
+u = d["usage"]
+assert 0 < u["completion_tokens"] <= 12, u
+assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"], u
+assert u["prompt_tokens"] > len("Summarize this: line one line two".split()), u
+c = d["choices"][0]
+assert c["message"]["role"] == "assistant", c
+assert c["finish_reason"] in ("stop", "length", "tool_calls"), c
+assert (c["finish_reason"] == "length") == (d["stop_reason"] == "max tokens"), (c, d["stop_reason"])
+assert isinstance(d["final"], str) and isinstance(d["analysis"], str)
+' "$work/a.json"
+
+# --- plain -p prints only the final answer -----------------------------------------------------
+# Same seed, same input: the same reply, so the plain output must be exactly the JSON's final.
+printf 'line one\nline two\n' | run -p "Summarize this:" -r high -s "Answer briefly." >"$work/plain.txt" ||
+    fail "one-shot plain exited with status $?"
+python3 - "$work/a.json" "$work/plain.txt" <<'EOF' || fail "plain -p output is not exactly the final answer"
+import json, sys
+final = json.load(open(sys.argv[1]))["final"]
+plain = open(sys.argv[2], encoding="utf-8", errors="replace").read()
+assert plain == final + "\n", (plain, final)
+EOF
+
+# --- the --json output is a conversation file -------------------------------------------------
+run --conversation "$work/a.json" -p "And now?" --json </dev/null >"$work/b.json" ||
+    fail "--conversation with a --json output exited with status $?"
+python3 - "$work/a.json" "$work/b.json" <<'EOF' || fail "--conversation did not continue the --json conversation"
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+users = [m["content"] for m in b["messages"] if m["role"] == "user"]
+assert users == ["Summarize this:\n\nline one\nline two", "And now?"], users
+assert b["messages"][0] == a["messages"][0], "developer instructions lost"
+assert b["reasoning_effort"] == "high", b["reasoning_effort"]
+assert b["usage"]["prompt_tokens"] > a["usage"]["prompt_tokens"], (a["usage"], b["usage"])
+EOF
+
+# --- --tool-cmd answers a pending tool call ----------------------------------------------------
+cat >"$work/call.json" <<'EOF'
+{"messages": [
+  {"role": "user", "content": "What is the weather in Paris?"},
+  {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+    "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}]}
+EOF
+expected=$(printf '{"city": "Paris"}' | GPTOSS_TOOL_NAME=get_weather python3 "$src/examples/tool.py")
+run --conversation "$work/call.json" --tools "$src/examples/tools.json" \
+    --tool-cmd "python3 '$src/examples/tool.py'" -p "" --json </dev/null >"$work/tool.json" ||
+    fail "--tool-cmd run exited with status $?"
+EXPECTED="$expected" python3 - "$work/tool.json" <<'EOF' || fail "the tool result is not what examples/tool.py prints"
+import json, os, sys
+d = json.load(open(sys.argv[1]))
+tools = [m for m in d["messages"] if m["role"] == "tool"]
+assert len(tools) >= 1, d["messages"]
+assert tools[0]["name"] == "get_weather", tools[0]
+assert tools[0]["content"] == os.environ["EXPECTED"], (tools[0]["content"], os.environ["EXPECTED"])
+assert [t["function"]["name"] for t in d["tools"]] == ["get_weather", "add"], d["tools"]
+EOF
+run --conversation "$work/call.json" --tool-cmd "exit 3" -p "" --json </dev/null >"$work/toolfail.json" \
+    2>"$work/err" || fail "a failing --tool-cmd ended the program with status $?"
+check "a failing tool reports its exit status to the model" '
+tools = [m for m in d["messages"] if m["role"] == "tool"]
+assert tools and tools[0]["content"].startswith("error: the tool failed (exit status 3)"), tools
+' "$work/toolfail.json"
+grep -q "exited with status 3" "$work/err" || fail "a failing --tool-cmd is not reported on stderr"
+
+# --- line mode: piped stdin without -p, commands included -------------------------------------
+printf 'hello\n/effort low\n/save %s\n/quit\nnever sent\n' "$work/lines.json" | run >"$work/lines.out" 2>"$work/err" ||
+    fail "line mode exited with status $?"
+check "line mode runs turns and commands in order, and /quit stops reading" '
+users = [m["content"] for m in d["messages"] if m["role"] == "user"]
+assert users == ["hello"], users
+assert d["reasoning_effort"] == "low", d["reasoning_effort"]
+' "$work/lines.json"
+
+# --- the default model is written on first use --------------------------------------------------
+XDG_CACHE_HOME="$work/cache" "$chat" --device cpu -p "hi" --max-tokens 2 </dev/null >"$work/out" 2>"$work/err" ||
+    { fail "default model run exited with status $?"; cat "$work/err" >&2; }
+tiny="$work/cache/gptoss/models/tiny-v1"
+for f in config.json tokenizer.json; do
+    [ -s "$tiny/$f" ] || fail "default model lacks $f"
+done
+# The same preset and seed as the test fixture, so the same bytes.
+for f in "$model"/*.safetensors; do
+    cmp -s "$f" "$tiny/$(basename "$f")" || fail "default model differs from gptoss-synth --preset tiny --seed 1: $(basename "$f")"
+done
+grep -q "random" "$work/err" || fail "the default model notice does not say its weights are random"
+grep -q -- "--model" "$work/err" || fail "the default model notice does not say how to use a real model"
+XDG_CACHE_HOME="$work/cache" "$chat" --device cpu -p "hi" --max-tokens 2 </dev/null >/dev/null 2>"$work/err2" ||
+    fail "second default model run exited with status $?"
+if grep -q "writing the default tiny model" "$work/err2"; then fail "the default model was written twice"; fi
+ls -d "$work/cache/gptoss/models/"*.tmp-* >/dev/null 2>&1 && fail "a temporary model directory was left behind"
+
+# --- bad input ----------------------------------------------------------------------------------
+# Option and file errors come before the model load; --model points nowhere so that a check
+# that went wrong can never write a default model into the user's cache.
+expect_error "missing model directory" 1 "hint: $work/nope does not exist" \
+    "$chat" --model "$work/nope" -p hi
+mkdir -p "$work/empty"
+expect_error "directory without a checkpoint" 1 "cannot load the model from $work/empty: .+" \
+    "$chat" --model "$work/empty" --device cpu -p hi
+mkdir -p "$work/notgptoss"
+echo '{"model_type": "llama", "hidden_size": 4096}' >"$work/notgptoss/config.json"
+expect_error "a checkpoint that is not gpt-oss" 1 "cannot load the model from $work/notgptoss: .+" \
+    "$chat" --model "$work/notgptoss" --device cpu -p hi
+expect_error "bad --reasoning" 2 '--reasoning: expected low, medium or high, found "extreme"' \
+    "$chat" --model "$work/nope" -r extreme -p hi
+expect_error "bad --temperature" 2 '--temperature: expected a number >= 0, found "warm"' \
+    "$chat" --model "$work/nope" --temperature warm -p hi
+expect_error "bad --top-p" 2 '--top-p: expected a number in \(0, 1\], found "2"' "$chat" --model "$work/nope" --top-p 2 -p hi
+expect_error "bad --device" 2 '--device: expected cpu, auto or a GPU number, found "gpu"' "$chat" --model "$work/nope" --device gpu -p hi
+expect_error "option without its value" 2 '--seed needs a value' "$chat" --seed
+expect_error "unknown option" 2 'unknown option "--frobnicate"' "$chat" --frobnicate
+expect_error "missing --tools file" 2 "--tools $work/none.json: No such file" \
+    "$chat" --model "$work/nope" --tools "$work/none.json" -p hi
+echo '[{"type": "function", "function": {"description": "no name"}}]' >"$work/badtools.json"
+expect_error "--tools entry without a name" 2 "--tools $work/badtools.json: .*name" \
+    "$chat" --model "$work/nope" --tools "$work/badtools.json" -p hi
+echo '{"messages": [{"role": "user", "content": 42}]}' >"$work/badconv.json"
+expect_error "--conversation with a bad field" 2 "--conversation $work/badconv.json: .*messages\[0\]\.content" \
+    "$chat" --model "$work/nope" --conversation "$work/badconv.json" -p hi
+echo '{"messages": [' >"$work/notjson.json"
+expect_error "--conversation that is not JSON" 2 "--conversation $work/notjson.json: .+" \
+    "$chat" --model "$work/nope" --conversation "$work/notjson.json" -p hi
+expect_error "empty prompt with nothing to continue" 2 "the prompt is empty" run -p ""
+
+if [ "$failures" -ne 0 ]; then
+    echo "$failures check(s) failed" >&2
+    exit 1
+fi
+echo "PASS: test-chat-oneshot"

@@ -607,6 +607,14 @@ gptoss_status report(const ProgressFn& progress, float fraction, const std::stri
 gptoss_status bind_weights(const Config& c, std::map<std::string, FoundTensor>* found,
                            const std::string& dir, const ProgressFn& progress, Weights* w) {
     Binder b(found, dir);
+    // Community re-exports with bf16 experts ("gate_up_proj" without _blocks/_scales) would
+    // otherwise fail as a missing tensor, which hides what is really going on.
+    if (found->count("model.layers.0.mlp.experts.gate_up_proj_blocks") == 0 &&
+        found->count("model.layers.0.mlp.experts.gate_up_proj") != 0)
+        return fail(GPTOSS_ERR_UNSUPPORTED,
+                    "%s: tensor model.layers.0.mlp.experts.gate_up_proj holds dequantized experts; gptoss "
+                    "reads the MXFP4 experts (gate_up_proj_blocks/_scales) of the official release",
+                    dir.c_str());
     const uint64_t H = c.hidden, I = c.intermediate, E = c.n_experts, V = c.vocab;
     const uint64_t QD = uint64_t(c.n_heads) * c.head_dim, GD = uint64_t(c.n_kv_heads) * c.head_dim;
     GPTOSS_TRY(b.bind("model.embed_tokens.weight", {V, H}, DType::BF16, &w->embed));

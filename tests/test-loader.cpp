@@ -496,6 +496,14 @@ TEST_CASE("a missing tensor is FORMAT naming the tensor") {
     expect_failure(c.dir, GPTOSS_ERR_FORMAT, {"model.norm.weight", "missing"});
 }
 
+TEST_CASE("a checkpoint with dequantized bf16 experts is UNSUPPORTED, saying so") {
+    Checkpoint c("--single-file");
+    Safetensors st = Safetensors::read(c.single());
+    st.rename("model.layers.0.mlp.experts.gate_up_proj_blocks", "model.layers.0.mlp.experts.gate_up_proj");
+    st.write(c.single());
+    expect_failure(c.dir, GPTOSS_ERR_UNSUPPORTED, {"model.layers.0.mlp.experts.gate_up_proj", "MXFP4"});
+}
+
 namespace {
 std::vector<std::string> g_warnings;
 void collect(void*, gptoss_log_level level, const char* message) {

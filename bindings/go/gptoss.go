@@ -659,6 +659,41 @@ type ChatRequest struct {
 	KeepAnalysis    bool
 }
 
+// ChatRequestFromJSON parses an OpenAI Chat Completions request body with the library's own
+// mapping (gptoss_conversation_parse_json): "messages" (system/developer become Instructions;
+// assistant "reasoning_content", "tool_calls" and "content"; tool "tool_call_id" or "name"),
+// "tools" and "reasoning_effort". Other fields are ignored. A malformed body is an *Error
+// with StatusInvalidArgument naming the field, e.g. "messages[3].role".
+func ChatRequestFromJSON(body []byte) (*ChatRequest, error) {
+	cbody := C.CBytes(body)
+	defer C.free(cbody)
+	var conv *C.gptoss_conversation
+	var msg *C.char
+	if err := takeError(C.gogptoss_conversation_parse_json((*C.char)(cbody), C.size_t(len(body)), &conv, &msg), msg); err != nil {
+		return nil, err
+	}
+	defer C.gptoss_conversation_free(conv)
+	r := C.gptoss_conversation_get_request(conv)
+	req := &ChatRequest{Instructions: goStr(r.instructions), CurrentDate: goStr(r.current_date),
+		ReasoningEffort: ReasoningEffort(r.reasoning_effort) + 1, KeepAnalysis: bool(r.keep_analysis)}
+	if r.n_messages > 0 {
+		for _, m := range unsafe.Slice(r.messages, int(r.n_messages)) {
+			req.Messages = append(req.Messages, messageFromC(&m))
+		}
+	}
+	if r.n_tools > 0 {
+		for _, t := range unsafe.Slice(r.tools, int(r.n_tools)) {
+			req.Tools = append(req.Tools, Tool{goStr(t.name), goStr(t.description), goStr(t.parameters)})
+		}
+	}
+	return req, nil
+}
+
+func messageFromC(m *C.gptoss_message) Message {
+	return Message{Role(m.role), Channel(m.channel), goStr(m.content), goStr(m.author), goStr(m.recipient),
+		goStr(m.content_type)}
+}
+
 func (r *ChatRequest) toC(ar *cArena) (*C.gptoss_chat_request, error) {
 	req := (*C.gptoss_chat_request)(ar.alloc(unsafe.Sizeof(C.gptoss_chat_request{})))
 	C.gptoss_chat_request_init(req, C.size_t(unsafe.Sizeof(*req)))
@@ -776,8 +811,7 @@ func (s *Session) Chat(req *ChatRequest, sampling Sampling, onEvent func(Event) 
 			}
 			if out.n_messages > 0 {
 				for _, m := range unsafe.Slice(out.messages, int(out.n_messages)) {
-					r.Messages = append(r.Messages, Message{Role(m.role), Channel(m.channel), goStr(m.content),
-						goStr(m.author), goStr(m.recipient), goStr(m.content_type)})
+					r.Messages = append(r.Messages, messageFromC(&m))
 				}
 			}
 			result = r

@@ -473,6 +473,54 @@ func TestChatWithAToolStreamsTheTurnItReturns(t *testing.T) {
 	}
 }
 
+func TestOpenAIJSONAndTheMessageHelpersRenderTheSameConversation(t *testing.T) {
+	m := loadTiny(t)
+	body := `{"messages": [
+		{"role": "system", "content": "Answer briefly."},
+		{"role": "user", "content": "What is the weather in Paris?"},
+		{"role": "assistant", "reasoning_content": "Need the tool.",
+		 "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+		{"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+		{"role": "user", "content": "Thanks"}],
+	  "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Gets the current weather in a city",
+	             "parameters": ` + weatherParams + `}}],
+	  "reasoning_effort": "high"}`
+	parsed, err := ChatRequestFromJSON([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	built := &ChatRequest{
+		Messages: []Message{
+			UserMessage("What is the weather in Paris?"),
+			{Role: RoleAssistant, Channel: ChannelAnalysis, Content: "Need the tool."},
+			{Role: RoleAssistant, Channel: ChannelCommentary, Content: `{"city":"Paris"}`, Recipient: "functions.get_weather", ContentType: "json"},
+			ToolResultMessage("get_weather", "sunny"),
+			UserMessage("Thanks"),
+		},
+		Instructions:    "Answer briefly.",
+		Tools:           []Tool{{Name: "get_weather", Description: "Gets the current weather in a city", Parameters: weatherParams}},
+		ReasoningEffort: ReasoningHigh,
+	}
+	if parsed.ReasoningEffort != ReasoningHigh || len(parsed.Messages) != 5 {
+		t.Fatalf("parsed %+v", parsed)
+	}
+	a, errA := m.Render(parsed)
+	b, errB := m.Render(built)
+	if errA != nil || errB != nil || !reflect.DeepEqual(a, b) {
+		ta, _ := m.Detokenize(a)
+		tb, _ := m.Detokenize(b)
+		t.Fatalf("JSON renders %q (%v), helpers render %q (%v)", ta, errA, tb, errB)
+	}
+}
+
+func TestMalformedOpenAIJSONIsInvalidArgumentNamingTheField(t *testing.T) {
+	_, err := ChatRequestFromJSON([]byte(`{"messages": [{"role": "robot", "content": "x"}]}`))
+	var e *Error
+	if !errors.As(err, &e) || e.Status != StatusInvalidArgument || !strings.Contains(e.Message, "messages[0]") {
+		t.Fatalf("got %v", err)
+	}
+}
+
 func TestChatResultMessagesCanBeAppendedToTheHistory(t *testing.T) {
 	m := loadTiny(t)
 	skipIfChatMissing(t, m)

@@ -75,3 +75,8 @@ gptoss_status gogptoss_chat(gptoss_session* session, const gptoss_chat_request* 
                                   result_out),
                       error_out);
 }
+
+gptoss_status gogptoss_conversation_parse_json(const char* json, size_t json_len,
+                                              gptoss_conversation** conversation_out, char** error_out) {
+    return keep_error(gptoss_conversation_parse_json(json, json_len, conversation_out), error_out);
+}

@@ -28,5 +28,7 @@ gptoss_status gogptoss_chat_render(const gptoss_model* model, const gptoss_chat_
 gptoss_status gogptoss_chat(gptoss_session* session, const gptoss_chat_request* request,
                             const gptoss_sampling_params* sampling, uintptr_t on_event,
                             const gptoss_chat_result** result_out, char** error_out);
+gptoss_status gogptoss_conversation_parse_json(const char* json, size_t json_len,
+                                              gptoss_conversation** conversation_out, char** error_out);
 
 #endif

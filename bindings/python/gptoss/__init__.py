@@ -30,7 +30,7 @@ __version__ = f"{_ffi.VERSION_MAJOR}.{_ffi.VERSION_MINOR}.{_ffi.VERSION_PATCH}"
 
 __all__ = [
     "Model", "Session", "ModelInfo", "Event", "GenerateResult", "ChatResult", "Message", "ToolCall",
-    "Tool", "Stream", "Status", "Channel", "Role", "StopReason", "ReasoningEffort", "LogLevel",
+    "Tool", "Stream", "Conversation", "parse_conversation_json", "Status", "Channel", "Role", "StopReason", "ReasoningEffort", "LogLevel",
     "GptossError", "InvalidArgumentError", "GptossIOError", "FormatError", "UnsupportedError",
     "OutOfMemoryError", "DeviceError", "ContextFullError", "BufferTooSmallError", "CancelledError",
     "InternalError", "LibraryNotFound", "VersionMismatch", "library_version", "library_path",
@@ -433,6 +433,43 @@ def _effort(value: Union[None, str, int]) -> Optional[int]:
     except KeyError:
         raise InvalidArgumentError(Status.INVALID_ARGUMENT,
                                    f"reasoning_effort: expected low, medium or high, found {value!r}") from None
+
+
+@dataclass
+class Conversation:
+    """A chat request as the library's OpenAI mapping reads it (parse_conversation_json).
+    Pass it on as session.chat(c.messages, tools=c.tools, **c.options())."""
+    messages: List[Message]
+    tools: List[Tool]
+    instructions: Optional[str]
+    reasoning_effort: ReasoningEffort
+    current_date: Optional[str]
+    keep_analysis: bool
+
+    def options(self) -> Dict[str, Any]:
+        return {"instructions": self.instructions, "reasoning_effort": int(self.reasoning_effort),
+                "current_date": self.current_date, "keep_analysis": self.keep_analysis}
+
+
+def parse_conversation_json(body: Union[str, bytes, Mapping[str, Any]]) -> Conversation:
+    """Parses an OpenAI Chat Completions request body (JSON text, or a dict that is serialized
+    first) with the library's own mapping, gptoss_conversation_parse_json. Raises
+    InvalidArgumentError naming the field, e.g. "messages[3].role"."""
+    if isinstance(body, Mapping):
+        body = json.dumps(body)
+    data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+    lib = _lib()
+    handle = ctypes.c_void_p()
+    _check(lib.gptoss_conversation_parse_json(data, len(data), ctypes.byref(handle)))
+    try:
+        r = lib.gptoss_conversation_get_request(handle).contents
+        return Conversation(
+            [_message(m) for m in r.messages[:r.n_messages]],
+            [Tool(_str(t.name) or "", _str(t.description) or "", _str(t.parameters)) for t in r.tools[:r.n_tools]],
+            _str(r.instructions), _enum(ReasoningEffort, r.reasoning_effort), _str(r.current_date),
+            bool(r.keep_analysis))
+    finally:
+        lib.gptoss_conversation_free(handle)
 
 
 # ---------------------------------------------------------------------------

@@ -352,24 +352,19 @@ class ChatTest(unittest.TestCase):
     ]
 
     def test_openai_dicts_render_as_the_library_json_parser_renders_them(self) -> None:
-        body = json.dumps({"messages": self.CONVERSATION, "tools": [WEATHER_TOOL],
-                           "reasoning_effort": "high"}).encode()
-        lib = _ffi.library()
-        conversation = ctypes.c_void_p()
-        skip_if_not_implemented(lambda: gptoss._check(
-            lib.gptoss_conversation_parse_json(body, len(body), ctypes.byref(conversation))))
-        try:
-            request = lib.gptoss_conversation_get_request(conversation)
-            capacity = 4096
-            buf = (ctypes.c_int32 * capacity)()
-            n = ctypes.c_size_t()
-            gptoss._check(lib.gptoss_chat_render(self.model.handle, request, buf, capacity, ctypes.byref(n)))
-            expected = list(buf[:n.value])
-        finally:
-            lib.gptoss_conversation_free(conversation)
+        body = {"messages": self.CONVERSATION, "tools": [WEATHER_TOOL], "reasoning_effort": "high"}
+        conversation = gptoss.parse_conversation_json(json.dumps(body))
+        self.assertEqual(conversation.reasoning_effort, gptoss.ReasoningEffort.HIGH)
+        self.assertEqual(conversation.instructions, "Answer briefly.")
+        expected = self.model.render(conversation.messages, tools=conversation.tools, **conversation.options())
         got = self.model.render(self.CONVERSATION, tools=[WEATHER_TOOL], reasoning_effort="high")
         self.assertEqual(self.model.detokenize(got), self.model.detokenize(expected))
         self.assertEqual(got, expected)
+
+    def test_malformed_json_conversation_raises_invalid_argument_naming_the_field(self) -> None:
+        with self.assertRaises(gptoss.InvalidArgumentError) as caught:
+            gptoss.parse_conversation_json({"messages": [{"role": "robot", "content": "x"}]})
+        self.assertIn("messages[0]", caught.exception.message)
 
     def test_chat_with_a_tool_streams_the_turn_it_returns(self) -> None:
         messages = [{"role": "user", "content": "What is the weather in Paris?"}]

@@ -822,6 +822,58 @@ impl ChatRequest {
     }
 }
 
+impl ChatRequest {
+    /// Parses an OpenAI Chat Completions request body with the library's own mapping
+    /// (gptoss_conversation_parse_json): "messages" (system/developer become `instructions`;
+    /// assistant "reasoning_content", "tool_calls" and "content"; tool "tool_call_id" or
+    /// "name"), "tools" and "reasoning_effort". Other fields are ignored. Fails with
+    /// [`Status::InvalidArgument`] and a message naming the field, e.g. "messages[3].role".
+    pub fn from_openai_json(json: &str) -> Result<ChatRequest> {
+        let mut conversation = ptr::null_mut();
+        check(unsafe {
+            sys::gptoss_conversation_parse_json(json.as_ptr() as *const c_char, json.len(), &mut conversation)
+        })?;
+        // SAFETY: the request and its strings live until gptoss_conversation_free, below.
+        let request = unsafe {
+            let r = &*sys::gptoss_conversation_get_request(conversation);
+            let messages = slice(r.messages, r.n_messages).iter().map(|m| message_from_c(m)).collect();
+            let tools = slice(r.tools, r.n_tools)
+                .iter()
+                .map(|t| Tool {
+                    name: cstr(t.name).unwrap_or_default(),
+                    description: cstr(t.description).unwrap_or_default(),
+                    parameters: cstr(t.parameters),
+                })
+                .collect();
+            ChatRequest {
+                messages,
+                instructions: cstr(r.instructions),
+                tools,
+                reasoning_effort: match r.reasoning_effort {
+                    sys::GPTOSS_REASONING_LOW => ReasoningEffort::Low,
+                    sys::GPTOSS_REASONING_HIGH => ReasoningEffort::High,
+                    _ => ReasoningEffort::Medium,
+                },
+                current_date: cstr(r.current_date),
+                keep_analysis: r.keep_analysis,
+            }
+        };
+        unsafe { sys::gptoss_conversation_free(conversation) };
+        Ok(request)
+    }
+}
+
+unsafe fn message_from_c(m: &sys::gptoss_message) -> Message {
+    Message {
+        role: Role::from_raw(m.role),
+        channel: Channel::from_raw(m.channel),
+        content: cstr(m.content).unwrap_or_default(),
+        author: cstr(m.author),
+        recipient: cstr(m.recipient),
+        content_type: cstr(m.content_type),
+    }
+}
+
 /// The C request plus every string and array it points into.
 struct CRequest {
     request: sys::gptoss_chat_request,
@@ -1114,17 +1166,7 @@ impl Session {
                     content_type: cstr(c.content_type),
                 })
                 .collect();
-            let messages = slice(r.messages, r.n_messages)
-                .iter()
-                .map(|m| Message {
-                    role: Role::from_raw(m.role),
-                    channel: Channel::from_raw(m.channel),
-                    content: cstr(m.content).unwrap_or_default(),
-                    author: cstr(m.author),
-                    recipient: cstr(m.recipient),
-                    content_type: cstr(m.content_type),
-                })
-                .collect();
+            let messages = slice(r.messages, r.n_messages).iter().map(|m| message_from_c(m)).collect();
             Ok(ChatOutput {
                 final_answer: cstr(r.final_).unwrap_or_default(),
                 analysis: cstr(r.analysis).unwrap_or_default(),

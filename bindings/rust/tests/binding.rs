@@ -252,6 +252,50 @@ fn chat_with_a_tool_streams_the_turn_it_returns() {
 }
 
 #[test]
+fn openai_json_and_the_message_helpers_render_the_same_conversation() {
+    let model = model();
+    let json = r#"{"messages": [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "reasoning_content": "Need the tool.",
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "user", "content": "Thanks"}],
+      "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Gets the current weather in a city",
+                 "parameters": {"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}],
+      "reasoning_effort": "high"}"#;
+    let parsed = ChatRequest::from_openai_json(json).unwrap();
+    let built = ChatRequest::new(vec![
+        Message::user("What is the weather in Paris?"),
+        Message::assistant(Channel::Analysis, "Need the tool."),
+        Message::tool_call("get_weather", r#"{"city":"Paris"}"#),
+        Message::tool_result("get_weather", "sunny"),
+        Message::user("Thanks"),
+    ])
+    .instructions("Answer briefly.")
+    .tool(Tool::new("get_weather", "Gets the current weather in a city", Some(WEATHER_PARAMS)))
+    .reasoning_effort(ReasoningEffort::High);
+    assert_eq!(parsed.reasoning_effort, ReasoningEffort::High);
+    assert_eq!(parsed.messages.len(), 5, "{:?}", parsed.messages);
+    let rendered = model.render(&built).unwrap();
+    let from_json = model.render(&parsed).unwrap();
+    assert_eq!(
+        from_json,
+        rendered,
+        "JSON renders {:?}, helpers render {:?}",
+        model.detokenize(&from_json).unwrap(),
+        model.detokenize(&rendered).unwrap()
+    );
+}
+
+#[test]
+fn malformed_openai_json_is_invalid_argument_naming_the_field() {
+    let err = ChatRequest::from_openai_json(r#"{"messages": [{"role": "robot", "content": "x"}]}"#).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert!(err.message.contains("messages[0]"), "{}", err.message);
+}
+
+#[test]
 fn chat_result_messages_can_be_appended_to_the_history() {
     let model = model();
     if !chat_implemented(&model) {

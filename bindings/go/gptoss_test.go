@@ -386,6 +386,17 @@ func TestAPromptLongerThanTheContextIsContextFull(t *testing.T) {
 	}
 }
 
+func TestASessionOutlivesItsClosedModel(t *testing.T) {
+	m := loadTiny(t)
+	p, _ := m.Tokenize(prompt, false)
+	s := newSession(t, m, SessionParams{})
+	m.Close()
+	runtime.GC()
+	if r, err := s.Generate(p, sampling(2), nil); err != nil || len(r.Tokens) != 2 {
+		t.Fatalf("%+v, %v", r, err)
+	}
+}
+
 func TestUseAfterCloseIsAnError(t *testing.T) {
 	m := loadTiny(t)
 	s := newSession(t, m, SessionParams{})
@@ -564,5 +575,27 @@ func TestSessionsOnSeveralGoroutinesMatchOne(t *testing.T) {
 		if !reflect.DeepEqual(r, want.Tokens) {
 			t.Fatalf("%v vs %v", r, want.Tokens)
 		}
+	}
+}
+
+// The README's example is Example() in example_test.go, which `go test` compiles; this keeps
+// the two texts identical so the README cannot rot.
+func TestReadmeExampleIsTheCompiledExample(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	source, err := os.ReadFile("example_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := strings.SplitN(strings.SplitN(string(readme), "```go\n", 2)[1], "```", 2)[0]
+	body := strings.SplitN(strings.SplitN(string(source), "func Example() {\n", 2)[1], "\n}\n", 2)[0]
+	lines := strings.Split(body, "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimPrefix(l, "\t")
+	}
+	if want := strings.Join(lines, "\n") + "\n"; block != want {
+		t.Fatalf("README example:\n%s\nexample_test.go:\n%s", block, want)
 	}
 }

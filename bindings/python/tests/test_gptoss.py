@@ -304,6 +304,16 @@ class ModelTest(unittest.TestCase):
             with self.assertRaises(gptoss.InvalidArgumentError):
                 session.chat([{"role": "user", "content": "x"}], reasoning_effort="extreme")
 
+    def test_a_session_outlives_its_closed_model(self) -> None:
+        model = gptoss.Model(MODEL, device="cpu")
+        prompt = model.tokenize(PROMPT)
+        session = model.session()
+        model.close()
+        del model
+        gc.collect()
+        with session:
+            self.assertEqual(len(session.generate(prompt, seed=SEED, max_tokens=2).tokens), 2)
+
     def test_used_after_close_raises(self) -> None:
         session = self.model.session()
         session.close()

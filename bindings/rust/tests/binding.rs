@@ -177,6 +177,15 @@ fn a_panic_in_the_closure_stops_generation_and_resumes() {
 }
 
 #[test]
+fn a_session_outlives_its_dropped_model() {
+    let (mut session, prompt) = {
+        let model = model();
+        (model.session(SessionParams::default()).unwrap(), model.tokenize(PROMPT, false).unwrap())
+    };
+    assert_eq!(session.generate(&prompt, &Sampling::new().seed(SEED).max_tokens(2)).unwrap().tokens.len(), 2);
+}
+
+#[test]
 fn a_prompt_longer_than_the_context_is_context_full() {
     let model = model();
     let prompt = model.tokenize(&PROMPT.repeat(8), false).unwrap();

@@ -10,10 +10,15 @@ set -euo pipefail
 
 chat="${GPTOSS_CHAT:-${GPTOSS_BUILD_DIR:?}/gptoss-chat}"
 model="${GPTOSS_TINY_MODEL:?}"
+# `make test` installs tmux first (tools/install-deps.sh), so this skip is seen only where the
+# tests run by hand without it, such as the GPU machine.
 if ! command -v tmux >/dev/null; then
-    echo "FAIL: tmux is not installed (tools/install-deps.sh installs it)" >&2
-    exit 1
+    echo "SKIPPED: tmux is not installed (tools/install-deps.sh installs it)"
+    exit 0
 fi
+# Without libedit (its -dev package missing at build time) input is plain and has no history.
+libedit=0
+"$chat" --version | grep -q "line editing: libedit" && libedit=1
 
 work=$(mktemp -d)
 sock="gptoss-test-$$"
@@ -122,7 +127,7 @@ EOF
 
 # --- history file, then Ctrl-D exits with status 0 --------------------------------------------
 # libedit writes entries vis(3)-encoded (a space is \040) after a _HiStOrY_V2_ line.
-python3 - "$work/history" <<'EOF' || fail "input history file is wrong"
+((libedit == 0)) || python3 - "$work/history" <<'EOF' || fail "input history file is wrong"
 import re, sys
 lines = open(sys.argv[1]).read().splitlines()
 entries = [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), l) for l in lines if l != "_HiStOrY_V2_"]

@@ -230,7 +230,13 @@ Options parse_args(int argc, char** argv) {
         };
         if (arg == "-h" || arg == "--help") { usage(stdout); std::exit(0); }
         else if (arg == "--version") {
-            std::printf("%s %s (library %u)\n", kProgram, GPTOSS_VERSION_STRING, gptoss_version());
+#ifdef GPTOSS_HAVE_LIBEDIT
+            const char* editing = "libedit";
+#else
+            const char* editing = "none";
+#endif
+            std::printf("%s %s (library %u, line editing: %s)\n", kProgram, GPTOSS_VERSION_STRING, gptoss_version(),
+                        editing);
             std::exit(0);
         }
         else if (arg == "-m" || arg == "--model") o.model_dir = next();

@@ -74,19 +74,29 @@ gptoss_status check_word(const char* text, const std::string& where) {
     return GPTOSS_OK;
 }
 
+// The value a C caller stored in an enum field. Read through memcpy: a value outside the
+// enumerators (7 in a gptoss_role) is undefined behaviour to load as the C++ enum type.
+template <typename E>
+int enum_value(const E& field) {
+    static_assert(sizeof(E) == sizeof(int), "C enums are int-sized");
+    int value;
+    std::memcpy(&value, &field, sizeof value);
+    return value;
+}
+
 // Validates `in` (already read with read_params) and builds the conversation gptoss_chat renders.
 gptoss_status build_conversation(const gptoss_chat_request& in, h::Conversation* out) {
     if (in.n_messages > 0 && in.messages == nullptr)
         return fail(GPTOSS_ERR_INVALID_ARGUMENT, "request.messages: NULL with n_messages %zu", in.n_messages);
     if (in.n_tools > 0 && in.tools == nullptr)
         return fail(GPTOSS_ERR_INVALID_ARGUMENT, "request.tools: NULL with n_tools %zu", in.n_tools);
-    if (in.reasoning_effort < GPTOSS_REASONING_LOW || in.reasoning_effort > GPTOSS_REASONING_HIGH)
-        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "request.reasoning_effort: %d is not LOW, MEDIUM or HIGH",
-                    int(in.reasoning_effort));
+    const int effort = enum_value(in.reasoning_effort);
+    if (effort < GPTOSS_REASONING_LOW || effort > GPTOSS_REASONING_HIGH)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "request.reasoning_effort: %d is not LOW, MEDIUM or HIGH", effort);
     h::Conversation c;
     c.has_system = true;
     static const char* efforts[] = {"low", "medium", "high"};
-    c.system.reasoning = efforts[in.reasoning_effort];
+    c.system.reasoning = efforts[effort];
     if (in.current_date != nullptr) {
         GPTOSS_TRY(check_text(in.current_date, "request.current_date"));
         c.system.current_date = in.current_date;
@@ -129,13 +139,15 @@ gptoss_status build_conversation(const gptoss_chat_request& in, h::Conversation*
         const std::string at = "messages[" + std::to_string(i) + "]";
         if (m.content == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.content: NULL", at.c_str());
         GPTOSS_TRY(check_text(m.content, at + ".content"));
-        if (m.channel < GPTOSS_CHANNEL_NONE || m.channel > GPTOSS_CHANNEL_FINAL)
-            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.channel: %d is not a gptoss_channel", at.c_str(), int(m.channel));
+        const int channel = enum_value(m.channel);
+        if (channel < GPTOSS_CHANNEL_NONE || channel > GPTOSS_CHANNEL_FINAL)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.channel: %d is not a gptoss_channel", at.c_str(), channel);
+        const int role = enum_value(m.role);
         if (m.recipient != nullptr) GPTOSS_TRY(check_word(m.recipient, at + ".recipient"));
         if (m.content_type != nullptr) GPTOSS_TRY(check_word(m.content_type, at + ".content_type"));
         h::Message out_m;
         out_m.content = m.content;
-        switch (m.role) {
+        switch (role) {
         case GPTOSS_ROLE_USER:
             out_m.role = h::Role::User;
             break;
@@ -170,7 +182,7 @@ gptoss_status build_conversation(const gptoss_chat_request& in, h::Conversation*
             if (m.content_type != nullptr) out_m.content_type = m.content_type;
             break;
         default:
-            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.role: %d is not USER, ASSISTANT or TOOL", at.c_str(), int(m.role));
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.role: %d is not USER, ASSISTANT or TOOL", at.c_str(), role);
         }
         c.messages.push_back(std::move(out_m));
     }
@@ -238,52 +250,6 @@ struct ChatResult {
     }
 };
 
-// Holds back final-channel text that could be the start of a stop string, so neither events
-// nor the result ever contain a stop string (API.md: "not included in the output").
-class StopStringMatcher {
-public:
-    explicit StopStringMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
-    bool active() const { return !stops_.empty(); }
-    // Appends `delta` to the message text; stores in *emit what may be shown now. Returns true
-    // (and the cut position in the message) when a stop string has appeared.
-    bool push(const std::string& delta, bool message_closed, std::string* emit, size_t* cut) {
-        const size_t from = text_.size();
-        text_ += delta;
-        for (const std::string& s : stops_) {
-            const size_t at = text_.find(s, from >= s.size() ? from - s.size() + 1 : 0);
-            if (at != std::string::npos && at < best_) best_ = at;
-        }
-        if (best_ != std::string::npos) {
-            *emit = best_ > emitted_ ? text_.substr(emitted_, best_ - emitted_) : std::string();
-            *cut = best_;
-            return true;
-        }
-        size_t hold = 0;
-        if (!message_closed)
-            for (const std::string& s : stops_)
-                for (size_t k = std::min(s.size() - 1, text_.size()); k > hold; --k)
-                    if (text_.compare(text_.size() - k, k, s, 0, k) == 0) {
-                        hold = k;
-                        break;
-                    }
-        const size_t upto = text_.size() - hold;
-        *emit = upto > emitted_ ? text_.substr(emitted_, upto - emitted_) : std::string();
-        emitted_ = std::max(emitted_, upto);
-        if (message_closed) reset();
-        return false;
-    }
-    void reset() {
-        text_.clear();
-        emitted_ = 0;
-        best_ = std::string::npos;
-    }
-private:
-    std::vector<std::string> stops_;
-    std::string text_;
-    size_t emitted_ = 0;
-    size_t best_ = std::string::npos;
-};
-
 }  // namespace
 
 // The extern "C" functions sit inside namespace gptoss only for name lookup; C linkage gives
@@ -347,54 +313,22 @@ GPTOSS_API gptoss_status gptoss_chat(gptoss_session* session, const gptoss_chat_
         options.stop_tokens = {h::kReturn, h::kCall, h::kEndOfText};
         set_snapshot_at(&options, reuse_hint);
 
-        h::StreamParser parser(tokenizer, /*assistant_started=*/true);
-        StopStringMatcher matcher(std::vector<std::string>(params.stop_strings, params.stop_strings + params.n_stop_strings));
-        size_t cut_message = SIZE_MAX, cut_at = 0;
-        std::string delta, text;
+        h::ChatStream stream(tokenizer,
+                             std::vector<std::string>(params.stop_strings, params.stop_strings + params.n_stop_strings));
         options.on_token = [&](int32_t token) -> int {
-            const bool was_content = parser.in_content();
-            const size_t n_before = parser.messages().size();
-            const h::ParsedMessage before = was_content ? parser.current() : h::ParsedMessage();
-            parser.push(token, &delta);
-            const bool closed = parser.messages().size() != n_before;
-            bool stop = false;
-            if (was_content && matcher.active() && before.role == h::Role::Assistant && before.channel == "final") {
-                size_t cut = 0;
-                stop = matcher.push(delta, closed, &text, &cut);
-                if (stop) {
-                    cut_message = n_before;
-                    cut_at = cut;
-                }
-            } else {
-                text = delta;
-            }
-            if (on_event != nullptr) {
-                // The channel of the message this token belongs to: the one it closed or
-                // continued, or the one whose header it just completed.
-                const h::ParsedMessage& m = was_content ? before : parser.current();
-                const bool known = was_content || parser.in_content();
-                gptoss_event event;
-                std::memset(&event, 0, sizeof event);
-                event.struct_size = sizeof event;
-                event.token = token;
-                event.text = text.c_str();
-                event.text_len = text.size();
-                event.channel = known ? channel_enum(m.channel) : GPTOSS_CHANNEL_NONE;
-                event.recipient = known && !m.recipient.empty() ? m.recipient.c_str() : nullptr;
-                if (!on_event(user_data, &event)) return GPTOSS_STOP_CANCELLED;
-            }
+            gptoss_event event;
+            const bool stop = stream.push(token, &event);
+            if (on_event != nullptr && !on_event(user_data, &event)) return GPTOSS_STOP_CANCELLED;
             return stop ? GPTOSS_STOP_STRING : kContinue;
         };
         GenerateOutput output;
         GPTOSS_TRY(session_generate(session, prompt.data(), prompt.size(), options, &output));
-        parser.finish(&delta);
+        stream.finish();
 
         // Build the new result, then swap (API.md §2).
         auto storage = std::make_shared<ChatResult>();
         ChatResult& r = *storage;
-        std::vector<h::ParsedMessage> messages = parser.messages();
-        if (cut_message < messages.size() && cut_at <= messages[cut_message].content.size())
-            messages[cut_message].content.resize(cut_at);
+        const std::vector<h::ParsedMessage> messages = stream.messages();
         std::string final_text, analysis_text;
         for (const h::ParsedMessage& m : messages) {
             // Only the assistant's messages: what the model writes in another role (a

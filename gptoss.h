@@ -344,11 +344,16 @@ typedef enum gptoss_reasoning_effort {
 // One Harmony message. The layout of this struct never changes (arrays need a fixed stride).
 typedef struct gptoss_message {
     gptoss_role    role;
-    gptoss_channel channel;        // assistant: required; tool: COMMENTARY; user: NONE
-    const char*    content;
-    const char*    author;         // tool results: the tool, e.g. "functions.get_weather"; else NULL
-    const char*    recipient;      // tool calls: e.g. "functions.get_weather"; else NULL
-    const char*    content_type;   // tool calls: e.g. "json" (rendered <|constrain|>json); else NULL
+    gptoss_channel channel;        // assistant: ANALYSIS, COMMENTARY or FINAL (NONE renders no
+                                   // channel); tool: COMMENTARY; user: ignored
+    const char*    content;        // required (may be "")
+    const char*    author;         // tool results: the tool, e.g. "functions.get_weather", which an
+                                   // earlier assistant message must have as recipient; else NULL
+    const char*    recipient;      // tool calls: e.g. "functions.get_weather"; tool results: NULL
+                                   // renders "to=assistant"; else NULL. No whitespace.
+    const char*    content_type;   // tool calls: "json" or, as the parser returns it,
+                                   // "<|constrain|>json" (both render " <|constrain|>json"); any
+                                   // other value renders as plain " value"; else NULL
 } gptoss_message;
 
 // A function the model may call. Layout never changes.
@@ -392,12 +397,14 @@ typedef struct gptoss_chat_result {
     const char*             final;          // the answer for the user; "" if none
     const char*             analysis;       // chain of thought; not held to the safety standard of
                                             // final answers, so do not show it to end users
-    const gptoss_tool_call* tool_calls;
+    const gptoss_tool_call* tool_calls;     // the assistant messages with a recipient; NULL if none
     size_t                  n_tool_calls;
-    const gptoss_message*   messages;       // this turn, parsed; append to the history as they are
+    const gptoss_message*   messages;       // this turn's assistant messages, parsed; append them
+                                            // to the history as they are (NULL if none)
     size_t                  n_messages;
     gptoss_stop_reason      stop_reason;
     const char*             raw;            // the completion as text, special tokens included
+                                            // (valid UTF-8: a cut-off character becomes U+FFFD)
     uint32_t                n_prompt_tokens;
     uint32_t                n_cached_tokens;
     uint32_t                n_completion_tokens;
@@ -405,16 +412,28 @@ typedef struct gptoss_chat_result {
     double                  decode_ms;
 } gptoss_chat_result;
 
-// Renders `request` in the Harmony format, up to and including "<|start|>assistant".
-// Buffer rules as for gptoss_tokenize(). Useful for gptoss_generate() and for tests.
+// Renders `request` in the Harmony format, up to and including "<|start|>assistant", exactly
+// as openai/harmony renders it, with the analysis of every turn that ended in a final message
+// dropped unless request->keep_analysis. Message text is always plain text: content spelling
+// "<|end|>" cannot become a special token. Buffer rules as for gptoss_tokenize(). Useful for
+// gptoss_generate() and for tests. A NULL string that is required, an unknown enum value,
+// non-UTF-8 text, a tool result answering no earlier tool call, or a tool whose parameters are
+// not a JSON Schema object fails with GPTOSS_ERR_INVALID_ARGUMENT naming the field
+// ("messages[3].content: invalid UTF-8 at byte 5", "tools[0].parameters.properties: ...").
 GPTOSS_API gptoss_status gptoss_chat_render(const gptoss_model* model,
                                             const gptoss_chat_request* request,
                                             int32_t* tokens, size_t capacity,
                                             size_t* n_tokens_out);
 
-// Generates the assistant's next turn for `request` and parses it. The parser is lenient:
-// a malformed message header never fails the call; its text still appears in `raw`.
+// Generates the assistant's next turn for `request` and parses it. Sampling stops on
+// <|return|>, <|call|> or <|endoftext|> (never on <|end|>, which ends each analysis message);
+// sampling->stop_tokens is ignored and sampling->stop_strings match final-channel text only.
+// The parser is lenient: a malformed message header never fails the call; its text still
+// appears in `raw`. Requests are checked as by gptoss_chat_render().
 // `sampling` may be NULL for defaults; `on_event` may be NULL.
+// The session reuses the longest prefix it still holds; the next turn's prompt diverges inside
+// the turn generated last (CoT dropping, re-rendered tool calls), and n_cached_tokens shows
+// how much was reused.
 // On success stores a result owned by the session in *result_out, valid until the next
 // gptoss_generate(), gptoss_chat() or gptoss_session_free() on this session.
 GPTOSS_API gptoss_status gptoss_chat(gptoss_session* session,

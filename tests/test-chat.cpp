@@ -130,6 +130,13 @@ void expect_json_error(const std::string& json, const std::string& field) {
     CHECK(error.find(field) == 0);
 }
 
+// Stores a value no enumerator has, as a C caller could (a C++ cast would be undefined).
+template <typename E>
+void set_raw(E* field, int value) {
+    static_assert(sizeof(E) == sizeof(int), "C enums are int-sized");
+    std::memcpy(field, &value, sizeof value);
+}
+
 void expect_request_error(const gptoss_chat_request& request, const std::string& field) {
     size_t n = 0;
     CHECK(gptoss_chat_render(tiny_model(), &request, nullptr, 0, &n) == GPTOSS_ERR_INVALID_ARGUMENT);
@@ -248,7 +255,8 @@ TEST_CASE("bad requests fail with INVALID_ARGUMENT naming the field") {
     }
     {
         gptoss_message h[] = {message(GPTOSS_ROLE_USER, GPTOSS_CHANNEL_NONE, "ok"),
-                              message(gptoss_role(7), GPTOSS_CHANNEL_NONE, "x")};
+                              message(GPTOSS_ROLE_USER, GPTOSS_CHANNEL_NONE, "x")};
+        set_raw(&h[1].role, 7);
         gptoss_chat_request r = gptoss_chat_default_request();
         r.messages = h;
         r.n_messages = 2;
@@ -278,7 +286,7 @@ TEST_CASE("bad requests fail with INVALID_ARGUMENT naming the field") {
         gptoss_chat_request r = gptoss_chat_default_request();
         r.messages = h;
         r.n_messages = 1;
-        h[0].channel = gptoss_channel(9);
+        set_raw(&h[0].channel, 9);
         expect_request_error(r, "messages[0].channel: 9 is not a gptoss_channel");
         h[0].channel = GPTOSS_CHANNEL_COMMENTARY;
         h[0].recipient = "functions.a b";
@@ -292,7 +300,7 @@ TEST_CASE("bad requests fail with INVALID_ARGUMENT naming the field") {
         r.n_tools = 1;
         expect_request_error(r, "request.tools: NULL with n_tools 1");
         r.tools = tools;
-        r.reasoning_effort = gptoss_reasoning_effort(5);
+        set_raw(&r.reasoning_effort, 5);
         expect_request_error(r, "request.reasoning_effort: 5");
         r.reasoning_effort = GPTOSS_REASONING_LOW;
         r.instructions = "\xFF";

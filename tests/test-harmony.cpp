@@ -819,3 +819,108 @@ TEST_CASE("render → parse round trip for random assistant messages") {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// Chat streaming: events and stop strings (what gptoss_chat does per token)
+
+namespace {
+
+struct StreamRun {
+    std::vector<gptoss_event> events;  // text/recipient pointers cleared; see texts/recipients
+    std::vector<std::string> texts, recipients;
+    int stopped_at = -1;               // index of the token that completed a stop string
+    std::vector<h::ParsedMessage> messages;
+};
+
+StreamRun stream_text(const std::string& output, std::vector<std::string> stops) {
+    StreamRun run;
+    h::ChatStream stream(byte_tokenizer(), std::move(stops));
+    const std::vector<int32_t> tokens = byte_tokens(output);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        gptoss_event e;
+        const bool stop = stream.push(tokens[i], &e);
+        run.texts.emplace_back(e.text, e.text_len);
+        run.recipients.emplace_back(e.recipient ? e.recipient : "");
+        e.text = nullptr;
+        e.recipient = nullptr;
+        run.events.push_back(e);
+        if (stop) {
+            run.stopped_at = int(i);
+            break;
+        }
+    }
+    stream.finish();
+    run.messages = stream.messages();
+    return run;
+}
+
+std::string joined(const std::vector<std::string>& texts) {
+    std::string all;
+    for (const std::string& t : texts) all += t;
+    return all;
+}
+
+}  // namespace
+
+TEST_CASE("chat stream: every event carries its message's channel and recipient, headers carry none") {
+    const std::string out = "<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=functions.f<|channel|>commentary "
+                            "<|constrain|>json<|message|>{}<|call|>";
+    const StreamRun run = stream_text(out, {});
+    const std::vector<int32_t> tokens = byte_tokens(out);
+    REQUIRE(run.events.size() == tokens.size());
+    CHECK(joined(run.texts) == "hm{}");
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        INFO("token " << i);
+        CHECK(run.events[i].struct_size == sizeof(gptoss_event));
+        CHECK(run.events[i].token == tokens[i]);
+    }
+    // "<|channel|>analysis" (9 tokens) is header: no channel yet; <|message|> opens analysis.
+    CHECK(run.events[0].channel == GPTOSS_CHANNEL_NONE);
+    CHECK(run.events[9].channel == GPTOSS_CHANNEL_ANALYSIS);  // <|message|>
+    CHECK(run.events[10].channel == GPTOSS_CHANNEL_ANALYSIS);
+    CHECK(run.texts[10] == "h");
+    CHECK(run.events[12].channel == GPTOSS_CHANNEL_ANALYSIS);  // <|end|> closes analysis
+    CHECK(run.events[13].channel == GPTOSS_CHANNEL_NONE);      // <|start|>
+    size_t brace = 0;
+    while (brace < run.texts.size() && run.texts[brace] != "{") ++brace;
+    REQUIRE(brace < run.texts.size());
+    CHECK(tokens[brace] == '{');
+    CHECK(run.texts[brace] == "{");
+    CHECK(run.events[brace].channel == GPTOSS_CHANNEL_COMMENTARY);
+    CHECK(run.recipients[brace] == "functions.f");
+    CHECK(run.recipients[10].empty());
+    CHECK(run.events.back().token == h::kCall);
+    CHECK(run.recipients.back() == "functions.f");
+}
+
+TEST_CASE("chat stream: a stop string in final text stops, and no event or message contains it") {
+    const StreamRun run =
+        stream_text("<|channel|>analysis<|message|>say STOP here<|end|><|start|>assistant<|channel|>final<|message|>"
+                    "Hi ST, STAR STOP rest<|return|>",
+                    {"STOP"});
+    const std::string events = joined(run.texts);
+    CHECK(events == "say STOP hereHi ST, STAR ");  // the analysis may say it; the final may not
+    REQUIRE(run.stopped_at >= 0);
+    CHECK(run.events[size_t(run.stopped_at)].channel == GPTOSS_CHANNEL_FINAL);
+    REQUIRE(run.messages.size() == 2);
+    CHECK(run.messages[0].content == "say STOP here");
+    CHECK(run.messages[1].content == "Hi ST, STAR ");
+    CHECK(run.messages[1].end_token == -1);
+}
+
+TEST_CASE("chat stream: text held back for a possible stop string is released when the message ends") {
+    const StreamRun run = stream_text("<|channel|>final<|message|>Hello ST<|return|>", {"STOP", "xyz"});
+    CHECK(run.stopped_at == -1);
+    CHECK(joined(run.texts) == "Hello ST");
+    // "S" and "T" are held until <|return|> shows that no stop string follows.
+    CHECK(run.texts[run.texts.size() - 1] == "ST");
+    REQUIRE(run.messages.size() == 1);
+    CHECK(run.messages[0].content == "Hello ST");
+}
+
+TEST_CASE("chat stream: the earliest of several stop strings wins, even inside one delta") {
+    const StreamRun run = stream_text("<|channel|>final<|message|>abcdef", {"de", "bcd"});
+    REQUIRE(run.stopped_at >= 0);
+    CHECK(joined(run.texts) == "a");
+    CHECK(run.messages.at(0).content == "a");
+}

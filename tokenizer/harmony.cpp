@@ -853,5 +853,92 @@ void StreamParser::finish(std::string* delta) {
     else if (state_ == State::Content) close_content(-1, delta);
 }
 
+// ---------------------------------------------------------------------------
+// Chat streaming
+
+static gptoss_channel channel_enum(const std::string& channel) {
+    if (channel == "analysis") return GPTOSS_CHANNEL_ANALYSIS;
+    if (channel == "commentary") return GPTOSS_CHANNEL_COMMENTARY;
+    if (channel == "final") return GPTOSS_CHANNEL_FINAL;
+    return GPTOSS_CHANNEL_NONE;
+}
+
+ChatStream::ChatStream(const Tokenizer& tokenizer, std::vector<std::string> stop_strings)
+    : parser_(tokenizer, /*assistant_started=*/true), stops_(std::move(stop_strings)) {
+    stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()), stops_.end());
+}
+
+// Appends `delta` to the final message's text; *emit gets what may be shown now: everything
+// but a tail that could still become a stop string (all of it once the message closed).
+bool ChatStream::match(const std::string& delta, bool message_closed, std::string* emit) {
+    const size_t from = final_.size();
+    final_ += delta;
+    size_t found = std::string::npos;
+    for (const std::string& s : stops_) {
+        const size_t at = final_.find(s, from >= s.size() ? from - s.size() + 1 : 0);
+        if (at != std::string::npos) found = std::min(found, at);
+    }
+    size_t upto = final_.size();
+    if (found != std::string::npos) {
+        upto = found;
+    } else if (!message_closed) {
+        size_t hold = 0;
+        for (const std::string& s : stops_)
+            for (size_t k = std::min(s.size() - 1, final_.size()); k > hold; --k)
+                if (final_.compare(final_.size() - k, k, s, 0, k) == 0) {
+                    hold = k;
+                    break;
+                }
+        upto = final_.size() - hold;
+    }
+    *emit = upto > final_emitted_ ? final_.substr(final_emitted_, upto - final_emitted_) : std::string();
+    final_emitted_ = std::max(final_emitted_, upto);
+    if (found != std::string::npos) {
+        cut_at_ = found;
+        return true;
+    }
+    if (message_closed) {
+        final_.clear();
+        final_emitted_ = 0;
+    }
+    return false;
+}
+
+bool ChatStream::push(int32_t token, gptoss_event* event) {
+    const bool was_content = parser_.in_content();
+    const size_t n_before = parser_.messages().size();
+    const ParsedMessage before = was_content ? parser_.current() : ParsedMessage();
+    parser_.push(token, &delta_);
+    const bool closed = parser_.messages().size() != n_before;
+    bool stop = false;
+    if (was_content && !stops_.empty() && before.role == Role::Assistant && before.channel == "final") {
+        stop = match(delta_, closed, &text_);
+        if (stop) cut_message_ = n_before;
+    } else {
+        text_ = delta_;
+    }
+    // The message this token belongs to: the one it continued or closed, or the one whose
+    // header it completed; a token inside a header belongs to no known channel yet.
+    const bool known = was_content || parser_.in_content();
+    const ParsedMessage& m = was_content ? before : parser_.current();
+    recipient_ = known ? m.recipient : std::string();
+    std::memset(event, 0, sizeof *event);
+    event->struct_size = sizeof *event;
+    event->token = token;
+    event->text = text_.c_str();
+    event->text_len = text_.size();
+    event->channel = known ? channel_enum(m.channel) : GPTOSS_CHANNEL_NONE;
+    event->recipient = recipient_.empty() ? nullptr : recipient_.c_str();
+    return stop;
+}
+
+void ChatStream::finish() { parser_.finish(&delta_); }
+
+std::vector<ParsedMessage> ChatStream::messages() const {
+    std::vector<ParsedMessage> out = parser_.messages();
+    if (cut_message_ < out.size() && cut_at_ <= out[cut_message_].content.size()) out[cut_message_].content.resize(cut_at_);
+    return out;
+}
+
 }  // namespace harmony
 }  // namespace gptoss

@@ -10,6 +10,7 @@
 #include "tokenizer/tokenizer.h"
 
 #include <cstdint>
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -180,6 +181,31 @@ private:
     ParsedMessage current_;
     Utf8StreamDecoder utf8_;
     std::vector<ParsedMessage> messages_;
+};
+
+// One chat turn's streaming (what gptoss_chat does per sampled token): feeds the parser,
+// describes each token as a gptoss_event (channel and recipient of the message it belongs to,
+// content text as valid UTF-8), and matches stop strings against final-channel text, holding
+// back text that could be the start of one so that no event and no message ever contains a
+// stop string.
+class ChatStream {
+public:
+    ChatStream(const Tokenizer& tokenizer, std::vector<std::string> stop_strings);
+    // Feeds one token and fills *event (struct_size, token, text, channel, recipient; the
+    // pointers live until the next push). Returns true when a stop string has just appeared.
+    bool push(int32_t token, gptoss_event* event);
+    // Ends the output. Then messages() holds the turn, the final message cut before the stop string.
+    void finish();
+    std::vector<ParsedMessage> messages() const;
+
+private:
+    bool match(const std::string& delta, bool message_closed, std::string* emit);
+    StreamParser parser_;
+    std::vector<std::string> stops_;
+    std::string delta_, text_, recipient_;
+    std::string final_;          // the current final message's text so far
+    size_t final_emitted_ = 0;   // bytes of final_ already in events
+    size_t cut_message_ = SIZE_MAX, cut_at_ = 0;
 };
 
 // Parses a header's text (specials spelled by name) into `out`'s role/name/recipient/channel/

@@ -308,6 +308,9 @@ struct GenerateOptions {
     uint32_t max_tokens = 0;              // 0: until a stop or a full context
     std::vector<int32_t> stop_tokens;
     TokenHook on_token;                   // may be empty
+    uint32_t snapshot_at = 0;             // where to snapshot the sliding rings: 0 (or >= n_prompt)
+                                          // = end of the prefill; else this prompt position. Chat
+                                          // passes where the next turn's CoT drop will diverge.
 };
 
 struct GenerateOutput {

@@ -317,20 +317,36 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
     if (session->snapshot_pos > resume) session->snapshot_pos = 0;  // its prefix is about to change
     out->n_cached_tokens = resume;
 
-    // Prefill in chunks of max_batch; cancel is checked between chunks.
+    // Where to snapshot the sliding rings: options.snapshot_at, else the end of the prefill.
+    // A position already behind us is kept only if the current snapshot is exactly there.
+    uint32_t snap = options.snapshot_at == 0 || options.snapshot_at > n_prompt ? uint32_t(n_prompt) : options.snapshot_at;
+    bool snapped = false;
+    if (snap < resume) {
+        if (session->snapshot_pos == snap) snapped = true;
+        else snap = uint32_t(n_prompt);
+    }
+    // Prefill in chunks of max_batch, split at the snapshot; cancel is checked between chunks.
     for (uint32_t pos = resume; pos < n_prompt;) {
+        if (!snapped && pos == snap) {
+            GPTOSS_TRY(backend.save_sliding_snapshot());
+            session->snapshot_pos = snap;
+            snapped = true;
+        }
         if (session->cancel_requested.load()) {
             out->stop_reason = GPTOSS_STOP_CANCELLED;
             out->prefill_ms = ms_since(start);
             return GPTOSS_OK;
         }
-        const uint32_t n = std::min<uint32_t>(session->max_batch, uint32_t(n_prompt) - pos);
+        uint32_t n = std::min<uint32_t>(session->max_batch, uint32_t(n_prompt) - pos);
+        if (!snapped && pos < snap) n = std::min(n, snap - pos);
         GPTOSS_TRY(forward_or_forget(session, prompt + pos, n, pos));
         session->cached.insert(session->cached.end(), prompt + pos, prompt + pos + n);
         pos += n;
     }
-    GPTOSS_TRY(backend.save_sliding_snapshot());
-    session->snapshot_pos = uint32_t(n_prompt);
+    if (!snapped) {
+        GPTOSS_TRY(backend.save_sliding_snapshot());
+        session->snapshot_pos = uint32_t(n_prompt);
+    }
     out->prefill_ms = ms_since(start);
 
     // Decode.

@@ -637,3 +637,45 @@ TEST_CASE("turn-to-turn reuse: a 3-turn tool conversation re-prefills only what 
         previous_prompt = prompt;
     }
 }
+
+// A tool loop that goes on (a second call after the first result) and then ends: the session
+// snapshots where CoT dropping will diverge, so the continuing turn re-prefills the loop so
+// far (from the end of turn 1's prompt), and every turn matches a fresh session.
+TEST_CASE("turn-to-turn reuse: a continuing tool loop reuses the prompt before the loop and matches a fresh session") {
+    gptoss_tool tools[] = {{"get_weather", "Gets the weather.", kWeatherSchema}};
+    const gptoss_message m[] = {
+        message(GPTOSS_ROLE_USER, GPTOSS_CHANNEL_NONE, "Compare the weather in Paris and Rome, please."),
+        message(GPTOSS_ROLE_ASSISTANT, GPTOSS_CHANNEL_ANALYSIS, "Two cities: call get_weather twice, Paris first."),
+        message(GPTOSS_ROLE_ASSISTANT, GPTOSS_CHANNEL_COMMENTARY, "{\"location\":\"Paris\"}", "functions.get_weather", "json"),
+        message(GPTOSS_ROLE_TOOL, GPTOSS_CHANNEL_COMMENTARY, "{\"temperature\":21}", nullptr, nullptr, "functions.get_weather"),
+        message(GPTOSS_ROLE_ASSISTANT, GPTOSS_CHANNEL_ANALYSIS, "Now Rome."),
+        message(GPTOSS_ROLE_ASSISTANT, GPTOSS_CHANNEL_COMMENTARY, "{\"location\":\"Rome\"}", "functions.get_weather", "json"),
+        message(GPTOSS_ROLE_TOOL, GPTOSS_CHANNEL_COMMENTARY, "{\"temperature\":25}", nullptr, nullptr, "functions.get_weather"),
+        message(GPTOSS_ROLE_ASSISTANT, GPTOSS_CHANNEL_ANALYSIS, "Rome is warmer."),
+        message(GPTOSS_ROLE_ASSISTANT, GPTOSS_CHANNEL_FINAL, "Rome is 4 degrees warmer than Paris."),
+        message(GPTOSS_ROLE_USER, GPTOSS_CHANNEL_NONE, "Thanks!"),
+    };
+    const size_t turn_sizes[] = {1, 4, 7, 10};
+    Session reused;
+    size_t first_prompt = 0;
+    for (size_t k = 0; k < 4; ++k) {
+        INFO("turn " << k + 1);
+        gptoss_chat_request request = gptoss_chat_default_request();
+        request.messages = m;
+        request.n_messages = turn_sizes[k];
+        request.tools = tools;
+        request.n_tools = 1;
+        const gptoss_sampling_params s = sampling(200 + k, 16);
+        Recorder got, want;
+        const gptoss_chat_result* r = nullptr;
+        REQUIRE(gptoss_chat(reused.s, &request, &s, record, &got, &r) == GPTOSS_OK);
+        const uint32_t cached = r->n_cached_tokens;
+        if (k == 0) first_prompt = r->n_prompt_tokens;
+        Session fresh;
+        const gptoss_chat_result* f = nullptr;
+        REQUIRE(gptoss_chat(fresh.s, &request, &s, record, &want, &f) == GPTOSS_OK);
+        CHECK(got.tokens == want.tokens);
+        MESSAGE("turn " << k + 1 << ": prompt " << f->n_prompt_tokens << ", n_cached_tokens " << cached);
+        if (k > 0) CHECK(cached + 2 >= first_prompt);  // at least turn 1's prompt, less "<|start|>assistant"
+    }
+}

@@ -133,9 +133,9 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
         wp = reinterpret_cast<const uint4*>(wbase) + size_t(slab) * n_chunks * 128 + lane;
     }
 
-    // Ring of kDepth chunks in flight per warp (decode is a chain of dependent round trips
-    // otherwise); at NB = 1 the activation words ride along in the ring too.
-    constexpr int kDepth = NB == 1 ? 4 : 2;
+    // Ring of kDepth weight chunks in flight per warp (decode is otherwise a chain of
+    // dependent round trips).
+    constexpr int kDepth = NB == 1 ? (kFp4 ? 8 : 6) : 2;
     Chunk ring[kDepth];
 #pragma unroll
     for (int i = 0; i < kDepth; ++i) {
@@ -157,23 +157,6 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
             xrow[nb] = nullptr;
         }
     }
-    uint4 xr[NB == 1 ? kDepth : 1][2];
-    auto load_x1 = [&](uint4 (&dst)[2], uint32_t cc) {
-        if (xrow[0]) {
-            dst[0] = __ldg(xrow[0] + size_t(cc) * 8);
-            dst[1] = __ldg(xrow[0] + size_t(cc) * 8 + 1);
-        } else {
-            dst[0] = dst[1] = make_uint4(0, 0, 0, 0);
-        }
-    };
-    if constexpr (NB == 1) {
-#pragma unroll
-        for (int i = 0; i < kDepth; ++i) {
-            const uint32_t cc = uint32_t(warp) + 4u * i;
-            if (cc < n_chunks) load_x1(xr[i], cc);
-        }
-    }
-
     float acc[NB][4];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
@@ -183,19 +166,15 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
         for (int i = 0; i < kDepth; ++i) {
             const uint32_t c = base + 4u * i;
             if (c >= n_chunks) break;
+            // Activations: shared by every warp of the GPU, so L1/L2 hits after the first touch.
             uint4 xb[NB][2];
-            if constexpr (NB == 1) {
-                xb[0][0] = xr[i][0];
-                xb[0][1] = xr[i][1];
-            } else {
 #pragma unroll
-                for (int nb = 0; nb < NB; ++nb) {
-                    if (xrow[nb]) {
-                        xb[nb][0] = __ldg(xrow[nb] + size_t(c) * 8);
-                        xb[nb][1] = __ldg(xrow[nb] + size_t(c) * 8 + 1);
-                    } else {
-                        xb[nb][0] = xb[nb][1] = make_uint4(0, 0, 0, 0);
-                    }
+            for (int nb = 0; nb < NB; ++nb) {
+                if (xrow[nb]) {
+                    xb[nb][0] = __ldg(xrow[nb] + size_t(c) * 8);
+                    xb[nb][1] = __ldg(xrow[nb] + size_t(c) * 8 + 1);
+                } else {
+                    xb[nb][0] = xb[nb][1] = make_uint4(0, 0, 0, 0);
                 }
             }
 #pragma unroll
@@ -211,10 +190,7 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
                 }
             }
             const uint32_t cn = c + 4u * kDepth;
-            if (cn < n_chunks) {
-                load_chunk<kFp4>(ring[i], wp, sp, cn);
-                if constexpr (NB == 1) load_x1(xr[i], cn);
-            }
+            if (cn < n_chunks) load_chunk<kFp4>(ring[i], wp, sp, cn);
         }
     }
 

@@ -2,7 +2,8 @@
 // QKV projection output, splitting it into q (fp32, for attention) and the chunk's k/v (bf16,
 // the cache's precision). Mirrors cpu::rope: angle = fp32(position · inv_freq[i]); cos and sin
 // are multiplied by the YaRN attention factor; out = [x1·cos − x2·sin | x2·cos + x1·sin].
-// Mapping: one CTA per token; threads stride over (head, i < D/2) pairs, then over v.
+// Mapping: one CTA of 1024 threads per token: cos/sin once per frequency in shared memory,
+// then threads stride over (head, i < D/2) pairs, then over v.
 // Floor: memory-bound, ~(Q + 2G)·D·(4 + 4) bytes per token; negligible next to the GEMMs.
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
@@ -11,7 +12,7 @@ namespace gptoss {
 namespace cuda {
 namespace {
 
-__global__ __launch_bounds__(256) void f32_rope_qkv_kernel(const float* __restrict__ qkv,
+__global__ __launch_bounds__(1024) void f32_rope_qkv_kernel(const float* __restrict__ qkv,
                                                           const StepInfo* __restrict__ step,
                                                           const float* __restrict__ inv_freq, float scale,
                                                           float* __restrict__ q, uint16_t* __restrict__ k,
@@ -29,13 +30,19 @@ __global__ __launch_bounds__(256) void f32_rope_qkv_kernel(const float* __restri
     const uint32_t half = D / 2;
     const float pos = float(step->pos0 + int32_t(t));
     const float* row = qkv + size_t(t) * (Q + 2 * G) * D;
+    // cos/sin once per frequency (sincosf is accurate, hence slow, for large angles).
+    __shared__ float cs[128], sn[128];
+    for (uint32_t i = threadIdx.x; i < half; i += blockDim.x) {
+        float s, c;
+        sincosf(pos * inv_freq[i], &s, &c);
+        cs[i] = c * scale;
+        sn[i] = s * scale;
+    }
+    __syncthreads();
     const uint32_t n_rot = (Q + G) * half;
     for (uint32_t idx = threadIdx.x; idx < n_rot; idx += blockDim.x) {
         const uint32_t head = idx / half, i = idx % half;
-        float s, c;
-        sincosf(pos * inv_freq[i], &s, &c);
-        c *= scale;
-        s *= scale;
+        const float c = cs[i], s = sn[i];
         const float x1 = row[head * D + i], x2 = row[head * D + i + half];
         const float o1 = x1 * c - x2 * s, o2 = x2 * c + x1 * s;
         if (head < Q) {
@@ -59,7 +66,8 @@ gptoss_status rope_qkv(const float* qkv, const StepInfo* step, const float* inv_
                        float* q, uint16_t* k, uint16_t* v, uint16_t* k_cache, uint16_t* v_cache,
                        uint32_t slots, uint32_t T, uint32_t Q, uint32_t G, uint32_t D, cudaStream_t stream) {
     if (T == 0) return GPTOSS_OK;
-    GPTOSS_LAUNCH(f32_rope_qkv_kernel, T, 256, 0, stream, qkv, step, inv_freq, scale, q, k, v, k_cache, v_cache, slots, Q, G, D);
+    if (D > 256) return fail(GPTOSS_ERR_UNSUPPORTED, "rope: head_dim %u, at most 256", D);
+    GPTOSS_LAUNCH(f32_rope_qkv_kernel, T, 1024, 0, stream, qkv, step, inv_freq, scale, q, k, v, k_cache, v_cache, slots, Q, G, D);
     GPTOSS_CUDA_LAUNCH_CHECK();
     return GPTOSS_OK;
 }

@@ -98,7 +98,6 @@ __device__ __forceinline__ void fragment(const Chunk& ch, int j, uint32_t (&a)[4
 template <bool kFp4, int NB>
 __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
     __shared__ float red[4][NB * 32 * 4];
-    __shared__ uint4 xs[NB == 1 ? 512 : 1];  // decode: the one activation row (K <= 4096)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const uint32_t slab = blockIdx.x;
@@ -158,16 +157,6 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
             xrow[nb] = nullptr;
         }
     }
-    // Decode (one column): the CTA stages the activation row in shared memory once, so the
-    // K loop never waits on it.
-    const bool staged = NB == 1 && n_cols == 1 && K <= 4096;
-    if (staged) {
-        const uint32_t row = args.routed ? uint32_t(pairs[0]) / args.route.in_div : col_base;
-        const uint4* src = reinterpret_cast<const uint4*>(args.x + size_t(row) * K);
-        for (uint32_t i = threadIdx.x; i < K / 8; i += blockDim.x) xs[i] = __ldg(src + i);
-        __syncthreads();
-    }
-
     float acc[NB][4];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
@@ -181,14 +170,7 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
             uint4 xb[NB][2];
 #pragma unroll
             for (int nb = 0; nb < NB; ++nb) {
-                if (staged) {
-                    if (g == 0) {
-                        xb[nb][0] = xs[c * 8 + t * 2];
-                        xb[nb][1] = xs[c * 8 + t * 2 + 1];
-                    } else {
-                        xb[nb][0] = xb[nb][1] = make_uint4(0, 0, 0, 0);
-                    }
-                } else if (xrow[nb]) {
+                if (xrow[nb]) {
                     xb[nb][0] = __ldg(xrow[nb] + size_t(c) * 8);
                     xb[nb][1] = __ldg(xrow[nb] + size_t(c) * 8 + 1);
                 } else {

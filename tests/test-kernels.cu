@@ -17,11 +17,16 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
 #include <numeric>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -734,6 +739,157 @@ TEST_CASE("the caller's current device is the same after backend calls") {
     OK(s->forward(toks.data(), 8, 0));
     REQUIRE(cudaGetDevice(&after) == cudaSuccess);
     CHECK(before == after);
+}
+
+// A minimal JSON reader for the golden files (simdjson's header does not compile under nvcc).
+struct Json {
+    enum Kind { kNull, kNumber, kString, kArray, kObject } kind = kNull;
+    double number = 0;
+    std::string string;
+    std::vector<Json> items;
+    std::map<std::string, Json> fields;
+    const Json& operator[](const char* key) const {
+        const auto it = fields.find(key);
+        REQUIRE_MESSAGE(it != fields.end(), "golden: field " << key << " missing");
+        return it->second;
+    }
+    std::vector<int32_t> ints() const {
+        std::vector<int32_t> v;
+        for (const Json& j : items) v.push_back(int32_t(j.number));
+        return v;
+    }
+    std::vector<double> reals() const {
+        std::vector<double> v;
+        for (const Json& j : items) v.push_back(j.number);
+        return v;
+    }
+};
+struct JsonParser {
+    const std::string& s;
+    size_t i = 0;
+    void ws() { while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i; }
+    Json parse() {
+        ws();
+        REQUIRE(i < s.size());
+        Json j;
+        const char c = s[i];
+        if (c == '{') {
+            j.kind = Json::kObject;
+            ++i;
+            ws();
+            if (s[i] == '}') { ++i; return j; }
+            for (;;) {
+                ws();
+                const std::string key = parse().string;
+                ws();
+                REQUIRE(s[i] == ':');
+                ++i;
+                j.fields[key] = parse();
+                ws();
+                if (s[i] == ',') { ++i; continue; }
+                REQUIRE(s[i] == '}');
+                ++i;
+                return j;
+            }
+        }
+        if (c == '[') {
+            j.kind = Json::kArray;
+            ++i;
+            ws();
+            if (s[i] == ']') { ++i; return j; }
+            for (;;) {
+                j.items.push_back(parse());
+                ws();
+                if (s[i] == ',') { ++i; continue; }
+                REQUIRE(s[i] == ']');
+                ++i;
+                return j;
+            }
+        }
+        if (c == '"') {
+            j.kind = Json::kString;
+            for (++i; s[i] != '"'; ++i) {
+                if (s[i] == '\\') ++i;  // escapes kept verbatim: only keys and plain strings are used
+                j.string += s[i];
+            }
+            ++i;
+            return j;
+        }
+        if (s.compare(i, 4, "true") == 0 || s.compare(i, 4, "null") == 0) { i += 4; return j; }
+        if (s.compare(i, 5, "false") == 0) { i += 5; return j; }
+        j.kind = Json::kNumber;
+        char* end = nullptr;
+        j.number = std::strtod(s.c_str() + i, &end);
+        REQUIRE(end != s.c_str() + i);
+        i = size_t(end - s.c_str());
+        return j;
+    }
+};
+
+// The transformers oracle (tests/data/golden/tiny-seed1.json, tools/golden.py): logits at the
+// recorded positions within a bf16-sized tolerance, and the oracle's greedy continuation,
+// teacher-forced through decode steps, wherever its top-2 gap exceeds twice that tolerance.
+TEST_CASE("the tiny checkpoint on the GPU reproduces the transformers goldens (logits and decisive greedy tokens)") {
+    constexpr double kTol = 3e-2;  // times max|logit| at that position
+    const char* src = std::getenv("GPTOSS_SOURCE_DIR");
+    REQUIRE_MESSAGE(src != nullptr, "GPTOSS_SOURCE_DIR is not set (run through ctest)");
+    const std::string path = std::string(src) + "/tests/data/golden/tiny-seed1.json";
+    std::ifstream in(path);
+    REQUIRE_MESSAGE(in.good(), "cannot read " << path);
+    std::stringstream buf;
+    buf << in.rdbuf();
+    const std::string text = buf.str();
+    const Json root = JsonParser{text}.parse();
+    Pair& pr = tiny_pair();
+    size_t n_positions = 0, n_greedy = 0;
+    double worst = 0;
+    for (const Json& p : root["prompts"].items) {
+        const std::vector<int32_t> tokens = p["tokens"].ints();
+        std::unique_ptr<BackendSession> s;
+        OK(pr.gpu_b->create_session(1024, 64, &s));
+        uint32_t done = 0;
+        for (const Json& q : p["positions"].items) {
+            const uint32_t pos = uint32_t(q["pos"].number);
+            const double max_abs = q["max_abs"].number;
+            while (done <= pos) {
+                const uint32_t n = std::min(64u, pos + 1 - done);
+                OK(s->forward(tokens.data() + done, n, done));
+                done += n;
+            }
+            const auto logits = logits_of(s.get());
+            const auto ids = q["ids"].ints();
+            const auto want = q["logits"].reals();
+            REQUIRE(ids.size() == want.size());
+            double err = 0;
+            for (size_t i = 0; i < ids.size(); ++i) err = std::max(err, std::fabs(double(logits[size_t(ids[i])]) - want[i]));
+            INFO("position " << pos << ": max |delta logit| " << err << ", max|logit| " << max_abs);
+            CHECK(err <= kTol * max_abs);
+            worst = std::max(worst, err / max_abs);
+            ++n_positions;
+        }
+        // Teacher-forced greedy continuation from the end of the prompt, one decode step each.
+        const Json& greedy = p["greedy"];
+        const auto want = greedy["tokens"].ints();
+        const auto gaps = greedy["top2_gap"].reals();
+        const auto maxes = greedy["max_abs"].reals();
+        REQUIRE(gaps.size() == want.size());
+        if (done < tokens.size()) OK(s->forward(tokens.data() + done, uint32_t(tokens.size()) - done, done));
+        uint32_t pos = uint32_t(tokens.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+            if (gaps[i] > 2 * kTol * maxes[i]) {
+                int32_t tok = -1;
+                OK(s->sample(SamplingConfig{0.0f, 1.0f, 0}, 0.0, &tok));
+                INFO("greedy step " << i << ": gap " << gaps[i] << ", max|logit| " << maxes[i]);
+                CHECK(tok == want[i]);
+                ++n_greedy;
+            }
+            OK(s->forward(&want[i], 1, pos++));
+        }
+    }
+    MESSAGE("goldens: " << n_positions << " positions, worst max|delta| / max|logit| = " << worst << "; "
+                        << n_greedy << " decisive greedy steps compared");
+    CHECK(n_positions >= 15);
+    CHECK(n_greedy >= 3);
 }
 
 TEST_CASE("a 20b-shaped checkpoint cut to 2 layers gives the CPU backend's logits ($GPTOSS_20B_2L_MODEL)") {

@@ -4,9 +4,11 @@
 # kernel tests, then gptoss-bench on the synthetic 20b and 120b shapes. Everything lands in $OUT.
 # Usage (from the repository root on the GPU machine):
 #   tools/device-check.sh --deps DIR/.deps --tokenizer DIR/.tokenizer [--skip-sanitizer] [--skip-120b]
-#                         [--bench-args "..."]
+#                         [--skip-2layer] [--load-20b] [--bench-args "..."]
+# --load-20b writes the 13 GB 20b-shaped checkpoint to /tmp and benches it through the loader
+# (upload GB/s from the page cache, then pp/tg on the loaded weights).
 set -uo pipefail
-DEPS="" TOK="" SAN=1 BIG=1 BENCH_ARGS="" TWO_LAYER=1
+DEPS="" TOK="" SAN=1 BIG=1 BENCH_ARGS="" TWO_LAYER=1 LOAD20=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps) DEPS="$2"; shift 2;;
@@ -14,6 +16,7 @@ while [ $# -gt 0 ]; do
     --skip-sanitizer) SAN=0; shift;;
     --skip-120b) BIG=0; shift;;
     --skip-2layer) TWO_LAYER=0; shift;;
+    --load-20b) LOAD20=1; shift;;
     --bench-args) BENCH_ARGS="$2"; shift 2;;
     *) echo "device-check: unknown option $1"; exit 2;;
   esac
@@ -54,6 +57,15 @@ fi
 timeout 300 ./$B/gptoss-bench --synthetic 20b --profile $BENCH_ARGS > "$OUT/bench-20b.txt" 2>&1
 log "bench 20b rc=$?"
 cat "$OUT/bench-20b.txt"
+if [ $LOAD20 -eq 1 ]; then
+  t0=$(date +%s)
+  ./$B/gptoss-synth --preset 20b --seed 4 --out /tmp/m20b > "$OUT/synth-20b.log" 2>&1
+  log "synth 20b rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/synth-20b.log")"
+  timeout 200 ./$B/gptoss-bench --model /tmp/m20b --no-gemm-probe -p 512 -n 64 -d 0 > "$OUT/bench-20b-file.txt" 2>&1
+  log "bench 20b from file rc=$?: $(grep -E 'uploaded|load:' "$OUT/bench-20b-file.txt" | tr '\n' ' ')"
+  cat "$OUT/bench-20b-file.txt"
+  rm -rf /tmp/m20b
+fi
 if [ $BIG -eq 1 ]; then
   timeout 240 ./$B/gptoss-bench --synthetic 120b --no-gemm-probe -p 2048 $BENCH_ARGS > "$OUT/bench-120b.txt" 2>&1
   log "bench 120b rc=$?"

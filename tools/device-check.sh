@@ -24,6 +24,7 @@ done
 OUT="${OUT:-/tmp/device-check-out}"
 mkdir -p "$OUT"
 B=build-gpu
+export GPTOSS_SOURCE_DIR=$PWD  # the golden files, as ctest sets it
 log() { echo "== $(date +%T) $*" | tee -a "$OUT/summary.txt"; }
 
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv > "$OUT/gpu.txt" 2>&1

@@ -144,6 +144,9 @@ mkdir -p "$work/notgptoss"
 echo '{"model_type": "llama", "hidden_size": 4096}' >"$work/notgptoss/config.json"
 expect_error "a checkpoint that is not gpt-oss" 1 "cannot load the model from $work/notgptoss: .+" \
     "$chat" --model "$work/notgptoss" --device cpu -p hi
+grep -q "hint: .* does not look like a gpt-oss checkpoint" "$work/err" || fail "no hint for a checkpoint that is not gpt-oss"
+expect_error "a context beyond the model's" 1 "cannot create a session: .*1000000" \
+    "$chat" --model "$model" --device cpu --ctx 1000000 -p hi
 expect_error "bad --reasoning" 2 '--reasoning: expected low, medium or high, found "extreme"' \
     "$chat" --model "$work/nope" -r extreme -p hi
 expect_error "bad --temperature" 2 '--temperature: expected a number >= 0, found "warm"' \

@@ -1469,9 +1469,12 @@ bool ensure_tiny_model(std::string& dir) {
     std::fprintf(stderr, "%s: no --model given; writing the default tiny model to %s (once)\n", kProgram, dir.c_str());
     std::string tmp = dir + ".tmp-" + std::to_string(getpid());
     fs::create_directories(fs::path(dir).parent_path(), ec);
+    // gptoss-synth's report names the temporary directory; it is shown only if something failed.
+    std::string report;
     int rc = run_process({synth, "--preset", "tiny", "--seed", "1", "--out", tmp, "--tokenizer-dir", tokenizer_dir},
-                         {}, nullptr, nullptr);
+                         {}, nullptr, &report);
     if (rc != 0) {
+        std::fputs(report.c_str(), stderr);
         fs::remove_all(tmp, ec);
         if (rc < 0)
             std::fprintf(stderr, "%s: could not run %s: %s\nhint: gptoss-synth is built next to %s by `make`; "

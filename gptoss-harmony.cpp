@@ -334,6 +334,10 @@ GPTOSS_API gptoss_status gptoss_chat(gptoss_session* session, const gptoss_chat_
             // Only the assistant's messages: what the model writes in another role (a
             // hallucinated tool result or user turn) stays in raw, so that appending
             // result->messages to the history is always a valid request.
+            if (!m.header_clean || m.role != h::Role::Assistant)
+                log(GPTOSS_LOG_DEBUG, "chat: %s message (role %s, channel \"%s\", recipient \"%s\")%s; raw keeps the text",
+                    m.header_clean ? "kept out a" : "repaired the header of a", h::role_name(m.role), m.channel.c_str(),
+                    m.recipient.c_str(), m.role != h::Role::Assistant ? " not from the assistant" : "");
             if (m.role != h::Role::Assistant) continue;
             gptoss_message out{};
             out.role = GPTOSS_ROLE_ASSISTANT;

@@ -924,3 +924,29 @@ TEST_CASE("chat stream: the earliest of several stop strings wins, even inside o
     CHECK(joined(run.texts) == "a");
     CHECK(run.messages.at(0).content == "a");
 }
+
+TEST_CASE("parser: harmony's UTF-8 vectors with real tokens (a cut character, a split emoji)") {
+    // Token 9552 is the bytes 20 F0 9F: a space and the start of a 4-byte character that never
+    // completes; each incomplete start becomes one U+FFFD (HARMONY.md §2.10).
+    std::vector<int32_t> tokens = {h::kChannel};
+    for (int32_t t : encode_all("final")) tokens.push_back(t);
+    tokens.push_back(h::kMessage);
+    tokens.push_back(9552);
+    tokens.push_back(9552);
+    for (int32_t t : encode_all("worked")) tokens.push_back(t);
+    tokens.push_back(h::kEnd);
+    ParseRun run = parse_tokens(real_tokenizer(), tokens, true);
+    REQUIRE(run.messages.size() == 1);
+    CHECK(run.messages[0].content == " \xEF\xBF\xBD \xEF\xBF\xBDworked");
+    CHECK(run.streamed == run.messages[0].content);
+    // 💖 = [31446, 244]: no delta after the first token, the whole character after the second.
+    h::StreamParser parser(real_tokenizer(), true);
+    std::string delta;
+    parser.push(h::kChannel, &delta);
+    for (int32_t t : encode_all("final")) parser.push(t, &delta);
+    parser.push(h::kMessage, &delta);
+    parser.push(31446, &delta);
+    CHECK(delta.empty());
+    parser.push(244, &delta);
+    CHECK(delta == "\xF0\x9F\x92\x96");
+}

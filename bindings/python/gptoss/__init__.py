@@ -180,10 +180,14 @@ def _str(raw: Optional[bytes]) -> Optional[str]:
     return None if raw is None else raw.decode("utf-8", "replace")
 
 
-def _bytes(value: Optional[str], keep: List[Any]) -> Optional[bytes]:
+def _bytes(value: Optional[str], keep: List[Any], what: str) -> Optional[bytes]:
+    """`value` as a NUL-terminated UTF-8 string for C, kept alive in `keep`. A NUL inside would
+    silently cut the string short on the C side, so it is an error naming the field."""
     if value is None:
         return None
     b = value.encode("utf-8")
+    if b"\0" in b:
+        raise InvalidArgumentError(Status.INVALID_ARGUMENT, f"{what}: contains a NUL byte at offset {b.index(0)}")
     keep.append(b)
     return b
 
@@ -500,7 +504,7 @@ class Model:
                     return False
             params.progress = _ffi.PROGRESS_FN(thunk)
         out = ctypes.c_void_p()
-        status = lib.gptoss_load(str(path).encode("utf-8"), ctypes.byref(params), ctypes.byref(out))
+        status = lib.gptoss_load(_bytes(str(path), [], "model_dir"), ctypes.byref(params), ctypes.byref(out))
         if error:
             raise error[0]
         _check(status)
@@ -628,10 +632,10 @@ def _request(messages: Iterable[MessageLike], tools: Optional[Iterable[ToolLike]
     for i, m in enumerate(msgs):
         c_msgs[i].role = int(m.role)
         c_msgs[i].channel = int(m.channel)
-        c_msgs[i].content = _bytes(m.content, keep)
-        c_msgs[i].author = _bytes(m.author, keep)
-        c_msgs[i].recipient = _bytes(m.recipient, keep)
-        c_msgs[i].content_type = _bytes(m.content_type, keep)
+        c_msgs[i].content = _bytes(m.content, keep, f"messages[{i}].content")
+        c_msgs[i].author = _bytes(m.author, keep, f"messages[{i}].author")
+        c_msgs[i].recipient = _bytes(m.recipient, keep, f"messages[{i}].recipient")
+        c_msgs[i].content_type = _bytes(m.content_type, keep, f"messages[{i}].content_type")
     keep.append(c_msgs)
     request.messages = c_msgs
     request.n_messages = len(msgs)
@@ -639,20 +643,20 @@ def _request(messages: Iterable[MessageLike], tools: Optional[Iterable[ToolLike]
     if tool_list:
         c_tools = (_ffi.Tool * len(tool_list))()
         for i, t in enumerate(tool_list):
-            c_tools[i].name = _bytes(t.name, keep)
-            c_tools[i].description = _bytes(t.description, keep)
+            c_tools[i].name = _bytes(t.name, keep, f"tools[{i}].name")
+            c_tools[i].description = _bytes(t.description, keep, f"tools[{i}].description")
             params = t.parameters
             if params is not None and not isinstance(params, str):
                 params = json.dumps(params)
-            c_tools[i].parameters = _bytes(params, keep)
+            c_tools[i].parameters = _bytes(params, keep, f"tools[{i}].parameters")
         keep.append(c_tools)
         request.tools = c_tools
         request.n_tools = len(tool_list)
-    request.instructions = _bytes(instructions, keep)
+    request.instructions = _bytes(instructions, keep, "instructions")
     effort = _effort(reasoning_effort)
     if effort is not None:
         request.reasoning_effort = effort
-    request.current_date = _bytes(current_date, keep)
+    request.current_date = _bytes(current_date, keep, "current_date")
     request.keep_analysis = bool(keep_analysis)
     return request
 
@@ -681,7 +685,7 @@ def _sampling(temperature: Optional[float], top_p: Optional[float], top_k: Optio
         params.stop_tokens = arr
         params.n_stop_tokens = len(stop_tokens)
     if stop_strings is not None:
-        arr2 = (ctypes.c_char_p * max(len(stop_strings), 1))(*[_bytes(s, keep) for s in stop_strings])
+        arr2 = (ctypes.c_char_p * max(len(stop_strings), 1))(*[_bytes(s, keep, f"stop_strings[{i}]") for i, s in enumerate(stop_strings)])
         keep.append(arr2)
         params.stop_strings = arr2
         params.n_stop_strings = len(stop_strings)

@@ -294,6 +294,7 @@ class ModelTest(unittest.TestCase):
             ([{"role": "user", "content": 5}], "messages[0].content"),
             ([{"role": "tool", "content": "x"}], "messages[0]"),
             ([{"role": "assistant", "tool_calls": [{"function": {}}]}], "messages[0].tool_calls[0].function.name"),
+            ([{"role": "user", "content": "ok"}, {"role": "user", "content": "bad\0"}], "messages[1].content"),
         ]
         with self.model.session() as session:
             for messages, where in cases:

@@ -24,6 +24,8 @@ work=$(mktemp -d)
 sock="gptoss-test-$$"
 cleanup() {
     tmux -L "$sock" kill-server 2>/dev/null || true
+    # tmux can leave its socket file behind; one per run would pile up in /tmp.
+    rm -f "${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)/$sock"
     rm -rf "$work"
 }
 trap cleanup EXIT

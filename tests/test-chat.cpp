@@ -348,7 +348,7 @@ TEST_CASE("a Chat Completions body maps to the request and renders as Harmony") 
          "tool_calls": [{"id": "call_1", "type": "function",
                          "function": {"name": "get_weather", "arguments": "{\"location\":\"Paris\"}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\":21}"},
-        {"role": "assistant", "content": "It is 21 C."},
+        {"role": "assistant", "content": "It is 21 C.", "tool_calls": []},
         {"role": "user", "content": "Thanks"}
       ],
       "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Gets the weather.",

@@ -186,7 +186,8 @@ gptoss_status parse_chat_completions_json(const char* json, size_t len, ChatRequ
             if (has_calls && calls.type() != element_type::ARRAY)
                 return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.tool_calls: expected an array, found %s", at.c_str(),
                             type_name(calls));
-            if (!has_calls) {
+            // Clients often send "tool_calls": [] on a plain answer.
+            if (!has_calls || calls.get_array().size() == 0) {
                 pending.push_back({make_message(GPTOSS_ROLE_ASSISTANT, GPTOSS_CHANNEL_FINAL), content, "", "", ""});
                 continue;
             }

@@ -950,3 +950,17 @@ TEST_CASE("parser: harmony's UTF-8 vectors with real tokens (a cut character, a 
     parser.push(244, &delta);
     CHECK(delta == "\xF0\x9F\x92\x96");
 }
+
+TEST_CASE("parsed output appended to the history re-renders as harmony does: <|return|> becomes <|end|>") {
+    const ParseRun run = parse_tokens(real_tokenizer(),
+                                      encode_all("<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>"
+                                                 "final<|message|>The answer is 4.<|return|>"),
+                                      true);
+    REQUIRE(run.messages.size() == 2);
+    CHECK(run.messages[1].end_token == h::kReturn);
+    h::Conversation c;
+    for (const auto& p : run.messages) c.messages.push_back(msg(p.role, p.content, p.channel, p.recipient, p.content_type));
+    CHECK(render_text(c, h::CotDrop::Keep, false) ==
+          "<|start|>assistant<|channel|>analysis<|message|>think<|end|>"
+          "<|start|>assistant<|channel|>final<|message|>The answer is 4.<|end|>");
+}

@@ -26,20 +26,6 @@ namespace {
 
 namespace h = harmony;
 
-template <typename Body>
-gptoss_status guarded(const char* function, const Body& body) {
-    try {
-        clear_error();
-        return body();
-    } catch (const std::bad_alloc&) {
-        return fail(GPTOSS_ERR_OUT_OF_MEMORY, "%s: out of host memory", function);
-    } catch (const std::exception& e) {
-        return fail(GPTOSS_ERR_INTERNAL, "%s: unexpected exception: %s", function, e.what());
-    } catch (...) {
-        return fail(GPTOSS_ERR_INTERNAL, "%s: unexpected exception", function);
-    }
-}
-
 const char* channel_name(gptoss_channel channel) {
     switch (channel) {
     case GPTOSS_CHANNEL_ANALYSIS: return "analysis";

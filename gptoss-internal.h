@@ -18,9 +18,11 @@
 #include <atomic>
 #include <cstdarg>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,23 @@ void log(gptoss_log_level level, const char* format, ...) __attribute__((format(
         const gptoss_status gptoss_try_status_ = (expr);   \
         if (gptoss_try_status_ != GPTOSS_OK) return gptoss_try_status_; \
     } while (0)
+
+// Runs `body` (returning gptoss_status) with the error text cleared, and turns any escaping
+// exception into a status: bad_alloc → OUT_OF_MEMORY, anything else → INTERNAL. Every
+// extern "C" entry point runs through it, so no exception crosses the C ABI.
+template <typename Body>
+gptoss_status guarded(const char* function, const Body& body) {
+    try {
+        clear_error();
+        return body();
+    } catch (const std::bad_alloc&) {
+        return fail(GPTOSS_ERR_OUT_OF_MEMORY, "%s: out of host memory", function);
+    } catch (const std::exception& e) {
+        return fail(GPTOSS_ERR_INTERNAL, "%s: unexpected exception: %s", function, e.what());
+    } catch (...) {
+        return fail(GPTOSS_ERR_INTERNAL, "%s: unexpected exception", function);
+    }
+}
 
 // Reads an extensible struct the caller passed (API.md §3): copies min(struct_size, sizeof(T))
 // bytes over `defaults`, and fails with UNSUPPORTED if a larger struct has a non-zero byte

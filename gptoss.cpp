@@ -116,21 +116,6 @@ static void init_extensible(void* params, size_t struct_size, const void* defaul
     std::memcpy(params, &size32, sizeof size32);
 }
 
-// Runs `body` and turns any escaping exception into a status (no exception crosses extern "C").
-template <typename Body>
-static gptoss_status guarded(const char* function, const Body& body) {
-    try {
-        clear_error();
-        return body();
-    } catch (const std::bad_alloc&) {
-        return fail(GPTOSS_ERR_OUT_OF_MEMORY, "%s: out of host memory", function);
-    } catch (const std::exception& e) {
-        return fail(GPTOSS_ERR_INTERNAL, "%s: unexpected exception: %s", function, e.what());
-    } catch (...) {
-        return fail(GPTOSS_ERR_INTERNAL, "%s: unexpected exception", function);
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Model
 

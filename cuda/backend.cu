@@ -123,7 +123,8 @@ public:
 
 private:
     gptoss_status upload_step(const int32_t* tokens, uint32_t n, uint32_t pos);
-    gptoss_status enqueue(uint32_t n);  // the whole forward on stream_
+    // The whole forward on stream_; full_splits = decode attention splits launched per full layer.
+    gptoss_status enqueue(uint32_t n, uint32_t full_splits);
     gptoss_status mark(const char* label);
     gptoss_status checked(gptoss_status s);
 
@@ -133,6 +134,10 @@ private:
     cudaStream_t stream_ = nullptr;
     DeviceBuffer arena_;
     uint32_t max_splits_ = 0, max_tiles_ = 0;
+    // Splits the decode graph's full-attention launches cover: the graph is re-captured with
+    // twice as many when the context outgrows them, so a 131072-token session does not launch
+    // ~1000 idle CTAs per layer while its context is short.
+    uint32_t graph_splits_ = 0;
     // scratch
     StepInfo* step_ = nullptr;
     int32_t* tokens_ = nullptr;
@@ -542,7 +547,7 @@ gptoss_status CudaSession::mark(const char* label) {
     return GPTOSS_OK;
 }
 
-gptoss_status CudaSession::enqueue(uint32_t n) {
+gptoss_status CudaSession::enqueue(uint32_t n, uint32_t full_splits) {
     CudaBackend& b = be_;
     const Dims& d = b.dims_;
     const Config& c = b.config_;
@@ -576,7 +581,7 @@ gptoss_status CudaSession::enqueue(uint32_t n) {
         aa.T = n; aa.Q = d.Q; aa.G = d.G; aa.D = d.D; aa.out = attn_;
         if (n == 1) {
             const uint32_t splits = L.sliding ? std::min(max_splits_, ceil_div(c.sliding_window, kAttentionSplit) + 1)
-                                              : max_splits_;
+                                              : full_splits;
             GPTOSS_TRY(attention_decode(aa, partial_, splits, s));
         } else {
             GPTOSS_TRY(attention_prefill(aa, s));
@@ -648,10 +653,18 @@ gptoss_status CudaSession::forward(const int32_t* tokens, uint32_t n, uint32_t p
     have_logits_ = false;
     GPTOSS_TRY(checked(upload_step(tokens, n, pos)));
     if (n == 1) {
+        const uint32_t needed = pos / kAttentionSplit + 1;  // splits of keys 0..pos
+        if (graph_ && needed > graph_splits_) {
+            cudaGraphExecDestroy(graph_);
+            graph_ = nullptr;
+        }
         if (!graph_) {
+            graph_splits_ = 16;
+            while (graph_splits_ < needed) graph_splits_ *= 2;
+            graph_splits_ = std::min(graph_splits_, max_splits_);
             GPTOSS_TRY(checked(cuda_status(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
                                            "cudaStreamBeginCapture", __FILE__, __LINE__)));
-            const gptoss_status st = enqueue(1);
+            const gptoss_status st = enqueue(1, graph_splits_);
             cudaGraph_t graph = nullptr;
             const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
             if (st != GPTOSS_OK) {
@@ -665,7 +678,7 @@ gptoss_status CudaSession::forward(const int32_t* tokens, uint32_t n, uint32_t p
         }
         GPTOSS_TRY(checked(cuda_status(cudaGraphLaunch(graph_, stream_), "cudaGraphLaunch", __FILE__, __LINE__)));
     } else {
-        GPTOSS_TRY(checked(enqueue(n)));
+        GPTOSS_TRY(checked(enqueue(n, max_splits_)));
     }
     have_logits_ = true;
     return GPTOSS_OK;
@@ -737,7 +750,7 @@ gptoss_status CudaSession::profile(const int32_t* tokens, uint32_t n, uint32_t p
     DeviceGuard guard(device_);
     GPTOSS_TRY(checked(upload_step(tokens, n, pos)));
     profiling_ = true;
-    const gptoss_status st = enqueue(n);
+    const gptoss_status st = enqueue(n, max_splits_);
     profiling_ = false;
     GPTOSS_TRY(checked(st));
     GPTOSS_TRY(sync());

@@ -689,6 +689,18 @@ TEST_CASE("CUDA logits are bit-identical however the prompt is chunked (reused =
     CHECK(std::memcmp(logits_of(a.get()).data(), logits_of(b.get()).data(), la.size() * 4) == 0);
 }
 
+TEST_CASE("decode past 2048 positions re-captures the graph with more attention splits, logits unchanged") {
+    Pair& p = tiny_pair();
+    std::unique_ptr<BackendSession> a, b;
+    OK(p.gpu_b->create_session(4096, 2100, &a));
+    OK(p.gpu_b->create_session(4096, 2100, &b));
+    const auto toks = prompt(2080, 12);
+    OK(a->forward(toks.data(), 2080, 0));
+    OK(b->forward(toks.data(), 2030, 0));
+    for (uint32_t pos = 2030; pos < 2080; ++pos) OK(b->forward(toks.data() + pos, 1, pos));  // crosses 2048
+    CHECK(std::memcmp(logits_of(a.get()).data(), logits_of(b.get()).data(), 201088 * 4) == 0);
+}
+
 TEST_CASE("greedy sampling on the GPU equals sample_logits at temperature 0") {
     Pair& p = tiny_pair();
     std::unique_ptr<BackendSession> s;

@@ -8,7 +8,7 @@
 // are visited in absolute 64-key blocks, grouped into kAttentionSplit-key splits: each split
 // is an online softmax from scratch, and splits are merged in increasing order into a state
 // that starts as the sink (M = S, L = 1, O = 0). The decode kernel runs one CTA per split
-// and merges in a second kernel; the prefill kernel runs the splits in sequence in one warp.
+// and its last CTA per kv head merges; the prefill kernel runs the splits in sequence in one warp.
 // Both use attend_block, merge_ml and merge_o with explicitly rounded fp32 operations, so a
 // position's output is bit-identical whichever path computed it (reused == fresh sessions).
 // Floor (decode): K/V bytes, 2·G·D·2 = 2 KB per visible key per layer.
@@ -273,13 +273,14 @@ __global__ __launch_bounds__(256) void bf16_attention_prefill_kernel(const Atten
 
 // ---------------------------------------------------------------------------
 // Decode: one CTA of 8 warps per (split, kv head); warp h owns query head h of the group (the
-// K/V block is loaded once for all of them); then one CTA of D threads per query head merges.
+// K/V block is loaded once for all of them); the last CTA of each kv head merges the splits.
 
 constexpr size_t kDecodeSmem = sizeof(float) * kMaxHeads * kD + sizeof(uint32_t) * 2 * kBlock * kRowWords +
                                sizeof(float) * kMaxHeads * kBlock;
 
 __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const AttentionArgs a, float* partial,
-                                                                   uint32_t max_splits) {
+                                                                   int* counters, uint32_t max_splits) {
+    __shared__ int is_last;
     extern __shared__ float smem[];
     float* qs = smem;
     uint32_t* ks = reinterpret_cast<uint32_t*>(qs + kMaxHeads * kD);
@@ -305,32 +306,38 @@ __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const Attent
         __syncthreads();
         if (warp < hpg) attend_block<1>(st, qs + warp * kD, ks, vs, ps_all + warp * kBlock, kb, lo, p, 1, lane);
     }
-    if (warp >= hpg) return;
-    float* dst = partial + (size_t(g * hpg + warp) * max_splits + s_rel) * (kD + 2);
-    dst[2 * lane] = st.o[0][0];
-    dst[2 * lane + 1] = st.o[0][1];
-    if (lane == 0) {
-        dst[kD] = st.m[0];
-        dst[kD + 1] = st.l[0];
+    if (warp < hpg) {
+        float* dst = partial + (size_t(g * hpg + warp) * max_splits + s_rel) * (kD + 2);
+        dst[2 * lane] = st.o[0][0];
+        dst[2 * lane + 1] = st.o[0][1];
+        if (lane == 0) {
+            dst[kD] = st.m[0];
+            dst[kD + 1] = st.l[0];
+        }
     }
-}
-
-__global__ __launch_bounds__(64) void f32_attention_combine_kernel(const AttentionArgs a, const float* partial,
-                                                                  uint32_t max_splits) {
-    pdl_wait();
-    pdl_launch_dependents();
-    const int head = blockIdx.x, d = threadIdx.x;
-    const int p = a.step->pos0, lo = visible_lo(p, a.window);
-    float M = a.sinks[head], L = 1.0f, O = 0.0f;
+    // The last split CTA of this kv head to finish merges every split in order (the same
+    // merge_ml/merge_o sequence as the prefill kernel), then re-arms the counter.
     const int s_first = lo / int(kAttentionSplit), s_last = p / int(kAttentionSplit);
-    for (int s = s_first; s <= s_last && s - s_first < int(max_splits); ++s) {
-        const float* src = partial + (size_t(head) * max_splits + (s - s_first)) * (kD + 2);
-        float wa, wb;
-        const float m = src[kD], l = src[kD + 1];
-        merge_ml(M, L, m, l, wa, wb);
-        merge_o(O, src[d], wa, wb);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        is_last = atomicAdd(counters + g, 1) == s_last - s_first;
+        if (is_last) counters[g] = 0;
     }
-    a.out[permuted_k(uint32_t(head) * kD + d)] = f32_to_bf16_bits(__fdiv_rn(O, L));
+    __syncthreads();
+    if (!is_last || warp >= hpg) return;
+    __threadfence();
+    const int head = g * hpg + warp;
+    float M = a.sinks[head], L = 1.0f, O0 = 0.0f, O1 = 0.0f;
+    for (int sp = s_first; sp <= s_last && sp - s_first < int(max_splits); ++sp) {
+        const float* src = partial + (size_t(head) * max_splits + (sp - s_first)) * (kD + 2);
+        float wa, wb;
+        merge_ml(M, L, __ldcg(src + kD), __ldcg(src + kD + 1), wa, wb);
+        merge_o(O0, __ldcg(src + 2 * lane), wa, wb);
+        merge_o(O1, __ldcg(src + 2 * lane + 1), wa, wb);
+    }
+    a.out[permuted_k(uint32_t(head) * kD + 2 * lane)] = f32_to_bf16_bits(__fdiv_rn(O0, L));
+    a.out[permuted_k(uint32_t(head) * kD + 2 * lane + 1)] = f32_to_bf16_bits(__fdiv_rn(O1, L));
 }
 
 __global__ void bf16_kv_commit_kernel(const uint16_t* __restrict__ k_new, const uint16_t* __restrict__ v_new,
@@ -372,13 +379,12 @@ gptoss_status attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
     return GPTOSS_OK;
 }
 
-gptoss_status attention_decode(const AttentionArgs& a, float* partial, uint32_t max_splits, cudaStream_t stream) {
+gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* counters, uint32_t max_splits,
+                               cudaStream_t stream) {
     GPTOSS_TRY(check(a));
     if (a.T != 1) return fail(GPTOSS_ERR_INTERNAL, "attention_decode: T=%u, expected 1", a.T);
     const dim3 grid(max_splits, a.G);
-    GPTOSS_LAUNCH(bf16_attention_decode_kernel, grid, 256, kDecodeSmem, stream, a, partial, max_splits);
-    GPTOSS_CUDA_LAUNCH_CHECK();
-    GPTOSS_LAUNCH(f32_attention_combine_kernel, a.Q, kD, 0, stream, a, static_cast<const float*>(partial), max_splits);
+    GPTOSS_LAUNCH(bf16_attention_decode_kernel, grid, 256, kDecodeSmem, stream, a, partial, counters, max_splits);
     GPTOSS_CUDA_LAUNCH_CHECK();
     return GPTOSS_OK;
 }

@@ -157,6 +157,7 @@ private:
     float* part_ = nullptr;
     float* logits_ = nullptr;
     float* partial_ = nullptr;
+    int* counters_ = nullptr;
     int32_t* argmax_ = nullptr;
     struct LayerKv { uint16_t* k; uint16_t* v; uint32_t slots; uint16_t* snap_k; uint16_t* snap_v; };
     std::vector<LayerKv> kv_;
@@ -506,6 +507,7 @@ gptoss_status CudaSession::init() {
         logits_ = cv.take<float>(size_t(d.V) * 4);
         partial_ = cv.take<float>(size_t(d.Q) * max_splits_ * (d.D + 2) * 4);
         argmax_ = cv.take<int32_t>(8);
+        counters_ = cv.take<int>(size_t(d.G) * 4);
         kv_.assign(c.n_layers, LayerKv{});
         for (uint32_t l = 0; l < c.n_layers; ++l) {
             LayerKv& kv = kv_[l];
@@ -582,7 +584,7 @@ gptoss_status CudaSession::enqueue(uint32_t n, uint32_t full_splits) {
         if (n == 1) {
             const uint32_t splits = L.sliding ? std::min(max_splits_, ceil_div(c.sliding_window, kAttentionSplit) + 1)
                                               : full_splits;
-            GPTOSS_TRY(attention_decode(aa, partial_, splits, s));
+            GPTOSS_TRY(attention_decode(aa, partial_, counters_, splits, s));
         } else {
             GPTOSS_TRY(attention_prefill(aa, s));
         }

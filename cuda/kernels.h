@@ -156,10 +156,11 @@ struct AttentionArgs {
 constexpr uint32_t kAttentionSplit = 128;
 // Prefill / any T: one CTA per (8 tokens, kv head).
 [[nodiscard]] gptoss_status attention_prefill(const AttentionArgs& args, cudaStream_t stream);
-// Decode (T = 1): one warp per (split, kv head) for max_splits splits starting at the split
-// of the first visible key (early exit past the position), then an in-order combine.
-// partial: fp32 [Q, max_splits, D + 2]; max_splits must cover the visible range.
-[[nodiscard]] gptoss_status attention_decode(const AttentionArgs& args, float* partial,
+// Decode (T = 1): one CTA per (split, kv head) for max_splits splits starting at the split of
+// the first visible key (early exit past the position); the last CTA of each kv head merges
+// in order. partial: fp32 [Q, max_splits, D + 2]; max_splits must cover the visible range;
+// counters: int [G], zero before the first call (the merging CTA re-arms them).
+[[nodiscard]] gptoss_status attention_decode(const AttentionArgs& args, float* partial, int* counters,
                                              uint32_t max_splits, cudaStream_t stream);
 
 // Copies the chunk's k/v [T, G·D] into the cache: positions max(pos0, pos0 + T - slots) ..

@@ -513,7 +513,9 @@ struct AttnCase {
         if (decode) {
             const uint32_t splits = cuda::ceil_div(pos0 + 1, cuda::kAttentionSplit) + 1;
             Dev<float> partial(size_t(Q) * splits * (D + 2));
-            OK(cuda::attention_decode(a, partial.p, splits, nullptr));
+            Dev<int> counters(G);
+            REQUIRE(cudaMemset(counters.p, 0, G * sizeof(int)) == cudaSuccess);
+            OK(cuda::attention_decode(a, partial.p, counters.p, splits, nullptr));
             sync_ok();
             return out.get();
         }

@@ -329,12 +329,28 @@ __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const Attent
     __threadfence();
     const int head = g * hpg + warp;
     float M = a.sinks[head], L = 1.0f, O0 = 0.0f, O1 = 0.0f;
-    for (int sp = s_first; sp <= s_last && sp - s_first < int(max_splits); ++sp) {
-        const float* src = partial + (size_t(head) * max_splits + (sp - s_first)) * (kD + 2);
-        float wa, wb;
-        merge_ml(M, L, __ldcg(src + kD), __ldcg(src + kD + 1), wa, wb);
-        merge_o(O0, __ldcg(src + 2 * lane), wa, wb);
-        merge_o(O1, __ldcg(src + 2 * lane + 1), wa, wb);
+    const int n = min(s_last - s_first + 1, int(max_splits));
+    for (int base = 0; base < n; base += 8) {  // 8 splits' loads in flight, then merged in order
+        float m[8], l[8], o0[8], o1[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (base + j < n) {
+                const float* src = partial + (size_t(head) * max_splits + base + j) * (kD + 2);
+                m[j] = __ldcg(src + kD);
+                l[j] = __ldcg(src + kD + 1);
+                o0[j] = __ldcg(src + 2 * lane);
+                o1[j] = __ldcg(src + 2 * lane + 1);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (base + j < n) {
+                float wa, wb;
+                merge_ml(M, L, m[j], l[j], wa, wb);
+                merge_o(O0, o0[j], wa, wb);
+                merge_o(O1, o1[j], wa, wb);
+            }
+        }
     }
     a.out[permuted_k(uint32_t(head) * kD + 2 * lane)] = f32_to_bf16_bits(__fdiv_rn(O0, L));
     a.out[permuted_k(uint32_t(head) * kD + 2 * lane + 1)] = f32_to_bf16_bits(__fdiv_rn(O1, L));

@@ -844,7 +844,7 @@ struct JsonParser {
 // recorded positions within a bf16-sized tolerance, and the oracle's greedy continuation,
 // teacher-forced through decode steps, wherever its top-2 gap exceeds twice that tolerance.
 TEST_CASE("the tiny checkpoint on the GPU reproduces the transformers goldens (logits and decisive greedy tokens)") {
-    constexpr double kTol = 3e-2;  // times max|logit| at that position
+    constexpr double kTol = 1e-2;  // times max|logit| at that position (measured: 3.3e-3 on the H200)
     const char* src = std::getenv("GPTOSS_SOURCE_DIR");
     REQUIRE_MESSAGE(src != nullptr, "GPTOSS_SOURCE_DIR is not set (run through ctest)");
     const std::string path = std::string(src) + "/tests/data/golden/tiny-seed1.json";

@@ -38,9 +38,10 @@ size_t bf16_fragment_bytes(uint32_t N, uint32_t K);
 // [N, K/32]): 16-row slabs × 64-k chunks of 512 bytes, lane l's 16 bytes = 4 words, word j =
 // the 8 nibbles of its A fragment for sub-tile j, placed so that nibble p and p+4 dequantize to
 // the bf16 pair p with one shift and two masks. Scales become bf16 2^(s-1) (the 2^126 of the
-// nibble→bf16 bit trick folded in), 32 bytes... per slab-chunk: [g 0..7][(row g, blk 0), (row g,
-// blk 1), (row g+8, blk 0), (row g+8, blk 1)]. gate_up = true regroups the interleaved rows so
-// that slab s holds gate rows 8s..8s+7 then up rows 8s..8s+7 (SwiGLU fuses in registers).
+// nibble→bf16 bit trick folded in), 64 bytes per slab-chunk in a parallel stream:
+// [g 0..7][(row g, blk 0), (row g, blk 1), (row g+8, blk 0), (row g+8, blk 1)]. gate_up = true
+// regroups the interleaved rows so that slab s holds gate rows 8s..8s+7 then up rows 8s..8s+7
+// (SwiGLU fuses in registers).
 // A scale byte > 128 (2^(s-1) not a finite bf16) sets *bad_scale (device int) to that byte.
 size_t mxfp4_fragment_bytes(uint32_t N, uint32_t K);
 size_t mxfp4_scale_bytes(uint32_t N, uint32_t K);

@@ -68,7 +68,6 @@ gptoss_status rope_qkv(const float* qkv, const StepInfo* step, const float* inv_
     if (T == 0) return GPTOSS_OK;
     if (D > 256) return fail(GPTOSS_ERR_UNSUPPORTED, "rope: head_dim %u, at most 256", D);
     GPTOSS_LAUNCH(f32_rope_qkv_kernel, T, 1024, 0, stream, qkv, step, inv_freq, scale, q, k, v, k_cache, v_cache, slots, Q, G, D);
-    GPTOSS_CUDA_LAUNCH_CHECK();
     return GPTOSS_OK;
 }
 

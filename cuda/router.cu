@@ -116,7 +116,6 @@ gptoss_status router_route(const float* logits, uint32_t T, uint32_t E, uint32_t
     if (T == 0) return GPTOSS_OK;
     const uint32_t threads = std::min(1024u, std::max(64u, 32u * T));
     GPTOSS_LAUNCH(f32_router_route_kernel, 1, threads, 0, stream, logits, T, E, K, experts, weights, tiles, pairs, tile_tokens);
-    GPTOSS_CUDA_LAUNCH_CHECK();
     return GPTOSS_OK;
 }
 

@@ -15,7 +15,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -27,7 +29,6 @@ namespace {
     std::exit(2);
 }
 
-#ifdef GPTOSS_HAVE_CUDA
 void check(gptoss_status s, const char* what) {
     if (s != GPTOSS_OK) {
         std::fprintf(stderr, "gptoss-bench: %s failed: %s\n", what, gptoss_last_error());
@@ -35,7 +36,6 @@ void check(gptoss_status s, const char* what) {
     }
 }
 
-#endif  // GPTOSS_HAVE_CUDA
 
 std::vector<uint32_t> parse_list(const char* s) {
     std::vector<uint32_t> v;
@@ -49,8 +49,7 @@ std::vector<uint32_t> parse_list(const char* s) {
     return v;
 }
 
-#ifdef GPTOSS_HAVE_CUDA
-gptoss::Config preset(const std::string& name) {
+[[maybe_unused]] gptoss::Config preset(const std::string& name) {
     gptoss::Config c;
     if (name != "20b" && name != "120b") die("--synthetic is \"%s\", expected 20b or 120b", name.c_str());
     const bool big = name == "120b";
@@ -105,7 +104,90 @@ struct Result {
     uint32_t depth, n;
     double ms_per_token, tok_s, gbps, pct_floor, tflops, pct_tc;
 };
-#endif  // GPTOSS_HAVE_CUDA
+
+
+// The CPU reference backend on a checkpoint: the same pp/tg loop, no ceilings (a CPU has no
+// measured floor here; GB/s is the weight traffic the decode formula implies).
+int run_cpu(const std::string& model_dir, const std::vector<uint32_t>& pp, const std::vector<uint32_t>& depths,
+            uint32_t tg, uint32_t reps, bool json) {
+    using namespace gptoss;
+    if (model_dir.empty()) die("--device cpu needs --model DIR (synthetic weights are built on a GPU)");
+    std::unique_ptr<Checkpoint> ck;
+    std::unique_ptr<Backend> backend;
+    const double t0 = now_ms();
+    check(load_checkpoint(model_dir, {}, &ck), "loading the checkpoint");
+    check(create_cpu_backend(*ck, &backend), "creating the CPU backend");
+    const double load_s = (now_ms() - t0) / 1e3;
+    const Config& config = ck->config;
+    const uint32_t max_pp = *std::max_element(pp.begin(), pp.end());
+    const uint32_t max_depth = *std::max_element(depths.begin(), depths.end());
+    std::unique_ptr<BackendSession> session;
+    check(backend->create_session(max_depth + std::max(max_pp, tg) + 16, max_pp, &session), "creating the session");
+    Rng rng(42);
+    std::vector<int32_t> tokens(size_t(max_depth) + max_pp + tg + 16);
+    for (int32_t& t : tokens) t = int32_t(rng.next_u64() % std::min<uint32_t>(199998, config.vocab));
+    std::vector<Result> results;
+    const SamplingConfig greedy{0.0f, 1.0f, 0};
+    for (uint32_t depth : depths) {
+        for (uint32_t pos = 0; pos < depth; pos += max_pp)
+            check(session->forward(tokens.data() + pos, std::min(max_pp, depth - pos), pos), "filling the context");
+        for (uint32_t n : pp) {
+            std::vector<double> t;
+            for (uint32_t r = 0; r < reps; ++r) {
+                const double start = now_ms();
+                check(session->forward(tokens.data() + depth, n, depth), "prefill");
+                t.push_back(now_ms() - start);
+            }
+            std::sort(t.begin(), t.end());
+            const double ms = t[t.size() / 2];
+            results.push_back(Result{"pp" + std::to_string(n), depth, n, ms / n, n / (ms / 1e3), 0, 0,
+                                     prefill_flops(config, depth, n) / (ms / 1e3) / 1e12, 0});
+            std::fprintf(stderr, "%s @ %u: %.2f tok/s\n", results.back().test.c_str(), depth, results.back().tok_s);
+        }
+        if (tg) {
+            std::vector<double> t;
+            double bytes = 0;
+            for (uint32_t r = 0; r < reps; ++r) {
+                int32_t tok = tokens[depth];
+                bytes = 0;
+                const double start = now_ms();
+                for (uint32_t i = 0; i < tg; ++i) {
+                    check(session->forward(&tok, 1, depth + i), "decode");
+                    check(session->sample(greedy, 0.0, &tok), "decode");
+                    bytes += decode_bytes(config, depth + i);
+                }
+                t.push_back(now_ms() - start);
+            }
+            std::sort(t.begin(), t.end());
+            const double ms = t[t.size() / 2];
+            results.push_back(Result{"tg" + std::to_string(tg), depth, tg, ms / tg, tg / (ms / 1e3),
+                                     bytes / (ms / 1e3) / 1e9, 0, 0, 0});
+            std::fprintf(stderr, "%s @ %u: %.2f tok/s\n", results.back().test.c_str(), depth, results.back().tok_s);
+        }
+    }
+    const unsigned threads = std::thread::hardware_concurrency();
+    if (json) {
+        std::printf("{\"model\": \"%s\", \"layers\": %u, \"device\": \"cpu\", \"threads\": %u, \"load_s\": %.2f,\n"
+                    " \"results\": [\n", model_dir.c_str(), config.n_layers, threads, load_s);
+        for (size_t i = 0; i < results.size(); ++i) {
+            const Result& r = results[i];
+            std::printf("  {\"test\": \"%s\", \"depth\": %u, \"tokens\": %u, \"tok_s\": %.3f, \"ms_per_token\": %.3f, "
+                        "\"gbps\": %.3f, \"tflops\": %.4f}%s\n", r.test.c_str(), r.depth, r.n, r.tok_s, r.ms_per_token,
+                        r.gbps, r.tflops, i + 1 < results.size() ? "," : "");
+        }
+        std::printf(" ]\n}\n");
+        return 0;
+    }
+    std::printf("model: %s (%u layers, hidden %u, %u experts)   device: CPU reference backend, %u hardware threads\n",
+                model_dir.c_str(), config.n_layers, config.hidden, config.n_experts, threads);
+    std::printf("mapped and checked in %.2f s; no floor is given for the CPU\n", load_s);
+    std::printf("\n| test   | depth | tok/s    | ms/token   | GB/s   | TFLOP/s |\n");
+    std::printf("|--------|-------|----------|------------|--------|---------|\n");
+    for (const Result& r : results)
+        std::printf("| %-6s | %5u | %8.2f | %10.2f | %6.2f | %7.4f |\n", r.test.c_str(), r.depth, r.tok_s,
+                    r.ms_per_token, r.gbps, r.tflops);
+    return 0;
+}
 
 }  // namespace
 
@@ -123,7 +205,10 @@ int main(int argc, char** argv) {
         };
         if (a == "--model" || a == "-m") model_dir = value();
         else if (a == "--synthetic") synthetic = value();
-        else if (a == "--device") device = int32_t(std::atoi(value()));
+        else if (a == "--device") {
+            const std::string d = value();
+            device = d == "cpu" ? GPTOSS_DEVICE_CPU : int32_t(std::atoi(d.c_str()));
+        }
         else if (a == "-p" || a == "--prompt") pp = parse_list(value());
         else if (a == "-n" || a == "--gen") tg = uint32_t(std::atoi(value()));
         else if (a == "-d" || a == "--depth") depths = parse_list(value());
@@ -134,7 +219,7 @@ int main(int argc, char** argv) {
         else if (a == "--no-gemm-probe") gemm_probe = false;
         else if (a == "-h" || a == "--help") {
             std::printf(
-                "usage: gptoss-bench (--model DIR | --synthetic 20b|120b) [--device N] [-p 512,2048] [-n 128]\n"
+                "usage: gptoss-bench (--model DIR | --synthetic 20b|120b) [--device N|cpu] [-p 512,2048] [-n 128]\n"
                 "                    [-d 0,8192] [-r REPS] [--layers N] [--profile] [--json] [--no-gemm-probe]\n"
                 "Prints pp (prefill) and tg (decode) throughput at each context depth, with GB/s and %% of the\n"
                 "bandwidth floor (decode) or TFLOP/s and %% of the measured bf16 tensor-core rate (prefill).\n");
@@ -142,6 +227,7 @@ int main(int argc, char** argv) {
         } else die("unknown option %s (see --help)", a.c_str());
     }
     if (model_dir.empty() == synthetic.empty()) die("give exactly one of --model DIR and --synthetic 20b|120b");
+    if (device == GPTOSS_DEVICE_CPU) return run_cpu(model_dir, pp, depths, tg, reps, json);
 #ifndef GPTOSS_HAVE_CUDA
     (void)device; (void)pp; (void)depths; (void)tg; (void)reps; (void)layers; (void)json; (void)profile;
     (void)gemm_probe;

@@ -115,6 +115,8 @@ typedef void (*gptoss_log_fn)(void* user_data, gptoss_log_level level, const cha
 // Sends messages at `min_level` and above to `fn`. By default the library prints nothing;
 // errors are reported through return values and gptoss_last_error(). Pass NULL to silence
 // again. Not thread-safe: call it before any other gptoss function.
+// For debugging only: with no callback installed, the environment variable
+// GPTOSS_LOG=debug|info|warn|error prints messages at that level and above to stderr.
 GPTOSS_API void gptoss_set_log_callback(gptoss_log_fn fn, void* user_data, gptoss_log_level min_level);
 
 // ---------------------------------------------------------------------------

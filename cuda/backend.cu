@@ -116,6 +116,7 @@ public:
     gptoss_status sample(const SamplingConfig& config, double u, int32_t* token_out) override;
     gptoss_status save_sliding_snapshot() override;
     gptoss_status restore_sliding_snapshot() override;
+    gptoss_status copy_sliding(bool restore);
 
     gptoss_status profile(const int32_t* tokens, uint32_t n, uint32_t pos,
                           std::vector<std::pair<std::string, double>>* out);
@@ -717,30 +718,24 @@ gptoss_status CudaSession::sample(const SamplingConfig& config, double u, int32_
     return GPTOSS_OK;
 }
 
-gptoss_status CudaSession::save_sliding_snapshot() {
-    if (be_.poisoned_) return fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable");
-    DeviceGuard guard(device_);
-    const size_t row = size_t(be_.dims_.G) * be_.dims_.D * 2;
-    for (const LayerKv& kv : kv_) {
-        if (!kv.snap_k) continue;
-        GPTOSS_TRY(checked(cuda_status(cudaMemcpyAsync(kv.snap_k, kv.k, kv.slots * row, cudaMemcpyDeviceToDevice, stream_),
-                                       "snapshot", __FILE__, __LINE__)));
-        GPTOSS_TRY(checked(cuda_status(cudaMemcpyAsync(kv.snap_v, kv.v, kv.slots * row, cudaMemcpyDeviceToDevice, stream_),
-                                       "snapshot", __FILE__, __LINE__)));
-    }
-    return GPTOSS_OK;
-}
+gptoss_status CudaSession::save_sliding_snapshot() { return copy_sliding(/*restore=*/false); }
 
-gptoss_status CudaSession::restore_sliding_snapshot() {
+gptoss_status CudaSession::restore_sliding_snapshot() { return copy_sliding(/*restore=*/true); }
+
+// Copies every sliding layer's ring to its snapshot buffers, or back (API.md §6).
+gptoss_status CudaSession::copy_sliding(bool restore) {
     if (be_.poisoned_) return fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable");
     DeviceGuard guard(device_);
     const size_t row = size_t(be_.dims_.G) * be_.dims_.D * 2;
+    const char* what = restore ? "snapshot restore" : "snapshot";
     for (const LayerKv& kv : kv_) {
         if (!kv.snap_k) continue;
-        GPTOSS_TRY(checked(cuda_status(cudaMemcpyAsync(kv.k, kv.snap_k, kv.slots * row, cudaMemcpyDeviceToDevice, stream_),
-                                       "snapshot restore", __FILE__, __LINE__)));
-        GPTOSS_TRY(checked(cuda_status(cudaMemcpyAsync(kv.v, kv.snap_v, kv.slots * row, cudaMemcpyDeviceToDevice, stream_),
-                                       "snapshot restore", __FILE__, __LINE__)));
+        uint16_t* const live[2] = {kv.k, kv.v};
+        uint16_t* const saved[2] = {kv.snap_k, kv.snap_v};
+        for (int i = 0; i < 2; i++)
+            GPTOSS_TRY(checked(cuda_status(cudaMemcpyAsync(restore ? live[i] : saved[i], restore ? saved[i] : live[i],
+                                                           kv.slots * row, cudaMemcpyDeviceToDevice, stream_),
+                                           what, __FILE__, __LINE__)));
     }
     return GPTOSS_OK;
 }

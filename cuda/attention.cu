@@ -274,9 +274,50 @@ __global__ __launch_bounds__(256) void bf16_attention_prefill_kernel(const Atten
 // ---------------------------------------------------------------------------
 // Decode: one CTA of 8 warps per (split, kv head); warp h owns query head h of the group (the
 // K/V block is loaded once for all of them); the last CTA of each kv head merges the splits.
+// With a.qkv set, RoPE and the cache write of the new key/value happen here too.
 
 constexpr size_t kDecodeSmem = sizeof(float) * kMaxHeads * kD + sizeof(uint32_t) * 2 * kBlock * kRowWords +
                                sizeof(float) * kMaxHeads * kBlock;
+
+// Fused RoPE (a.qkv set): q of the group's heads rotated into qs; the CTA whose split holds the
+// position also rotates the new key, writes key and value to the cache slot and keeps them as
+// packed bf16 words (knew/vnew [32]) for its own block, because the block load reads the cache
+// through the read-only path, which must not see this kernel's writes.
+__device__ __forceinline__ void decode_rope(const AttentionArgs& a, int g, int hpg, int p, bool owns_p, float* qs,
+                                            uint32_t* knew, uint32_t* vnew) {
+    __shared__ float cs[kD / 2], sn[kD / 2];
+    constexpr int half = kD / 2;
+    if (threadIdx.x < half) rope_cos_sin(float(p), a.inv_freq[threadIdx.x], a.rope_scale, cs[threadIdx.x], sn[threadIdx.x]);
+    __syncthreads();
+    const float* row = a.qkv;
+    for (int idx = threadIdx.x; idx < hpg * half; idx += blockDim.x) {
+        const int h = idx / half, i = idx % half;
+        const float* x = row + size_t(g * hpg + h) * kD;
+        float o1, o2;
+        rope_rotate(x[i], x[i + half], cs[i], sn[i], o1, o2);
+        qs[h * kD + i] = o1;
+        qs[h * kD + i + half] = o2;
+    }
+    if (!owns_p) return;
+    const size_t slot_off = size_t(uint32_t(p) % a.slots) * a.G * kD + size_t(g) * kD;
+    if (threadIdx.x < half) {
+        const int i = threadIdx.x;
+        const float* x = row + size_t(a.Q + g) * kD;
+        float o1, o2;
+        rope_rotate(x[i], x[i + half], cs[i], sn[i], o1, o2);
+        const uint16_t b1 = f32_to_bf16_bits(o1), b2 = f32_to_bf16_bits(o2);
+        uint16_t* kc = const_cast<uint16_t*>(a.k_cache) + slot_off;
+        kc[i] = b1;
+        kc[i + half] = b2;
+        reinterpret_cast<uint16_t*>(knew)[i] = b1;
+        reinterpret_cast<uint16_t*>(knew)[i + half] = b2;
+    } else if (threadIdx.x < 3 * half) {
+        const int i = threadIdx.x - half;  // 0 .. 63
+        const uint16_t b = f32_to_bf16_bits(row[size_t(a.Q + a.G + g) * kD + i]);
+        const_cast<uint16_t*>(a.v_cache)[slot_off + i] = b;
+        reinterpret_cast<uint16_t*>(vnew)[i] = b;
+    }
+}
 
 __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const AttentionArgs a, float* partial,
                                                                    int* counters, uint32_t max_splits) {
@@ -296,13 +337,24 @@ __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const Attent
     const int s_rel = blockIdx.x, s = lo / int(kAttentionSplit) + s_rel;
     const int s_begin = s * int(kAttentionSplit), s_end = s_begin + int(kAttentionSplit) - 1;
     if (s_begin > p || s_end < lo) return;
-    for (int i = threadIdx.x; i < hpg * kD; i += blockDim.x) qs[i] = a.q[size_t(g) * hpg * kD + i];
+    __shared__ uint32_t knew[kD / 2], vnew[kD / 2];
+    const bool fused = a.qkv != nullptr;
+    if (fused) decode_rope(a, g, hpg, p, s_end >= p, qs, knew, vnew);
+    else
+        for (int i = threadIdx.x; i < hpg * kD; i += blockDim.x) qs[i] = a.q[size_t(g) * hpg * kD + i];
     SplitState<1> st;
     reset(st);
     for (int kb = s_begin; kb <= s_end; kb += kBlock) {
         if (kb > p || kb + kBlock - 1 < lo) continue;
         __syncthreads();
-        load_kv_block<256>(a, pos0, kb, p, g, ks, vs, threadIdx.x);
+        load_kv_block<256>(a, pos0, kb, fused ? p - 1 : p, g, ks, vs, threadIdx.x);
+        if (fused && kb + kBlock > p) {  // the new key's row (block-uniform condition)
+            __syncthreads();
+            if (threadIdx.x < kD / 2) {
+                ks[(p - kb) * kRowWords + threadIdx.x] = knew[threadIdx.x];
+                vs[(p - kb) * kRowWords + threadIdx.x] = vnew[threadIdx.x];
+            }
+        }
         __syncthreads();
         if (warp < hpg) attend_block<1>(st, qs + warp * kD, ks, vs, ps_all + warp * kBlock, kb, lo, p, 1, lane);
     }

@@ -574,36 +574,49 @@ gptoss_status CudaSession::enqueue(uint32_t n, uint32_t full_splits) {
         GPTOSS_TRY(mark("qkv gemm"));
         // Decode writes K/V straight into the cache; a chunk goes through k_new_/v_new_ and is
         // committed after attention (its queries still need the ring slots it will overwrite).
+        // (RoPE is fused into the decode attention kernel.)
         const bool direct = n == 1;
-        GPTOSS_TRY(rope_qkv(qkv_, step_, b.inv_freq_, b.rope_scale_, q_, k_new_, v_new_, direct ? kv.k : nullptr,
-                            direct ? kv.v : nullptr, kv.slots, n, d.Q, d.G, d.D, s));
-        GPTOSS_TRY(mark("rope"));
+        if (!direct) {
+            GPTOSS_TRY(rope_qkv(qkv_, step_, b.inv_freq_, b.rope_scale_, q_, k_new_, v_new_, nullptr, nullptr, kv.slots,
+                                n, d.Q, d.G, d.D, s));
+            GPTOSS_TRY(mark("rope"));
+        }
         AttentionArgs aa;
         aa.q = q_; aa.k_new = direct ? nullptr : k_new_; aa.v_new = direct ? nullptr : v_new_; aa.k_cache = kv.k; aa.v_cache = kv.v;
         aa.slots = kv.slots; aa.window = L.sliding ? c.sliding_window : 0; aa.sinks = L.sinks; aa.step = step_;
         aa.T = n; aa.Q = d.Q; aa.G = d.G; aa.D = d.D; aa.out = attn_;
         if (n == 1) {
+            aa.qkv = qkv_; aa.inv_freq = b.inv_freq_; aa.rope_scale = b.rope_scale_;
             const uint32_t splits = L.sliding ? std::min(max_splits_, ceil_div(c.sliding_window, kAttentionSplit) + 1)
                                               : full_splits;
             GPTOSS_TRY(attention_decode(aa, partial_, counters_, splits, s));
         } else {
             GPTOSS_TRY(attention_prefill(aa, s));
         }
-        GPTOSS_TRY(mark(L.sliding ? "attention (sliding)" : "attention (full)"));
+        GPTOSS_TRY(mark(direct ? (L.sliding ? "rope + attention (sliding)" : "rope + attention (full)")
+                               : (L.sliding ? "attention (sliding)" : "attention (full)")));
         if (!direct) {
             GPTOSS_TRY(kv_commit(k_new_, v_new_, kv.k, kv.v, kv.slots, step_, n, d.G * d.D, s));
             GPTOSS_TRY(mark("kv commit"));
         }
         GPTOSS_TRY(gemm(b.dense(L.o_w, L.o_b, d.H, d.QD), attn_, n, nullptr, Epilogue::kAdd, x_, nullptr, d.H, 0, nb, s));
         GPTOSS_TRY(mark("o gemm + residual"));
-        ResidualArgs none;
-        GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, c.rms_norm_eps, xn_, n, d.H, s));
-        GPTOSS_TRY(mark("rmsnorm"));
-        GPTOSS_TRY(gemm(b.dense(L.router_w, L.router_b, d.E, d.H), xn_, n, nullptr, Epilogue::kStore, rlogits_,
-                        nullptr, d.E, 0, nb, s));
-        GPTOSS_TRY(mark("router gemm"));
-        GPTOSS_TRY(router_route(rlogits_, n, d.E, d.K, experts_, weights_, tiles_, pairs_, tile_tokens, s));
-        GPTOSS_TRY(mark("router top-k + route"));
+        if (n == 1 && router_decode_supported(d.E, d.K, d.H)) {
+            RouterDecodeArgs ra;
+            ra.x = x_; ra.norm_w = L.mlp_norm; ra.eps = c.rms_norm_eps; ra.router = b.dense(L.router_w, L.router_b, d.E, d.H);
+            ra.K = d.K; ra.xn = xn_; ra.experts = experts_; ra.weights = weights_; ra.tiles = tiles_; ra.pairs = pairs_;
+            GPTOSS_TRY(router_decode(ra, s));
+            GPTOSS_TRY(mark("rmsnorm + router + top-k (fused)"));
+        } else {
+            ResidualArgs none;
+            GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, c.rms_norm_eps, xn_, n, d.H, s));
+            GPTOSS_TRY(mark("rmsnorm"));
+            GPTOSS_TRY(gemm(b.dense(L.router_w, L.router_b, d.E, d.H), xn_, n, nullptr, Epilogue::kStore, rlogits_,
+                            nullptr, d.E, 0, nb, s));
+            GPTOSS_TRY(mark("router gemm"));
+            GPTOSS_TRY(router_route(rlogits_, n, d.E, d.K, experts_, weights_, tiles_, pairs_, tile_tokens, s));
+            GPTOSS_TRY(mark("router top-k + route"));
+        }
         GemmRoute r1;
         r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = d.K; r1.max_tiles = max_tiles;
         GPTOSS_TRY(gemm(b.experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H), xn_, n, &r1, Epilogue::kSwiglu, nullptr,

@@ -146,6 +146,48 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint3
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// RMSNorm of one fp32 row with the reduction order of a CTA of kNormThreads threads, virtual
+// thread i owning elements i + kNormThreads·j (j < kNormPer): returns 1 / sqrt(mean(x²) + eps).
+// The sum of squares is reduced in one fixed order (per-thread FMA chain, warp butterfly, warps
+// in index order), so rmsnorm.cu and the fused decode router (router.cu) compute the same bits.
+// A CTA of R threads (R a multiple of 32 dividing kNormThreads) plays kNormThreads / R virtual
+// threads each: v[q] belongs to virtual thread threadIdx.x + R·q. partial: shared
+// float[kNormThreads / 32]. Contains a __syncthreads (all threads of the CTA must call it).
+constexpr uint32_t kNormThreads = 1024;
+constexpr uint32_t kNormPer = 4;
+template <uint32_t R>
+__device__ __forceinline__ float rmsnorm_inv(const float (&v)[kNormThreads / R][kNormPer], uint32_t H, float eps,
+                                             float* partial) {
+    static_assert(R % 32 == 0 && kNormThreads % R == 0, "rmsnorm_inv: R must be a multiple of 32 dividing 1024");
+#pragma unroll
+    for (uint32_t q = 0; q < kNormThreads / R; ++q) {
+        float ss = 0.0f;
+#pragma unroll
+        for (uint32_t j = 0; j < kNormPer; ++j) ss = __fmaf_rn(v[q][j], v[q][j], ss);
+        ss = warp_sum(ss);
+        if ((threadIdx.x & 31) == 0) partial[(threadIdx.x >> 5) + q * (R / 32)] = ss;
+    }
+    __syncthreads();
+    float total = 0.0f;
+    for (uint32_t i = 0; i < kNormThreads / 32; ++i) total += partial[i];
+    return 1.0f / sqrtf(total / float(H) + eps);
+}
+
+// YaRN RoPE (MODEL.md §YaRN RoPE), rotate-half: cos/sin of one frequency at one position,
+// times the YaRN attention factor, and the rotation of one (x1, x2) = (x[i], x[i + D/2]) pair.
+// Every operation is explicitly rounded (no FMA contraction), so rope.cu and the decode
+// attention kernel, which rotates q and k itself, produce the same bits.
+__device__ __forceinline__ void rope_cos_sin(float pos, float inv_freq, float scale, float& c, float& s) {
+    float sn, cs;
+    sincosf(__fmul_rn(pos, inv_freq), &sn, &cs);
+    c = __fmul_rn(cs, scale);
+    s = __fmul_rn(sn, scale);
+}
+__device__ __forceinline__ void rope_rotate(float x1, float x2, float c, float s, float& o1, float& o2) {
+    o1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+    o2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+}
+
 // Position of element k of an activation row in the "fragment-permuted" layout that the GEMM
 // kernel reads with two 16-byte loads per lane and 64-k chunk: within each chunk of 64, lane
 // quad t owns k = 16j + 2t + {0,1,8,9} for j = 0..3, stored contiguously (16 elements).

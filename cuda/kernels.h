@@ -153,6 +153,13 @@ struct AttentionArgs {
     const StepInfo* step = nullptr;
     uint32_t T = 0, Q = 0, G = 0, D = 0;
     uint16_t* out = nullptr;
+    // Decode only, RoPE fused: when qkv (fp32 [(Q + 2G)·D], the QKV projection of the token) is
+    // set, q is ignored; the kernel rotates q and the new key with rope_qkv's arithmetic
+    // (inv_freq fp32 [D/2], rope_scale) and writes the new k/v to cache slot pos0 % slots itself,
+    // so decode needs no rope_qkv launch. Results are bit-identical to rope_qkv + attention.
+    const float* qkv = nullptr;
+    const float* inv_freq = nullptr;
+    float rope_scale = 1.0f;
 };
 constexpr uint32_t kAttentionSplit = 128;
 // Prefill / any T: one CTA per (8 tokens, kv head).
@@ -178,6 +185,27 @@ uint32_t route_max_tiles(uint32_t T, uint32_t E, uint32_t K, uint32_t tile_token
 [[nodiscard]] gptoss_status router_route(const float* logits, uint32_t T, uint32_t E, uint32_t K,
                                          int32_t* experts, float* weights, int32_t* tiles,
                                          int32_t* pairs, uint32_t tile_tokens, cudaStream_t stream);
+
+// Decode (T = 1) fused router: xn = RMSNorm(x) · norm_w (bf16 permuted [H], as
+// residual_rmsnorm kNone), logits = router(xn) (as gemm), then experts/weights/tiles/pairs as
+// router_route(logits, T = 1) — bit-identical to those three launches, in one. x: fp32 [H]
+// (read only); router: bf16 fragment weights [E, H] + fp32 bias [E]; logits (optional) fp32 [E].
+// Supported when router_decode_supported(E, K, H): E <= 128, K <= 8, H % 64 == 0, H <= 4096.
+struct RouterDecodeArgs {
+    const float* x = nullptr;
+    const float* norm_w = nullptr;
+    float eps = 0.0f;
+    GemmWeights router;
+    uint32_t K = 0;
+    uint16_t* xn = nullptr;
+    float* logits = nullptr;
+    int32_t* experts = nullptr;
+    float* weights = nullptr;
+    int32_t* tiles = nullptr;
+    int32_t* pairs = nullptr;
+};
+bool router_decode_supported(uint32_t E, uint32_t K, uint32_t H);
+[[nodiscard]] gptoss_status router_decode(const RouterDecodeArgs& args, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------
 // Sampling (sample.cu): greedy argmax of fp32 [V] (lowest id on ties). `out` points to 8 device

@@ -4,8 +4,8 @@
 // Mirrors rmsnorm / the MoE sum of cpu/reference.h (MODEL.md §Forward pass); x stays fp32.
 // Mapping: one CTA of 1024 threads per token; thread i owns elements i + 1024·j (j < 4, so
 // H <= 4096), all loaded before any arithmetic (decode runs this at T = 1, where it is pure
-// latency); the sum of squares is reduced warp-then-CTA in a fixed order (bit-identical for
-// any T). Floor: memory-bound, (4 + 4 + 2)·H bytes per token (+16·H for the MoE combine).
+// latency); the sum of squares is reduced warp-then-CTA in a fixed order (rmsnorm_inv in
+// common.cuh, shared with the fused decode router; bit-identical for any T). Floor: memory-bound, (4 + 4 + 2)·H bytes per token (+16·H for the MoE combine).
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
 
@@ -13,8 +13,8 @@ namespace gptoss {
 namespace cuda {
 namespace {
 
-constexpr uint32_t kThreads = 1024;
-constexpr uint32_t kPer = 4;
+constexpr uint32_t kThreads = kNormThreads;
+constexpr uint32_t kPer = kNormPer;
 constexpr uint32_t kMaxSlots = 8;
 
 __global__ __launch_bounds__(kThreads) void f32_residual_rmsnorm_kernel(ResidualArgs a, float* __restrict__ x,
@@ -60,15 +60,7 @@ __global__ __launch_bounds__(kThreads) void f32_residual_rmsnorm_kernel(Residual
             v[j] = i < H ? xr[i] : 0.0f;
         }
     }
-    float ss = 0.0f;
-#pragma unroll
-    for (uint32_t j = 0; j < kPer; ++j) ss = __fmaf_rn(v[j], v[j], ss);
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    float total = 0.0f;
-    for (uint32_t i = 0; i < kThreads / 32; ++i) total += partial[i];
-    const float inv = 1.0f / sqrtf(total / float(H) + eps);
+    const float inv = rmsnorm_inv<kThreads>(reinterpret_cast<const float(&)[1][kPer]>(v), H, eps, partial);
     uint16_t* out = xn + size_t(t) * H;
 #pragma unroll
     for (uint32_t j = 0; j < kPer; ++j) {

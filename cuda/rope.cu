@@ -2,6 +2,8 @@
 // QKV projection output, splitting it into q (fp32, for attention) and the chunk's k/v (bf16,
 // the cache's precision). Mirrors cpu::rope: angle = fp32(position · inv_freq[i]); cos and sin
 // are multiplied by the YaRN attention factor; out = [x1·cos − x2·sin | x2·cos + x1·sin].
+// The arithmetic is rope_cos_sin/rope_rotate (common.cuh), shared with the decode attention
+// kernel, which rotates q and the new key itself (one launch fewer per layer).
 // Mapping: one CTA of 1024 threads per token: cos/sin once per frequency in shared memory,
 // then threads stride over (head, i < D/2) pairs, then over v.
 // Floor: memory-bound, ~(Q + 2G)·D·(4 + 4) bytes per token; negligible next to the GEMMs.
@@ -33,10 +35,7 @@ __global__ __launch_bounds__(1024) void f32_rope_qkv_kernel(const float* __restr
     // cos/sin once per frequency (sincosf is accurate, hence slow, for large angles).
     __shared__ float cs[128], sn[128];
     for (uint32_t i = threadIdx.x; i < half; i += blockDim.x) {
-        float s, c;
-        sincosf(pos * inv_freq[i], &s, &c);
-        cs[i] = c * scale;
-        sn[i] = s * scale;
+        rope_cos_sin(pos, inv_freq[i], scale, cs[i], sn[i]);
     }
     __syncthreads();
     const uint32_t n_rot = (Q + G) * half;
@@ -44,7 +43,8 @@ __global__ __launch_bounds__(1024) void f32_rope_qkv_kernel(const float* __restr
         const uint32_t head = idx / half, i = idx % half;
         const float c = cs[i], s = sn[i];
         const float x1 = row[head * D + i], x2 = row[head * D + i + half];
-        const float o1 = x1 * c - x2 * s, o2 = x2 * c + x1 * s;
+        float o1, o2;
+        rope_rotate(x1, x2, c, s, o1, o2);
         if (head < Q) {
             float* out = q + (size_t(t) * Q + head) * D;
             out[i] = o1;

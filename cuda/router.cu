@@ -6,6 +6,7 @@
 // The order of pairs inside an expert's group comes from atomics and may vary between runs:
 // that is harmless, because gemm.cu computes each column independently of its neighbours.
 #include "cuda/common.cuh"
+#include "cuda/gemm.cuh"
 #include "cuda/kernels.h"
 
 #include <algorithm>
@@ -18,6 +19,50 @@ namespace {
 constexpr uint32_t kMaxExperts = 256;
 constexpr uint32_t kMaxK = 8;
 
+// One warp: the K largest of l[0..E) in descending order (ties: lower expert first) and the
+// softmax of those K logits. Lane l holds logits l, l+32, ...; K rounds of a warp argmax
+// (larger value, then lower expert, wins). Results are valid in every lane.
+__device__ __forceinline__ void warp_topk_softmax(const float* l, uint32_t E, uint32_t K, uint32_t lane,
+                                                  int32_t (&idx)[kMaxK], float (&wt)[kMaxK]) {
+    float v[kMaxExperts / 32];
+#pragma unroll
+    for (uint32_t i = 0; i < kMaxExperts / 32; ++i) {
+        const uint32_t e = lane + 32 * i;
+        v[i] = e < E ? l[e] : -INFINITY;
+    }
+    uint32_t taken = 0;
+    float val[kMaxK];
+    for (uint32_t k = 0; k < K; ++k) {
+        float best_v = -INFINITY;
+        int32_t best = int32_t(kMaxExperts);
+#pragma unroll
+        for (uint32_t i = 0; i < kMaxExperts / 32; ++i) {
+            const uint32_t e = lane + 32 * i;
+            if (e < E && !(taken >> i & 1u) && (best == int32_t(kMaxExperts) || v[i] > best_v)) {
+                best_v = v[i];
+                best = int32_t(e);
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
+            const int32_t oi = __shfl_xor_sync(0xffffffffu, best, o);
+            if (oi != int32_t(kMaxExperts) &&
+                (best == int32_t(kMaxExperts) || ov > best_v || (ov == best_v && oi < best))) {
+                best_v = ov;
+                best = oi;
+            }
+        }
+        idx[k] = best;
+        val[k] = best_v;
+        if (uint32_t(best) % 32 == lane) taken |= 1u << (uint32_t(best) / 32);
+    }
+    float sum = 0.0f;
+    float ex[kMaxK];
+    for (uint32_t k = 0; k < K; ++k) { ex[k] = expf(val[k] - val[0]); sum += ex[k]; }
+    for (uint32_t k = 0; k < K; ++k) wt[k] = ex[k] / sum;
+}
+
 __global__ __launch_bounds__(1024) void f32_router_route_kernel(const float* __restrict__ logits, uint32_t T,
                                                                uint32_t E, uint32_t K, int32_t* experts,
                                                                float* weights, int32_t* tiles, int32_t* pairs,
@@ -27,52 +72,16 @@ __global__ __launch_bounds__(1024) void f32_router_route_kernel(const float* __r
     pdl_launch_dependents();
     for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) { count[e] = 0; cursor[e] = 0; }
     __syncthreads();
-    // One warp per token: lane l holds logits l, l+32, ...; K rounds of a warp argmax
-    // (larger value, then lower expert, wins).
+    // One warp per token.
     const uint32_t lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
     for (uint32_t t = threadIdx.x >> 5; t < T; t += n_warps) {
-        const float* l = logits + size_t(t) * E;
-        float v[kMaxExperts / 32];
-#pragma unroll
-        for (uint32_t i = 0; i < kMaxExperts / 32; ++i) {
-            const uint32_t e = lane + 32 * i;
-            v[i] = e < E ? l[e] : -INFINITY;
-        }
-        uint32_t taken = 0;
         int32_t idx[kMaxK];
-        float val[kMaxK];
-        for (uint32_t k = 0; k < K; ++k) {
-            float best_v = -INFINITY;
-            int32_t best = int32_t(kMaxExperts);
-#pragma unroll
-            for (uint32_t i = 0; i < kMaxExperts / 32; ++i) {
-                const uint32_t e = lane + 32 * i;
-                if (e < E && !(taken >> i & 1u) && (best == int32_t(kMaxExperts) || v[i] > best_v)) {
-                    best_v = v[i];
-                    best = int32_t(e);
-                }
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
-                const int32_t oi = __shfl_xor_sync(0xffffffffu, best, o);
-                if (oi != int32_t(kMaxExperts) &&
-                    (best == int32_t(kMaxExperts) || ov > best_v || (ov == best_v && oi < best))) {
-                    best_v = ov;
-                    best = oi;
-                }
-            }
-            idx[k] = best;
-            val[k] = best_v;
-            if (uint32_t(best) % 32 == lane) taken |= 1u << (uint32_t(best) / 32);
-        }
+        float wt[kMaxK];
+        warp_topk_softmax(logits + size_t(t) * E, E, K, lane, idx, wt);
         if (lane == 0) {
-            float sum = 0.0f;
-            float ex[kMaxK];
-            for (uint32_t k = 0; k < K; ++k) { ex[k] = expf(val[k] - val[0]); sum += ex[k]; }
             for (uint32_t k = 0; k < K; ++k) {
                 experts[t * K + k] = idx[k];
-                weights[t * K + k] = ex[k] / sum;
+                weights[t * K + k] = wt[k];
                 atomicAdd(&count[idx[k]], 1);
             }
         }
@@ -100,6 +109,132 @@ __global__ __launch_bounds__(1024) void f32_router_route_kernel(const float* __r
     }
 }
 
+
+// Decode (T = 1): RMSNorm + router GEMV + top-K + route in one CTA, replacing residual_rmsnorm
+// + gemm + router_route (three launches per layer). Every step mirrors the kernel it replaces,
+// so the results are bit-identical: the norm is rmsnorm_inv (R real threads playing the 1024 of
+// rmsnorm.cu); warp 4s + w runs gemm.cu's NB = 1 chunk sequence (chunks w, w + 4, ... of 16-row
+// slab s, the same mma order) on the normed row staged in shared memory, and the four warps'
+// partial tiles are summed in warp order; top-K is warp_topk_softmax. R = 4 warps × 16-expert
+// slabs (256 threads for 32 experts, 1024 for 128); the register ring shrinks as R grows. The
+// first ring of router weights is loaded, and the rest prefetched into L2, before the
+// dependency wait (PDL), i.e. while the O projection still runs.
+constexpr uint32_t kDecodeSlabs = 8;  // E <= 128
+
+template <uint32_t R, int kDepth>
+__global__ __launch_bounds__(R) void f32_router_decode_kernel(const RouterDecodeArgs a) {
+    using namespace gemm_detail;
+    constexpr uint32_t kQ = kNormThreads / R;
+    __shared__ float partial[kNormThreads / 32];
+    __shared__ __align__(16) uint16_t xs[kNormThreads * kNormPer];
+    __shared__ float red[R / 32][32 * 4];
+    __shared__ float logits[16 * kDecodeSlabs];
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const uint32_t E = a.router.N, H = a.router.K, n_chunks = H >> 6, slabs = (E + 15) / 16;
+    const bool gemv = warp < 4 * slabs;
+    const uint32_t slab = warp >> 2, kw = warp & 3;
+    const uint4* wp = reinterpret_cast<const uint4*>(a.router.w) + size_t(slab) * n_chunks * 128 + lane;
+    Chunk ring[kDepth];
+    if (gemv) {
+#pragma unroll
+        for (int i = 0; i < kDepth; ++i) {
+            const uint32_t cc = kw + 4u * i;
+            if (cc < n_chunks) load_chunk<false>(ring[i], wp, nullptr, cc);
+        }
+        // The warp's later chunks (2 KB each, 16 lines): into L2 now.
+        for (uint32_t c = kw + 4u * kDepth; c < n_chunks; c += 4)
+            if (lane < 16)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(wp - lane) +
+                                                             size_t(c) * 2048 + lane * 128));
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+
+    float v[kQ][kNormPer];
+#pragma unroll
+    for (uint32_t q = 0; q < kQ; ++q)
+#pragma unroll
+        for (uint32_t j = 0; j < kNormPer; ++j) {
+            const uint32_t i = threadIdx.x + R * q + j * kNormThreads;
+            v[q][j] = i < H ? a.x[i] : 0.0f;
+        }
+    const float inv = rmsnorm_inv<R>(v, H, a.eps, partial);
+#pragma unroll
+    for (uint32_t q = 0; q < kQ; ++q)
+#pragma unroll
+        for (uint32_t j = 0; j < kNormPer; ++j) {
+            const uint32_t i = threadIdx.x + R * q + j * kNormThreads;
+            if (i >= H) continue;
+            const uint16_t b = f32_to_bf16_bits(v[q][j] * inv * __ldg(a.norm_w + i));
+            xs[permuted_k(i)] = b;
+            a.xn[permuted_k(i)] = b;
+        }
+    __syncthreads();
+
+    if (gemv) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const uint4* xrow = reinterpret_cast<const uint4*>(xs + t * 16);
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        for (uint32_t base = kw; base < n_chunks; base += 4u * kDepth) {
+#pragma unroll
+            for (int i = 0; i < kDepth; ++i) {
+                const uint32_t c = base + 4u * i;
+                if (c >= n_chunks) break;
+                // Column g of the 8-column tile: only column 0 (this token) is non-zero.
+                const uint4 xb0 = g == 0 ? xrow[size_t(c) * 8] : zero;
+                const uint4 xb1 = g == 0 ? xrow[size_t(c) * 8 + 1] : zero;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    uint32_t af[4];
+                    fragment<false>(ring[i], j, af);
+                    const uint4 b = (j >> 1) ? xb1 : xb0;
+                    mma(acc, af, (j & 1) ? b.z : b.x, (j & 1) ? b.w : b.y);
+                }
+                const uint32_t cn = c + 4u * kDepth;
+                if (cn < n_chunks) load_chunk<false>(ring[i], wp, nullptr, cn);
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) red[warp][lane * 4 + e] = acc[e];
+    }
+    __syncthreads();
+    if (threadIdx.x < slabs * 32 && (threadIdx.x & 3) == 0) {  // the lanes holding column 0
+        const uint32_t sl = threadIdx.x >> 5, l = threadIdx.x & 31, gg = l >> 2;
+        float s[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const uint32_t i = l * 4 + e;
+            s[e] = __fadd_rn(__fadd_rn(__fadd_rn(red[4 * sl][i], red[4 * sl + 1][i]), red[4 * sl + 2][i]),
+                             red[4 * sl + 3][i]);
+        }
+        const uint32_t r_lo = sl * 16 + gg, r_hi = r_lo + 8;
+        if (r_lo < E) logits[r_lo] = s[0] + (a.router.bias ? a.router.bias[r_lo] : 0.0f);
+        if (r_hi < E) logits[r_hi] = s[2] + (a.router.bias ? a.router.bias[r_hi] : 0.0f);
+    }
+    __syncthreads();
+    if (a.logits)
+        for (uint32_t e = threadIdx.x; e < E; e += R) a.logits[e] = logits[e];
+    if (warp != 0) return;
+    int32_t idx[kMaxK];
+    float wt[kMaxK];
+    warp_topk_softmax(logits, E, a.K, lane, idx, wt);
+    if (lane != 0) return;
+    // router_route's output for one token: one single-pair tile per chosen expert, experts in
+    // increasing id order.
+    a.tiles[0] = int32_t(a.K);
+    for (uint32_t k = 0; k < a.K; ++k) {
+        a.experts[k] = idx[k];
+        a.weights[k] = wt[k];
+        uint32_t rank = 0;
+        for (uint32_t k2 = 0; k2 < a.K; ++k2) rank += idx[k2] < idx[k];
+        int32_t* ti = a.tiles + 1 + 3 * rank;
+        ti[0] = idx[k];
+        ti[1] = int32_t(rank);
+        ti[2] = 1;
+        a.pairs[rank] = int32_t(k);
+    }
+}
+
 }  // namespace
 
 uint32_t route_max_tiles(uint32_t T, uint32_t E, uint32_t K, uint32_t tile_tokens) {
@@ -116,6 +251,24 @@ gptoss_status router_route(const float* logits, uint32_t T, uint32_t E, uint32_t
     if (T == 0) return GPTOSS_OK;
     const uint32_t threads = std::min(1024u, std::max(64u, 32u * T));
     GPTOSS_LAUNCH(f32_router_route_kernel, 1, threads, 0, stream, logits, T, E, K, experts, weights, tiles, pairs, tile_tokens);
+    return GPTOSS_OK;
+}
+
+bool router_decode_supported(uint32_t E, uint32_t K, uint32_t H) {
+    return E >= 1 && E <= 16 * kDecodeSlabs && K >= 1 && K <= kMaxK && K <= E && H % 64 == 0 &&
+           H <= kNormThreads * kNormPer;
+}
+
+gptoss_status router_decode(const RouterDecodeArgs& a, cudaStream_t stream) {
+    const uint32_t E = a.router.N, H = a.router.K;
+    if (!router_decode_supported(E, a.K, H) || a.router.mxfp4)
+        return fail(GPTOSS_ERR_UNSUPPORTED,
+                    "CUDA router_decode: %u experts / top-%u / hidden %u, supported up to %u / %u / %u (bf16)", E, a.K,
+                    H, 16 * kDecodeSlabs, kMaxK, kNormThreads * kNormPer);
+    const uint32_t slabs = ceil_div(E, 16);
+    if (slabs <= 2) GPTOSS_LAUNCH((f32_router_decode_kernel<256, 6>), 1, 256, 0, stream, a);
+    else if (slabs <= 4) GPTOSS_LAUNCH((f32_router_decode_kernel<512, 4>), 1, 512, 0, stream, a);
+    else GPTOSS_LAUNCH((f32_router_decode_kernel<1024, 2>), 1, 1024, 0, stream, a);
     return GPTOSS_OK;
 }
 

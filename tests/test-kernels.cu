@@ -395,6 +395,68 @@ void check_moe(const std::vector<float>& logits_override, uint32_t T, uint64_t s
     expect_close(x.get(), ref, 1e-2f * scale, 1e-2f, what);
 }
 
+TEST_CASE("router_decode (fused norm + router + top-k) is bit-identical to residual_rmsnorm + gemm + router_route") {
+    struct S { uint32_t E, K, H; bool ties; };
+    for (S sh : {S{32, 4, 2880, false}, S{128, 4, 2880, false}, S{8, 4, 64, false}, S{40, 4, 128, false},
+                 S{32, 4, 2880, true}}) {
+        Rand r(90 + sh.E + sh.H + sh.ties);
+        const uint32_t E = sh.E, K = sh.K, H = sh.H;
+        auto W = r.bf16s(size_t(E) * H, 0.05f);
+        auto b = r.bf16s(E, 0.5f);
+        if (sh.ties) {  // exact ties: experts 3, 9 and 20 have the same row and a bias far above the rest
+            for (uint32_t k = 0; k < H; ++k) W[size_t(9) * H + k] = W[size_t(20) * H + k] = W[size_t(3) * H + k];
+            b[9] = b[20] = b[3] = f32_to_bf16(30.0f);
+        }
+        DenseW dw(W, b, E, H);
+        const auto x = r.floats(H, 3.0f);
+        const auto nw = widen(r.bf16s(H, 1.5f));
+        Dev<float> xd(x), nwd(nw);
+        INFO("E " << E << " H " << H << (sh.ties ? " with ties" : ""));
+        REQUIRE(cuda::router_decode_supported(E, K, H));
+        // The three launches the decode path used to make.
+        Dev<uint16_t> xn_ref(H);
+        Dev<float> logits_ref(E), w_ref(K);
+        const uint32_t max_tiles = cuda::route_max_tiles(1, E, K, 8);
+        Dev<int32_t> e_ref(K), t_ref(1 + 3 * size_t(max_tiles)), p_ref(K);
+        cuda::ResidualArgs none;
+        OK(cuda::residual_rmsnorm(none, xd.p, nwd.p, 1e-5f, xn_ref.p, 1, H, nullptr));
+        OK(cuda::gemm(dw.w, xn_ref.p, 1, nullptr, cuda::Epilogue::kStore, logits_ref.p, nullptr, E, 0, 1, nullptr));
+        OK(cuda::router_route(logits_ref.p, 1, E, K, e_ref.p, w_ref.p, t_ref.p, p_ref.p, 8, nullptr));
+        // The fused kernel.
+        Dev<uint16_t> xn(H);
+        Dev<float> logits(E), w(K);
+        Dev<int32_t> e(K), t(1 + 3 * size_t(max_tiles)), pr(K);
+        cuda::RouterDecodeArgs ra;
+        ra.x = xd.p; ra.norm_w = nwd.p; ra.eps = 1e-5f; ra.router = dw.w; ra.K = K; ra.xn = xn.p; ra.logits = logits.p;
+        ra.experts = e.p; ra.weights = w.p; ra.tiles = t.p; ra.pairs = pr.p;
+        OK(cuda::router_decode(ra, nullptr));
+        CHECK(xn.get() == xn_ref.get());
+        const auto gl = logits.get(), rl = logits_ref.get();
+        CHECK(std::memcmp(gl.data(), rl.data(), E * 4) == 0);
+        CHECK(e.get() == e_ref.get());
+        const auto gw = w.get(), rw = w_ref.get();
+        CHECK(std::memcmp(gw.data(), rw.data(), K * 4) == 0);
+        const auto gt = t.get(), rt = t_ref.get();
+        CHECK(std::equal(gt.begin(), gt.begin() + 1 + 3 * K, rt.begin()));
+        CHECK(pr.get() == p_ref.get());
+        // The routing against the CPU oracle on the same logits.
+        std::vector<int32_t> ce(K);
+        std::vector<float> cw(K);
+        cpu::router_topk(gl.data(), 1, E, K, ce.data(), cw.data());
+        CHECK(e.get() == ce);
+        if (sh.ties) {
+            CHECK(gl[3] == gl[9]);
+            CHECK(ce[0] == 3);
+            CHECK(ce[1] == 9);
+            CHECK(ce[2] == 20);
+        }
+    }
+    cuda::RouterDecodeArgs bad;
+    bad.router.N = 129; bad.router.K = 64; bad.K = 4;
+    CHECK(cuda::router_decode(bad, nullptr) == GPTOSS_ERR_UNSUPPORTED);
+    CHECK(std::string(gptoss_last_error()).find("129 experts") != std::string::npos);
+}
+
 TEST_CASE("the grouped MoE matches cpu::moe for one token") { check_moe({}, 1, 21, "T=1"); }
 
 TEST_CASE("the grouped MoE matches cpu::moe with 200 tokens, most on one expert") {
@@ -556,6 +618,54 @@ TEST_CASE("attention decode is bit-identical to prefill of the same position, an
             CHECK(std::memcmp(d.data(), pre.data() + size_t(p) * n, n * 2) == 0);
             CHECK(std::memcmp(single.data(), d.data(), n * 2) == 0);
             expect_close(unpermuted_rows(d, 1, whole.Q * whole.D), dec.reference(), 2e-3f, 8e-3f, "decode");
+        }
+    }
+}
+
+TEST_CASE("decode attention with fused RoPE is bit-identical to rope_qkv + attention_decode, cache included") {
+    const Config c = test_config();
+    const uint32_t Q = c.n_heads, G = c.n_kv_heads, D = c.head_dim, W = (Q + 2 * G) * D;
+    const cpu::Rope rope = cpu::rope_init(c);
+    Dev<float> inv(std::vector<float>(rope.inv_freq, rope.inv_freq + D / 2));
+    for (uint32_t window : {0u, 128u}) {
+        for (uint32_t p : {0u, 5u, 63u, 64u, 127u, 128u, 129u, 300u, 70000u}) {
+            const uint32_t slots = window ? 128 : 70001;
+            Rand r(500 + p + window);
+            const auto qkv = r.floats(W, 2.0f);
+            const auto kc0 = r.bf16s(size_t(slots) * G * D, 1.0f), vc0 = r.bf16s(size_t(slots) * G * D, 1.0f);
+            const auto sinks = r.floats(Q, 3.0f);
+            cuda::StepInfo si{int32_t(p), 1};
+            Dev<cuda::StepInfo> step(std::vector<cuda::StepInfo>{si});
+            Dev<float> qkvd(qkv), sd(sinks), q(size_t(Q) * D);
+            const uint32_t splits = cuda::ceil_div(p + 1, cuda::kAttentionSplit) + 1;
+            auto run = [&](bool fused, std::vector<uint16_t>* kc, std::vector<uint16_t>* vc) {
+                Dev<uint16_t> kd(kc0), vd(vc0), out(size_t(Q) * D);
+                Dev<float> partial(size_t(Q) * splits * (D + 2));
+                Dev<int> counters(G);
+                REQUIRE(cudaMemset(counters.p, 0, G * sizeof(int)) == cudaSuccess);
+                cuda::AttentionArgs a;
+                a.k_cache = kd.p; a.v_cache = vd.p; a.slots = slots; a.window = window; a.sinks = sd.p;
+                a.step = step.p; a.T = 1; a.Q = Q; a.G = G; a.D = D; a.out = out.p;
+                if (fused) {
+                    a.qkv = qkvd.p; a.inv_freq = inv.p; a.rope_scale = rope.scale;
+                } else {
+                    OK(cuda::rope_qkv(qkvd.p, step.p, inv.p, rope.scale, q.p, nullptr, nullptr, kd.p, vd.p, slots, 1, Q,
+                                      G, D, nullptr));
+                    a.q = q.p;
+                }
+                OK(cuda::attention_decode(a, partial.p, counters.p, splits, nullptr));
+                *kc = kd.get();
+                *vc = vd.get();
+                return out.get();
+            };
+            std::vector<uint16_t> kf, vf, ku, vu;
+            const auto fused = run(true, &kf, &vf);
+            const auto unfused = run(false, &ku, &vu);
+            INFO("window " << window << " position " << p);
+            CHECK(fused == unfused);
+            CHECK(kf == ku);
+            CHECK(vf == vu);
+            CHECK(kf != kc0);  // the new key was written
         }
     }
 }

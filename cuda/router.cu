@@ -266,7 +266,7 @@ gptoss_status router_decode(const RouterDecodeArgs& a, cudaStream_t stream) {
                     "CUDA router_decode: %u experts / top-%u / hidden %u, supported up to %u / %u / %u (bf16)", E, a.K,
                     H, 16 * kDecodeSlabs, kMaxK, kNormThreads * kNormPer);
     const uint32_t slabs = ceil_div(E, 16);
-    if (slabs <= 2) GPTOSS_LAUNCH((f32_router_decode_kernel<256, 6>), 1, 256, 0, stream, a);
+    if (slabs <= 2) GPTOSS_LAUNCH((f32_router_decode_kernel<256, 12>), 1, 256, 0, stream, a);
     else if (slabs <= 4) GPTOSS_LAUNCH((f32_router_decode_kernel<512, 4>), 1, 512, 0, stream, a);
     else GPTOSS_LAUNCH((f32_router_decode_kernel<1024, 2>), 1, 1024, 0, stream, a);
     return GPTOSS_OK;

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -160,6 +161,9 @@ private:
     float* partial_ = nullptr;
     int* counters_ = nullptr;
     int32_t* argmax_ = nullptr;
+    void* sample_scratch_ = nullptr;  // cuda::sample's scratch (sample_bytes_)
+    size_t sample_bytes_ = 0;
+    int32_t* token_ = nullptr;
     struct LayerKv { uint16_t* k; uint16_t* v; uint32_t slots; uint16_t* snap_k; uint16_t* snap_v; };
     std::vector<LayerKv> kv_;
     // host side
@@ -487,6 +491,7 @@ gptoss_status CudaSession::init() {
     const uint32_t T = max_batch_;
     max_splits_ = ceil_div(max_context_, kAttentionSplit) + 1;
     max_tiles_ = route_max_tiles(T, d.E, d.K, 8);
+    GPTOSS_TRY(checked(sample_scratch_bytes(d.V, &sample_bytes_)));
     auto layout = [&](char* base) {
         Carver cv(base);
         step_ = cv.take<StepInfo>(sizeof(StepInfo));
@@ -508,6 +513,8 @@ gptoss_status CudaSession::init() {
         logits_ = cv.take<float>(size_t(d.V) * 4);
         partial_ = cv.take<float>(size_t(d.Q) * max_splits_ * (d.D + 2) * 4);
         argmax_ = cv.take<int32_t>(8);
+        token_ = cv.take<int32_t>(4);
+        sample_scratch_ = cv.take<void>(sample_bytes_);
         counters_ = cv.take<int>(size_t(d.G) * 4);
         kv_.assign(c.n_layers, LayerKv{});
         for (uint32_t l = 0; l < c.n_layers; ++l) {
@@ -717,17 +724,29 @@ gptoss_status CudaSession::get_logits(const float** logits_out) {
     return GPTOSS_OK;
 }
 
+// On the device for every config the engine can pass (cuda::sample implements sample_logits'
+// definition); a non-finite temperature or u outside [0, 1) (never from the engine, whose
+// read_params rejects them) takes the host path so that the behaviour stays sample_logits'.
 gptoss_status CudaSession::sample(const SamplingConfig& config, double u, int32_t* token_out) {
-    if (config.temperature > 0.0f) return BackendSession::sample(config, u, token_out);
+    if (!std::isfinite(config.temperature) || !(u >= 0.0 && u < 1.0)) return BackendSession::sample(config, u, token_out);
     if (be_.poisoned_) return fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable");
     if (!have_logits_) return fail(GPTOSS_ERR_INTERNAL, "CUDA sample: no forward() has run");
     DeviceGuard guard(device_);
-    GPTOSS_TRY(checked(argmax(logits_, be_.dims_.V, argmax_, stream_)));
-    unsigned long long key = 0;
-    GPTOSS_TRY(checked(cuda_status(cudaMemcpyAsync(&key, argmax_, sizeof(key), cudaMemcpyDeviceToHost, stream_),
+    if (config.temperature <= 0.0f) {
+        GPTOSS_TRY(checked(argmax(logits_, be_.dims_.V, argmax_, stream_)));
+        unsigned long long key = 0;
+        GPTOSS_TRY(checked(cuda_status(cudaMemcpyAsync(&key, argmax_, sizeof(key), cudaMemcpyDeviceToHost, stream_),
+                                       "copying the sampled token", __FILE__, __LINE__)));
+        GPTOSS_TRY(sync());
+        *token_out = decode_argmax(key);
+        return GPTOSS_OK;
+    }
+    GPTOSS_TRY(checked(cuda::sample(logits_, be_.dims_.V, config, u, sample_scratch_, sample_bytes_, token_, stream_)));
+    int32_t token = 0;
+    GPTOSS_TRY(checked(cuda_status(cudaMemcpyAsync(&token, token_, sizeof(token), cudaMemcpyDeviceToHost, stream_),
                                    "copying the sampled token", __FILE__, __LINE__)));
     GPTOSS_TRY(sync());
-    *token_out = decode_argmax(key);
+    *token_out = token;
     return GPTOSS_OK;
 }
 

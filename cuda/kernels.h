@@ -208,10 +208,26 @@ bool router_decode_supported(uint32_t E, uint32_t K, uint32_t H);
 [[nodiscard]] gptoss_status router_decode(const RouterDecodeArgs& args, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------
-// Sampling (sample.cu): greedy argmax of fp32 [V] (lowest id on ties). `out` points to 8 device
-// bytes that receive a 64-bit key; the id is ~(uint32_t)key (decode_argmax).
+// Sampling (sample.cu).
+// Greedy argmax of fp32 [V] (lowest id on ties). `out` points to 8 device bytes that receive a
+// 64-bit key; the id is ~(uint32_t)key (decode_argmax).
 [[nodiscard]] gptoss_status argmax(const float* logits, uint32_t V, int32_t* out, cudaStream_t stream);
 inline int32_t decode_argmax(unsigned long long key) { return int32_t(~uint32_t(key)); }
+
+// Samples one token from fp32 logits [V] with the definition of sample_logits
+// (gptoss-sampling.cpp), u in [0, 1) drawn by the host: temperature <= 0 → argmax (lowest id
+// on ties); else candidates = the top_k largest logits (ties: lower id) if 0 < top_k < V, else
+// all; p = exp((l − max)/T) in double; if top_p < 1, the shortest prefix of the candidates
+// sorted by (logit desc, id asc) whose cumulative p/total reaches top_p (at least one); then
+// the first kept id, in increasing id order, whose running sum of p exceeds u · Σ kept p.
+// Writes the id to *token (device int32). Deterministic (fixed reduction trees); it can differ
+// from the host only where u·total or top_p is within double rounding of a cumulative sum
+// (sums in another order). scratch: device memory of at least sample_scratch_bytes(V) bytes,
+// 256-byte aligned, used by one call at a time. Fails with INVALID_ARGUMENT for a non-finite
+// temperature or u outside [0, 1) (the engine never passes those).
+[[nodiscard]] gptoss_status sample_scratch_bytes(uint32_t V, size_t* bytes_out);
+[[nodiscard]] gptoss_status sample(const float* logits, uint32_t V, const SamplingConfig& config, double u,
+                                   void* scratch, size_t scratch_bytes, int32_t* token, cudaStream_t stream);
 
 // Streaming-read bandwidth probe (bench): sums n 16-byte words into *sink.
 [[nodiscard]] gptoss_status read_probe(const void* data, size_t n_words16, float* sink,

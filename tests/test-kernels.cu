@@ -1,8 +1,9 @@
 // tests/test-kernels.cu - every CUDA launcher (cuda/kernels.h) against the CPU reference op
 // (cpu/reference.h) on fresh seeded random inputs, the shape edges (1 token, 127/128/129
 // positions, many tokens on one expert, all tokens on the same four experts), the
-// bit-identity promises (decode == prefill, any chunking), and the CUDA backend against the
-// CPU backend on the tiny checkpoint. Tolerance |got − ref| <= atol + rtol·|ref|, sized to
+// bit-identity promises (decode == prefill, any chunking), the CUDA backend against the
+// CPU backend on the tiny checkpoint, and GPU sampling against sample_logits (equal tokens,
+// except where a cumulative sum sits within 1e-12 of the draw: counted and reported). Tolerance |got − ref| <= atol + rtol·|ref|, sized to
 // bf16 where a bf16 rounding sits between the two. Without a CUDA device every test is
 // skipped with a visible message.
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -28,6 +29,7 @@
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace gptoss;
@@ -1046,6 +1048,232 @@ TEST_CASE("a 20b-shaped checkpoint cut to 2 layers gives the CPU backend's logit
         OK(gs->forward(toks.data() + pos, n, pos));
         expect_logits_close(logits_of(gs.get()), logits_of(cs.get()), "20b-2L position " + std::to_string(pos + n - 1));
     }
+}
+
+// --- sampling on the GPU (cuda::sample) vs sample_logits -----------------------------------
+
+// The tokens sample_logits could return if a decision within rounding of a boundary went the
+// other way, recomputing the host's sums in the host's order. The host's sequential sum of k
+// terms is within k·2^-53 (relative) of the exact sum, the GPU's tree sum far closer, and both
+// exps within an ulp, so a decision is ambiguous when its cumulative sum is within
+// eps(k) = 1e-12 + k·2^-52 (relative) of the threshold: the top_p cut where
+// |Σ p/total − top_p| <= eps(k), the walk where |u·kept − running sum| <= eps(keep)·kept.
+std::vector<int32_t> near_boundary_tokens(const std::vector<float>& l, const SamplingConfig& c, double u) {
+    const uint32_t V = uint32_t(l.size());
+    auto eps = [](uint32_t k) { return 1e-12 + double(k) * 0x1.0p-52; };
+    const bool use_top_k = c.top_k > 0 && c.top_k < V, use_top_p = c.top_p < 1.0f;
+    std::vector<uint32_t> ids(V);
+    std::iota(ids.begin(), ids.end(), 0u);
+    std::stable_sort(ids.begin(), ids.end(), [&](uint32_t a, uint32_t b) { return l[a] > l[b]; });
+    const uint32_t n = use_top_k ? c.top_k : V;
+    ids.resize(n);
+    std::vector<double> p(n);
+    double total = 0.0;
+    const double inv_t = 1.0 / double(c.temperature);
+    for (uint32_t i = 0; i < n; ++i) total += (p[i] = std::exp((double(l[ids[i]]) - l[ids[0]]) * inv_t));
+    std::vector<uint32_t> keeps;
+    if (use_top_p) {
+        double mass = 0.0, prev = 0.0;
+        for (uint32_t k = 1; k <= n; ++k) {
+            prev = mass;
+            mass += p[k - 1] / total;
+            if (mass >= double(c.top_p) - eps(k) && (k == 1 || prev < double(c.top_p) + eps(k - 1))) keeps.push_back(k);
+        }
+        if (mass < double(c.top_p) + eps(n)) keeps.push_back(n);
+    } else {
+        keeps.push_back(n);
+    }
+    std::vector<int32_t> out;
+    for (uint32_t keep : keeps) {
+        std::vector<std::pair<uint32_t, double>> kept(keep);
+        for (uint32_t i = 0; i < keep; ++i) kept[i] = {ids[i], p[i]};
+        std::sort(kept.begin(), kept.end());
+        double sum = 0.0;
+        for (auto& [id, pi] : kept) sum += pi;
+        const double target = u * sum;
+        double acc = 0.0;
+        for (auto& [id, pi] : kept) {
+            const double before = acc;
+            acc += pi;
+            if (before <= target + eps(keep) * sum && acc > target - eps(keep) * sum) out.push_back(int32_t(id));
+        }
+    }
+    return out;
+}
+
+// Runs sample_logits for every u on the host, in parallel (it is pure).
+std::vector<int32_t> host_tokens(const std::vector<float>& l, const SamplingConfig& c, const std::vector<double>& us) {
+    std::vector<int32_t> out(us.size());
+    const size_t n_threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (size_t t = 0; t < n_threads; ++t)
+        pool.emplace_back([&, t] {
+            for (size_t i = t; i < us.size(); i += n_threads) out[i] = sample_logits(l.data(), uint32_t(l.size()), c, us[i]);
+        });
+    for (auto& th : pool) th.join();
+    return out;
+}
+
+struct SampleStats {
+    size_t calls = 0, exact = 0, boundary = 0, bad = 0;
+    std::string first_bad;
+};
+
+// Compares GPU tokens with sample_logits; a mismatch counts as `boundary` only when
+// near_boundary_tokens explains it.
+void compare_tokens(const std::vector<float>& l, const SamplingConfig& c, const std::vector<double>& us,
+                    const std::vector<int32_t>& gpu, const std::string& what, SampleStats* st) {
+    const auto host = host_tokens(l, c, us);
+    for (size_t i = 0; i < us.size(); ++i) {
+        ++st->calls;
+        if (gpu[i] == host[i]) {
+            ++st->exact;
+            continue;
+        }
+        const auto ok = near_boundary_tokens(l, c, us[i]);
+        if (std::find(ok.begin(), ok.end(), gpu[i]) != ok.end()) {
+            ++st->boundary;
+            continue;
+        }
+        if (st->bad++ < 5) {
+            char buf[256];
+            std::snprintf(buf, sizeof buf, "  %s T=%g top_k=%u top_p=%g u=%.17g: gpu %d host %d\n", what.c_str(),
+                          double(c.temperature), c.top_k, double(c.top_p), us[i], gpu[i], host[i]);
+            st->first_bad += buf;
+        }
+    }
+}
+
+std::vector<double> sample_us(uint64_t seed, size_t n_random) {
+    std::vector<double> us = {0.0, 0.5, 0.999999};
+    Rng rng(seed);
+    for (size_t i = 0; i < n_random; ++i) us.push_back(rng.next_double());
+    return us;
+}
+
+std::vector<SamplingConfig> sample_configs(uint32_t V) {
+    std::vector<SamplingConfig> cs;
+    for (float t : {0.3f, 1.0f, 2.5f})
+        for (uint32_t k : {0u, 1u, 2u, 40u, V - 1, V, V + 5})
+            for (float p : {1.0f, 0.999f, 0.9f, 0.5f, 1e-6f}) cs.push_back(SamplingConfig{t, p, k});
+    return cs;
+}
+
+// Logit distributions: peaked (one far above), flat (all equal), signed zeros (+0 and −0 must
+// tie), realistic (N(0, 3)-like, bf16-rounded so that many values repeat), very negative
+// (a third at −1e30, some near −80).
+std::vector<float> sample_logits_of(const std::string& kind, uint32_t V, uint64_t seed) {
+    Rand r(seed);
+    std::vector<float> l(V);
+    if (kind == "peaked") {
+        l = r.floats(V, 1.0f);
+        l[r.below(V)] = 60.0f;
+    } else if (kind == "flat") {
+        std::fill(l.begin(), l.end(), 1.5f);
+    } else if (kind == "zeros") {
+        for (uint32_t i = 0; i < V; ++i) l[i] = r.below(2) ? 0.0f : -0.0f;
+        if (V > 3) l[V / 3] = -1.0f;
+    } else {
+        for (float& x : l) {
+            double g = 0;  // Irwin-Hall(12) − 6 ≈ N(0, 1)
+            for (int k = 0; k < 12; ++k) g += r.rng.next_double();
+            x = round_bf16(float((g - 6.0) * 3.0));
+        }
+        if (kind == "negative")
+            for (uint32_t i = 0; i < V; ++i) {
+                const uint32_t m = r.below(8);
+                if (m < 3) l[i] = -1e30f;
+                else if (m == 3) l[i] = -80.0f - float(r.below(4));
+            }
+    }
+    return l;
+}
+
+struct GpuSampler {
+    uint32_t V;
+    size_t bytes = 0;
+    std::unique_ptr<Dev<char>> scratch;
+    Dev<int32_t> token{1};
+    explicit GpuSampler(uint32_t v) : V(v) {
+        OK(cuda::sample_scratch_bytes(V, &bytes));
+        scratch = std::make_unique<Dev<char>>(bytes);
+    }
+    int32_t run(const float* logits_dev, const SamplingConfig& c, double u) {
+        OK(cuda::sample(logits_dev, V, c, u, scratch->p, bytes, token.p, nullptr));
+        return token.get()[0];
+    }
+};
+
+TEST_CASE("cuda::sample equals sample_logits for every temperature, top_k and top_p on V = 1, 2, 1000, 201088") {
+    SampleStats st;
+    for (uint32_t V : {1u, 2u, 1000u, 201088u}) {
+        GpuSampler gs(V);
+        const auto us = sample_us(V, V == 201088 ? 8 : 20);
+        const auto configs = sample_configs(V);
+        for (const char* kind : {"peaked", "flat", "zeros", "realistic", "negative"}) {
+            const auto l = sample_logits_of(kind, V, 71 + V);
+            Dev<float> ld(l);
+            for (const SamplingConfig& c : configs) {
+                std::vector<int32_t> gpu(us.size());
+                for (size_t i = 0; i < us.size(); ++i) gpu[i] = gs.run(ld.p, c, us[i]);
+                compare_tokens(l, c, us, gpu, std::string(kind) + " V=" + std::to_string(V), &st);
+            }
+            // Greedy through the same launcher, and the same call twice gives the same token.
+            CHECK(gs.run(ld.p, SamplingConfig{0.0f, 1.0f, 0}, 0.5) == sample_logits(l.data(), V, {0.0f, 1.0f, 0}, 0.5));
+            CHECK(gs.run(ld.p, SamplingConfig{-1.0f, 0.5f, 3}, 0.5) == sample_logits(l.data(), V, {-1.0f, 0.5f, 3}, 0.5));
+            const SamplingConfig c{0.7f, 0.9f, 40};
+            CHECK(gs.run(ld.p, c, 0.123) == gs.run(ld.p, c, 0.123));
+        }
+    }
+    MESSAGE("cuda::sample: " << st.calls << " calls, " << st.exact << " equal to sample_logits, " << st.boundary
+                             << " explained by a cumulative sum within 1e-12 of the boundary, " << st.bad << " wrong");
+    INFO(st.first_bad);
+    CHECK(st.bad == 0);
+}
+
+TEST_CASE("cuda::sample rejects a non-finite temperature and u outside [0, 1)") {
+    GpuSampler gs(1000);
+    Dev<float> ld(sample_logits_of("realistic", 1000, 5));
+    Dev<int32_t> tok(1);
+    CHECK(cuda::sample(ld.p, 1000, SamplingConfig{NAN, 1.0f, 0}, 0.5, gs.scratch->p, gs.bytes, tok.p, nullptr) ==
+          GPTOSS_ERR_INVALID_ARGUMENT);
+    CHECK(cuda::sample(ld.p, 1000, SamplingConfig{INFINITY, 1.0f, 0}, 0.5, gs.scratch->p, gs.bytes, tok.p, nullptr) ==
+          GPTOSS_ERR_INVALID_ARGUMENT);
+    CHECK(cuda::sample(ld.p, 1000, SamplingConfig{1.0f, 1.0f, 0}, 1.0, gs.scratch->p, gs.bytes, tok.p, nullptr) ==
+          GPTOSS_ERR_INVALID_ARGUMENT);
+    CHECK(cuda::sample(ld.p, 1000, SamplingConfig{1.0f, 1.0f, 0}, 0.5, gs.scratch->p, 16, tok.p, nullptr) ==
+          GPTOSS_ERR_INTERNAL);
+}
+
+TEST_CASE("the CUDA session samples on the GPU with sample_logits' definition, reproducibly") {
+    Pair& p = tiny_pair();
+    std::unique_ptr<BackendSession> s;
+    OK(p.gpu_b->create_session(256, 64, &s));
+    const auto toks = prompt(40, 13);
+    OK(s->forward(toks.data(), 40, 0));
+    const auto l = logits_of(s.get());
+    const auto us = sample_us(17, 5);
+    SampleStats st;
+    for (const SamplingConfig& c : sample_configs(uint32_t(l.size()))) {
+        std::vector<int32_t> gpu(us.size());
+        for (size_t i = 0; i < us.size(); ++i) {
+            OK(s->sample(c, us[i], &gpu[i]));
+            int32_t again = -1;
+            OK(s->sample(c, us[i], &again));
+            CHECK(again == gpu[i]);
+        }
+        compare_tokens(l, c, us, gpu, "tiny session", &st);
+    }
+    // Outside the engine's domain (read_params rejects these) the session uses the host path.
+    for (const SamplingConfig& c : {SamplingConfig{NAN, 1.0f, 0}, SamplingConfig{INFINITY, 0.9f, 40}}) {
+        int32_t tok = -1;
+        OK(s->sample(c, 0.5, &tok));
+        CHECK(tok == sample_logits(l.data(), uint32_t(l.size()), c, 0.5));
+    }
+    MESSAGE("CUDA session sample: " << st.calls << " calls, " << st.exact << " equal to sample_logits, " << st.boundary
+                                    << " explained by a boundary within 1e-12, " << st.bad << " wrong");
+    INFO(st.first_bad);
+    CHECK(st.bad == 0);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 // file does not fit the GPU machine's disk); `--model DIR` loads a checkpoint and reports the
 // load rate. Decode bytes per token = every active weight once (attention projections, router,
 // 4 experts per layer, lm_head) + the K/V the token attends to, from the config (DEVICE.md).
+// Also prints the sampling latency per call (greedy, T=1 top_p=0.9, T=0.7 top_k=40).
 #include "gptoss-internal.h"
 #ifdef GPTOSS_HAVE_CUDA
 #include "cuda/backend.h"
@@ -320,6 +321,18 @@ int main(int argc, char** argv) {
         }
     }
 
+    // Sampling latency per call on the last logits (host-timed: launches + the 4-byte copy).
+    std::vector<std::pair<std::string, double>> sample_us;
+    for (const auto& [name, cfg] : std::vector<std::pair<std::string, SamplingConfig>>{
+             {"greedy", greedy}, {"T=1 top_p=0.9", {1.0f, 0.9f, 0}}, {"T=0.7 top_k=40", {0.7f, 1.0f, 40}}}) {
+        int32_t tok = 0;
+        check(session->sample(cfg, 0.5, &tok), "sampling warm-up");
+        const int n = 200;
+        const double t0 = now_ms();
+        for (int i = 0; i < n; ++i) check(session->sample(cfg, (i + 0.5) / n, &tok), "sampling");
+        sample_us.emplace_back(name, (now_ms() - t0) * 1e3 / n);
+    }
+
     std::vector<std::pair<std::string, std::vector<std::pair<std::string, double>>>> profiles;
     if (profile) {
         for (uint32_t depth : {0u, max_depth}) {
@@ -339,7 +352,10 @@ int main(int argc, char** argv) {
                     what.c_str(), config.n_layers, ceil.name.c_str(), ceil.sm_count, ceil.memory_gib);
         std::printf(" \"copy_gbps\": %.1f, \"read_gbps\": %.1f, \"bf16_tflops\": %.1f, \"load_s\": %.2f, \"load_gb\": %.2f,\n",
                     ceil.copy_gbps, ceil.read_gbps, ceil.bf16_tflops, load_s, load_gb);
-        std::printf(" \"decode_bytes_per_token_at_0\": %.0f,\n \"results\": [\n", decode_bytes(config, 0));
+        std::printf(" \"decode_bytes_per_token_at_0\": %.0f,\n \"sample_us\": {", decode_bytes(config, 0));
+        for (size_t i = 0; i < sample_us.size(); ++i)
+            std::printf("%s\"%s\": %.1f", i ? ", " : "", sample_us[i].first.c_str(), sample_us[i].second);
+        std::printf("},\n \"results\": [\n");
         for (size_t i = 0; i < results.size(); ++i) {
             const Result& r = results[i];
             std::printf("  {\"test\": \"%s\", \"depth\": %u, \"tokens\": %u, \"tok_s\": %.1f, \"ms_per_token\": %.4f, "
@@ -367,6 +383,9 @@ int main(int argc, char** argv) {
                 decode_bytes(config, 0) / 1e9, ceil.copy_gbps, floor_ms, 1e3 / floor_ms);
     if (load_gb > 0) std::printf("load: %.2f GB in %.2f s = %.2f GB/s\n", load_gb, load_s, load_gb / load_s);
     else std::printf("synthetic weights built on the device in %.2f s\n", load_s);
+    std::printf("sampling, µs per call:");
+    for (const auto& [name, us] : sample_us) std::printf("  %s %.1f", name.c_str(), us);
+    std::printf("\n");
     std::printf("\n| test   | depth | tok/s    | ms/token | GB/s   | %% floor | TFLOP/s | %% bf16 TC |\n");
     std::printf("|--------|-------|----------|----------|--------|---------|---------|-----------|\n");
     for (const Result& r : results)

@@ -515,7 +515,7 @@ gptoss_status CudaSession::init() {
         argmax_ = cv.take<int32_t>(8);
         token_ = cv.take<int32_t>(4);
         sample_scratch_ = cv.take<void>(sample_bytes_);
-        counters_ = cv.take<int>(size_t(d.G) * 4);
+        counters_ = cv.take<int>(size_t(d.G + 1) * 4);  // attention's G, then the router's
         kv_.assign(c.n_layers, LayerKv{});
         for (uint32_t l = 0; l < c.n_layers; ++l) {
             LayerKv& kv = kv_[l];
@@ -611,7 +611,7 @@ gptoss_status CudaSession::enqueue(uint32_t n, uint32_t full_splits) {
         if (n == 1 && router_decode_supported(d.E, d.K, d.H)) {
             RouterDecodeArgs ra;
             ra.x = x_; ra.norm_w = L.mlp_norm; ra.eps = c.rms_norm_eps; ra.router = b.dense(L.router_w, L.router_b, d.E, d.H);
-            ra.K = d.K; ra.xn = xn_; ra.experts = experts_; ra.weights = weights_; ra.tiles = tiles_; ra.pairs = pairs_;
+            ra.K = d.K; ra.xn = xn_; ra.logits = rlogits_; ra.counter = counters_ + d.G; ra.experts = experts_; ra.weights = weights_; ra.tiles = tiles_; ra.pairs = pairs_;
             GPTOSS_TRY(router_decode(ra, s));
             GPTOSS_TRY(mark("rmsnorm + router + top-k (fused)"));
         } else {

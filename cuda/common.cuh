@@ -151,19 +151,21 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint3
 // The sum of squares is reduced in one fixed order (per-thread FMA chain, warp butterfly, warps
 // in index order), so rmsnorm.cu and the fused decode router (router.cu) compute the same bits.
 // A CTA of R threads (R a multiple of 32 dividing kNormThreads) plays kNormThreads / R virtual
-// threads each: v[q] belongs to virtual thread threadIdx.x + R·q. partial: shared
-// float[kNormThreads / 32]. Contains a __syncthreads (all threads of the CTA must call it).
+// threads each: value(q, j) returns element threadIdx.x + R·q + kNormThreads·j (0 past H).
+// partial: shared float[kNormThreads / 32]. Contains a __syncthreads (all threads must call it).
 constexpr uint32_t kNormThreads = 1024;
 constexpr uint32_t kNormPer = 4;
-template <uint32_t R>
-__device__ __forceinline__ float rmsnorm_inv(const float (&v)[kNormThreads / R][kNormPer], uint32_t H, float eps,
-                                             float* partial) {
+template <uint32_t R, typename Value>
+__device__ __forceinline__ float rmsnorm_inv(Value value, uint32_t H, float eps, float* partial) {
     static_assert(R % 32 == 0 && kNormThreads % R == 0, "rmsnorm_inv: R must be a multiple of 32 dividing 1024");
 #pragma unroll
     for (uint32_t q = 0; q < kNormThreads / R; ++q) {
         float ss = 0.0f;
 #pragma unroll
-        for (uint32_t j = 0; j < kNormPer; ++j) ss = __fmaf_rn(v[q][j], v[q][j], ss);
+        for (uint32_t j = 0; j < kNormPer; ++j) {
+            const float v = value(q, j);
+            ss = __fmaf_rn(v, v, ss);
+        }
         ss = warp_sum(ss);
         if ((threadIdx.x & 31) == 0) partial[(threadIdx.x >> 5) + q * (R / 32)] = ss;
     }

@@ -189,8 +189,9 @@ uint32_t route_max_tiles(uint32_t T, uint32_t E, uint32_t K, uint32_t tile_token
 // Decode (T = 1) fused router: xn = RMSNorm(x) · norm_w (bf16 permuted [H], as
 // residual_rmsnorm kNone), logits = router(xn) (as gemm), then experts/weights/tiles/pairs as
 // router_route(logits, T = 1) — bit-identical to those three launches, in one. x: fp32 [H]
-// (read only); router: bf16 fragment weights [E, H] + fp32 bias [E]; logits (optional) fp32 [E].
-// Supported when router_decode_supported(E, K, H): E <= 128, K <= 8, H % 64 == 0, H <= 4096.
+// (read only); router: bf16 fragment weights [E, H] + fp32 bias [E]; logits: fp32 [E] (written);
+// counter: one device int, zero before the first call (the kernel re-arms it).
+// Supported when router_decode_supported(E, K, H): E <= 256, K <= 8, H % 64 == 0, H <= 4096.
 struct RouterDecodeArgs {
     const float* x = nullptr;
     const float* norm_w = nullptr;
@@ -199,6 +200,7 @@ struct RouterDecodeArgs {
     uint32_t K = 0;
     uint16_t* xn = nullptr;
     float* logits = nullptr;
+    int* counter = nullptr;
     int32_t* experts = nullptr;
     float* weights = nullptr;
     int32_t* tiles = nullptr;

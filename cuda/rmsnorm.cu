@@ -60,7 +60,7 @@ __global__ __launch_bounds__(kThreads) void f32_residual_rmsnorm_kernel(Residual
             v[j] = i < H ? xr[i] : 0.0f;
         }
     }
-    const float inv = rmsnorm_inv<kThreads>(reinterpret_cast<const float(&)[1][kPer]>(v), H, eps, partial);
+    const float inv = rmsnorm_inv<kThreads>([&](uint32_t, uint32_t j) { return v[j]; }, H, eps, partial);
     uint16_t* out = xn + size_t(t) * H;
 #pragma unroll
     for (uint32_t j = 0; j < kPer; ++j) {

@@ -110,111 +110,103 @@ __global__ __launch_bounds__(1024) void f32_router_route_kernel(const float* __r
 }
 
 
-// Decode (T = 1): RMSNorm + router GEMV + top-K + route in one CTA, replacing residual_rmsnorm
-// + gemm + router_route (three launches per layer). Every step mirrors the kernel it replaces,
-// so the results are bit-identical: the norm is rmsnorm_inv (R real threads playing the 1024 of
-// rmsnorm.cu); warp 4s + w runs gemm.cu's NB = 1 chunk sequence (chunks w, w + 4, ... of 16-row
-// slab s, the same mma order) on the normed row staged in shared memory, and the four warps'
-// partial tiles are summed in warp order; top-K is warp_topk_softmax. R = 4 warps × 16-expert
-// slabs (256 threads for 32 experts, 1024 for 128); the register ring shrinks as R grows. The
-// first ring of router weights is loaded, and the rest prefetched into L2, before the
-// dependency wait (PDL), i.e. while the O projection still runs.
-constexpr uint32_t kDecodeSlabs = 8;  // E <= 128
+// Decode (T = 1): RMSNorm + router GEMV + top-K + route, replacing residual_rmsnorm + gemm +
+// router_route (three launches per layer). Every step mirrors the kernel it replaces, so the
+// results are bit-identical: the norm is rmsnorm_inv (128 threads playing rmsnorm.cu's 1024);
+// warp w of CTA s runs gemm.cu's NB = 1 chunk sequence (chunks w, w + 4, ... of 16-row slab s,
+// the same mma order) on the normed row staged in shared memory, and the four warps' partial
+// tiles are summed in warp order; top-K is warp_topk_softmax. Mapping: one CTA of 4 warps per
+// 16-expert slab (2 for 20b, 8 for 120b: a single CTA cannot stream the router's 184-737 KB
+// fast, one SM's share of the bandwidth being ~1/132); each warp's whole weight chain (12
+// chunks for H = 2880) is loaded into registers before the dependency wait (PDL), i.e. while
+// the O projection runs. The last CTA to finish (a counter, re-armed by that CTA) picks the
+// top-K and writes the route.
+constexpr uint32_t kDecodeDepth = 12;  // chunks per warp in registers: H <= 4·12·64 = 3072 in one pass
 
-template <uint32_t R, int kDepth>
-__global__ __launch_bounds__(R) void f32_router_decode_kernel(const RouterDecodeArgs a) {
+__global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDecodeArgs a) {
     using namespace gemm_detail;
-    constexpr uint32_t kQ = kNormThreads / R;
     __shared__ float partial[kNormThreads / 32];
+    __shared__ float xf[kNormThreads * kNormPer];
     __shared__ __align__(16) uint16_t xs[kNormThreads * kNormPer];
-    __shared__ float red[R / 32][32 * 4];
-    __shared__ float logits[16 * kDecodeSlabs];
-    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const uint32_t E = a.router.N, H = a.router.K, n_chunks = H >> 6, slabs = (E + 15) / 16;
-    const bool gemv = warp < 4 * slabs;
-    const uint32_t slab = warp >> 2, kw = warp & 3;
+    __shared__ float red[4][32 * 4];
+    __shared__ int is_last;
+    const uint32_t lane = threadIdx.x & 31, kw = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const uint32_t E = a.router.N, H = a.router.K, n_chunks = H >> 6, slab = blockIdx.x;
     const uint4* wp = reinterpret_cast<const uint4*>(a.router.w) + size_t(slab) * n_chunks * 128 + lane;
-    Chunk ring[kDepth];
-    if (gemv) {
+    Chunk ring[kDecodeDepth];
 #pragma unroll
-        for (int i = 0; i < kDepth; ++i) {
-            const uint32_t cc = kw + 4u * i;
-            if (cc < n_chunks) load_chunk<false>(ring[i], wp, nullptr, cc);
-        }
-        // The warp's later chunks (2 KB each, 16 lines): into L2 now.
-        for (uint32_t c = kw + 4u * kDepth; c < n_chunks; c += 4)
-            if (lane < 16)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(wp - lane) +
-                                                             size_t(c) * 2048 + lane * 128));
+    for (uint32_t i = 0; i < kDecodeDepth; ++i) {
+        const uint32_t cc = kw + 4u * i;
+        if (cc < n_chunks) load_chunk<false>(ring[i], wp, nullptr, cc);
     }
     pdl_wait();
     pdl_launch_dependents();
 
-    float v[kQ][kNormPer];
-#pragma unroll
-    for (uint32_t q = 0; q < kQ; ++q)
-#pragma unroll
-        for (uint32_t j = 0; j < kNormPer; ++j) {
-            const uint32_t i = threadIdx.x + R * q + j * kNormThreads;
-            v[q][j] = i < H ? a.x[i] : 0.0f;
-        }
-    const float inv = rmsnorm_inv<R>(v, H, a.eps, partial);
-#pragma unroll
-    for (uint32_t q = 0; q < kQ; ++q)
-#pragma unroll
-        for (uint32_t j = 0; j < kNormPer; ++j) {
-            const uint32_t i = threadIdx.x + R * q + j * kNormThreads;
-            if (i >= H) continue;
-            const uint16_t b = f32_to_bf16_bits(v[q][j] * inv * __ldg(a.norm_w + i));
-            xs[permuted_k(i)] = b;
-            a.xn[permuted_k(i)] = b;
-        }
+    for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) xf[i] = a.x[i];
     __syncthreads();
-
-    if (gemv) {
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const uint4* xrow = reinterpret_cast<const uint4*>(xs + t * 16);
-        const uint4 zero = make_uint4(0, 0, 0, 0);
-        for (uint32_t base = kw; base < n_chunks; base += 4u * kDepth) {
-#pragma unroll
-            for (int i = 0; i < kDepth; ++i) {
-                const uint32_t c = base + 4u * i;
-                if (c >= n_chunks) break;
-                // Column g of the 8-column tile: only column 0 (this token) is non-zero.
-                const uint4 xb0 = g == 0 ? xrow[size_t(c) * 8] : zero;
-                const uint4 xb1 = g == 0 ? xrow[size_t(c) * 8 + 1] : zero;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    uint32_t af[4];
-                    fragment<false>(ring[i], j, af);
-                    const uint4 b = (j >> 1) ? xb1 : xb0;
-                    mma(acc, af, (j & 1) ? b.z : b.x, (j & 1) ? b.w : b.y);
-                }
-                const uint32_t cn = c + 4u * kDepth;
-                if (cn < n_chunks) load_chunk<false>(ring[i], wp, nullptr, cn);
-            }
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) red[warp][lane * 4 + e] = acc[e];
+    const float inv = rmsnorm_inv<128>(
+        [&](uint32_t q, uint32_t j) {
+            const uint32_t i = threadIdx.x + 128 * q + kNormThreads * j;
+            return i < H ? xf[i] : 0.0f;
+        },
+        H, a.eps, partial);
+    for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) {
+        const uint16_t b = f32_to_bf16_bits(xf[i] * inv * __ldg(a.norm_w + i));
+        xs[permuted_k(i)] = b;
+        if (slab == 0) a.xn[permuted_k(i)] = b;
     }
     __syncthreads();
-    if (threadIdx.x < slabs * 32 && (threadIdx.x & 3) == 0) {  // the lanes holding column 0
-        const uint32_t sl = threadIdx.x >> 5, l = threadIdx.x & 31, gg = l >> 2;
-        float s[4];
+
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const uint4* xrow = reinterpret_cast<const uint4*>(xs + t * 16);
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (uint32_t base = kw; base < n_chunks; base += 4u * kDecodeDepth) {
+#pragma unroll
+        for (uint32_t i = 0; i < kDecodeDepth; ++i) {
+            const uint32_t c = base + 4u * i;
+            if (c >= n_chunks) break;
+            // Column g of the 8-column tile: only column 0 (this token) is non-zero.
+            const uint4 xb0 = g == 0 ? xrow[size_t(c) * 8] : zero;
+            const uint4 xb1 = g == 0 ? xrow[size_t(c) * 8 + 1] : zero;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                uint32_t af[4];
+                fragment<false>(ring[i], j, af);
+                const uint4 b = (j >> 1) ? xb1 : xb0;
+                mma(acc, af, (j & 1) ? b.z : b.x, (j & 1) ? b.w : b.y);
+            }
+            const uint32_t cn = c + 4u * kDecodeDepth;
+            if (cn < n_chunks) load_chunk<false>(ring[i], wp, nullptr, cn);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) red[kw][lane * 4 + e] = acc[e];
+    __syncthreads();
+    if (threadIdx.x < 32 && (threadIdx.x & 3) == 0) {  // the lanes holding column 0
+        const uint32_t l = threadIdx.x, gg = l >> 2;
+        float s4[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const uint32_t i = l * 4 + e;
-            s[e] = __fadd_rn(__fadd_rn(__fadd_rn(red[4 * sl][i], red[4 * sl + 1][i]), red[4 * sl + 2][i]),
-                             red[4 * sl + 3][i]);
+            s4[e] = __fadd_rn(__fadd_rn(__fadd_rn(red[0][i], red[1][i]), red[2][i]), red[3][i]);
         }
-        const uint32_t r_lo = sl * 16 + gg, r_hi = r_lo + 8;
-        if (r_lo < E) logits[r_lo] = s[0] + (a.router.bias ? a.router.bias[r_lo] : 0.0f);
-        if (r_hi < E) logits[r_hi] = s[2] + (a.router.bias ? a.router.bias[r_hi] : 0.0f);
+        const uint32_t r_lo = slab * 16 + gg, r_hi = r_lo + 8;
+        if (r_lo < E) a.logits[r_lo] = s4[0] + (a.router.bias ? a.router.bias[r_lo] : 0.0f);
+        if (r_hi < E) a.logits[r_hi] = s4[2] + (a.router.bias ? a.router.bias[r_hi] : 0.0f);
+    }
+    // The last slab CTA to finish routes (the attention kernel's counter pattern).
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        is_last = atomicAdd(a.counter, 1) == int(gridDim.x) - 1;
+        if (is_last) *a.counter = 0;
     }
     __syncthreads();
-    if (a.logits)
-        for (uint32_t e = threadIdx.x; e < E; e += R) a.logits[e] = logits[e];
-    if (warp != 0) return;
+    if (!is_last || kw != 0) return;
+    __threadfence();
+    __shared__ float logits[kMaxExperts];
+    for (uint32_t e = lane; e < E; e += 32) logits[e] = __ldcg(a.logits + e);
+    __syncwarp();
     int32_t idx[kMaxK];
     float wt[kMaxK];
     warp_topk_softmax(logits, E, a.K, lane, idx, wt);
@@ -255,7 +247,7 @@ gptoss_status router_route(const float* logits, uint32_t T, uint32_t E, uint32_t
 }
 
 bool router_decode_supported(uint32_t E, uint32_t K, uint32_t H) {
-    return E >= 1 && E <= 16 * kDecodeSlabs && K >= 1 && K <= kMaxK && K <= E && H % 64 == 0 &&
+    return E >= 1 && E <= kMaxExperts && K >= 1 && K <= kMaxK && K <= E && H % 64 == 0 &&
            H <= kNormThreads * kNormPer;
 }
 
@@ -264,11 +256,9 @@ gptoss_status router_decode(const RouterDecodeArgs& a, cudaStream_t stream) {
     if (!router_decode_supported(E, a.K, H) || a.router.mxfp4)
         return fail(GPTOSS_ERR_UNSUPPORTED,
                     "CUDA router_decode: %u experts / top-%u / hidden %u, supported up to %u / %u / %u (bf16)", E, a.K,
-                    H, 16 * kDecodeSlabs, kMaxK, kNormThreads * kNormPer);
-    const uint32_t slabs = ceil_div(E, 16);
-    if (slabs <= 2) GPTOSS_LAUNCH((f32_router_decode_kernel<256, 12>), 1, 256, 0, stream, a);
-    else if (slabs <= 4) GPTOSS_LAUNCH((f32_router_decode_kernel<512, 4>), 1, 512, 0, stream, a);
-    else GPTOSS_LAUNCH((f32_router_decode_kernel<1024, 2>), 1, 1024, 0, stream, a);
+                    H, kMaxExperts, kMaxK, kNormThreads * kNormPer);
+    if (!a.logits || !a.counter) return fail(GPTOSS_ERR_INTERNAL, "CUDA router_decode: logits and counter are required");
+    GPTOSS_LAUNCH(f32_router_decode_kernel, ceil_div(E, 16), 128, 0, stream, a);
     return GPTOSS_OK;
 }
 

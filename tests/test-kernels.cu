@@ -399,8 +399,10 @@ void check_moe(const std::vector<float>& logits_override, uint32_t T, uint64_t s
 
 TEST_CASE("router_decode (fused norm + router + top-k) is bit-identical to residual_rmsnorm + gemm + router_route") {
     struct S { uint32_t E, K, H; bool ties; };
+    Dev<int> counter(1);
+    REQUIRE(cudaMemset(counter.p, 0, sizeof(int)) == cudaSuccess);
     for (S sh : {S{32, 4, 2880, false}, S{128, 4, 2880, false}, S{8, 4, 64, false}, S{40, 4, 128, false},
-                 S{32, 4, 2880, true}}) {
+                 S{256, 8, 4096, false}, S{32, 4, 2880, true}}) {
         Rand r(90 + sh.E + sh.H + sh.ties);
         const uint32_t E = sh.E, K = sh.K, H = sh.H;
         auto W = r.bf16s(size_t(E) * H, 0.05f);
@@ -430,7 +432,7 @@ TEST_CASE("router_decode (fused norm + router + top-k) is bit-identical to resid
         Dev<int32_t> e(K), t(1 + 3 * size_t(max_tiles)), pr(K);
         cuda::RouterDecodeArgs ra;
         ra.x = xd.p; ra.norm_w = nwd.p; ra.eps = 1e-5f; ra.router = dw.w; ra.K = K; ra.xn = xn.p; ra.logits = logits.p;
-        ra.experts = e.p; ra.weights = w.p; ra.tiles = t.p; ra.pairs = pr.p;
+        ra.counter = counter.p; ra.experts = e.p; ra.weights = w.p; ra.tiles = t.p; ra.pairs = pr.p;
         OK(cuda::router_decode(ra, nullptr));
         CHECK(xn.get() == xn_ref.get());
         const auto gl = logits.get(), rl = logits_ref.get();
@@ -446,6 +448,9 @@ TEST_CASE("router_decode (fused norm + router + top-k) is bit-identical to resid
         std::vector<float> cw(K);
         cpu::router_topk(gl.data(), 1, E, K, ce.data(), cw.data());
         CHECK(e.get() == ce);
+        int armed = -1;
+        REQUIRE(cudaMemcpy(&armed, counter.p, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+        CHECK(armed == 0);  // re-armed for the next call
         if (sh.ties) {
             CHECK(gl[3] == gl[9]);
             CHECK(ce[0] == 3);
@@ -454,9 +459,9 @@ TEST_CASE("router_decode (fused norm + router + top-k) is bit-identical to resid
         }
     }
     cuda::RouterDecodeArgs bad;
-    bad.router.N = 129; bad.router.K = 64; bad.K = 4;
+    bad.router.N = 257; bad.router.K = 64; bad.K = 4;
     CHECK(cuda::router_decode(bad, nullptr) == GPTOSS_ERR_UNSUPPORTED);
-    CHECK(std::string(gptoss_last_error()).find("129 experts") != std::string::npos);
+    CHECK(std::string(gptoss_last_error()).find("257 experts") != std::string::npos);
 }
 
 TEST_CASE("the grouped MoE matches cpu::moe for one token") { check_moe({}, 1, 21, "T=1"); }

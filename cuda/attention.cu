@@ -287,35 +287,42 @@ __device__ __forceinline__ void decode_rope(const AttentionArgs& a, int g, int h
                                             uint32_t* knew, uint32_t* vnew) {
     __shared__ float cs[kD / 2], sn[kD / 2];
     constexpr int half = kD / 2;
-    if (threadIdx.x < half) rope_cos_sin(float(p), a.inv_freq[threadIdx.x], a.rope_scale, cs[threadIdx.x], sn[threadIdx.x]);
-    __syncthreads();
+    static_assert(kMaxHeads * half <= 256, "decode_rope: one (head, i) pair per thread");
+    // Every load is issued before the first use (one memory round trip): thread idx owns q pair
+    // (idx / half, idx % half); the owner's threads 0..31 also hold the key pair, 32..95 a value.
     const float* row = a.qkv;
-    for (int idx = threadIdx.x; idx < hpg * half; idx += blockDim.x) {
-        const int h = idx / half, i = idx % half;
-        const float* x = row + size_t(g * hpg + h) * kD;
+    const int idx = threadIdx.x, h = idx / half, i = idx % half;
+    const bool has_q = idx < hpg * half;
+    const float* xq = row + size_t(g * hpg + h) * kD;
+    const float q1 = has_q ? xq[i] : 0.0f, q2 = has_q ? xq[i + half] : 0.0f;
+    const float* xk = row + size_t(a.Q + g) * kD;
+    const bool has_k = owns_p && idx < half, has_v = owns_p && idx >= half && idx < 3 * half;
+    const float k1 = has_k ? xk[i] : 0.0f, k2 = has_k ? xk[i + half] : 0.0f;
+    const float vv = has_v ? row[size_t(a.Q + a.G + g) * kD + (idx - half)] : 0.0f;
+    if (idx < half) rope_cos_sin(float(p), a.inv_freq[idx], a.rope_scale, cs[idx], sn[idx]);
+    __syncthreads();
+    if (has_q) {
         float o1, o2;
-        rope_rotate(x[i], x[i + half], cs[i], sn[i], o1, o2);
+        rope_rotate(q1, q2, cs[i], sn[i], o1, o2);
         qs[h * kD + i] = o1;
         qs[h * kD + i + half] = o2;
     }
     if (!owns_p) return;
     const size_t slot_off = size_t(uint32_t(p) % a.slots) * a.G * kD + size_t(g) * kD;
-    if (threadIdx.x < half) {
-        const int i = threadIdx.x;
-        const float* x = row + size_t(a.Q + g) * kD;
+    if (has_k) {
         float o1, o2;
-        rope_rotate(x[i], x[i + half], cs[i], sn[i], o1, o2);
+        rope_rotate(k1, k2, cs[i], sn[i], o1, o2);
         const uint16_t b1 = f32_to_bf16_bits(o1), b2 = f32_to_bf16_bits(o2);
         uint16_t* kc = const_cast<uint16_t*>(a.k_cache) + slot_off;
         kc[i] = b1;
         kc[i + half] = b2;
         reinterpret_cast<uint16_t*>(knew)[i] = b1;
         reinterpret_cast<uint16_t*>(knew)[i + half] = b2;
-    } else if (threadIdx.x < 3 * half) {
-        const int i = threadIdx.x - half;  // 0 .. 63
-        const uint16_t b = f32_to_bf16_bits(row[size_t(a.Q + a.G + g) * kD + i]);
-        const_cast<uint16_t*>(a.v_cache)[slot_off + i] = b;
-        reinterpret_cast<uint16_t*>(vnew)[i] = b;
+    } else if (has_v) {
+        const int d = idx - half;  // 0 .. 63
+        const uint16_t b = f32_to_bf16_bits(vv);
+        const_cast<uint16_t*>(a.v_cache)[slot_off + d] = b;
+        reinterpret_cast<uint16_t*>(vnew)[d] = b;
     }
 }
 

@@ -199,6 +199,14 @@ __host__ __device__ __forceinline__ uint32_t permuted_k(uint32_t k) {
     return (c << 6) + t * 16 + j * 4 + half * 2 + e;
 }
 
+// 16-byte asynchronous global → shared copy (sm_80+), L2 only; cp_async_wait_all() waits for
+// this thread's copies (a __syncthreads must follow before other threads read them).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // Programmatic dependent launch (sm_90+): a forward kernel may start while its predecessor
 // drains; it must call pdl_wait() before reading anything an earlier kernel wrote (or writing
 // anything an earlier kernel reads). Only read-only weights may be touched before the wait.

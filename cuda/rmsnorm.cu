@@ -34,8 +34,9 @@ __global__ __launch_bounds__(kThreads) void f32_residual_rmsnorm_kernel(Residual
             v[j] = i < H ? bf16_bits_to_f32(row[i]) : 0.0f;
         }
     } else if (a.mode == ResidualMode::kMoeAdd) {
-        float wt[kMaxSlots];
-        for (uint32_t s = 0; s < a.K; ++s) wt[s] = __ldg(a.weights + t * a.K + s);
+        float wt[kMaxSlots];  // unrolled: one memory round trip, not K
+#pragma unroll
+        for (uint32_t s = 0; s < kMaxSlots; ++s) wt[s] = s < a.K ? __ldg(a.weights + t * a.K + s) : 0.0f;
         float p[kPer][kMaxSlots];
 #pragma unroll
         for (uint32_t j = 0; j < kPer; ++j) {

@@ -126,7 +126,8 @@ constexpr uint32_t kDecodeDepth = 12;  // chunks per warp in registers: H <= 4·
 __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDecodeArgs a) {
     using namespace gemm_detail;
     __shared__ float partial[kNormThreads / 32];
-    __shared__ float xf[kNormThreads * kNormPer];
+    __shared__ __align__(16) float xf[kNormThreads * kNormPer];
+    __shared__ __align__(16) float wf[kNormThreads * kNormPer];
     __shared__ __align__(16) uint16_t xs[kNormThreads * kNormPer];
     __shared__ float red[4][32 * 4];
     __shared__ int is_last;
@@ -139,10 +140,13 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
         const uint32_t cc = kw + 4u * i;
         if (cc < n_chunks) load_chunk<false>(ring[i], wp, nullptr, cc);
     }
+    // The norm weight (read only) before the wait, x after it: 16-byte cp.async copies, all in
+    // flight at once (a load-then-store loop would pay one memory latency per iteration).
+    for (uint32_t i = threadIdx.x; i < H / 4; i += blockDim.x) cp_async16(wf + 4 * i, a.norm_w + 4 * i);
     pdl_wait();
     pdl_launch_dependents();
-
-    for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) xf[i] = a.x[i];
+    for (uint32_t i = threadIdx.x; i < H / 4; i += blockDim.x) cp_async16(xf + 4 * i, a.x + 4 * i);
+    cp_async_wait_all();
     __syncthreads();
     const float inv = rmsnorm_inv<128>(
         [&](uint32_t q, uint32_t j) {
@@ -151,7 +155,7 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
         },
         H, a.eps, partial);
     for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) {
-        const uint16_t b = f32_to_bf16_bits(xf[i] * inv * __ldg(a.norm_w + i));
+        const uint16_t b = f32_to_bf16_bits(xf[i] * inv * wf[i]);
         xs[permuted_k(i)] = b;
         if (slab == 0) a.xn[permuted_k(i)] = b;
     }

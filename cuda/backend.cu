@@ -486,6 +486,7 @@ gptoss_status CudaSession::checked(gptoss_status s) {
 
 gptoss_status CudaSession::init() {
     device_ = be_.device_;
+    n_vocab_ = be_.dims_.V;  // BackendSession::sample (the host fallback) walks this many logits
     const Dims& d = be_.dims_;
     const Config& c = be_.config_;
     const uint32_t T = max_batch_;

@@ -17,6 +17,14 @@
 #include "cuda/gemm.cuh"
 #include "cuda/kernels.h"
 
+// Weight chunks in flight per warp at decode (NB = 1); -D overrides are for tuning runs only.
+#ifndef GPTOSS_DECODE_DEPTH_FP4
+#define GPTOSS_DECODE_DEPTH_FP4 8
+#endif
+#ifndef GPTOSS_DECODE_DEPTH_BF16
+#define GPTOSS_DECODE_DEPTH_BF16 6
+#endif
+
 namespace gptoss {
 namespace cuda {
 namespace {
@@ -75,7 +83,7 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
 
     // Ring of kDepth weight chunks in flight per warp (decode is otherwise a chain of
     // dependent round trips).
-    constexpr int kDepth = NB == 1 ? (kFp4 ? 8 : 6) : 2;
+    constexpr int kDepth = NB == 1 ? (kFp4 ? GPTOSS_DECODE_DEPTH_FP4 : GPTOSS_DECODE_DEPTH_BF16) : 2;
     Chunk ring[kDepth];
 #pragma unroll
     for (int i = 0; i < kDepth; ++i) {

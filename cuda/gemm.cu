@@ -19,10 +19,10 @@
 
 // Weight chunks in flight per warp at decode (NB = 1); -D overrides are for tuning runs only.
 #ifndef GPTOSS_DECODE_DEPTH_FP4
-#define GPTOSS_DECODE_DEPTH_FP4 8
+#define GPTOSS_DECODE_DEPTH_FP4 4
 #endif
 #ifndef GPTOSS_DECODE_DEPTH_BF16
-#define GPTOSS_DECODE_DEPTH_BF16 6
+#define GPTOSS_DECODE_DEPTH_BF16 4
 #endif
 
 namespace gptoss {
@@ -109,6 +109,23 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
 
+    // Decode (NB = 1): the activation fragments ride in the ring with their weight chunk, so the
+    // mma never waits on an L1/L2 round trip for them (ncu: the ring depth did not matter, the
+    // per-chunk activation loads did).
+    constexpr int kXDepth = NB == 1 ? kDepth : 1;
+    uint4 xring[kXDepth][2];
+    if constexpr (NB == 1) {
+#pragma unroll
+        for (int i = 0; i < kDepth; ++i) {
+            const uint32_t cc = uint32_t(warp) + 4u * i;
+            xring[i][0] = xring[i][1] = make_uint4(0, 0, 0, 0);
+            if (cc < n_chunks && xrow[0]) {
+                xring[i][0] = __ldg(xrow[0] + size_t(cc) * 8);
+                xring[i][1] = __ldg(xrow[0] + size_t(cc) * 8 + 1);
+            }
+        }
+    }
+
     for (uint32_t base = uint32_t(warp); base < n_chunks; base += 4u * kDepth) {
 #pragma unroll
         for (int i = 0; i < kDepth; ++i) {
@@ -116,13 +133,18 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
             if (c >= n_chunks) break;
             // Activations: shared by every warp of the GPU, so L1/L2 hits after the first touch.
             uint4 xb[NB][2];
+            if constexpr (NB == 1) {
+                xb[0][0] = xring[i][0];
+                xb[0][1] = xring[i][1];
+            } else {
 #pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-                if (xrow[nb]) {
-                    xb[nb][0] = __ldg(xrow[nb] + size_t(c) * 8);
-                    xb[nb][1] = __ldg(xrow[nb] + size_t(c) * 8 + 1);
-                } else {
-                    xb[nb][0] = xb[nb][1] = make_uint4(0, 0, 0, 0);
+                for (int nb = 0; nb < NB; ++nb) {
+                    if (xrow[nb]) {
+                        xb[nb][0] = __ldg(xrow[nb] + size_t(c) * 8);
+                        xb[nb][1] = __ldg(xrow[nb] + size_t(c) * 8 + 1);
+                    } else {
+                        xb[nb][0] = xb[nb][1] = make_uint4(0, 0, 0, 0);
+                    }
                 }
             }
 #pragma unroll
@@ -138,7 +160,15 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
                 }
             }
             const uint32_t cn = c + 4u * kDepth;
-            if (cn < n_chunks) load_chunk<kFp4>(ring[i], wp, sp, cn);
+            if (cn < n_chunks) {
+                load_chunk<kFp4>(ring[i], wp, sp, cn);
+                if constexpr (NB == 1) {
+                    if (xrow[0]) {
+                        xring[i][0] = __ldg(xrow[0] + size_t(cn) * 8);
+                        xring[i][1] = __ldg(xrow[0] + size_t(cn) * 8 + 1);
+                    }
+                }
+            }
         }
     }
 

@@ -21,7 +21,7 @@ cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=
   ${DEPS:+-DCMAKE_PREFIX_PATH=$DEPS/usr -DCMAKE_BUILD_RPATH=$DEPS/usr/lib/x86_64-linux-gnu} > "$OUT/ncu-build.log" 2>&1 \
   && cmake --build $B -j16 --target gptoss-bench >> "$OUT/ncu-build.log" 2>&1 || { tail -40 "$OUT/ncu-build.log"; exit 1; }
 timeout 400 ncu --clock-control none --csv --page raw \
-  --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread \
+  -k regex:"gemm|router|attention|residual|rope|argmax" --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread \
   ./$B/gptoss-bench --synthetic $MODEL --no-gemm-probe -p 16 -n 2 -d 0 -r 1 > "$OUT/ncu-$MODEL.csv" 2> "$OUT/ncu-$MODEL.err"
 echo "ncu rc=$?"
 python3 - "$OUT/ncu-$MODEL.csv" <<'PY' | tee "$OUT/ncu-summary-$MODEL.txt"

@@ -365,6 +365,18 @@ __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const Attent
         __syncthreads();
         if (warp < hpg) attend_block<1>(st, qs + warp * kD, ks, vs, ps_all + warp * kBlock, kb, lo, p, 1, lane);
     }
+    const int s_first = lo / int(kAttentionSplit), s_last = p / int(kAttentionSplit);
+    if (s_first == s_last) {  // one split: merge it into the sink here (the same merge_ml/merge_o
+        if (warp >= hpg) return;  // sequence as below, so the same bits), no partials, no counter
+        const int head = g * hpg + warp;
+        float M = a.sinks[head], L = 1.0f, O0 = 0.0f, O1 = 0.0f, wa, wb;
+        merge_ml(M, L, st.m[0], st.l[0], wa, wb);
+        merge_o(O0, st.o[0][0], wa, wb);
+        merge_o(O1, st.o[0][1], wa, wb);
+        a.out[permuted_k(uint32_t(head) * kD + 2 * lane)] = f32_to_bf16_bits(__fdiv_rn(O0, L));
+        a.out[permuted_k(uint32_t(head) * kD + 2 * lane + 1)] = f32_to_bf16_bits(__fdiv_rn(O1, L));
+        return;
+    }
     if (warp < hpg) {
         float* dst = partial + (size_t(g * hpg + warp) * max_splits + s_rel) * (kD + 2);
         dst[2 * lane] = st.o[0][0];
@@ -376,7 +388,6 @@ __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const Attent
     }
     // The last split CTA of this kv head to finish merges every split in order (the same
     // merge_ml/merge_o sequence as the prefill kernel), then re-arms the counter.
-    const int s_first = lo / int(kAttentionSplit), s_last = p / int(kAttentionSplit);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {

@@ -21,6 +21,12 @@ __global__ __launch_bounds__(kThreads) void f32_residual_rmsnorm_kernel(Residual
                                                                        const float* __restrict__ w, float eps,
                                                                        uint16_t* __restrict__ xn, uint32_t H) {
     __shared__ float partial[kThreads / 32];
+    float wn[kPer];  // the norm weight: read only, so loaded before the dependency wait
+#pragma unroll
+    for (uint32_t j = 0; j < kPer; ++j) {
+        const uint32_t i = threadIdx.x + j * kThreads;
+        wn[j] = i < H ? __ldg(w + i) : 0.0f;
+    }
     pdl_wait();
     pdl_launch_dependents();
     const uint32_t t = blockIdx.x;
@@ -68,7 +74,7 @@ __global__ __launch_bounds__(kThreads) void f32_residual_rmsnorm_kernel(Residual
         const uint32_t i = threadIdx.x + j * kThreads;
         if (i >= H) continue;
         if (a.mode != ResidualMode::kNone) xr[i] = v[j];
-        out[permuted_k(i)] = f32_to_bf16_bits(v[j] * inv * __ldg(w + i));
+        out[permuted_k(i)] = f32_to_bf16_bits(v[j] * inv * wn[j]);
     }
 }
 

@@ -222,11 +222,13 @@ inline int32_t decode_argmax(unsigned long long key) { return int32_t(~uint32_t(
 // all; p = exp((l − max)/T) in double; if top_p < 1, the shortest prefix of the candidates
 // sorted by (logit desc, id asc) whose cumulative p/total reaches top_p (at least one); then
 // the first kept id, in increasing id order, whose running sum of p exceeds u · Σ kept p.
-// Writes the id to *token (device int32). Deterministic (fixed reduction trees); it can differ
-// from the host only where u·total or top_p is within double rounding of a cumulative sum
-// (sums in another order). scratch: device memory of at least sample_scratch_bytes(V) bytes,
-// 256-byte aligned, used by one call at a time. Fails with INVALID_ARGUMENT for a non-finite
-// temperature or u outside [0, 1) (the engine never passes those).
+// Writes the id to *token (device int32). Deterministic (fixed reduction trees, exact integer
+// masses); it can differ from the host only where u·total or top_p is within double rounding of
+// a cumulative sum (sums in another order). One cooperative launch up to V = 256·2048 (no sort:
+// radix selects of the k-th key and of the top_p cut), the CUB full sort beyond. scratch:
+// device memory of at least sample_scratch_bytes(V) bytes, 256-byte aligned, used by one call at
+// a time. Fails with INVALID_ARGUMENT for a non-finite temperature or u outside [0, 1) (the
+// engine never passes those).
 [[nodiscard]] gptoss_status sample_scratch_bytes(uint32_t V, size_t* bytes_out);
 [[nodiscard]] gptoss_status sample(const float* logits, uint32_t V, const SamplingConfig& config, double u,
                                    void* scratch, size_t scratch_bytes, int32_t* token, cudaStream_t stream);

@@ -5,30 +5,45 @@
 // Mapping (argmax): a grid-stride pass; each CTA reduces its best (value, id) and publishes it
 // with one 64-bit atomicMax on an orderable key (value bits, then ~id), so the result is
 // deterministic whatever the scheduling. Floor: 4·V bytes (0.8 MB) — latency, not bandwidth.
-// Mapping (sample, T > 0): weights w[id] (double, dense [V]) = p of the kept ids, 0 elsewhere,
+// Mapping (sample, T > 0): one cooperative kernel, f32_sample_select_kernel (one CTA of 512
+// threads per 2048 ids, all resident; keys and p = exp((l − max)/T) in double stay in registers):
+// no sort. Each id's unique 64-bit key (orderable logit, then ~id; −0 canonicalized to +0 as the
+// host's == does) orders the ids as sample_logits does, and the kept set is {key >= K}: top_k's K
+// is the k-th key, found by a radix select on counts (10-bit digits, ≤ 5 passes, each a per-CTA
+// shared histogram flushed with integer atomics and one grid sync); top_p's K is the first key
+// where the mass of the keys above reaches top_p · total, the same select on masses held as exact
+// fixed-point integers (limbs of p·2^92). Then the walk in id order over w = p of the kept ids: a
+// fixed scan per CTA, one grid sync, a fixed scan of the CTA sums, and the owning CTA picks the id.
+// Floor: the logits are read once (0.8 MB from L2); the cost is latency, ~2–3 µs per grid sync
+// (2 + one per select pass: up to 5 for top_k, 5 for top_p, 10 for both).
+// Fallback (V > 256 CTAs of 2048, or no cooperative launch): weights w[id] (double, dense [V]),
 // then a chunked walk. Without top_k/top_p, w = exp((l − max)/T) in one pass after argmax. With
 // them, CUB radix-sorts orderable keys of the logits descending (stable: equal logits keep id
-// order; −0 is canonicalized to +0 as the host's == does), p is computed over the first n =
-// top_k (or V) sorted ids, top_p keeps the first sorted positions whose cumulative p/total
-// reaches top_p, and the kept p are scattered to w. Every sum is a fixed tree of 1024-element
-// CTA chunks (block_scan) combined in chunk order (scan_chunk_sums): no float atomics, so the
-// token is the same run to run. Floor: ~3 passes over 8·V bytes of doubles (5 MB) plus the
-// sort; ~10 launches, so latency (tens of µs), not bandwidth.
+// order), p is computed over the first n = top_k (or V) sorted ids, top_p keeps the first sorted
+// positions whose cumulative p/total reaches top_p, and the kept p are scattered to w. Every sum
+// is a fixed tree of 1024-element CTA chunks (block_scan) combined in chunk order
+// (scan_chunk_sums); ~10 launches and the sort (~100 µs at V = 201088).
+// Both paths use no float atomics, so the token is the same run to run.
 // Agreement with the host: p is exp in double on both sides (CUDA's and glibc's exp are within
-// 1 ulp), and only the summation order differs (tree vs sequential); the GPU and host tokens
+// 1 ulp), and only the summation order differs (tree or exact integer vs sequential); the tokens
 // can differ only when u·total (or top_p) lies within double rounding (~1e-15 relative) of a
 // cumulative boundary.
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
 
+#include <cooperative_groups.h>
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
+#include <atomic>
 #include <climits>
 #include <cmath>
 
 namespace gptoss {
 namespace cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 // Orderable bits of a logit: unsigned order = float order, −0 canonicalized to +0 so that
 // they tie (the host compares with > and ==).
@@ -330,6 +345,394 @@ __global__ __launch_bounds__(kThreads) void sample_pick_kernel(const double* __r
     if (threadIdx.x == 0) *token = sm.last >= 0 ? sm.last : 0;
 }
 
+// ---------------------------------------------------------------------------
+// Sampling at T > 0, the fast path: one cooperative kernel (f32_sample_select_kernel) that
+// never sorts. Ids are split into tiles of kSelTile = 2048, one CTA of 512 threads per tile,
+// thread t holding ids 4t .. 4t+3 of its tile in registers for the whole call.
+//
+// Every id gets a unique 64-bit key, orderable(logit) << nb | (2^nb − 1 − id) (nb = bits of
+// V − 1): keys descending = sample_logits' order (logit desc, id asc; −0 ties +0). The kept set
+// is always {key >= K} for one key K, found by a radix select from the top (kRadixBits-wide
+// digits, at most 5 passes for V = 201088, fewer when the selected bin holds one key):
+//  - top_k: K = the k-th largest key (a count per bin);
+//  - top_p: K = the first key, in key order, where the mass of the keys >= it reaches
+//    top_p · total (a mass per bin), among the top_k keys if top_k is set;
+// then the walk: w = p for kept ids, 0 elsewhere, scanned in id order.
+// A bin's mass is an exact integer: p = exp((l − max)/T) ∈ [0, 1] in double, truncated to
+// 2^-92 and split into three 32-bit limbs summed separately in 64-bit counters (integer
+// atomics: the same result whatever the order). So every decision is deterministic and the
+// cumulative masses are exact to V·2^-92; the host's sequential double sums differ from them
+// by rounding only (see kernels.h for what that allows).
+
+constexpr int kSelThreads = 512;
+constexpr int kSelItems = 4;
+constexpr uint32_t kSelTile = kSelThreads * kSelItems;
+constexpr int kRadixBits = 10;
+constexpr uint32_t kBins = 1u << kRadixBits;
+constexpr uint32_t kMaxSelCtas = 256;  // the walk's chunk-sum scan holds 8 per lane of one warp
+
+// A bin's count and mass limbs (mass = m2·2^-28 + m1·2^-60 + m0·2^-92).
+struct Mass {
+    unsigned long long c, m0, m1, m2;
+};
+struct MassSum {
+    __device__ __forceinline__ Mass operator()(const Mass& a, const Mass& b) const {
+        return Mass{a.c + b.c, a.m0 + b.m0, a.m1 + b.m1, a.m2 + b.m2};
+    }
+};
+
+// The global histogram of one pass (scratch); three rotate so that each can be zeroed while
+// nobody reads it (pass q zeroes the buffer of pass q + 1).
+struct SelectBins {
+    unsigned long long c[kBins], m0[kBins], m1[kBins], m2[kBins];
+    unsigned long long key[kBins];  // the largest key in the bin: the key itself when c == 1
+};
+
+// p ∈ [0, 1] as limbs of p·2^92 truncated (each < 2^32; m2 <= 2^28). x − floor(x) and the
+// power-of-two scalings are exact in double, so the limbs are exact bits of p.
+__device__ __forceinline__ void mass_limbs(double p, unsigned long long (&m)[3]) {
+    if (!(p > 0.0)) p = 0.0;  // NaN logits give no mass (and never a crash)
+    if (p > 1.0) p = 1.0;
+    double x = p * 0x1p28;
+    const double f2 = floor(x);
+    x = (x - f2) * 0x1p32;
+    const double f1 = floor(x);
+    x = (x - f1) * 0x1p32;
+    m[2] = (unsigned long long)f2;
+    m[1] = (unsigned long long)f1;
+    m[0] = (unsigned long long)floor(x);
+}
+
+// The mass as a double: the limbs normalized to one 128-bit integer hi·2^64 + lo, then
+// double(hi)·2^-28 + double(lo)·2^-92 (hi < 2^53 is exact): monotone in the integer, so
+// comparing cumulative masses against a threshold is consistent along the bins.
+__device__ __forceinline__ double mass_value(const Mass& s) {
+    const unsigned long long a = s.m1 << 32;
+    const unsigned long long lo = s.m0 + a;
+    const unsigned long long hi = s.m2 + (s.m1 >> 32) + (lo < a ? 1ull : 0ull);
+    return double(hi) * 0x1p-28 + double(lo) * 0x1p-92;
+}
+
+struct SelectSmem {
+    unsigned int c[kBins];
+    unsigned long long m[3][kBins];
+    unsigned long long key[kBins];
+    typename cub::BlockScan<Mass, kSelThreads, cub::BLOCK_SCAN_WARP_SCANS>::TempStorage scan;
+    double warp[kSelThreads / 32];
+    unsigned long long prefix;  // the selected high bits of K
+    unsigned long long result;  // K, once done
+    Mass above;                 // of the keys above the selected range
+    Mass bin;                   // the selected bin's
+    unsigned int max_ord;
+    int pos;
+    int done;
+    int first;
+    int last;
+    int owner;
+    double owner_base;
+};
+
+// The per-thread state of the kernel: 4 consecutive ids of the tile.
+struct SelectItems {
+    unsigned long long key[kSelItems];
+    double p[kSelItems];
+    bool valid[kSelItems];
+};
+
+// Radix select over the keys >= floor_key (all CTAs call it; every CTA reaches the same K).
+// by_mass: K = the first key whose cumulative mass (keys >= it) reaches thr, where
+// thr = top_p · total, and *total is the first pass's aggregate when !have_total; else K = the
+// k-th key (cumulative count >= k). with_mass: also accumulate the masses (for the total of a
+// later top_p). On return *above = the count/mass of the keys > K and *bin = K's own.
+__device__ __forceinline__ unsigned long long radix_select(const SelectItems& it, uint32_t nbits, unsigned long long floor_key,
+                                           bool by_mass, bool with_mass, unsigned long long k, double top_p,
+                                           bool have_total, Mass* total, Mass* above_out, Mass* bin_out,
+                                           SelectBins* bins, int* pass, SelectSmem& sm, cg::grid_group& grid) {
+    const uint32_t tid = threadIdx.x;
+    if (tid == 0) {
+        sm.prefix = 0;
+        sm.above = Mass{0, 0, 0, 0};
+        sm.done = 0;
+    }
+    double thr = have_total ? top_p * mass_value(*total) : 0.0;
+    uint32_t prev_shift = nbits;
+    for (;;) {
+        const uint32_t bits = min(uint32_t(kRadixBits), prev_shift);
+        const uint32_t shift = prev_shift - bits;
+        const uint32_t nbins = 1u << bits;
+        SelectBins* g = bins + (*pass % 3);
+        SelectBins* next = bins + ((*pass + 1) % 3);
+        for (uint32_t b = tid; b < nbins; b += kSelThreads) {
+            sm.c[b] = 0;
+            sm.m[0][b] = sm.m[1][b] = sm.m[2][b] = 0;
+            sm.key[b] = 0;
+        }
+        if (tid == 0) sm.pos = INT_MAX;
+        __syncthreads();
+        const unsigned long long prefix = sm.prefix;
+        const Mass above = sm.above;
+        for (int j = 0; j < kSelItems; ++j) {
+            const unsigned long long key = it.key[j];
+            // prev_shift <= 63: (key >> nbits) == 0 == (prefix >> nbits) on the first pass.
+            if (!it.valid[j] || key < floor_key || (key >> prev_shift) != (prefix >> prev_shift)) continue;
+            const uint32_t d = uint32_t(key >> shift) & (nbins - 1);
+            atomicAdd(&sm.c[d], 1u);
+            if (with_mass) {
+                unsigned long long m[3];
+                mass_limbs(it.p[j], m);
+                for (int l = 0; l < 3; ++l)
+                    if (m[l]) atomicAdd(&sm.m[l][d], m[l]);
+            }
+            atomicMax(&sm.key[d], key);
+        }
+        __syncthreads();
+        for (uint32_t b = blockIdx.x * kSelThreads + tid; b < kBins; b += gridDim.x * kSelThreads)
+            next->c[b] = next->m0[b] = next->m1[b] = next->m2[b] = next->key[b] = 0;
+        for (uint32_t b = tid; b < nbins; b += kSelThreads) {
+            if (sm.c[b] == 0) continue;
+            atomicAdd(&g->c[b], (unsigned long long)sm.c[b]);
+            if (with_mass) {
+                if (sm.m[0][b]) atomicAdd(&g->m0[b], sm.m[0][b]);
+                if (sm.m[1][b]) atomicAdd(&g->m1[b], sm.m[1][b]);
+                if (sm.m[2][b]) atomicAdd(&g->m2[b], sm.m[2][b]);
+            }
+            atomicMax(&g->key[b], sm.key[b]);
+        }
+        grid.sync();
+        ++*pass;
+        // Cumulative count/mass from the highest digit down: position q holds digit nbins−1−q.
+        Mass raw[2], cum[2];
+        for (int j = 0; j < 2; ++j) {
+            const uint32_t q = 2 * tid + j;
+            raw[j] = Mass{0, 0, 0, 0};
+            if (q < nbins) {
+                const uint32_t d = nbins - 1 - q;
+                raw[j] = Mass{__ldcg(&g->c[d]), __ldcg(&g->m0[d]), __ldcg(&g->m1[d]), __ldcg(&g->m2[d])};
+            }
+        }
+        Mass aggregate;
+        cub::BlockScan<Mass, kSelThreads, cub::BLOCK_SCAN_WARP_SCANS>(sm.scan).InclusiveScan(raw, cum, MassSum(),
+                                                                                             aggregate);
+        if (by_mass && !have_total) {  // first pass of a top_p without top_k: every key counts
+            *total = aggregate;
+            thr = top_p * mass_value(aggregate);
+            have_total = true;
+        }
+        for (int j = 0; j < 2; ++j) {
+            const uint32_t q = 2 * tid + j;
+            if (q >= nbins) continue;
+            const Mass s = MassSum()(above, cum[j]);
+            // By mass, also a key of this pass at or above q (thr may be 0: top_p <= 0 keeps one).
+            const bool crossed = by_mass ? cum[j].c > 0 && mass_value(s) >= thr : s.c >= k;
+            if (crossed) atomicMin(&sm.pos, int(q));
+        }
+        __syncthreads();
+        // Unreachable guard (the last position's sum is the previous pass's crossing one): the
+        // lowest digit, so that the loop still ends.
+        const int pos = sm.pos == INT_MAX ? int(nbins - 1) : sm.pos;
+        if (uint32_t(pos) / 2 == tid) {
+            const bool odd = pos % 2;  // selects without a dynamic index (no local memory)
+            const uint32_t d = nbins - 1 - uint32_t(pos);
+            const Mass r = odd ? raw[1] : raw[0];
+            const Mass cu = odd ? cum[1] : cum[0];
+            sm.above = Mass{above.c + cu.c - r.c, above.m0 + cu.m0 - r.m0, above.m1 + cu.m1 - r.m1,
+                            above.m2 + cu.m2 - r.m2};
+            sm.bin = r;
+            sm.prefix = prefix | ((unsigned long long)d << shift);
+            if (r.c == 1 || shift == 0) {
+                sm.done = 1;
+                sm.result = r.c == 1 ? __ldcg(&g->key[d]) : sm.prefix;
+            }
+        }
+        __syncthreads();
+        if (sm.done) break;
+        prev_shift = shift;
+    }
+    const unsigned long long result = sm.result;
+    *above_out = sm.above;
+    *bin_out = sm.bin;
+    __syncthreads();  // before a next select resets the state
+    return result;
+}
+
+// Inclusive scan of the CTA's weights in id order (sequential inside a thread, Kogge-Stone over
+// the lanes, warp totals added in warp order); returns the thread's exclusive base.
+__device__ double tile_scan(double (&v)[kSelItems], SelectSmem& sm) {
+    for (int k = 1; k < kSelItems; ++k) v[k] = v[k - 1] + v[k];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    double incl = v[kSelItems - 1];
+    for (int o = 1; o < 32; o <<= 1) {
+        const double y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl = y + incl;
+    }
+    double excl = __shfl_up_sync(0xffffffffu, incl, 1);
+    if (lane == 0) excl = 0.0;
+    if (lane == 31) sm.warp[warp] = incl;
+    __syncthreads();
+    double base = 0.0;
+    for (int w = 0; w < warp; ++w) base += sm.warp[w];
+    base += excl;
+    for (int k = 0; k < kSelItems; ++k) v[k] = base + v[k];
+    return base;
+}
+
+// Launch: ceil(V / kSelTile) CTAs of kSelThreads, cooperatively (all resident). Pipeline:
+// max logit (per-CTA max → grid sync → every CTA reduces them), p in registers, top_k select,
+// top_p select, then the walk: each CTA's sum s_c in id order (tile_scan, s_c = the prefix at its
+// last real id) → grid sync → every CTA scans s_0..s_{G−1} the same way (one warp, fixed
+// order: X_c before c, E_c = X_c + s_c, total = E_{G−1}), target = u·total; the first c with
+// E_c > target owns the token: its first candidate id with X_c + prefix > target (it exists up
+// to rounding, since the prefix at its last id is s_c). Candidates are the kept ids (the dense
+// case: ids with p > 0); if none crosses, the last candidate, else 0.
+// Floor: the logits are read once (0.8 MB, L2-resident), so the cost is the grid syncs (1 + one
+// per select pass + 1) and the per-pass histogram flush: latency, ~2–3 µs per pass.
+__global__ __launch_bounds__(kSelThreads) void f32_sample_select_kernel(
+    const float* __restrict__ logits, uint32_t V, uint32_t nb, double inv_t, uint32_t top_k, bool use_top_p,
+    double top_p, double u, SelectBins* bins, unsigned int* cta_max, double* cta_sum, int* cta_last,
+    int32_t* token) {
+    cg::grid_group grid = cg::this_grid();
+    __shared__ SelectSmem sm;
+    const uint32_t tid = threadIdx.x, lane = tid & 31;
+    const uint32_t id0 = blockIdx.x * kSelTile + tid * kSelItems;
+    const unsigned long long id_mask = (1ull << nb) - 1;
+    SelectItems it;
+    float l[kSelItems];
+    unsigned int best = 0;
+    for (int j = 0; j < kSelItems; ++j) {
+        const uint32_t id = id0 + j;
+        it.valid[j] = id < V;
+        l[j] = it.valid[j] ? logits[id] : 0.0f;
+        const uint32_t o = orderable(l[j]);
+        it.key[j] = it.valid[j] ? ((unsigned long long)o << nb) | (id_mask - id) : 0ull;
+        if (it.valid[j]) best = max(best, o);
+    }
+    for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
+    if (tid == 0) sm.max_ord = 0;
+    __syncthreads();
+    if (lane == 0) atomicMax(&sm.max_ord, best);
+    for (uint32_t b = blockIdx.x * kSelThreads + tid; b < kBins; b += gridDim.x * kSelThreads)
+        bins[0].c[b] = bins[0].m0[b] = bins[0].m1[b] = bins[0].m2[b] = bins[0].key[b] = 0;
+    __syncthreads();
+    if (tid == 0) cta_max[blockIdx.x] = sm.max_ord;
+    grid.sync();
+    best = 0;
+    for (uint32_t c = tid; c < gridDim.x; c += kSelThreads) best = max(best, __ldcg(&cta_max[c]));
+    for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
+    if (lane == 0) atomicMax(&sm.max_ord, best);  // sm.max_ord already holds this CTA's part
+    __syncthreads();
+    const uint32_t mo = sm.max_ord;
+    const float mx = __uint_as_float((mo & 0x80000000u) ? (mo & 0x7fffffffu) : ~mo);
+    for (int j = 0; j < kSelItems; ++j)
+        it.p[j] = it.valid[j] ? exp((double(l[j]) - double(mx)) * inv_t) : 0.0;
+
+    const uint32_t nbits = 32 + nb;
+    const bool use_top_k = top_k > 0;
+    int pass = 0;
+    unsigned long long K = 0;
+    Mass total{0, 0, 0, 0}, above, bin;
+    if (use_top_k) {
+        K = radix_select(it, nbits, 0, /*by_mass=*/false, /*with_mass=*/use_top_p, top_k, 0.0, false, &total,
+                         &above, &bin, bins, &pass, sm, grid);
+        total = MassSum()(above, bin);
+    }
+    if (use_top_p)
+        K = radix_select(it, nbits, K, /*by_mass=*/true, /*with_mass=*/true, 0, top_p, use_top_k, &total, &above,
+                         &bin, bins, &pass, sm, grid);
+    const bool filtered = use_top_k || use_top_p;
+
+    // The walk.
+    double w[kSelItems];
+    bool cand[kSelItems];
+    int last = -1;
+    for (int j = 0; j < kSelItems; ++j) {
+        const bool kept = it.valid[j] && it.key[j] >= K;
+        w[j] = kept ? it.p[j] : 0.0;
+        cand[j] = filtered ? kept : (it.valid[j] && it.p[j] > 0.0);
+        if (cand[j]) last = int(id0 + j);
+    }
+    const uint32_t count = min(V - blockIdx.x * kSelTile, kSelTile);
+    if (tid == 0) {
+        sm.last = -1;
+        sm.first = INT_MAX;
+    }
+    const double tb = tile_scan(w, sm);  // contains a __syncthreads after the resets above
+    (void)tb;
+    if (tid == (count - 1) / kSelItems) cta_sum[blockIdx.x] = w[(count - 1) % kSelItems];
+    atomicMax(&sm.last, last);
+    __syncthreads();
+    if (tid == 0) cta_last[blockIdx.x] = sm.last;
+    grid.sync();
+    if (tid < 32) {
+        const uint32_t G = gridDim.x, per = (G + 31) / 32;  // <= 8 (G <= kMaxSelCtas)
+        double s[8], x[8];
+        double run = 0.0;
+        for (uint32_t i = 0; i < 8; ++i) {
+            const uint32_t c = lane * per + i;
+            s[i] = i < per && c < G ? __ldcg(&cta_sum[c]) : 0.0;
+            x[i] = run;  // in-lane exclusive
+            run = run + s[i];
+        }
+        double incl = run;
+        for (int o = 1; o < 32; o <<= 1) {
+            const double y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (int(lane) >= o) incl = y + incl;
+        }
+        double lane_base = __shfl_up_sync(0xffffffffu, incl, 1);
+        if (lane == 0) lane_base = 0.0;
+        // E_{G-1} = X_{G-1} + s_{G-1}: the lane holding c = G−1 computes it.
+        double total_w = 0.0;
+        int hit = -1;
+        double hit_base = 0.0;
+        for (uint32_t i = 0; i < 8; ++i) {
+            const uint32_t c = lane * per + i;
+            if (i < per && c == G - 1) total_w = (lane_base + x[i]) + s[i];
+        }
+        const uint32_t last_lane = (G - 1) / per;
+        total_w = __shfl_sync(0xffffffffu, total_w, int(last_lane));
+        const double target = u * total_w;
+        for (uint32_t i = 0; i < 8; ++i) {
+            const uint32_t c = lane * per + i;
+            if (hit < 0 && i < per && c < G) {
+                const double X = lane_base + x[i];
+                if (X + s[i] > target) {
+                    hit = int(c);
+                    hit_base = X;
+                }
+            }
+        }
+        const unsigned int ballot = __ballot_sync(0xffffffffu, hit >= 0);
+        if (lane == 0) sm.owner = -1;
+        if (ballot) {
+            const int src = __ffs(ballot) - 1;
+            const int owner = __shfl_sync(0xffffffffu, hit, src);
+            const double base = __shfl_sync(0xffffffffu, hit_base, src);
+            if (lane == 0) {
+                sm.owner = owner;
+                sm.owner_base = base;
+            }
+        }
+        // The last candidate of the whole vocabulary (the fallback).
+        int gl = -1;
+        for (uint32_t c = lane; c < G; c += 32) gl = max(gl, __ldcg(&cta_last[c]));
+        for (int o = 16; o > 0; o >>= 1) gl = max(gl, __shfl_xor_sync(0xffffffffu, gl, o));
+        if (lane == 0) sm.last = gl;
+        const double target_b = target;
+        if (lane == 0) sm.warp[0] = target_b;
+    }
+    __syncthreads();
+    const int owner = sm.owner;
+    const double target = sm.warp[0];
+    if (owner == int(blockIdx.x)) {
+        const double base = sm.owner_base;
+        for (int j = 0; j < kSelItems; ++j)
+            if (cand[j] && base + w[j] > target) atomicMin(&sm.first, int(id0 + j));
+        __syncthreads();
+        if (tid == 0) *token = sm.first != INT_MAX ? sm.first : (sm.last >= 0 ? sm.last : 0);
+    } else if (owner < 0 && blockIdx.x == 0 && tid == 0) {
+        *token = sm.last >= 0 ? sm.last : 0;
+    }
+}
+
 __global__ void read_probe_kernel(const uint4* __restrict__ data, size_t n, float* sink) {
     uint32_t acc = 0;
     for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -343,6 +746,10 @@ __global__ void read_probe_kernel(const uint4* __restrict__ data, size_t n, floa
 // temporary storage is whatever is left at the end.
 struct SampleScratch {
     unsigned long long* key = nullptr;  // argmax key
+    SelectBins* bins = nullptr;         // [3], the fast path's histograms
+    unsigned int* cta_max = nullptr;    // [kMaxSelCtas]
+    double* cta_sum = nullptr;          // [kMaxSelCtas]
+    int* cta_last = nullptr;            // [kMaxSelCtas]
     int32_t* keep = nullptr;
     double* w = nullptr;                // [V]
     double* p = nullptr;                // [V]
@@ -365,6 +772,10 @@ struct SampleScratch {
             return q;
         };
         key = reinterpret_cast<unsigned long long*>(take(8));
+        bins = reinterpret_cast<SelectBins*>(take(3 * sizeof(SelectBins)));
+        cta_max = reinterpret_cast<unsigned int*>(take(kMaxSelCtas * 4));
+        cta_sum = reinterpret_cast<double*>(take(kMaxSelCtas * 8));
+        cta_last = reinterpret_cast<int*>(take(kMaxSelCtas * 4));
         keep = reinterpret_cast<int32_t*>(take(4));
         w = reinterpret_cast<double*>(take(size_t(V) * 8));
         p = reinterpret_cast<double*>(take(size_t(V) * 8));
@@ -379,6 +790,29 @@ struct SampleScratch {
         fixed_bytes = used;
     }
 };
+
+// How many f32_sample_select_kernel CTAs can be resident at once on the current device (0 where
+// it cannot launch cooperatively); cached per device.
+gptoss_status select_capacity(uint32_t* out) {
+    static std::atomic<int> cache[64];  // capacity + 1; 0: not yet known
+    int dev = 0;
+    GPTOSS_CUDA_TRY(cudaGetDevice(&dev));
+    const bool cached = dev >= 0 && dev < 64;
+    if (cached) {
+        const int c = cache[dev].load(std::memory_order_relaxed);
+        if (c > 0) {
+            *out = uint32_t(c - 1);
+            return GPTOSS_OK;
+        }
+    }
+    int coop = 0, sms = 0, per_sm = 0;
+    GPTOSS_CUDA_TRY(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
+    GPTOSS_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    GPTOSS_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f32_sample_select_kernel, kSelThreads, 0));
+    *out = coop ? uint32_t(sms * per_sm) : 0u;
+    if (cached) cache[dev].store(int(*out) + 1, std::memory_order_relaxed);
+    return GPTOSS_OK;
+}
 
 }  // namespace
 
@@ -420,6 +854,27 @@ gptoss_status sample(const float* logits, uint32_t V, const SamplingConfig& conf
     const double inv_t = 1.0 / double(config.temperature);  // as sample_logits computes it
     const bool use_top_k = config.top_k > 0 && config.top_k < V;
     const bool use_top_p = config.top_p < 1.0f;
+    const uint32_t G = ceil_div(V, kSelTile);
+    uint32_t capacity = 0;
+    GPTOSS_TRY(select_capacity(&capacity));
+    if (G <= capacity && G <= kMaxSelCtas && V <= (1u << 31)) {
+        const uint32_t nb = V > 1 ? 32u - uint32_t(__builtin_clz(V - 1)) : 0u;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeCooperative;
+        attr[0].val.cooperative = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(G);
+        cfg.blockDim = dim3(kSelThreads);
+        cfg.dynamicSmemBytes = 0;
+        cfg.stream = stream;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        GPTOSS_CUDA_TRY(cudaLaunchKernelEx(&cfg, f32_sample_select_kernel, logits, V, nb, inv_t,
+                                           use_top_k ? config.top_k : 0u, use_top_p, double(config.top_p), u,
+                                           s.bins, s.cta_max, s.cta_sum, s.cta_last, token));
+        return GPTOSS_OK;
+    }
+    // The fallback (V beyond what one cooperative grid holds): the radix sort of every key.
     const uint32_t C = ceil_div(V, kChunk);
     if (!use_top_k && !use_top_p) {
         GPTOSS_TRY(argmax(logits, V, reinterpret_cast<int32_t*>(s.key), stream));

@@ -1281,6 +1281,61 @@ TEST_CASE("the CUDA session samples on the GPU with sample_logits' definition, r
     CHECK(st.bad == 0);
 }
 
+// Logits in a few integer values, so that the k-th logit and the top_p cut fall inside groups
+// of equal logits (the zero group mixes +0 and −0, which must tie).
+std::vector<float> tied_logits(uint32_t V, uint64_t seed) {
+    Rand r(seed);
+    std::vector<float> l(V);
+    for (float& x : l) {
+        x = float(int(r.below(7)) - 3);
+        if (x == 0.0f && r.below(2)) x = -0.0f;
+    }
+    return l;
+}
+
+TEST_CASE("cuda::sample cuts ties at the k-th logit and at the top_p boundary by id, −0 tying +0") {
+    SampleStats st;
+    for (uint32_t V : {5000u, 201088u}) {
+        GpuSampler gs(V);
+        const auto us = sample_us(V + 1, 12);
+        const auto l = tied_logits(V, 3 + V);
+        Dev<float> ld(l);
+        uint32_t n_pos = 0;  // ids with logit > 0, then the zero group
+        for (float x : l) n_pos += x > 0.0f;
+        for (float t : {0.5f, 1.0f, 3.0f})
+            for (uint32_t k : {0u, 1u, 17u, n_pos - 1, n_pos + 1, n_pos + 250, V / 2})
+                for (float p : {1.0f, 0.7f, 0.0f, -1.0f}) {
+                    const SamplingConfig c{t, p, k};
+                    std::vector<int32_t> gpu(us.size());
+                    for (size_t i = 0; i < us.size(); ++i) gpu[i] = gs.run(ld.p, c, us[i]);
+                    compare_tokens(l, c, us, gpu, "tied V=" + std::to_string(V), &st);
+                }
+    }
+    MESSAGE("cuda::sample on ties: " << st.calls << " calls, " << st.exact << " equal to sample_logits, "
+                                     << st.boundary << " explained by a boundary within 1e-12, " << st.bad << " wrong");
+    INFO(st.first_bad);
+    CHECK(st.bad == 0);
+}
+
+TEST_CASE("cuda::sample beyond one cooperative grid (V = 600000) takes the full sort, same definition") {
+    const uint32_t V = 600000;
+    GpuSampler gs(V);
+    const auto us = sample_us(9, 4);
+    SampleStats st;
+    for (const char* kind : {"realistic", "flat"}) {
+        const auto l = sample_logits_of(kind, V, 5);
+        Dev<float> ld(l);
+        for (const SamplingConfig& c : {SamplingConfig{1.0f, 1.0f, 0}, SamplingConfig{0.7f, 1.0f, 40},
+                                        SamplingConfig{1.0f, 0.9f, 0}, SamplingConfig{2.5f, 0.5f, 1000}}) {
+            std::vector<int32_t> gpu(us.size());
+            for (size_t i = 0; i < us.size(); ++i) gpu[i] = gs.run(ld.p, c, us[i]);
+            compare_tokens(l, c, us, gpu, std::string(kind) + " V=600000", &st);
+        }
+    }
+    INFO(st.first_bad);
+    CHECK(st.bad == 0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {

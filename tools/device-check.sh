@@ -74,7 +74,7 @@ if [ $BIG -eq 1 ]; then
 fi
 if [ $SAN -eq 1 ]; then
   for tool in memcheck racecheck; do
-    GPTOSS_TINY_MODEL=$PWD/$B/models/tiny timeout 170 compute-sanitizer --tool $tool --error-exitcode 9 \
+    GPTOSS_TEST_QUICK=1 GPTOSS_TINY_MODEL=$PWD/$B/models/tiny timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 \
       ./$B/test-kernels -tce='*20b-shaped*,*OUT_OF_MEMORY*,*re-captures*,*goldens*' > "$OUT/sanitizer-$tool.log" 2>&1
     log "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
   done

@@ -1,11 +1,13 @@
 // tests/test-kernels.cu - every CUDA launcher (cuda/kernels.h) against the CPU reference op
 // (cpu/reference.h) on fresh seeded random inputs, the shape edges (1 token, 127/128/129
-// positions, many tokens on one expert, all tokens on the same four experts), the
-// bit-identity promises (decode == prefill, any chunking), the CUDA backend against the
-// CPU backend on the tiny checkpoint, and GPU sampling against sample_logits (equal tokens,
-// except where a cumulative sum sits within 1e-12 of the draw: counted and reported). Tolerance |got − ref| <= atol + rtol·|ref|, sized to
-// bf16 where a bf16 rounding sits between the two. Without a CUDA device every test is
-// skipped with a visible message.
+// positions, many tokens on one expert, all tokens on the same four experts), the fused decode
+// kernels against the launches they replace (bit for bit), the bit-identity promises (decode ==
+// prefill, any chunking), the CUDA backend against the CPU backend and the transformers goldens
+// on the tiny checkpoint, and GPU sampling against sample_logits (equal tokens, except where a
+// cumulative sum sits within 1e-12 of the draw: counted and reported). Tolerance
+// |got − ref| <= atol + rtol·|ref|, sized to bf16 where a bf16 rounding sits between the two.
+// Without a CUDA device every test is skipped with a visible message (exit 77).
+// GPTOSS_TEST_QUICK=1 trims the sampling sweeps (for the compute-sanitizer runs).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 

@@ -161,10 +161,17 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
     }
 
     // Loading the files is the first half of the progress bar, uploading to a GPU the second.
+    // Every report goes through `report`, which passes on only increasing fractions, so the
+    // caller sees 1.0 exactly once (the file loader and the upload each end at their 1.0).
     const float file_share = device >= 0 ? 0.5f : 1.0f;
+    float reported = -1.0f;
+    auto report = [&](float f) {
+        if (params.progress == nullptr || f <= reported) return true;
+        reported = f;
+        return params.progress(params.progress_user_data, f);
+    };
     ProgressFn file_progress;
-    if (params.progress != nullptr)
-        file_progress = [&](float f) { return params.progress(params.progress_user_data, f * file_share); };
+    if (params.progress != nullptr) file_progress = [&](float f) { return report(f * file_share); };
 
     fault_point();
     std::unique_ptr<gptoss_model> model(new gptoss_model());
@@ -185,13 +192,11 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
     } else {
 #ifdef GPTOSS_HAVE_CUDA
         ProgressFn upload_progress;
-        if (params.progress != nullptr)
-            upload_progress = [&](float f) { return params.progress(params.progress_user_data, 0.5f + 0.5f * f); };
+        if (params.progress != nullptr) upload_progress = [&](float f) { return report(0.5f + 0.5f * f); };
         GPTOSS_TRY(create_cuda_backend(*model->checkpoint, device, upload_progress, &model->backend));
 #endif
     }
-    if (params.progress != nullptr && !params.progress(params.progress_user_data, 1.0f))
-        return fail(GPTOSS_ERR_CANCELLED, "%s: loading cancelled by the progress callback", model_dir);
+    if (!report(1.0f)) return fail(GPTOSS_ERR_CANCELLED, "%s: loading cancelled by the progress callback", model_dir);
     model->name = model_name(model->checkpoint->config);
     *out = model.release();
     return GPTOSS_OK;

@@ -128,7 +128,9 @@ typedef struct gptoss_session gptoss_session;
 #define GPTOSS_DEVICE_CPU  (-1)
 #define GPTOSS_DEVICE_AUTO (-2)
 
-// Reports loading progress as a fraction in [0, 1]. Return false to cancel.
+// Reports loading progress as a fraction in [0, 1], strictly increasing; a load that succeeds
+// ends with exactly one call with 1.0.
+// Return false to cancel.
 typedef bool (*gptoss_progress_fn)(void* user_data, float fraction);
 
 typedef struct gptoss_model_params {

@@ -197,7 +197,7 @@ TEST_CASE("model freed before session: the session keeps working") {
     gptoss_session_free(session);  // frees the model too (ASan checks the leak)
 }
 
-TEST_CASE("progress callback is called and can cancel a load") {
+TEST_CASE("progress callback is called with increasing fractions ending at 1.0 once, and can cancel a load") {
     struct Progress {
         int calls = 0;
         float last = -1;
@@ -206,7 +206,7 @@ TEST_CASE("progress callback is called and can cancel a load") {
     };
     auto fn = [](void* ud, float f) {
         Progress* p = static_cast<Progress*>(ud);
-        if (f < p->last) p->monotonic = false;
+        if (f <= p->last) p->monotonic = false;  // strictly increasing: 1.0 exactly once
         p->last = f;
         p->calls++;
         return !p->cancel;

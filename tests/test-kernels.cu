@@ -874,6 +874,27 @@ TEST_CASE("the caller's current device is the same after backend calls") {
     CHECK(before == after);
 }
 
+TEST_CASE("gptoss_load on the GPU reports strictly increasing progress ending with one 1.0") {
+    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
+    REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
+    std::vector<float> seen;
+    auto fn = [](void* ud, float f) {
+        static_cast<std::vector<float>*>(ud)->push_back(f);
+        return true;
+    };
+    gptoss_model_params params = gptoss_model_default_params();
+    params.device = 0;
+    params.progress = fn;
+    params.progress_user_data = &seen;
+    gptoss_model* model = nullptr;
+    REQUIRE(gptoss_load(dir, &params, &model) == GPTOSS_OK);
+    gptoss_model_free(model);
+    REQUIRE(seen.size() >= 2);
+    for (size_t i = 1; i < seen.size(); ++i) CHECK(seen[i] > seen[i - 1]);
+    CHECK(seen.back() == 1.0f);
+    CHECK(std::count(seen.begin(), seen.end(), 1.0f) == 1);
+}
+
 // A minimal JSON reader for the golden files (simdjson's header does not compile under nvcc).
 struct Json {
     enum Kind { kNull, kNumber, kString, kArray, kObject } kind = kNull;

@@ -8,7 +8,9 @@
 // are visited in absolute 64-key blocks, grouped into kAttentionSplit-key splits: each split
 // is an online softmax from scratch, and splits are merged in increasing order into a state
 // that starts as the sink (M = S, L = 1, O = 0). The decode kernel runs one CTA per split
-// and its last CTA per kv head merges; the prefill kernel runs the splits in sequence in one warp.
+// and its last CTA per kv head merges (with a single split, that CTA merges in place); the
+// prefill kernel runs the splits in sequence in one warp. At decode the kernel also applies
+// RoPE to q and the new key and writes the new K/V to the cache (no rope_qkv launch).
 // Both use attend_block, merge_ml and merge_o with explicitly rounded fp32 operations, so a
 // position's output is bit-identical whichever path computed it (reused == fresh sessions).
 // Floor (decode): K/V bytes, 2·G·D·2 = 2 KB per visible key per layer.

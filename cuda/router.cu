@@ -1,10 +1,13 @@
 // cuda/router.cu - MoE routing: top-K of the router logits (ties: lower expert first), softmax
 // over the K chosen logits (gpt_oss/torch/model.py), and the grouped-GEMM work list: pairs
 // (token·K + slot) grouped by expert and cut into tiles of `tile_tokens` columns.
-// Mirrors cpu::router_topk. Mapping: one CTA; a warp per token for the top-K, then threads
-// stride over the pairs.
-// The order of pairs inside an expert's group comes from atomics and may vary between runs:
-// that is harmless, because gemm.cu computes each column independently of its neighbours.
+// Mirrors cpu::router_topk. Mapping (router_route, any T): one CTA; a warp per token for the
+// top-K, then threads stride over the pairs. The order of pairs inside an expert's group comes
+// from atomics and may vary between runs: that is harmless, because gemm.cu computes each
+// column independently of its neighbours. router_decode (T = 1) fuses the MLP RMSNorm, the
+// router GEMV and this routing into one launch, bit-identical to the three it replaces (see the
+// comment above its kernel). Floor: latency; the router weights (184 KB for 20b) are read while
+// the O projection runs (PDL).
 #include "cuda/common.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/kernels.h"

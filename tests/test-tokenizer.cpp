@@ -1,6 +1,6 @@
 // tests/test-tokenizer.cpp - one TEST_CASE per promise of tokenizer/tokenizer.h (issue 3).
 // Expected ids come from the real tiktoken (tests/data/tokenizer/*.json, made by
-// tools/tiktoken-vectors.mjs and the harmony research notes; PROVENANCE.md); expected names and
+// tools/tiktoken-vectors*.mjs and the harmony research notes; PROVENANCE.md); expected names and
 // single ids from HARMONY.md §1, which quotes the same oracle. The vocabulary is the real
 // gpt-oss tokenizer.json in $GPTOSS_TOKENIZER_DIR; its bytes are checked against the official
 // sha256 of o200k_base.tiktoken.
@@ -10,6 +10,7 @@
 #include "gptoss-internal.h"
 #include "tests/sha256.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 
 #include <simdjson.h>
 
@@ -106,22 +107,25 @@ std::vector<int32_t> json_ids(simdjson::dom::element array) {
     return ids;
 }
 
-// tests/data/tokenizer/tiktoken-vectors.json: {"cases": [{group, allow_special, text, ids}]}.
+// A file of tools/tiktoken-vectors*.mjs: {"cases": [{group, allow_special, text, ids}]}.
+std::vector<Case> load_vectors(const char* name) {
+    std::vector<Case> out;
+    simdjson::dom::parser parser;
+    simdjson::dom::element root = parser.load(data_path(name));
+    for (simdjson::dom::element c : root["cases"].get_array()) {
+        Case x;
+        x.group = std::string(std::string_view(c["group"]));
+        x.text = std::string(std::string_view(c["text"]));
+        x.allow_special = bool(c["allow_special"]);
+        x.ids = json_ids(c["ids"]);
+        out.push_back(std::move(x));
+    }
+    return out;
+}
+
+// tests/data/tokenizer/tiktoken-vectors.json (tools/tiktoken-vectors.mjs).
 const std::vector<Case>& tiktoken_vectors() {
-    static std::vector<Case> cases = [] {
-        std::vector<Case> out;
-        simdjson::dom::parser parser;
-        simdjson::dom::element root = parser.load(data_path("tiktoken-vectors.json"));
-        for (simdjson::dom::element c : root["cases"].get_array()) {
-            Case x;
-            x.group = std::string(std::string_view(c["group"]));
-            x.text = std::string(std::string_view(c["text"]));
-            x.allow_special = bool(c["allow_special"]);
-            x.ids = json_ids(c["ids"]);
-            out.push_back(std::move(x));
-        }
-        return out;
-    }();
+    static std::vector<Case> cases = load_vectors("tiktoken-vectors.json");
     return cases;
 }
 
@@ -207,6 +211,16 @@ std::string replace_once(std::string s, const std::string& from, const std::stri
 TEST_CASE("encode gives tiktoken's ids for every committed vector") {
     const auto& cases = tiktoken_vectors();
     REQUIRE(cases.size() > 2000);
+    check_cases(cases, tok());
+}
+
+// Text using the ~5,800 code points first assigned in Unicode 15.1 and 16.0 (CJK Extension I,
+// the 16.0 scripts, new digits, marks and symbols), where a Unicode 15.0 table splits
+// differently from tiktoken's 16.0 one (tools/tiktoken-vectors-unicode16.mjs).
+TEST_CASE("ids equal tiktoken's on text using characters assigned in Unicode 15.1 and 16.0") {
+    CHECK(std::string(gptoss::kUnicodeVersion) == "16.0.0");
+    const auto cases = load_vectors("tiktoken-vectors-unicode16.json");
+    REQUIRE(cases.size() > 1000);
     check_cases(cases, tok());
 }
 

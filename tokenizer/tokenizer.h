@@ -3,8 +3,8 @@
 // o200k_base ranks, 199998..201087 special tokens (the names in the file, "<|reserved_N|>" for
 // the rest; 200018 is "<|endofprompt|>"); ids >= 201088 do not exist.
 // A Tokenizer is immutable after loading and safe to use from many threads at once.
-// Character classes come from Unicode 15.0; tiktoken's regex engine uses 16.0, so text with
-// characters first assigned in 15.1/16.0 may split differently (tokenizer/README.md).
+// Character classes come from Unicode 16.0, as in tiktoken's regex engine (regex-syntax 0.8.5);
+// characters first assigned in 17.0 are unassigned for both (tokenizer/README.md).
 #pragma once
 
 #include "gptoss.h"

@@ -211,6 +211,9 @@ struct SamplingConfig {
 int32_t sample_logits(const float* logits, uint32_t n_vocab, const SamplingConfig& config,
                       double u);
 
+// One splitmix64 step (Blackman & Vigna): advances *state, returns the mixed value.
+uint64_t splitmix64(uint64_t* state);
+
 // Deterministic on every machine: splitmix64 seeding + xoshiro256** (Blackman & Vigna).
 class Rng {
 public:
@@ -226,6 +229,8 @@ private:
 
 class BackendSession {
 public:
+    // n_vocab: V, the number of logits the default sample() walks.
+    explicit BackendSession(uint32_t n_vocab) : n_vocab_(n_vocab) {}
     virtual ~BackendSession() = default;
     // Runs `n` tokens (1 <= n <= max_batch) at positions [pos, pos + n): stores their K/V in
     // the cache (a sliding layer keeps the last `sliding_window` positions in a ring, slot
@@ -246,7 +251,7 @@ public:
     [[nodiscard]] virtual gptoss_status restore_sliding_snapshot() = 0;
 
 protected:
-    uint32_t n_vocab_ = 0;  // V; set by the derived class (the default sample() needs it)
+    const uint32_t n_vocab_;
 };
 
 class Backend {

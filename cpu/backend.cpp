@@ -72,9 +72,9 @@ public:
 };
 
 CpuSession::CpuSession(const CpuBackend& backend, uint32_t max_context, uint32_t max_batch)
-    : backend_(backend), config_(backend.checkpoint_.config), max_context_(max_context) {
+    : BackendSession(backend.checkpoint_.config.vocab), backend_(backend), config_(backend.checkpoint_.config),
+      max_context_(max_context) {
     const Config& c = config_;
-    n_vocab_ = c.vocab;
     const size_t T = max_batch, kv = size_t(c.n_kv_heads) * c.head_dim;
     cache_.resize(c.n_layers);
     snapshot_.resize(c.n_layers);

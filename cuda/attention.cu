@@ -315,7 +315,7 @@ __device__ __forceinline__ void decode_rope(const AttentionArgs& a, int g, int h
         float o1, o2;
         rope_rotate(k1, k2, cs[i], sn[i], o1, o2);
         const uint16_t b1 = f32_to_bf16_bits(o1), b2 = f32_to_bf16_bits(o2);
-        uint16_t* kc = const_cast<uint16_t*>(a.k_cache) + slot_off;
+        uint16_t* kc = a.k_cache + slot_off;
         kc[i] = b1;
         kc[i + half] = b2;
         reinterpret_cast<uint16_t*>(knew)[i] = b1;
@@ -323,7 +323,7 @@ __device__ __forceinline__ void decode_rope(const AttentionArgs& a, int g, int h
     } else if (has_v) {
         const int d = idx - half;  // 0 .. 63
         const uint16_t b = f32_to_bf16_bits(vv);
-        const_cast<uint16_t*>(a.v_cache)[slot_off + d] = b;
+        a.v_cache[slot_off + d] = b;
         reinterpret_cast<uint16_t*>(vnew)[d] = b;
     }
 }

@@ -107,8 +107,8 @@ class CudaBackend;
 
 class CudaSession final : public BackendSession {
 public:
-    CudaSession(CudaBackend& backend, uint32_t max_context, uint32_t max_batch)
-        : be_(backend), max_context_(max_context), max_batch_(max_batch) {}
+    CudaSession(CudaBackend& backend, uint32_t n_vocab, uint32_t max_context, uint32_t max_batch)
+        : BackendSession(n_vocab), be_(backend), max_context_(max_context), max_batch_(max_batch) {}
     ~CudaSession() override;
 
     gptoss_status init();
@@ -198,7 +198,7 @@ public:
         if (max_batch > 8192)
             return fail(GPTOSS_ERR_INVALID_ARGUMENT, "CUDA session: max_batch %u, at most 8192", max_batch);
         DeviceGuard guard(device_);
-        auto s = std::make_unique<CudaSession>(*this, max_context, max_batch);
+        auto s = std::make_unique<CudaSession>(*this, dims_.V, max_context, max_batch);
         GPTOSS_TRY(s->init());
         *out = std::move(s);
         return GPTOSS_OK;
@@ -486,7 +486,6 @@ gptoss_status CudaSession::checked(gptoss_status s) {
 
 gptoss_status CudaSession::init() {
     device_ = be_.device_;
-    n_vocab_ = be_.dims_.V;  // BackendSession::sample (the host fallback) walks this many logits
     const Dims& d = be_.dims_;
     const Config& c = be_.config_;
     const uint32_t T = max_batch_;

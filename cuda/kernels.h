@@ -145,8 +145,8 @@ struct AttentionArgs {
     const float* q = nullptr;
     const uint16_t* k_new = nullptr;
     const uint16_t* v_new = nullptr;
-    const uint16_t* k_cache = nullptr;
-    const uint16_t* v_cache = nullptr;
+    uint16_t* k_cache = nullptr;  // written by the decode kernel with RoPE fused (qkv set)
+    uint16_t* v_cache = nullptr;
     uint32_t slots = 0;
     uint32_t window = 0;
     const float* sinks = nullptr;

@@ -232,12 +232,19 @@ public:
     // n_vocab: V, the number of logits the default sample() walks.
     explicit BackendSession(uint32_t n_vocab) : n_vocab_(n_vocab) {}
     virtual ~BackendSession() = default;
-    // Runs `n` tokens (1 <= n <= max_batch) at positions [pos, pos + n): stores their K/V in
-    // the cache (a sliding layer keeps the last `sliding_window` positions in a ring, slot
-    // = position % window) and keeps the logits of the last token for get_logits()/sample().
+    // Prefill: runs `n` tokens (1 <= n <= max_batch) at positions [pos, pos + n): stores their
+    // K/V in the cache (a sliding layer keeps the last `sliding_window` positions in a ring,
+    // slot = position % window) and keeps the logits of the last token for get_logits()/
+    // sample(). Chunk-invariant: a position's K/V and logits are bit-identical however the
+    // positions before it were split into forward() calls.
     // Precondition, guaranteed by the engine: the K/V of positions [0, pos) that each layer
     // keeps are valid, and pos + n <= max_context.
     [[nodiscard]] virtual gptoss_status forward(const int32_t* tokens, uint32_t n, uint32_t pos) = 0;
+    // Decode: one token at `pos`, same contract as forward(&token, 1, pos) except that its
+    // kernels may sum in an order of their own, so its K/V and logits equal forward()'s only
+    // within bf16 tolerance (deterministically, run to run). The engine never reuses K/V
+    // written by decode() in a later call: it re-prefills those positions (session.n_prefilled).
+    [[nodiscard]] virtual gptoss_status decode(int32_t token, uint32_t pos) { return forward(&token, 1, pos); }
     // Host copy of the logits [V] (fp32) of the last token of the latest forward(). The pointer
     // lives until the next call on this object.
     [[nodiscard]] virtual gptoss_status get_logits(const float** logits_out) = 0;
@@ -310,6 +317,8 @@ struct gptoss_session {
     uint32_t max_context = 0;
     uint32_t max_batch = 0;
     std::vector<int32_t> cached;          // tokens whose K/V the cache holds, positions 0..n-1
+    uint32_t n_prefilled = 0;             // cached[0..n_prefilled) were written by forward() (the
+                                          // prefill path); later ones by decode(), never reused
     uint32_t snapshot_pos = 0;            // sliding rings saved after position snapshot_pos-1; 0: none
     std::atomic<bool> cancel_requested{false};
     std::atomic<bool> running{false};

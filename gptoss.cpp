@@ -4,7 +4,12 @@
 // (KV prefix reuse, sliding-window snapshot, sampling, streaming) | tokenizer shims.
 // Every extern "C" function is a thin shim: check arguments, catch everything, return a status.
 // Invariant: session->cached lists exactly the tokens whose K/V the backend's cache holds
-// (for sliding layers: the last `sliding_window` of them), at positions 0..n-1.
+// (for sliding layers: the last `sliding_window` of them), at positions 0..n-1; the first
+// session->n_prefilled of them were written by the prefill path (BackendSession::forward).
+// "Same arguments + seed -> same tokens, reused == fresh" rests on two facts: prefill is
+// chunk-invariant, and only prefill-written K/V is ever reused -- positions a decode step
+// wrote are prefilled again by the next call that reuses the prefix (decode kernels sum in
+// an order of their own, so their K/V differ from prefill's within bf16 rounding).
 #include "gptoss-internal.h"
 
 #include "tokenizer/tokenizer.h"  // defines: Tokenizer, Utf8StreamDecoder
@@ -240,6 +245,12 @@ static uint32_t resume_position(const gptoss_session* session, uint32_t prefix, 
 static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* prompt, size_t n_prompt,
                                        const GenerateOptions& options, GenerateOutput* out);
 
+static void forget_cache(gptoss_session* session) {
+    session->cached.clear();
+    session->n_prefilled = 0;
+    session->snapshot_pos = 0;
+}
+
 gptoss_status session_generate(gptoss_session* session, const int32_t* prompt, size_t n_prompt,
                                const GenerateOptions& options, GenerateOutput* out) {
     gptoss_status status;
@@ -248,8 +259,7 @@ gptoss_status session_generate(gptoss_session* session, const int32_t* prompt, s
     } catch (...) {
         // A forward pass that stopped half-way may have overwritten sliding-ring slots that
         // `cached` still counts on: forget the cache (correct, only slower next time).
-        session->cached.clear();
-        session->snapshot_pos = 0;
+        forget_cache(session);
         throw;
     }
     // A CUDA error is sticky for the whole context: poison the model (API.md §1).
@@ -257,14 +267,15 @@ gptoss_status session_generate(gptoss_session* session, const int32_t* prompt, s
     return status;
 }
 
-// backend.forward(); on failure the cache's content is unknown, so nothing is counted as cached.
-static gptoss_status forward_or_forget(gptoss_session* session, const int32_t* tokens, uint32_t n, uint32_t pos) {
+// Prefill (n tokens) or decode (one token) at pos; on failure the cache's content is unknown,
+// so nothing is counted as cached.
+enum class Pass { kPrefill, kDecode };
+static gptoss_status forward_or_forget(gptoss_session* session, const int32_t* tokens, uint32_t n, uint32_t pos,
+                                       Pass pass) {
     fault_point();
-    const gptoss_status status = session->backend->forward(tokens, n, pos);
-    if (status != GPTOSS_OK) {
-        session->cached.clear();
-        session->snapshot_pos = 0;
-    }
+    const gptoss_status status = pass == Pass::kDecode ? session->backend->decode(tokens[0], pos)
+                                                       : session->backend->forward(tokens, n, pos);
+    if (status != GPTOSS_OK) forget_cache(session);
     return status;
 }
 
@@ -287,23 +298,23 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
     out->n_prompt_tokens = uint32_t(n_prompt);
     const auto start = std::chrono::steady_clock::now();
 
-    // Longest common prefix with the cache; always recompute the last prompt position, whose
-    // logits start the generation.
+    // Longest common prefix with the prefill-written part of the cache; always recompute the
+    // last prompt position, whose logits start the generation.
     uint32_t prefix = 0;
-    const uint32_t n_cached = uint32_t(session->cached.size());
-    while (prefix < n_cached && prefix < n_prompt && session->cached[prefix] == prompt[prefix]) prefix++;
+    const uint32_t n_reusable = session->n_prefilled;
+    while (prefix < n_reusable && prefix < n_prompt && session->cached[prefix] == prompt[prefix]) prefix++;
     prefix = std::min(prefix, uint32_t(n_prompt - 1));
     bool use_snapshot = false;
     const uint32_t resume = resume_position(session, prefix, &use_snapshot);
     if (use_snapshot) {
         const gptoss_status status = backend.restore_sliding_snapshot();
         if (status != GPTOSS_OK) {
-            session->cached.clear();
-            session->snapshot_pos = 0;
+            forget_cache(session);
             return status;
         }
     }
     session->cached.resize(resume);
+    session->n_prefilled = resume;
     if (session->snapshot_pos > resume) session->snapshot_pos = 0;  // its prefix is about to change
     out->n_cached_tokens = resume;
 
@@ -329,8 +340,9 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
         }
         uint32_t n = std::min<uint32_t>(session->max_batch, uint32_t(n_prompt) - pos);
         if (!snapped && pos < snap) n = std::min(n, snap - pos);
-        GPTOSS_TRY(forward_or_forget(session, prompt + pos, n, pos));
+        GPTOSS_TRY(forward_or_forget(session, prompt + pos, n, pos, Pass::kPrefill));
         session->cached.insert(session->cached.end(), prompt + pos, prompt + pos + n);
+        session->n_prefilled = uint32_t(session->cached.size());
         pos += n;
     }
     if (!snapped) {
@@ -372,7 +384,7 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
             break;
         }
         const uint32_t pos = uint32_t(session->cached.size());
-        GPTOSS_TRY(forward_or_forget(session, &token, 1, pos));
+        GPTOSS_TRY(forward_or_forget(session, &token, 1, pos, Pass::kDecode));
         session->cached.push_back(token);
     }
     out->decode_ms = ms_since(decode_start);

@@ -113,20 +113,23 @@ public:
 
     gptoss_status init();
     gptoss_status forward(const int32_t* tokens, uint32_t n, uint32_t pos) override;
+    gptoss_status decode(int32_t token, uint32_t pos) override;
     gptoss_status get_logits(const float** logits_out) override;
     gptoss_status sample(const SamplingConfig& config, double u, int32_t* token_out) override;
     gptoss_status save_sliding_snapshot() override;
     gptoss_status restore_sliding_snapshot() override;
     gptoss_status copy_sliding(bool restore);
 
-    gptoss_status profile(const int32_t* tokens, uint32_t n, uint32_t pos,
+    gptoss_status profile(const int32_t* tokens, uint32_t n, uint32_t pos, bool decode,
                           std::vector<std::pair<std::string, double>>* out);
     gptoss_status sync();
 
 private:
     gptoss_status upload_step(const int32_t* tokens, uint32_t n, uint32_t pos);
-    // The whole forward on stream_; full_splits = decode attention splits launched per full layer.
-    gptoss_status enqueue(uint32_t n, uint32_t full_splits);
+    gptoss_status check_step(uint32_t n, uint32_t pos) const;
+    // The whole forward on stream_: the prefill kernels for n >= 1 tokens, or (decode) the
+    // decode kernels for one token; full_splits = decode attention splits per full layer.
+    gptoss_status enqueue(uint32_t n, bool decode, uint32_t full_splits);
     gptoss_status mark(const char* label);
     gptoss_status checked(gptoss_status s);
 
@@ -557,10 +560,11 @@ gptoss_status CudaSession::mark(const char* label) {
     return GPTOSS_OK;
 }
 
-gptoss_status CudaSession::enqueue(uint32_t n, uint32_t full_splits) {
+gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits) {
     CudaBackend& b = be_;
     const Dims& d = b.dims_;
     const Config& c = b.config_;
+    if (decode && n != 1) return fail(GPTOSS_ERR_INTERNAL, "CUDA enqueue: decode of %u tokens", n);
     const int nb = n == 1 ? 1 : 8;
     const uint32_t tile_tokens = 8u * uint32_t(nb);
     const uint32_t max_tiles = route_max_tiles(n, d.E, d.K, tile_tokens);
@@ -582,7 +586,7 @@ gptoss_status CudaSession::enqueue(uint32_t n, uint32_t full_splits) {
         // Decode writes K/V straight into the cache; a chunk goes through k_new_/v_new_ and is
         // committed after attention (its queries still need the ring slots it will overwrite).
         // (RoPE is fused into the decode attention kernel.)
-        const bool direct = n == 1;
+        const bool direct = decode;
         if (!direct) {
             GPTOSS_TRY(rope_qkv(qkv_, step_, b.inv_freq_, b.rope_scale_, q_, k_new_, v_new_, nullptr, nullptr, kv.slots,
                                 n, d.Q, d.G, d.D, s));
@@ -592,7 +596,7 @@ gptoss_status CudaSession::enqueue(uint32_t n, uint32_t full_splits) {
         aa.q = q_; aa.k_new = direct ? nullptr : k_new_; aa.v_new = direct ? nullptr : v_new_; aa.k_cache = kv.k; aa.v_cache = kv.v;
         aa.slots = kv.slots; aa.window = L.sliding ? c.sliding_window : 0; aa.sinks = L.sinks; aa.step = step_;
         aa.T = n; aa.Q = d.Q; aa.G = d.G; aa.D = d.D; aa.out = attn_;
-        if (n == 1) {
+        if (decode) {
             aa.qkv = qkv_; aa.inv_freq = b.inv_freq_; aa.rope_scale = b.rope_scale_;
             const uint32_t splits = L.sliding ? std::min(max_splits_, ceil_div(c.sliding_window, kAttentionSplit) + 1)
                                               : full_splits;
@@ -608,7 +612,7 @@ gptoss_status CudaSession::enqueue(uint32_t n, uint32_t full_splits) {
         }
         GPTOSS_TRY(gemm(b.dense(L.o_w, L.o_b, d.H, d.QD), attn_, n, nullptr, Epilogue::kAdd, x_, nullptr, d.H, 0, nb, s));
         GPTOSS_TRY(mark("o gemm + residual"));
-        if (n == 1 && router_decode_supported(d.E, d.K, d.H)) {
+        if (decode && router_decode_supported(d.E, d.K, d.H)) {
             RouterDecodeArgs ra;
             ra.x = x_; ra.norm_w = L.mlp_norm; ra.eps = c.rms_norm_eps; ra.router = b.dense(L.router_w, L.router_b, d.E, d.H);
             ra.K = d.K; ra.xn = xn_; ra.logits = rlogits_; ra.counter = counters_ + d.G; ra.experts = experts_; ra.weights = weights_; ra.tiles = tiles_; ra.pairs = pairs_;
@@ -665,17 +669,33 @@ gptoss_status CudaSession::upload_step(const int32_t* tokens, uint32_t n, uint32
     return GPTOSS_OK;
 }
 
-gptoss_status CudaSession::forward(const int32_t* tokens, uint32_t n, uint32_t pos) {
+gptoss_status CudaSession::check_step(uint32_t n, uint32_t pos) const {
     if (be_.poisoned_) return fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable");
     if (n == 0 || n > max_batch_)
         return fail(GPTOSS_ERR_INVALID_ARGUMENT, "CUDA forward: %u tokens, expected 1..%u", n, max_batch_);
     if (uint64_t(pos) + n > max_context_)
         return fail(GPTOSS_ERR_CONTEXT_FULL, "CUDA forward: positions %u..%u exceed max_context %u", pos,
                     pos + n - 1, max_context_);
+    return GPTOSS_OK;
+}
+
+gptoss_status CudaSession::forward(const int32_t* tokens, uint32_t n, uint32_t pos) {
+    GPTOSS_TRY(check_step(n, pos));
     DeviceGuard guard(device_);
     have_logits_ = false;
     GPTOSS_TRY(checked(upload_step(tokens, n, pos)));
-    if (n == 1) {
+    GPTOSS_TRY(checked(enqueue(n, false, max_splits_)));
+    have_logits_ = true;
+    return GPTOSS_OK;
+}
+
+// One token through the decode kernels, as a CUDA graph captured on first use.
+gptoss_status CudaSession::decode(int32_t token, uint32_t pos) {
+    GPTOSS_TRY(check_step(1, pos));
+    DeviceGuard guard(device_);
+    have_logits_ = false;
+    GPTOSS_TRY(checked(upload_step(&token, 1, pos)));
+    {
         const uint32_t needed = pos / kAttentionSplit + 1;  // splits of keys 0..pos
         if (graph_ && needed > graph_splits_) {
             cudaGraphExecDestroy(graph_);
@@ -687,7 +707,7 @@ gptoss_status CudaSession::forward(const int32_t* tokens, uint32_t n, uint32_t p
             graph_splits_ = std::min(graph_splits_, max_splits_);
             GPTOSS_TRY(checked(cuda_status(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
                                            "cudaStreamBeginCapture", __FILE__, __LINE__)));
-            const gptoss_status st = enqueue(1, graph_splits_);
+            const gptoss_status st = enqueue(1, true, graph_splits_);
             cudaGraph_t graph = nullptr;
             const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
             if (st != GPTOSS_OK) {
@@ -700,8 +720,6 @@ gptoss_status CudaSession::forward(const int32_t* tokens, uint32_t n, uint32_t p
             GPTOSS_TRY(checked(cuda_status(inst, "cudaGraphInstantiate", __FILE__, __LINE__)));
         }
         GPTOSS_TRY(checked(cuda_status(cudaGraphLaunch(graph_, stream_), "cudaGraphLaunch", __FILE__, __LINE__)));
-    } else {
-        GPTOSS_TRY(checked(enqueue(n, max_splits_)));
     }
     have_logits_ = true;
     return GPTOSS_OK;
@@ -772,14 +790,14 @@ gptoss_status CudaSession::copy_sliding(bool restore) {
     return GPTOSS_OK;
 }
 
-gptoss_status CudaSession::profile(const int32_t* tokens, uint32_t n, uint32_t pos,
+gptoss_status CudaSession::profile(const int32_t* tokens, uint32_t n, uint32_t pos, bool decode,
                                    std::vector<std::pair<std::string, double>>* out) {
-    if (n == 0 || n > max_batch_ || uint64_t(pos) + n > max_context_)
+    if (n == 0 || n > max_batch_ || uint64_t(pos) + n > max_context_ || (decode && n != 1))
         return fail(GPTOSS_ERR_INVALID_ARGUMENT, "CUDA profile: %u tokens at %u do not fit", n, pos);
     DeviceGuard guard(device_);
     GPTOSS_TRY(checked(upload_step(tokens, n, pos)));
     profiling_ = true;
-    const gptoss_status st = enqueue(n, max_splits_);
+    const gptoss_status st = enqueue(n, decode, max_splits_);
     profiling_ = false;
     GPTOSS_TRY(checked(st));
     GPTOSS_TRY(sync());
@@ -818,11 +836,11 @@ gptoss_status create_synthetic_backend(const Config& config, int32_t device, uin
     return GPTOSS_OK;
 }
 
-gptoss_status profile_forward(BackendSession* session, const int32_t* tokens, uint32_t n, uint32_t pos,
+gptoss_status profile_forward(BackendSession* session, const int32_t* tokens, uint32_t n, uint32_t pos, bool decode,
                               std::vector<std::pair<std::string, double>>* ms_by_op) {
     auto* s = dynamic_cast<CudaSession*>(session);
     if (!s) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "profile_forward: not a CUDA session");
-    return s->profile(tokens, n, pos, ms_by_op);
+    return s->profile(tokens, n, pos, decode, ms_by_op);
 }
 
 gptoss_status synchronize(BackendSession* session) {

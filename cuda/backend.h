@@ -21,10 +21,12 @@ namespace cuda {
 [[nodiscard]] gptoss_status create_synthetic_backend(const Config& config, int32_t device, uint64_t seed,
                                                      std::unique_ptr<Backend>* out);
 
-// Runs forward(tokens, n, pos) on `session` (a CUDA session) without the decode graph,
-// timing every op with events; appends (op name, total ms over layers) in first-seen order.
+// Runs forward(tokens, n, pos) (or, with `decode`, decode(tokens[0], pos), n = 1) on `session`
+// (a CUDA session) without the decode graph, timing every op with events; appends (op name,
+// total ms over layers) in first-seen order.
 [[nodiscard]] gptoss_status profile_forward(BackendSession* session, const int32_t* tokens, uint32_t n,
-                                            uint32_t pos, std::vector<std::pair<std::string, double>>* ms_by_op);
+                                            uint32_t pos, bool decode,
+                                            std::vector<std::pair<std::string, double>>* ms_by_op);
 
 // Waits for all work queued on the session's stream.
 [[nodiscard]] gptoss_status synchronize(BackendSession* session);

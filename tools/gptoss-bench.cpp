@@ -153,7 +153,7 @@ int run_cpu(const std::string& model_dir, const std::vector<uint32_t>& pp, const
                 bytes = 0;
                 const double start = now_ms();
                 for (uint32_t i = 0; i < tg; ++i) {
-                    check(session->forward(&tok, 1, depth + i), "decode");
+                    check(session->decode(tok, depth + i), "decode");
                     check(session->sample(greedy, 0.0, &tok), "decode");
                     bytes += decode_bytes(config, depth + i);
                 }
@@ -296,7 +296,7 @@ int main(int argc, char** argv) {
         }
         if (tg) {
             int32_t tok = tokens[depth];
-            check(session->forward(&tok, 1, depth), "decode warm-up");  // captures the graph
+            check(session->decode(tok, depth), "decode warm-up");  // captures the graph
             check(session->sample(greedy, 0.0, &tok), "decode warm-up");
             std::vector<double> t;
             double bytes = 0;
@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
                 bytes = 0;
                 const double t0 = now_ms();
                 for (uint32_t i = 0; i < tg; ++i) {
-                    check(session->forward(&tok, 1, depth + i), "decode");
+                    check(session->decode(tok, depth + i), "decode");
                     check(session->sample(greedy, 0.0, &tok), "decode");
                     bytes += decode_bytes(config, depth + i);
                 }
@@ -338,11 +338,11 @@ int main(int argc, char** argv) {
         for (uint32_t depth : {0u, max_depth}) {
             std::vector<std::pair<std::string, double>> ops;
             int32_t tok = tokens[0];
-            check(cuda::profile_forward(session.get(), &tok, 1, depth, &ops), "profiling decode");
+            check(cuda::profile_forward(session.get(), &tok, 1, depth, true, &ops), "profiling decode");
             profiles.emplace_back("decode @" + std::to_string(depth), ops);
         }
         std::vector<std::pair<std::string, double>> ops;
-        check(cuda::profile_forward(session.get(), tokens.data(), max_pp, 0, &ops), "profiling prefill");
+        check(cuda::profile_forward(session.get(), tokens.data(), max_pp, 0, false, &ops), "profiling prefill");
         profiles.emplace_back("prefill " + std::to_string(max_pp) + " @0", ops);
     }
 

@@ -130,6 +130,11 @@ private:
     // The whole forward on stream_: the prefill kernels for n >= 1 tokens, or (decode) the
     // decode kernels for one token; full_splits = decode attention splits per full layer.
     gptoss_status enqueue(uint32_t n, bool decode, uint32_t full_splits);
+    // GEMM dispatch of enqueue(): the decode kernels (one token) or the prefill kernels (a
+    // chunk). Arguments as cuda::gemm (kernels.h); route null for dense weights.
+    gptoss_status project(bool decode, const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
+                          const GemmRoute* route, Epilogue epilogue, float* out_f32, uint16_t* out_bf16,
+                          uint32_t ldo, float swiglu_limit);
     gptoss_status mark(const char* label);
     gptoss_status checked(gptoss_status s);
 
@@ -560,13 +565,18 @@ gptoss_status CudaSession::mark(const char* label) {
     return GPTOSS_OK;
 }
 
+gptoss_status CudaSession::project(bool decode, const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
+                                   const GemmRoute* route, Epilogue epilogue, float* out_f32, uint16_t* out_bf16,
+                                   uint32_t ldo, float swiglu_limit) {
+    return gemm(w, x, n_rows, route, epilogue, out_f32, out_bf16, ldo, swiglu_limit, decode ? 1 : 8, stream_);
+}
+
 gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits) {
     CudaBackend& b = be_;
     const Dims& d = b.dims_;
     const Config& c = b.config_;
     if (decode && n != 1) return fail(GPTOSS_ERR_INTERNAL, "CUDA enqueue: decode of %u tokens", n);
-    const int nb = n == 1 ? 1 : 8;
-    const uint32_t tile_tokens = 8u * uint32_t(nb);
+    const uint32_t tile_tokens = decode ? 8u : 64u;  // route tiles: 8 token columns per tile of project()'s nb
     const uint32_t max_tiles = route_max_tiles(n, d.E, d.K, tile_tokens);
     cudaStream_t s = stream_;
 
@@ -580,8 +590,8 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
     for (uint32_t l = 0; l < c.n_layers; ++l) {
         const LayerDev& L = b.layers_[l];
         const LayerKv& kv = kv_[l];
-        GPTOSS_TRY(gemm(b.dense(L.qkv_w, L.qkv_b, d.QKV, d.H), xn_, n, nullptr, Epilogue::kStore, qkv_, nullptr,
-                        d.QKV, 0, nb, s));
+        GPTOSS_TRY(project(decode, b.dense(L.qkv_w, L.qkv_b, d.QKV, d.H), xn_, n, nullptr, Epilogue::kStore, qkv_,
+                           nullptr, d.QKV, 0));
         GPTOSS_TRY(mark("qkv gemm"));
         // Decode writes K/V straight into the cache; a chunk goes through k_new_/v_new_ and is
         // committed after attention (its queries still need the ring slots it will overwrite).
@@ -610,7 +620,8 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
             GPTOSS_TRY(kv_commit(k_new_, v_new_, kv.k, kv.v, kv.slots, step_, n, d.G * d.D, s));
             GPTOSS_TRY(mark("kv commit"));
         }
-        GPTOSS_TRY(gemm(b.dense(L.o_w, L.o_b, d.H, d.QD), attn_, n, nullptr, Epilogue::kAdd, x_, nullptr, d.H, 0, nb, s));
+        GPTOSS_TRY(project(decode, b.dense(L.o_w, L.o_b, d.H, d.QD), attn_, n, nullptr, Epilogue::kAdd, x_, nullptr,
+                           d.H, 0));
         GPTOSS_TRY(mark("o gemm + residual"));
         if (decode && router_decode_supported(d.E, d.K, d.H)) {
             RouterDecodeArgs ra;
@@ -622,21 +633,21 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
             ResidualArgs none;
             GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, c.rms_norm_eps, xn_, n, d.H, s));
             GPTOSS_TRY(mark("rmsnorm"));
-            GPTOSS_TRY(gemm(b.dense(L.router_w, L.router_b, d.E, d.H), xn_, n, nullptr, Epilogue::kStore, rlogits_,
-                            nullptr, d.E, 0, nb, s));
+            GPTOSS_TRY(project(decode, b.dense(L.router_w, L.router_b, d.E, d.H), xn_, n, nullptr, Epilogue::kStore,
+                               rlogits_, nullptr, d.E, 0));
             GPTOSS_TRY(mark("router gemm"));
             GPTOSS_TRY(router_route(rlogits_, n, d.E, d.K, experts_, weights_, tiles_, pairs_, tile_tokens, s));
             GPTOSS_TRY(mark("router top-k + route"));
         }
         GemmRoute r1;
         r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = d.K; r1.max_tiles = max_tiles;
-        GPTOSS_TRY(gemm(b.experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H), xn_, n, &r1, Epilogue::kSwiglu, nullptr,
-                        act_, d.I, c.swiglu_limit, nb, s));
+        GPTOSS_TRY(project(decode, b.experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H), xn_, n, &r1, Epilogue::kSwiglu,
+                           nullptr, act_, d.I, c.swiglu_limit));
         GPTOSS_TRY(mark("moe gate_up + swiglu"));
         GemmRoute r2 = r1;
         r2.in_div = 1;
-        GPTOSS_TRY(gemm(b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I), act_, n * d.K, &r2, Epilogue::kStore, part_,
-                        nullptr, d.H, 0, nb, s));
+        GPTOSS_TRY(project(decode, b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I), act_, n * d.K, &r2, Epilogue::kStore,
+                           part_, nullptr, d.H, 0));
         GPTOSS_TRY(mark("moe down"));
         ResidualArgs moe;
         moe.mode = ResidualMode::kMoeAdd;
@@ -647,8 +658,9 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
         GPTOSS_TRY(residual_rmsnorm(moe, x_, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
         GPTOSS_TRY(mark("moe combine + rmsnorm"));
     }
-    GPTOSS_TRY(gemm(b.dense(b.lm_head_, nullptr, d.V, d.H), xn_ + size_t(n - 1) * d.H, 1, nullptr, Epilogue::kStore,
-                    logits_, nullptr, d.V, 0, 1, s));
+    // One row: the decode GEMV serves prefill too (a row's bits depend only on that row).
+    GPTOSS_TRY(project(true, b.dense(b.lm_head_, nullptr, d.V, d.H), xn_ + size_t(n - 1) * d.H, 1, nullptr,
+                       Epilogue::kStore, logits_, nullptr, d.V, 0));
     GPTOSS_TRY(mark("lm_head"));
     return GPTOSS_OK;
 }

@@ -5,7 +5,9 @@
 // file does not fit the GPU machine's disk); `--model DIR` loads a checkpoint and reports the
 // load rate. Decode bytes per token = every active weight once (attention projections, router,
 // 4 experts per layer, lm_head) + the K/V the token attends to, from the config (DEVICE.md).
-// Also prints the sampling latency per call (greedy, T=1 top_p=0.9, T=0.7 top_k=40).
+// Also prints the sampling latency per call (greedy, T=1 top_p=0.9, T=0.7 top_k=40), and with
+// --ttft N,... the time to first token of one N-token prompt through gptoss_generate (the public
+// path: the engine's chunking, a fresh session each, greedy, max_tokens 1).
 #include "gptoss-internal.h"
 #ifdef GPTOSS_HAVE_CUDA
 #include "cuda/backend.h"
@@ -106,6 +108,46 @@ struct Result {
     double ms_per_token, tok_s, gbps, pct_floor, tflops, pct_tc;
 };
 
+#ifdef GPTOSS_HAVE_CUDA
+// Time to first token of one prompt of each length in `lengths` through gptoss_generate, on a
+// model wrapping `backend` (taken over and released with the model). Returns (N, seconds).
+std::vector<std::pair<uint32_t, double>> measure_ttft(std::unique_ptr<gptoss::Backend> backend,
+                                                      const gptoss::Config& config,
+                                                      const std::vector<uint32_t>& lengths) {
+    using namespace gptoss;
+    gptoss_model* model = new gptoss_model();
+    model->checkpoint = std::make_unique<Checkpoint>();
+    model->checkpoint->config = config;
+    model->backend = std::move(backend);
+    model->name = "synthetic";
+    std::vector<std::pair<uint32_t, double>> out;
+    Rng rng(7);
+    for (uint32_t n : lengths) {
+        std::vector<int32_t> prompt(n);
+        for (int32_t& t : prompt) t = int32_t(rng.next_u64() % 199998);
+        gptoss_session_params sp;
+        gptoss_session_params_init(&sp, sizeof sp);
+        sp.max_context = std::min(config.max_context, n + 16);
+        gptoss_session* session = nullptr;
+        check(gptoss_session_create(model, &sp, &session), "creating the time-to-first-token session");
+        gptoss_sampling_params s;
+        gptoss_sampling_params_init(&s, sizeof s);
+        s.temperature = 0.0f;
+        s.max_tokens = 1;
+        s.seed = 1;
+        const gptoss_generate_result* r = nullptr;
+        const double t0 = now_ms();
+        check(gptoss_generate(session, prompt.data(), prompt.size(), &s, nullptr, nullptr, &r), "time to first token");
+        const double sec = (now_ms() - t0) / 1e3;
+        std::fprintf(stderr, "ttft %u: %.3f s (%.0f tok/s)\n", n, sec, n / sec);
+        out.emplace_back(n, sec);
+        gptoss_session_free(session);
+    }
+    gptoss_model_free(model);
+    return out;
+}
+#endif
+
 
 // The CPU reference backend on a checkpoint: the same pp/tg loop, no ceilings (a CPU has no
 // measured floor here; GB/s is the weight traffic the decode formula implies).
@@ -196,6 +238,7 @@ int main(int argc, char** argv) {
     std::string model_dir, synthetic;
     int32_t device = 0;
     std::vector<uint32_t> pp{512, 2048}, depths{0, 8192};
+    std::vector<uint32_t> ttft;
     uint32_t tg = 128, reps = 3, layers = 0;
     bool json = false, profile = false, gemm_probe = true;
     for (int i = 1; i < argc; ++i) {
@@ -215,13 +258,15 @@ int main(int argc, char** argv) {
         else if (a == "-d" || a == "--depth") depths = parse_list(value());
         else if (a == "-r" || a == "--reps") reps = uint32_t(std::max(1, std::atoi(value())));
         else if (a == "--layers") layers = uint32_t(std::atoi(value()));
+        else if (a == "--ttft") ttft = parse_list(value());
         else if (a == "--json") json = true;
         else if (a == "--profile") profile = true;
         else if (a == "--no-gemm-probe") gemm_probe = false;
         else if (a == "-h" || a == "--help") {
             std::printf(
                 "usage: gptoss-bench (--model DIR | --synthetic 20b|120b) [--device N|cpu] [-p 512,2048] [-n 128]\n"
-                "                    [-d 0,8192] [-r REPS] [--layers N] [--profile] [--json] [--no-gemm-probe]\n"
+                "                    [-d 0,8192] [-r REPS] [--layers N] [--ttft 8192,32768,131000] [--profile] [--json]\n"
+                "                    [--no-gemm-probe]\n"
                 "Prints pp (prefill) and tg (decode) throughput at each context depth, with GB/s and %% of the\n"
                 "bandwidth floor (decode) or TFLOP/s and %% of the measured bf16 tensor-core rate (prefill).\n");
             return 0;
@@ -231,7 +276,7 @@ int main(int argc, char** argv) {
     if (device == GPTOSS_DEVICE_CPU) return run_cpu(model_dir, pp, depths, tg, reps, json);
 #ifndef GPTOSS_HAVE_CUDA
     (void)device; (void)pp; (void)depths; (void)tg; (void)reps; (void)layers; (void)json; (void)profile;
-    (void)gemm_probe;
+    (void)gemm_probe; (void)ttft;
     die("this build has no CUDA backend (configure with nvcc available)");
 #else
     using namespace gptoss;
@@ -346,6 +391,10 @@ int main(int argc, char** argv) {
         profiles.emplace_back("prefill " + std::to_string(max_pp) + " @0", ops);
     }
 
+    session.reset();
+    std::vector<std::pair<uint32_t, double>> ttft_s;
+    if (!ttft.empty()) ttft_s = measure_ttft(std::move(backend), config, ttft);
+
     const std::string what = synthetic.empty() ? model_dir : "synthetic " + synthetic;
     if (json) {
         std::printf("{\"model\": \"%s\", \"layers\": %u, \"device\": \"%s\", \"sm_count\": %d, \"memory_gib\": %.1f,\n",
@@ -363,7 +412,10 @@ int main(int argc, char** argv) {
                         r.test.c_str(), r.depth, r.n, r.tok_s, r.ms_per_token, r.gbps, r.pct_floor, r.tflops, r.pct_tc,
                         i + 1 < results.size() ? "," : "");
         }
-        std::printf(" ],\n \"profile_ms\": {");
+        std::printf(" ],\n \"ttft_s\": {");
+        for (size_t i = 0; i < ttft_s.size(); ++i)
+            std::printf("%s\"%u\": %.4f", i ? ", " : "", ttft_s[i].first, ttft_s[i].second);
+        std::printf("},\n \"profile_ms\": {");
         for (size_t p = 0; p < profiles.size(); ++p) {
             std::printf("%s\n  \"%s\": {", p ? "," : "", profiles[p].first.c_str());
             for (size_t i = 0; i < profiles[p].second.size(); ++i)
@@ -391,6 +443,9 @@ int main(int argc, char** argv) {
     for (const Result& r : results)
         std::printf("| %-6s | %5u | %8.1f | %8.4f | %6.0f | %7.1f | %7.1f | %9.1f |\n", r.test.c_str(), r.depth,
                     r.tok_s, r.ms_per_token, r.gbps, r.pct_floor, r.tflops, r.pct_tc);
+    for (const auto& [n, sec] : ttft_s)
+        std::printf("time to first token, %u-token prompt (gptoss_generate, fresh session): %.3f s = %.0f tok/s\n", n,
+                    sec, n / sec);
     for (const auto& [name, ops] : profiles) {
         double total = 0;
         for (const auto& o : ops) total += o.second;

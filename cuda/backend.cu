@@ -707,32 +707,30 @@ gptoss_status CudaSession::decode(int32_t token, uint32_t pos) {
     DeviceGuard guard(device_);
     have_logits_ = false;
     GPTOSS_TRY(checked(upload_step(&token, 1, pos)));
-    {
-        const uint32_t needed = pos / kAttentionSplit + 1;  // splits of keys 0..pos
-        if (graph_ && needed > graph_splits_) {
-            cudaGraphExecDestroy(graph_);
-            graph_ = nullptr;
-        }
-        if (!graph_) {
-            graph_splits_ = 16;
-            while (graph_splits_ < needed) graph_splits_ *= 2;
-            graph_splits_ = std::min(graph_splits_, max_splits_);
-            GPTOSS_TRY(checked(cuda_status(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
-                                           "cudaStreamBeginCapture", __FILE__, __LINE__)));
-            const gptoss_status st = enqueue(1, true, graph_splits_);
-            cudaGraph_t graph = nullptr;
-            const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
-            if (st != GPTOSS_OK) {
-                if (graph) cudaGraphDestroy(graph);
-                return checked(st);
-            }
-            GPTOSS_TRY(checked(cuda_status(end, "cudaStreamEndCapture", __FILE__, __LINE__)));
-            const cudaError_t inst = cudaGraphInstantiate(&graph_, graph, 0);
-            cudaGraphDestroy(graph);
-            GPTOSS_TRY(checked(cuda_status(inst, "cudaGraphInstantiate", __FILE__, __LINE__)));
-        }
-        GPTOSS_TRY(checked(cuda_status(cudaGraphLaunch(graph_, stream_), "cudaGraphLaunch", __FILE__, __LINE__)));
+    const uint32_t needed = pos / kAttentionSplit + 1;  // splits of keys 0..pos
+    if (graph_ && needed > graph_splits_) {
+        cudaGraphExecDestroy(graph_);
+        graph_ = nullptr;
     }
+    if (!graph_) {
+        graph_splits_ = 16;
+        while (graph_splits_ < needed) graph_splits_ *= 2;
+        graph_splits_ = std::min(graph_splits_, max_splits_);
+        GPTOSS_TRY(checked(cuda_status(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                                       "cudaStreamBeginCapture", __FILE__, __LINE__)));
+        const gptoss_status st = enqueue(1, true, graph_splits_);
+        cudaGraph_t graph = nullptr;
+        const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+        if (st != GPTOSS_OK) {
+            if (graph) cudaGraphDestroy(graph);
+            return checked(st);
+        }
+        GPTOSS_TRY(checked(cuda_status(end, "cudaStreamEndCapture", __FILE__, __LINE__)));
+        const cudaError_t inst = cudaGraphInstantiate(&graph_, graph, 0);
+        cudaGraphDestroy(graph);
+        GPTOSS_TRY(checked(cuda_status(inst, "cudaGraphInstantiate", __FILE__, __LINE__)));
+    }
+    GPTOSS_TRY(checked(cuda_status(cudaGraphLaunch(graph_, stream_), "cudaGraphLaunch", __FILE__, __LINE__)));
     have_logits_ = true;
     return GPTOSS_OK;
 }

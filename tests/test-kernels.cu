@@ -901,6 +901,54 @@ TEST_CASE("gptoss_load on the GPU reports strictly increasing progress ending wi
     CHECK(std::count(seen.begin(), seen.end(), 1.0f) == 1);
 }
 
+// The engine's promise on the GPU (gptoss.cpp header): the K/V a decode step wrote is never
+// reused, so a session continuing its own generated turn gives a fresh session's tokens, bit
+// for bit, although decode and prefill kernels round differently.
+TEST_CASE("through gptoss_generate on the GPU, a reused session re-prefills decoded positions and matches a fresh one") {
+    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
+    REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
+    gptoss_model_params params = gptoss_model_default_params();
+    params.device = 0;
+    gptoss_model* model = nullptr;
+    REQUIRE(gptoss_load(dir, &params, &model) == GPTOSS_OK);
+    auto session = [&]() {
+        gptoss_session* s = nullptr;
+        REQUIRE(gptoss_session_create(model, nullptr, &s) == GPTOSS_OK);
+        return s;
+    };
+    auto generate = [](gptoss_session* s, const std::vector<int32_t>& p, uint64_t seed, uint32_t n,
+                       const gptoss_generate_result** r) {
+        gptoss_sampling_params sp;
+        gptoss_sampling_params_init(&sp, sizeof sp);
+        sp.temperature = 0.8f;
+        sp.seed = seed;
+        sp.max_tokens = n;
+        sp.n_stop_tokens = 0;
+        REQUIRE(gptoss_generate(s, p.data(), p.size(), &sp, nullptr, nullptr, r) == GPTOSS_OK);
+        return std::vector<int32_t>((*r)->tokens, (*r)->tokens + (*r)->n_tokens);
+    };
+    gptoss_session* reused = session();
+    const gptoss_generate_result* r = nullptr;
+    std::vector<int32_t> turn = prompt(300, 21);  // > 128: the sliding rings wrap
+    size_t prefilled = 0;  // the previous turn's prompt: what the reused session may reuse
+    for (int k = 0; k < 3; ++k) {
+        INFO("turn " << k);
+        const std::vector<int32_t> got = generate(reused, turn, 30 + k, 40, &r);
+        CHECK(r->n_cached_tokens == prefilled);
+        prefilled = turn.size();
+        gptoss_session* fresh = session();
+        CHECK(got == generate(fresh, turn, 30 + k, 40, &r));
+        gptoss_session_free(fresh);
+        // Next turn: this prompt + all generated tokens but the last (decode wrote their K/V)
+        // + new text.
+        turn.insert(turn.end(), got.begin(), got.end() - 1);
+        const auto extra = prompt(7, 22 + k);
+        turn.insert(turn.end(), extra.begin(), extra.end());
+    }
+    gptoss_session_free(reused);
+    gptoss_model_free(model);
+}
+
 // A minimal JSON reader for the golden files (simdjson's header does not compile under nvcc).
 struct Json {
     enum Kind { kNull, kNumber, kString, kArray, kObject } kind = kNull;

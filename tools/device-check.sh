@@ -4,11 +4,11 @@
 # kernel tests, then gptoss-bench on the synthetic 20b and 120b shapes. Everything lands in $OUT.
 # Usage (from the repository root on the GPU machine):
 #   tools/device-check.sh --deps DIR/.deps --tokenizer DIR/.tokenizer [--skip-sanitizer] [--skip-120b]
-#                         [--skip-2layer] [--load-20b] [--bench-args "..."]
+#                         [--skip-2layer] [--load-20b] [--bench-args "..."] [--bench-120b-args "..."]
 # --load-20b writes the 13 GB 20b-shaped checkpoint to /tmp and benches it through the loader
 # (upload GB/s from the page cache, then pp/tg on the loaded weights).
 set -uo pipefail
-DEPS="" TOK="" SAN=1 BIG=1 BENCH_ARGS="" TWO_LAYER=1 LOAD20=0
+DEPS="" TOK="" SAN=1 BIG=1 BENCH_ARGS="" BENCH120_ARGS="-p 2048" TWO_LAYER=1 LOAD20=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps) DEPS="$2"; shift 2;;
@@ -18,6 +18,7 @@ while [ $# -gt 0 ]; do
     --skip-2layer) TWO_LAYER=0; shift;;
     --load-20b) LOAD20=1; shift;;
     --bench-args) BENCH_ARGS="$2"; shift 2;;
+    --bench-120b-args) BENCH120_ARGS="$2"; shift 2;;
     *) echo "device-check: unknown option $1"; exit 2;;
   esac
 done
@@ -68,7 +69,7 @@ if [ $LOAD20 -eq 1 ]; then
   rm -rf /tmp/m20b
 fi
 if [ $BIG -eq 1 ]; then
-  timeout 240 ./$B/gptoss-bench --synthetic 120b --no-gemm-probe -p 2048 $BENCH_ARGS > "$OUT/bench-120b.txt" 2>&1
+  timeout 240 ./$B/gptoss-bench --synthetic 120b --no-gemm-probe $BENCH120_ARGS > "$OUT/bench-120b.txt" 2>&1
   log "bench 120b rc=$?"
   cat "$OUT/bench-120b.txt"
 fi

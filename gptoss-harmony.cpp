@@ -72,6 +72,8 @@ int enum_value(const E& field) {
 
 // Validates `in` (already read with read_params) and builds the conversation gptoss_chat renders.
 gptoss_status build_conversation(const gptoss_chat_request& in, h::Conversation* out) {
+    if (in.tool_choice != GPTOSS_TOOL_CHOICE_AUTO || in.response_format != GPTOSS_RESPONSE_FORMAT_TEXT)
+        return fail(GPTOSS_ERR_UNSUPPORTED, "request.tool_choice/response_format: not implemented yet");
     if (in.n_messages > 0 && in.messages == nullptr)
         return fail(GPTOSS_ERR_INVALID_ARGUMENT, "request.messages: NULL with n_messages %zu", in.n_messages);
     if (in.n_tools > 0 && in.tools == nullptr)
@@ -247,6 +249,7 @@ GPTOSS_API void gptoss_chat_request_init(gptoss_chat_request* request, size_t st
     gptoss_chat_request defaults;
     std::memset(&defaults, 0, sizeof defaults);
     defaults.reasoning_effort = GPTOSS_REASONING_MEDIUM;
+    defaults.constrain_tool_arguments = true;
     std::memset(request, 0, struct_size);
     std::memcpy(request, &defaults, std::min(struct_size, sizeof defaults));
     const uint32_t size32 = uint32_t(std::min<size_t>(struct_size, UINT32_MAX));

@@ -407,6 +407,8 @@ gptoss_status make_generate_options(const gptoss_sampling_params& params, Genera
     for (size_t i = 0; i < params.n_stop_strings; i++)
         if (params.stop_strings[i] == nullptr || params.stop_strings[i][0] == '\0')
             return fail(GPTOSS_ERR_INVALID_ARGUMENT, "sampling.stop_strings[%zu]: NULL or empty", i);
+    if (params.json_schema != nullptr)
+        return fail(GPTOSS_ERR_UNSUPPORTED, "sampling.json_schema: constrained decoding is not implemented yet");
     *out = GenerateOptions();
     out->sampling.temperature = params.temperature;
     out->sampling.top_p = params.top_p;

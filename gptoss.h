@@ -260,6 +260,14 @@ typedef struct gptoss_sampling_params {
     size_t             n_stop_tokens;
     const char* const* stop_strings;    // Default none. Matched against final-channel text in chat.
     size_t             n_stop_strings;
+    // Appended in 0.1 (constrained decoding, README "Structured output"):
+    const char*        json_schema;     // Default NULL. gptoss_generate: the generated text is one JSON
+                                        // value that matches this JSON Schema (the subset README lists;
+                                        // "{}" = any JSON value), followed by one of stop_tokens; from the
+                                        // first sampled token on. An unsupported keyword or malformed
+                                        // schema fails with GPTOSS_ERR_INVALID_ARGUMENT naming its JSON
+                                        // path ("json_schema: /properties/a/pattern: unsupported keyword").
+                                        // Ignored by gptoss_chat (use request->response_format).
 } gptoss_sampling_params;
 
 GPTOSS_API void gptoss_sampling_params_init(gptoss_sampling_params* params, size_t struct_size);
@@ -367,6 +375,21 @@ typedef struct gptoss_tool {
     const char* parameters;        // JSON Schema of the argument object; NULL if none
 } gptoss_tool;
 
+// Which tool calls gptoss_chat allows (OpenAI's tool_choice).
+typedef enum gptoss_tool_choice {
+    GPTOSS_TOOL_CHOICE_AUTO     = 0,  // the model decides (no constraint)
+    GPTOSS_TOOL_CHOICE_NONE     = 1,  // no tool call can be opened
+    GPTOSS_TOOL_CHOICE_REQUIRED = 2,  // the next message is a call to one of the tools
+    GPTOSS_TOOL_CHOICE_NAMED    = 3,  // the next message is a call to tool_choice_name
+} gptoss_tool_choice;
+
+// What the final answer must be (OpenAI's response_format).
+typedef enum gptoss_response_format {
+    GPTOSS_RESPONSE_FORMAT_TEXT        = 0,  // free text
+    GPTOSS_RESPONSE_FORMAT_JSON_OBJECT = 1,  // any JSON object
+    GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA = 2,  // JSON matching response_format_schema
+} gptoss_response_format;
+
 typedef struct gptoss_chat_request {
     uint32_t                struct_size;      // set by gptoss_chat_request_init
     const gptoss_message*   messages;         // the conversation so far, oldest first
@@ -378,6 +401,20 @@ typedef struct gptoss_chat_request {
     const char*             current_date;     // "YYYY-MM-DD" for the system message. Default NULL: omitted.
     bool                    keep_analysis;    // Default false: drop the analysis of turns that ended
                                               // in a final answer, as Harmony prescribes.
+    // Appended in 0.1 (constrained decoding, README "Structured output"). The analysis channel
+    // is never constrained.
+    gptoss_tool_choice      tool_choice;      // Default AUTO. REQUIRED/NAMED constrain the next message's
+                                              // header to a call ("to=functions.NAME"), then its arguments.
+    const char*             tool_choice_name; // NAMED: the function, "get_weather" (must be in tools). Else NULL.
+    bool                    constrain_tool_arguments; // Default true: a call's arguments, from <|message|>
+                                              // to <|call|>, match the tool's parameters schema (tools
+                                              // without parameters stay free). false: no constraint.
+    gptoss_response_format  response_format;  // Default TEXT. JSON_*: the developer message gets Harmony's
+                                              // "# Response Formats" section and the final-channel message
+                                              // is constrained to the schema (JSON_OBJECT: any object).
+    const char*             response_format_name;        // JSON_SCHEMA: the format's name (required)
+    const char*             response_format_description; // optional, rendered as "// description"
+    const char*             response_format_schema;      // JSON_SCHEMA: the JSON Schema (required)
 } gptoss_chat_request;
 
 GPTOSS_API void gptoss_chat_request_init(gptoss_chat_request* request, size_t struct_size);

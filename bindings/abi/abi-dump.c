@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
     FIELD(gptoss_sampling_params, n_stop_tokens);
     FIELD(gptoss_sampling_params, stop_strings);
     FIELD(gptoss_sampling_params, n_stop_strings);
+    FIELD(gptoss_sampling_params, json_schema);
     end();
 
     BEGIN(gptoss_event);
@@ -132,6 +133,13 @@ int main(int argc, char** argv) {
     FIELD(gptoss_chat_request, reasoning_effort);
     FIELD(gptoss_chat_request, current_date);
     FIELD(gptoss_chat_request, keep_analysis);
+    FIELD(gptoss_chat_request, tool_choice);
+    FIELD(gptoss_chat_request, tool_choice_name);
+    FIELD(gptoss_chat_request, constrain_tool_arguments);
+    FIELD(gptoss_chat_request, response_format);
+    FIELD(gptoss_chat_request, response_format_name);
+    FIELD(gptoss_chat_request, response_format_description);
+    FIELD(gptoss_chat_request, response_format_schema);
     end();
 
     BEGIN(gptoss_tool_call);

@@ -45,7 +45,7 @@ func structLayouts() map[string]uintptr {
 		"top_p": unsafe.Offsetof(sa.top_p), "top_k": unsafe.Offsetof(sa.top_k), "seed": unsafe.Offsetof(sa.seed),
 		"max_tokens": unsafe.Offsetof(sa.max_tokens), "stop_tokens": unsafe.Offsetof(sa.stop_tokens),
 		"n_stop_tokens": unsafe.Offsetof(sa.n_stop_tokens), "stop_strings": unsafe.Offsetof(sa.stop_strings),
-		"n_stop_strings": unsafe.Offsetof(sa.n_stop_strings)})
+		"n_stop_strings": unsafe.Offsetof(sa.n_stop_strings), "json_schema": unsafe.Offsetof(sa.json_schema)})
 	var ev C.gptoss_event
 	add("gptoss_event", unsafe.Sizeof(ev), unsafe.Alignof(ev), map[string]uintptr{
 		"struct_size": unsafe.Offsetof(ev.struct_size), "token": unsafe.Offsetof(ev.token),
@@ -73,7 +73,13 @@ func structLayouts() map[string]uintptr {
 		"n_messages": unsafe.Offsetof(rq.n_messages), "instructions": unsafe.Offsetof(rq.instructions),
 		"tools": unsafe.Offsetof(rq.tools), "n_tools": unsafe.Offsetof(rq.n_tools),
 		"reasoning_effort": unsafe.Offsetof(rq.reasoning_effort), "current_date": unsafe.Offsetof(rq.current_date),
-		"keep_analysis": unsafe.Offsetof(rq.keep_analysis)})
+		"keep_analysis": unsafe.Offsetof(rq.keep_analysis), "tool_choice": unsafe.Offsetof(rq.tool_choice),
+		"tool_choice_name": unsafe.Offsetof(rq.tool_choice_name),
+		"constrain_tool_arguments": unsafe.Offsetof(rq.constrain_tool_arguments),
+		"response_format": unsafe.Offsetof(rq.response_format),
+		"response_format_name": unsafe.Offsetof(rq.response_format_name),
+		"response_format_description": unsafe.Offsetof(rq.response_format_description),
+		"response_format_schema": unsafe.Offsetof(rq.response_format_schema)})
 	var tc C.gptoss_tool_call
 	add("gptoss_tool_call", unsafe.Sizeof(tc), unsafe.Alignof(tc), map[string]uintptr{
 		"name": unsafe.Offsetof(tc.name), "recipient": unsafe.Offsetof(tc.recipient),

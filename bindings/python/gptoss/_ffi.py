@@ -47,7 +47,8 @@ class SamplingParams(Structure):
     _fields_ = [("struct_size", c_uint32), ("temperature", c_float), ("top_p", c_float),
                 ("top_k", c_uint32), ("seed", c_uint64), ("max_tokens", c_uint32),
                 ("stop_tokens", POINTER(c_int32)), ("n_stop_tokens", c_size_t),
-                ("stop_strings", POINTER(c_char_p)), ("n_stop_strings", c_size_t)]
+                ("stop_strings", POINTER(c_char_p)), ("n_stop_strings", c_size_t),
+                ("json_schema", c_char_p)]
 
 
 class Event(Structure):
@@ -77,7 +78,11 @@ class Tool(Structure):
 class ChatRequest(Structure):
     _fields_ = [("struct_size", c_uint32), ("messages", POINTER(Message)), ("n_messages", c_size_t),
                 ("instructions", c_char_p), ("tools", POINTER(Tool)), ("n_tools", c_size_t),
-                ("reasoning_effort", c_int), ("current_date", c_char_p), ("keep_analysis", c_bool)]
+                ("reasoning_effort", c_int), ("current_date", c_char_p), ("keep_analysis", c_bool),
+                ("tool_choice", c_int), ("tool_choice_name", c_char_p),
+                ("constrain_tool_arguments", c_bool), ("response_format", c_int),
+                ("response_format_name", c_char_p), ("response_format_description", c_char_p),
+                ("response_format_schema", c_char_p)]
 
 
 class ToolCall(Structure):

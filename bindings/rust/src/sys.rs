@@ -52,6 +52,15 @@ pub const GPTOSS_ROLE_USER: gptoss_role = 0;
 pub const GPTOSS_ROLE_ASSISTANT: gptoss_role = 1;
 pub const GPTOSS_ROLE_TOOL: gptoss_role = 2;
 
+pub type gptoss_tool_choice = c_int;
+pub const GPTOSS_TOOL_CHOICE_AUTO: gptoss_tool_choice = 0;
+pub const GPTOSS_TOOL_CHOICE_NONE: gptoss_tool_choice = 1;
+pub const GPTOSS_TOOL_CHOICE_REQUIRED: gptoss_tool_choice = 2;
+pub const GPTOSS_TOOL_CHOICE_NAMED: gptoss_tool_choice = 3;
+pub type gptoss_response_format = c_int;
+pub const GPTOSS_RESPONSE_FORMAT_TEXT: gptoss_response_format = 0;
+pub const GPTOSS_RESPONSE_FORMAT_JSON_OBJECT: gptoss_response_format = 1;
+pub const GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA: gptoss_response_format = 2;
 pub type gptoss_reasoning_effort = c_int;
 pub const GPTOSS_REASONING_LOW: gptoss_reasoning_effort = 0;
 pub const GPTOSS_REASONING_MEDIUM: gptoss_reasoning_effort = 1;
@@ -123,6 +132,7 @@ pub struct gptoss_sampling_params {
     pub n_stop_tokens: usize,
     pub stop_strings: *const *const c_char,
     pub n_stop_strings: usize,
+    pub json_schema: *const c_char,
 }
 
 #[repr(C)]
@@ -182,6 +192,13 @@ pub struct gptoss_chat_request {
     pub reasoning_effort: gptoss_reasoning_effort,
     pub current_date: *const c_char,
     pub keep_analysis: bool,
+    pub tool_choice: gptoss_tool_choice,
+    pub tool_choice_name: *const c_char,
+    pub constrain_tool_arguments: bool,
+    pub response_format: gptoss_response_format,
+    pub response_format_name: *const c_char,
+    pub response_format_description: *const c_char,
+    pub response_format_schema: *const c_char,
 }
 
 #[repr(C)]

@@ -62,7 +62,8 @@ fn every_struct_mirror_matches_the_c_layout() {
             stop_tokens,
             n_stop_tokens,
             stop_strings,
-            n_stop_strings
+            n_stop_strings,
+            json_schema
         }
     );
     layout!(rust, gptoss_event { struct_size, token, text, text_len, channel, recipient });
@@ -94,7 +95,14 @@ fn every_struct_mirror_matches_the_c_layout() {
             n_tools,
             reasoning_effort,
             current_date,
-            keep_analysis
+            keep_analysis,
+            tool_choice,
+            tool_choice_name,
+            constrain_tool_arguments,
+            response_format,
+            response_format_name,
+            response_format_description,
+            response_format_schema
         }
     );
     layout!(rust, gptoss_tool_call { name, recipient, arguments, content_type });

@@ -10,6 +10,7 @@
 // thread, because a signal handler may only do async-signal-safe work.
 
 #include "gptoss.h"
+#include "tokenizer/openai-json.h"
 
 #include <algorithm>
 #include <atomic>
@@ -47,6 +48,7 @@ extern char** environ;
 namespace {
 
 namespace fs = std::filesystem;
+using namespace gptoss::openai;
 
 constexpr const char* kProgram = "gptoss-chat";
 // A random model almost never samples <|call|> twice in a row, but a real one stuck in a loop
@@ -131,22 +133,6 @@ void usage(FILE* out) {
     va_end(args);
     std::fprintf(stderr, "\n(run %s --help for the options)\n", kProgram);
     std::exit(2);
-}
-
-bool parse_effort(std::string_view s, gptoss_reasoning_effort* out) {
-    if (s == "low") *out = GPTOSS_REASONING_LOW;
-    else if (s == "medium") *out = GPTOSS_REASONING_MEDIUM;
-    else if (s == "high") *out = GPTOSS_REASONING_HIGH;
-    else return false;
-    return true;
-}
-
-const char* effort_name(gptoss_reasoning_effort e) {
-    switch (e) {
-        case GPTOSS_REASONING_LOW: return "low";
-        case GPTOSS_REASONING_HIGH: return "high";
-        default: return "medium";
-    }
 }
 
 bool parse_u64(const std::string& s, uint64_t* out) {
@@ -389,130 +375,7 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::str
     return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
-// --- JSON output -----------------------------------------------------------------------------
-
-// Appends `s` as a JSON string. Invalid UTF-8 (a cancelled turn can end inside a character)
-// becomes U+FFFD, so the output always parses.
-void json_string(std::string& out, std::string_view s) {
-    out += '"';
-    size_t i = 0;
-    while (i < s.size()) {
-        unsigned char c = static_cast<unsigned char>(s[i]);
-        if (c < 0x80) {
-            switch (c) {
-                case '"': out += "\\\""; break;
-                case '\\': out += "\\\\"; break;
-                case '\n': out += "\\n"; break;
-                case '\r': out += "\\r"; break;
-                case '\t': out += "\\t"; break;
-                case '\b': out += "\\b"; break;
-                case '\f': out += "\\f"; break;
-                default:
-                    if (c < 0x20) {
-                        char buf[8];
-                        std::snprintf(buf, sizeof buf, "\\u%04x", c);
-                        out += buf;
-                    } else {
-                        out += char(c);
-                    }
-            }
-            ++i;
-            continue;
-        }
-        size_t len = (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-        bool ok = len != 0 && i + len <= s.size();
-        uint32_t cp = 0;
-        if (ok) {
-            cp = c & (0x7f >> len);
-            for (size_t k = 1; k < len && ok; ++k) {
-                unsigned char cc = static_cast<unsigned char>(s[i + k]);
-                if ((cc & 0xc0) != 0x80) ok = false;
-                cp = (cp << 6) | (cc & 0x3f);
-            }
-            // Overlong forms, surrogates and values beyond U+10FFFF are not UTF-8 either.
-            static const uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
-            if (ok && (cp < kMin[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))) ok = false;
-        }
-        if (ok) {
-            out.append(s.data() + i, len);
-            i += len;
-        } else {
-            out += "\xef\xbf\xbd";
-            ++i;
-        }
-    }
-    out += '"';
-}
-
-std::string json_str(std::string_view s) {
-    std::string out;
-    json_string(out, s);
-    return out;
-}
-
 // --- conversation ----------------------------------------------------------------------------
-
-struct Message {
-    gptoss_role role = GPTOSS_ROLE_USER;
-    gptoss_channel channel = GPTOSS_CHANNEL_NONE;
-    std::string content;
-    std::optional<std::string> author, recipient, content_type;
-};
-
-struct Tool {
-    std::string name, description;
-    std::optional<std::string> parameters;
-};
-
-struct Conversation {
-    std::optional<std::string> instructions;
-    std::vector<Message> messages;
-    std::vector<Tool> tools;
-    gptoss_reasoning_effort effort = GPTOSS_REASONING_MEDIUM;
-};
-
-std::optional<std::string> opt(const char* s) {
-    if (!s) return std::nullopt;
-    return std::string(s);
-}
-
-Message copy_message(const gptoss_message& m) {
-    Message out;
-    out.role = m.role;
-    out.channel = m.channel;
-    out.content = m.content ? m.content : "";
-    out.author = opt(m.author);
-    out.recipient = opt(m.recipient);
-    out.content_type = opt(m.content_type);
-    return out;
-}
-
-// The request parsed by the library (the one JSON mapping, shared with gptoss-tokenize --chat).
-struct ParsedConversation {
-    Conversation conversation;
-    bool has_instructions = false;
-};
-
-bool parse_conversation(const std::string& json, const std::string& what, ParsedConversation& out, std::string& err) {
-    gptoss_conversation* conv = nullptr;
-    gptoss_status st = gptoss_conversation_parse_json(json.data(), json.size(), &conv);
-    if (st != GPTOSS_OK) {
-        err = what + ": " + gptoss_last_error();
-        return false;
-    }
-    const gptoss_chat_request* req = gptoss_conversation_get_request(conv);
-    Conversation& c = out.conversation;
-    c.instructions = opt(req->instructions);
-    out.has_instructions = req->instructions != nullptr;
-    c.effort = req->reasoning_effort;
-    for (size_t i = 0; i < req->n_messages; ++i) c.messages.push_back(copy_message(req->messages[i]));
-    for (size_t i = 0; i < req->n_tools; ++i) {
-        const gptoss_tool& t = req->tools[i];
-        c.tools.push_back({t.name ? t.name : "", t.description ? t.description : "", opt(t.parameters)});
-    }
-    gptoss_conversation_free(conv);
-    return true;
-}
 
 // A --tools file is a JSON array of OpenAI tool definitions, or a request body holding "tools".
 // Both go through the library's parser so there is one JSON mapping.
@@ -531,116 +394,6 @@ bool load_tools_file(const std::string& path, std::vector<Tool>& out, std::strin
     }
     out = parsed.conversation.tools;
     return true;
-}
-
-std::string function_name(const std::string& recipient) {
-    const std::string prefix = "functions.";
-    return recipient.rfind(prefix, 0) == 0 ? recipient.substr(prefix.size()) : recipient;
-}
-
-// One OpenAI-shaped assistant message, assembled from consecutive Harmony assistant messages.
-struct OpenAIAssistant {
-    std::string reasoning, content;
-    bool has_reasoning = false, has_content = false;
-    struct Call { std::string id, name, arguments; };
-    std::vector<Call> calls;
-    bool empty() const { return !has_reasoning && !has_content && calls.empty(); }
-};
-
-void write_assistant(std::string& out, const OpenAIAssistant& a) {
-    out += "{\"role\":\"assistant\"";
-    if (a.has_reasoning) { out += ",\"reasoning_content\":"; json_string(out, a.reasoning); }
-    out += ",\"content\":";
-    if (a.has_content || a.calls.empty()) json_string(out, a.content);
-    else out += "null";
-    if (!a.calls.empty()) {
-        out += ",\"tool_calls\":[";
-        for (size_t i = 0; i < a.calls.size(); ++i) {
-            if (i) out += ",";
-            out += "{\"id\":" + json_str(a.calls[i].id) + ",\"type\":\"function\",\"function\":{\"name\":" +
-                   json_str(a.calls[i].name) + ",\"arguments\":" + json_str(a.calls[i].arguments) + "}}";
-        }
-        out += "]";
-    }
-    out += "}";
-}
-
-// Writes the "messages" array in the OpenAI Chat Completions shape that
-// gptoss_conversation_parse_json reads back. Consecutive Harmony assistant messages merge into
-// one OpenAI message in the order analysis, text, tool calls; a message that would break that
-// order starts a new one. Tool results carry the id of the call they answer.
-std::string messages_json(const Conversation& c) {
-    std::string out = "[";
-    bool first = true;
-    auto sep = [&]() { if (!first) out += ",\n    "; first = false; };
-    if (c.instructions) {
-        sep();
-        out += "{\"role\":\"developer\",\"content\":" + json_str(*c.instructions) + "}";
-    }
-    int next_call_id = 1;
-    std::vector<std::pair<std::string, std::string>> open_calls;  // (name, id) awaiting a result
-    OpenAIAssistant pending;
-    int pending_rank = -1;
-    auto flush = [&]() {
-        if (!pending.empty()) { sep(); write_assistant(out, pending); }
-        pending = OpenAIAssistant();
-        pending_rank = -1;
-    };
-    for (const Message& m : c.messages) {
-        if (m.role == GPTOSS_ROLE_ASSISTANT) {
-            int rank = m.recipient ? 2 : m.channel == GPTOSS_CHANNEL_ANALYSIS ? 0 : 1;
-            if (rank < pending_rank || (rank == pending_rank && rank != 2)) flush();
-            pending_rank = rank;
-            if (rank == 0) { pending.reasoning = m.content; pending.has_reasoning = true; }
-            else if (rank == 1) { pending.content = m.content; pending.has_content = true; }
-            else {
-                std::string id = "call_" + std::to_string(next_call_id++);
-                std::string name = function_name(*m.recipient);
-                pending.calls.push_back({id, name, m.content});
-                open_calls.emplace_back(name, id);
-            }
-            continue;
-        }
-        flush();
-        sep();
-        if (m.role == GPTOSS_ROLE_USER) {
-            out += "{\"role\":\"user\",\"content\":" + json_str(m.content) + "}";
-        } else {
-            std::string name = function_name(m.author.value_or(""));
-            std::string id;
-            for (auto it = open_calls.begin(); it != open_calls.end(); ++it) {
-                if (it->first == name) { id = it->second; open_calls.erase(it); break; }
-            }
-            out += "{\"role\":\"tool\"";
-            if (!id.empty()) out += ",\"tool_call_id\":" + json_str(id);
-            out += ",\"name\":" + json_str(name) + ",\"content\":" + json_str(m.content) + "}";
-        }
-    }
-    flush();
-    out += "]";
-    return out;
-}
-
-std::string tools_json(const std::vector<Tool>& tools) {
-    std::string out = "[";
-    for (size_t i = 0; i < tools.size(); ++i) {
-        if (i) out += ",\n    ";
-        out += "{\"type\":\"function\",\"function\":{\"name\":" + json_str(tools[i].name) +
-               ",\"description\":" + json_str(tools[i].description);
-        // The schema is JSON text already; it was validated by the parser that produced it.
-        if (tools[i].parameters) out += ",\"parameters\":" + *tools[i].parameters;
-        out += "}}";
-    }
-    out += "]";
-    return out;
-}
-
-// The body shared by /save and --json: a valid input for --conversation and /load.
-std::string conversation_json_fields(const Conversation& c) {
-    std::string out = "  \"reasoning_effort\": " + json_str(effort_name(c.effort)) + ",\n";
-    out += "  \"messages\": " + messages_json(c);
-    if (!c.tools.empty()) out += ",\n  \"tools\": " + tools_json(c.tools);
-    return out;
 }
 
 // --- terminal output -------------------------------------------------------------------------
@@ -788,29 +541,6 @@ private:
     gptoss_channel channel_ = GPTOSS_CHANNEL_NONE;
     std::string recipient_;
 };
-
-const char* stop_reason_name(gptoss_stop_reason r) {
-    switch (r) {
-        case GPTOSS_STOP_RETURN: return "return";
-        case GPTOSS_STOP_CALL: return "call";
-        case GPTOSS_STOP_TOKEN: return "stop token";
-        case GPTOSS_STOP_STRING: return "stop string";
-        case GPTOSS_STOP_MAX_TOKENS: return "max tokens";
-        case GPTOSS_STOP_CONTEXT_FULL: return "context full";
-        case GPTOSS_STOP_CANCELLED: return "cancelled";
-    }
-    return "unknown";
-}
-
-const char* finish_reason(gptoss_stop_reason r) {
-    switch (r) {
-        case GPTOSS_STOP_CALL: return "tool_calls";
-        case GPTOSS_STOP_MAX_TOKENS:
-        case GPTOSS_STOP_CONTEXT_FULL: return "length";
-        case GPTOSS_STOP_CANCELLED: return "cancelled";
-        default: return "stop";
-    }
-}
 
 // --- Ctrl-C ----------------------------------------------------------------------------------
 

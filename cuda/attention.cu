@@ -1,19 +1,18 @@
-// cuda/attention.cu - causal attention with per-head sinks, optional sliding window and GQA,
-// for prefill and decode, plus the KV-cache commit. Math (MODEL.md §Attention with sinks):
+// cuda/attention.cu - decode attention (one token) with per-head sinks, optional sliding window
+// and GQA, plus the KV-cache commit; prefill attention is cuda/attention_prefill.cu (tensor
+// cores). Math (MODEL.md §Attention with sinks):
 // p_i = exp(s_i − m) / (Σ_j exp(s_j − m) + exp(S − m)), s_i = q·k_i / sqrt(D), out = Σ p_i v_i.
 //
-// Mapping: in prefill a warp owns one query token and the (Q/G ≤ 8) heads of one kv head; in
-// decode a warp owns one head of one split. Lane l owns keys l and l+32 of each 64-key block
-// for the scores and dims 2l, 2l+1 of the output. Keys
-// are visited in absolute 64-key blocks, grouped into kAttentionSplit-key splits: each split
-// is an online softmax from scratch, and splits are merged in increasing order into a state
-// that starts as the sink (M = S, L = 1, O = 0). The decode kernel runs one CTA per split
-// and its last CTA per kv head merges (with a single split, that CTA merges in place); the
-// prefill kernel runs the splits in sequence in one warp. At decode the kernel also applies
-// RoPE to q and the new key and writes the new K/V to the cache (no rope_qkv launch).
-// Both use attend_block, merge_ml and merge_o with explicitly rounded fp32 operations, so a
-// position's output is bit-identical whichever path computed it (reused == fresh sessions).
-// Floor (decode): K/V bytes, 2·G·D·2 = 2 KB per visible key per layer.
+// Mapping: a warp owns one head of one split. Lane l owns keys l and l+32 of each 64-key block
+// for the scores and dims 2l, 2l+1 of the output. Keys are visited in absolute 64-key blocks,
+// grouped into kAttentionSplit-key splits: each split is an online softmax from scratch, and
+// splits are merged in increasing order into a state that starts as the sink (M = S, L = 1,
+// O = 0). The kernel runs one CTA per split and its last CTA per kv head merges (with a single
+// split, that CTA merges in place). It also applies RoPE to q and the new key and writes the
+// new K/V to the cache (no rope_qkv launch). Every fp32 operation is explicitly rounded, so
+// decode is deterministic run to run (it need not match prefill bit for bit: only
+// prefill-written K/V is ever reused).
+// Floor: K/V bytes, 2·G·D·2 = 2 KB per visible key per layer.
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
 
@@ -49,8 +48,7 @@ __device__ __forceinline__ float hi_bf16(uint32_t w) { return __uint_as_float(w 
 
 // One 64-key block [kb, kb + 64) for a query at position p seeing keys [lo, p].
 // qs: fp32 [NH][64]; ks, vs: [64][kRowWords] words; ps: this warp's fp32 [NH][64]. Heads h >= hpg
-// are skipped. Each head's arithmetic is the same whatever NH (the prefill kernel runs the 8
-// heads of a group together, the decode kernel one head per warp).
+// are skipped.
 template <int NH>
 __device__ __forceinline__ void attend_block(SplitState<NH>& st, const float* qs, const uint32_t* ks,
                                              const uint32_t* vs, float* ps, int kb, int lo, int p,
@@ -117,8 +115,7 @@ __device__ __forceinline__ void attend_block(SplitState<NH>& st, const float* qs
 }
 
 // Merges a finished split (m, l) into the running (M, L) and returns the weights of the old
-// state (a) and of the split (b); merge_o then applies them per output dim. The same code, in
-// the same order, runs in the prefill kernel and in the decode combine.
+// state (a) and of the split (b); merge_o then applies them per output dim.
 __device__ __forceinline__ void merge_ml(float& M, float& L, float m, float l, float& a, float& b) {
     const float mn = fmaxf(M, m);
     a = expf(M - mn);
@@ -178,99 +175,6 @@ __device__ __forceinline__ void load_kv_block(const AttentionArgs& a, int pos0, 
 
 __device__ __forceinline__ int visible_lo(int p, uint32_t window) {
     return window ? max(0, p - int(window) + 1) : 0;
-}
-
-// ---------------------------------------------------------------------------
-// Prefill: CTA = 8 query tokens × one kv head; warp w = token t0 + w.
-
-constexpr int kPrefillTokens = 8;
-constexpr size_t kPrefillSmem = sizeof(float) * kPrefillTokens * kMaxHeads * kD   // q
-                              + sizeof(uint32_t) * 2 * kBlock * kRowWords         // k, v
-                              + sizeof(float) * kPrefillTokens * kMaxHeads * kBlock;  // p
-
-__global__ __launch_bounds__(256) void bf16_attention_prefill_kernel(const AttentionArgs a) {
-    extern __shared__ float smem[];
-    float* qs = smem;
-    uint32_t* ks = reinterpret_cast<uint32_t*>(qs + kPrefillTokens * kMaxHeads * kD);
-    uint32_t* vs = ks + kBlock * kRowWords;
-    float* ps_all = reinterpret_cast<float*>(vs + kBlock * kRowWords);
-    pdl_wait();
-    pdl_launch_dependents();
-
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = blockIdx.y;
-    const int hpg = int(a.Q / a.G);
-    const int T = int(a.T);
-    const int pos0 = a.step->pos0;
-    const int t0 = blockIdx.x * kPrefillTokens;
-    const int t = t0 + warp;
-    const bool active = t < T;
-    const int t_last = min(t0 + kPrefillTokens, T) - 1;
-    const int p = pos0 + t, lo = visible_lo(p, a.window);
-    const int p_last = pos0 + t_last;
-    const int lo_first = visible_lo(pos0 + t0, a.window);
-
-    for (int i = threadIdx.x; i < kPrefillTokens * hpg * kD; i += blockDim.x) {
-        const int tt = i / (hpg * kD), r = i % (hpg * kD);
-        float v = 0.0f;
-        if (t0 + tt < T) v = a.q[(size_t(t0 + tt) * a.Q + size_t(g) * hpg) * kD + r];
-        qs[tt * kMaxHeads * kD + r] = v;
-    }
-    const float* my_q = qs + warp * kMaxHeads * kD;
-    float* ps = ps_all + warp * kMaxHeads * kBlock;
-
-    float M[kMaxHeads], L[kMaxHeads], O[kMaxHeads][2];
-#pragma unroll
-    for (int h = 0; h < kMaxHeads; ++h) {
-        M[h] = h < hpg ? a.sinks[g * hpg + h] : 0.0f;
-        L[h] = 1.0f;
-        O[h][0] = O[h][1] = 0.0f;
-    }
-    SplitState<kMaxHeads> st;
-    reset(st);
-    int cur_split = -1;
-
-    for (int kb = (lo_first / kBlock) * kBlock; kb <= p_last; kb += kBlock) {
-        __syncthreads();
-        load_kv_block<32 * kPrefillTokens>(a, pos0, kb, p_last, g, ks, vs, threadIdx.x);
-        __syncthreads();
-        if (!active || kb > p || kb + kBlock - 1 < lo) continue;
-        const int split = kb / int(kAttentionSplit);
-        if (split != cur_split) {
-            if (cur_split >= 0) {
-#pragma unroll
-                for (int h = 0; h < kMaxHeads; ++h) {
-                    if (h >= hpg) break;
-                    float wa, wb;
-                    merge_ml(M[h], L[h], st.m[h], st.l[h], wa, wb);
-                    merge_o(O[h][0], st.o[h][0], wa, wb);
-                    merge_o(O[h][1], st.o[h][1], wa, wb);
-                }
-            }
-            reset(st);
-            cur_split = split;
-        }
-        attend_block(st, my_q, ks, vs, ps, kb, lo, p, hpg, lane);
-    }
-    if (!active) return;
-    if (cur_split >= 0) {
-#pragma unroll
-        for (int h = 0; h < kMaxHeads; ++h) {
-            if (h >= hpg) break;
-            float wa, wb;
-            merge_ml(M[h], L[h], st.m[h], st.l[h], wa, wb);
-            merge_o(O[h][0], st.o[h][0], wa, wb);
-            merge_o(O[h][1], st.o[h][1], wa, wb);
-        }
-    }
-    uint16_t* out = a.out + size_t(t) * a.Q * kD;
-#pragma unroll
-    for (int h = 0; h < kMaxHeads; ++h) {
-        if (h >= hpg) break;
-        const uint32_t base = uint32_t(g * hpg + h) * kD;
-        out[permuted_k(base + 2 * lane)] = f32_to_bf16_bits(__fdiv_rn(O[h][0], L[h]));
-        out[permuted_k(base + 2 * lane + 1)] = f32_to_bf16_bits(__fdiv_rn(O[h][1], L[h]));
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -388,8 +292,8 @@ __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const Attent
             dst[kD + 1] = st.l[0];
         }
     }
-    // The last split CTA of this kv head to finish merges every split in order (the same
-    // merge_ml/merge_o sequence as the prefill kernel), then re-arms the counter.
+    // The last split CTA of this kv head to finish merges every split in order, then re-arms
+    // the counter.
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -451,20 +355,6 @@ gptoss_status check(const AttentionArgs& a) {
 }
 
 }  // namespace
-
-gptoss_status attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
-    GPTOSS_TRY(check(a));
-    if (a.T == 0) return GPTOSS_OK;
-    static bool configured = false;  // benign race: the attribute call is idempotent
-    if (!configured) {
-        GPTOSS_CUDA_TRY(cudaFuncSetAttribute(bf16_attention_prefill_kernel,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPrefillSmem)));
-        configured = true;
-    }
-    const dim3 grid(ceil_div(a.T, kPrefillTokens), a.G);
-    GPTOSS_LAUNCH(bf16_attention_prefill_kernel, grid, 32 * kPrefillTokens, kPrefillSmem, stream, a);
-    return GPTOSS_OK;
-}
 
 gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* counters, uint32_t max_splits,
                                cudaStream_t stream) {

@@ -139,8 +139,8 @@ struct ResidualArgs {
 // k_new/v_new [T, G, D] (or from the cache too when k_new is null: decode wrote them there);
 // earlier keys from the cache [slots, G, D] at slot = position % slots.
 // window: 0 = causal over all, else keys p-window+1 .. p. sinks fp32 [Q]. out bf16 permuted
-// [T, Q·D]. Keys are processed in absolute 64-key blocks grouped into 128-key splits that are
-// merged in order, identically in the prefill and decode kernels.
+// [T, Q·D]. Keys are processed in absolute 64-key blocks (decode: grouped into 128-key splits
+// merged in order), so each kernel is deterministic and prefill is chunk-invariant.
 struct AttentionArgs {
     const float* q = nullptr;
     const uint16_t* k_new = nullptr;
@@ -162,7 +162,11 @@ struct AttentionArgs {
     float rope_scale = 1.0f;
 };
 constexpr uint32_t kAttentionSplit = 128;
-// Prefill / any T: one CTA per (8 tokens, kv head).
+// Prefill / any T (attention_prefill.cu, tensor cores): one CTA per (16 tokens, kv head); q is
+// rounded to bf16 (after the exact 1/8 scale), so are the softmax weights for the P·V product.
+// A row's bits do not depend on T or on the chunking. k_new/v_new must be set; fails with
+// INVALID_ARGUMENT for slots = 0, UNSUPPORTED for D != 64, more than 8 heads per kv head or
+// more than 65535·16 tokens.
 [[nodiscard]] gptoss_status attention_prefill(const AttentionArgs& args, cudaStream_t stream);
 // Decode (T = 1): one CTA per (split, kv head) for max_splits splits starting at the split of
 // the first visible key (early exit past the position); the last CTA of each kv head merges

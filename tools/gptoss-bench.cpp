@@ -389,6 +389,12 @@ int main(int argc, char** argv) {
         std::vector<std::pair<std::string, double>> ops;
         check(cuda::profile_forward(session.get(), tokens.data(), max_pp, 0, false, &ops), "profiling prefill");
         profiles.emplace_back("prefill " + std::to_string(max_pp) + " @0", ops);
+        if (max_depth > 0) {  // attention's share grows with depth
+            ops.clear();
+            check(cuda::profile_forward(session.get(), tokens.data(), max_pp, max_depth, false, &ops),
+                  "profiling prefill at depth");
+            profiles.emplace_back("prefill " + std::to_string(max_pp) + " @" + std::to_string(max_depth), ops);
+        }
     }
 
     session.reset();

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
@@ -144,6 +145,7 @@ private:
     cudaStream_t stream_ = nullptr;
     DeviceBuffer arena_;
     uint32_t max_splits_ = 0, max_tiles_ = 0;
+    bool prefill_gemm_ = true;  // gemm_prefill for chunks; GPTOSS_GEMM_PREFILL=0: gemm() (A/B runs)
     // Splits the decode graph's full-attention launches cover: the graph is re-captured with
     // twice as many when the context outgrows them, so a 131072-token session does not launch
     // ~1000 idle CTAs per layer while its context is short.
@@ -213,7 +215,8 @@ public:
     }
     uint64_t weight_bytes() const override { return arena_.bytes(); }
     int32_t device() const override { return device_; }
-    uint32_t default_max_batch() const override { return 1024; }
+    // 2048: the prefill GEMM tiles fill (20b: 256 pairs per expert); +137 MB of 120b scratch.
+    uint32_t default_max_batch() const override { return 2048; }
 
     // Layout of every weight in one allocation; with base == nullptr only measures.
     size_t layout(char* base) {
@@ -499,6 +502,8 @@ gptoss_status CudaSession::init() {
     const uint32_t T = max_batch_;
     max_splits_ = ceil_div(max_context_, kAttentionSplit) + 1;
     max_tiles_ = route_max_tiles(T, d.E, d.K, 8);
+    const char* pg = std::getenv("GPTOSS_GEMM_PREFILL");
+    prefill_gemm_ = !(pg && std::strcmp(pg, "0") == 0);
     GPTOSS_TRY(checked(sample_scratch_bytes(d.V, &sample_bytes_)));
     auto layout = [&](char* base) {
         Carver cv(base);
@@ -568,6 +573,10 @@ gptoss_status CudaSession::mark(const char* label) {
 gptoss_status CudaSession::project(bool decode, const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
                                    const GemmRoute* route, Epilogue epilogue, float* out_f32, uint16_t* out_bf16,
                                    uint32_t ldo, float swiglu_limit) {
+    // Prefill: the tiled kernel for the expert GEMMs and the dense projections; the router
+    // (N <= 256 rows) keeps gemm(), whose logits are the fused decode router's bits.
+    if (!decode && prefill_gemm_ && (route || w.N > 256))
+        return gemm_prefill(w, x, n_rows, route, epilogue, out_f32, out_bf16, ldo, swiglu_limit, stream_);
     return gemm(w, x, n_rows, route, epilogue, out_f32, out_bf16, ldo, swiglu_limit, decode ? 1 : 8, stream_);
 }
 
@@ -576,7 +585,8 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
     const Dims& d = b.dims_;
     const Config& c = b.config_;
     if (decode && n != 1) return fail(GPTOSS_ERR_INTERNAL, "CUDA enqueue: decode of %u tokens", n);
-    const uint32_t tile_tokens = decode ? 8u : 64u;  // route tiles: 8 token columns per tile of project()'s nb
+    // Route tiles: 8 token columns per tile of gemm()'s nb, or gemm_prefill's 64 / 128 tokens.
+    const uint32_t tile_tokens = decode ? 8u : prefill_gemm_ ? gemm_prefill_tile_tokens(n * d.K, d.E) : 64u;
     const uint32_t max_tiles = route_max_tiles(n, d.E, d.K, tile_tokens);
     cudaStream_t s = stream_;
 
@@ -640,7 +650,7 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
             GPTOSS_TRY(mark("router top-k + route"));
         }
         GemmRoute r1;
-        r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = d.K; r1.max_tiles = max_tiles;
+        r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = d.K; r1.max_tiles = max_tiles; r1.tile_tokens = tile_tokens;
         GPTOSS_TRY(project(decode, b.experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H), xn_, n, &r1, Epilogue::kSwiglu,
                            nullptr, act_, d.I, c.swiglu_limit));
         GPTOSS_TRY(mark("moe gate_up + swiglu"));

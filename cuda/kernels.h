@@ -94,6 +94,7 @@ struct GemmRoute {
     const int32_t* pairs = nullptr;
     uint32_t in_div = 1;
     uint32_t max_tiles = 0;
+    uint32_t tile_tokens = 64;  // most pairs per tile (router_route's tile_tokens)
 };
 
 // x: bf16 permuted [n_rows, K] (dense) or indexed through route. nb = 8-token column tiles per
@@ -103,6 +104,19 @@ struct GemmRoute {
                                  const GemmRoute* route, Epilogue epilogue, float* out_f32,
                                  uint16_t* out_bf16, uint32_t ldo, float swiglu_limit, int nb,
                                  cudaStream_t stream);
+
+// Prefill GEMM (gemm_prefill.cu): the same product and epilogues as gemm() for a chunk of
+// tokens, CTA tiles of 128 weight rows × 64 or 128 tokens through a shared-memory pipeline.
+// Every output sums its K in one fixed order (64-k chunks in order, k16 steps in order), so a
+// token's result never depends on the chunk, the tile or its neighbours; it differs from gemm()
+// in the last bits. route->tile_tokens must be 64 or 128 (tiles of at most that many pairs).
+// Errors: INTERNAL for K % 64 != 0, N == 0, a missing output, SwiGLU with N % 16 != 0.
+[[nodiscard]] gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
+                                         const GemmRoute* route, Epilogue epilogue, float* out_f32,
+                                         uint16_t* out_bf16, uint32_t ldo, float swiglu_limit,
+                                         cudaStream_t stream);
+// Route tile width for gemm_prefill: 128 when the average expert has >= 128 pairs, else 64.
+uint32_t gemm_prefill_tile_tokens(uint32_t n_pairs, uint32_t n_experts);
 
 // ---------------------------------------------------------------------------
 // Residual stream + RMSNorm (rmsnorm.cu). One CTA per token:

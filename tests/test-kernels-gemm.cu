@@ -1,0 +1,388 @@
+// tests/test-kernels-gemm.cu - the prefill GEMM (cuda::gemm_prefill, cuda/gemm_prefill.cu)
+// against the CPU reference ops (cpu::matmul_bf16, cpu::matmul_mxfp4, cpu::swiglu) on seeded
+// random inputs: dense bf16 with N not a multiple of the 128-row tile, 1 to 1030 tokens (both
+// token tile widths), K of one chunk and of many; grouped MXFP4 experts with 0, 1, many and
+// uneven pair counts, tiles of 64 and 128 pairs, every epilogue (store, residual add, SwiGLU with
+// its clamps). Bit-identity promises: a token's output is the same bits whatever the chunk it is
+// in, the tile width and the order of the pairs inside an expert's group. Tolerances as
+// tests/test-kernels.cu (fp32 accumulation in another order than the CPU's). Without a CUDA
+// device the tests are skipped with a message (exit 77).
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include "cpu/reference.h"
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+#include "gptoss-internal.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+using namespace gptoss;
+
+namespace {
+
+template <typename T>
+struct Dev {
+    T* p = nullptr;
+    size_t n = 0;
+    explicit Dev(size_t count) : n(count) {
+        REQUIRE(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) == cudaSuccess);
+        // Poison: every output element must be written by the kernel under test.
+        REQUIRE(cudaMemset(p, 0xff, std::max<size_t>(count, 1) * sizeof(T)) == cudaSuccess);
+    }
+    explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
+        REQUIRE(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+    }
+    ~Dev() { cudaFree(p); }
+    std::vector<T> get() const {
+        std::vector<T> v(n);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        REQUIRE(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+        return v;
+    }
+    Dev(const Dev&) = delete;
+    Dev& operator=(const Dev&) = delete;
+};
+
+#define OK(expr)                                \
+    do {                                        \
+        const gptoss_status s_ = (expr);        \
+        INFO(std::string(gptoss_last_error())); \
+        REQUIRE(s_ == GPTOSS_OK);               \
+    } while (0)
+
+void sync_ok() { REQUIRE(cudaDeviceSynchronize() == cudaSuccess); }
+
+struct Rand {
+    Rng rng;
+    explicit Rand(uint64_t seed) : rng(seed) {}
+    float uniform(float a) { return float((rng.next_double() * 2.0 - 1.0) * a); }
+    uint32_t below(uint32_t n) { return uint32_t(rng.next_u64() % n); }
+    std::vector<float> floats(size_t n, float a) {
+        std::vector<float> v(n);
+        for (float& x : v) x = uniform(a);
+        return v;
+    }
+    std::vector<uint16_t> bf16s(size_t n, float a) {
+        std::vector<uint16_t> v(n);
+        for (uint16_t& x : v) x = f32_to_bf16(uniform(a));
+        return v;
+    }
+    std::vector<uint8_t> bytes(size_t n) {
+        std::vector<uint8_t> v(n);
+        for (uint8_t& x : v) x = uint8_t(rng.next_u64());
+        return v;
+    }
+};
+
+std::vector<float> rounded(std::vector<float> v) {
+    for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+    return v;
+}
+std::vector<uint16_t> permuted_rows(const std::vector<float>& x, uint32_t T, uint32_t K) {
+    std::vector<uint16_t> o(size_t(T) * K);
+    for (uint32_t t = 0; t < T; ++t)
+        for (uint32_t k = 0; k < K; ++k) o[size_t(t) * K + cuda::permuted_k(k)] = f32_to_bf16(x[size_t(t) * K + k]);
+    return o;
+}
+std::vector<float> unpermuted_rows(const std::vector<uint16_t>& x, uint32_t T, uint32_t K) {
+    std::vector<float> o(size_t(T) * K);
+    for (uint32_t t = 0; t < T; ++t)
+        for (uint32_t k = 0; k < K; ++k) o[size_t(t) * K + k] = bf16_to_f32(x[size_t(t) * K + cuda::permuted_k(k)]);
+    return o;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& ref, float atol, float rtol,
+                  const std::string& what) {
+    REQUIRE(got.size() == ref.size());
+    size_t bad = 0;
+    double max_err = 0;
+    std::string first;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        const double err = std::fabs(double(got[i]) - double(ref[i]));
+        if (!(err <= atol + rtol * std::fabs(ref[i]))) {
+            if (bad < 5) {
+                char buf[160];
+                std::snprintf(buf, sizeof buf, "  [%zu] got %.7g ref %.7g\n", i, got[i], ref[i]);
+                first += buf;
+            }
+            ++bad;
+        }
+        if (std::isnan(got[i]) || err > max_err) max_err = std::isnan(got[i]) ? INFINITY : err;
+    }
+    INFO(what << ": " << bad << " of " << ref.size() << " mismatches, max |err| " << max_err << "\n" << first);
+    CHECK(bad == 0);
+}
+
+template <typename T>
+bool same_bits(const std::vector<T>& a, size_t a0, const std::vector<T>& b, size_t b0, size_t n) {
+    return std::memcmp(a.data() + a0, b.data() + b0, n * sizeof(T)) == 0;
+}
+
+struct DenseW {
+    Dev<uint8_t> frag;
+    Dev<float> bias;
+    cuda::GemmWeights w;
+    DenseW(const std::vector<uint16_t>& W, const std::vector<uint16_t>& b, uint32_t N, uint32_t K)
+        : frag(cuda::bf16_fragment_bytes(N, K)), bias(N) {
+        Dev<uint16_t> raw(W), rawb(b);
+        OK(cuda::repack_bf16(raw.p, N, K, frag.p, nullptr));
+        OK(cuda::bf16_to_f32(rawb.p, N, false, bias.p, nullptr));
+        sync_ok();
+        w.w = frag.p; w.bias = bias.p; w.N = N; w.K = K;
+    }
+};
+
+struct ExpertsW {
+    Dev<uint8_t> frag, scales;
+    Dev<float> bias;
+    Dev<int> bad;
+    cuda::GemmWeights w;
+    ExpertsW(const std::vector<uint8_t>& blocks, const std::vector<uint8_t>& sc, const std::vector<uint16_t>& b,
+             uint32_t E, uint32_t N, uint32_t K, bool gate_up)
+        : frag(E * cuda::mxfp4_fragment_bytes(N, K)), scales(E * cuda::mxfp4_scale_bytes(N, K)), bias(size_t(E) * N),
+          bad(1) {
+        Dev<uint8_t> rb(blocks), rs(sc);
+        Dev<uint16_t> rbias(b);
+        REQUIRE(cudaMemset(bad.p, 0, sizeof(int)) == cudaSuccess);
+        for (uint32_t e = 0; e < E; ++e) {
+            OK(cuda::repack_mxfp4(rb.p + size_t(e) * N * K / 2, rs.p + size_t(e) * N * K / 32, N, K, gate_up,
+                                  frag.p + e * cuda::mxfp4_fragment_bytes(N, K),
+                                  scales.p + e * cuda::mxfp4_scale_bytes(N, K), bad.p, nullptr));
+            OK(cuda::bf16_to_f32(rbias.p + size_t(e) * N, N, gate_up, bias.p + size_t(e) * N, nullptr));
+        }
+        sync_ok();
+        w.w = frag.p; w.scales = reinterpret_cast<uint16_t*>(scales.p); w.bias = bias.p; w.mxfp4 = true;
+        w.N = N; w.K = K;
+        w.w_expert_stride = cuda::mxfp4_fragment_bytes(N, K);
+        w.s_expert_stride = cuda::mxfp4_scale_bytes(N, K) / 2;
+        w.bias_expert_stride = N;
+    }
+};
+
+// A route as router_route builds it, on the host: pairs grouped by expert (in increasing expert
+// order; inside a group in the order given, or reversed), cut into tiles of tile_tokens.
+struct HostRoute {
+    Dev<int32_t> tiles, pairs;
+    cuda::GemmRoute r;
+    HostRoute(const std::vector<int32_t>& expert_of_pair, uint32_t E, uint32_t in_div, uint32_t tile_tokens,
+              bool reverse)
+        : tiles(1 + 3 * size_t(expert_of_pair.size() + E)), pairs(std::max<size_t>(expert_of_pair.size(), 1)) {
+        std::vector<int32_t> t{0}, p;
+        for (uint32_t e = 0; e < E; ++e) {
+            std::vector<int32_t> group;
+            for (size_t i = 0; i < expert_of_pair.size(); ++i)
+                if (expert_of_pair[i] == int32_t(e)) group.push_back(int32_t(i));
+            if (reverse) std::reverse(group.begin(), group.end());
+            for (size_t s = 0; s < group.size(); s += tile_tokens) {
+                t.push_back(int32_t(e));
+                t.push_back(int32_t(p.size() + s));
+                t.push_back(int32_t(std::min<size_t>(tile_tokens, group.size() - s)));
+                ++t[0];
+            }
+            p.insert(p.end(), group.begin(), group.end());
+        }
+        REQUIRE(cudaMemcpy(tiles.p, t.data(), t.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+        if (!p.empty()) REQUIRE(cudaMemcpy(pairs.p, p.data(), p.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+        r.tiles = tiles.p; r.pairs = pairs.p; r.in_div = in_div; r.tile_tokens = tile_tokens;
+        r.max_tiles = cuda::route_max_tiles(uint32_t(expert_of_pair.size()), E, 1, tile_tokens);
+        REQUIRE(uint32_t(t[0]) <= r.max_tiles);
+    }
+};
+
+std::vector<float> run_dense(const DenseW& d, const std::vector<float>& x, uint32_t T, cuda::Epilogue ep,
+                             const std::vector<float>* base = nullptr) {
+    Dev<uint16_t> xd(permuted_rows(x, T, d.w.K));
+    Dev<float> out(base ? *base : std::vector<float>(size_t(T) * d.w.N));
+    if (!base) REQUIRE(cudaMemset(out.p, 0xff, out.n * 4) == cudaSuccess);
+    OK(cuda::gemm_prefill(d.w, xd.p, T, nullptr, ep, out.p, nullptr, d.w.N, 0, nullptr));
+    return out.get();
+}
+
+// --- tests -----------------------------------------------------------------------------------
+
+TEST_CASE("gemm_prefill (bf16) matches cpu::matmul_bf16 for 1..1030 tokens, N = 200 and 300, K of 1 and 10 chunks") {
+    Rand r(101);
+    struct S { uint32_t N, K; };
+    for (S sh : {S{200, 640}, S{300, 64}}) {
+        const auto W = r.bf16s(size_t(sh.N) * sh.K, 0.1f);
+        const auto b = r.bf16s(sh.N, 0.1f);
+        DenseW d(W, b, sh.N, sh.K);
+        for (uint32_t T : {1u, 7u, 64u, 65u, 130u, 1030u}) {
+            const auto x = rounded(r.floats(size_t(T) * sh.K, 1.0f));
+            std::vector<float> ref(size_t(T) * sh.N);
+            cpu::matmul_bf16(x.data(), W.data(), b.data(), T, sh.K, sh.N, ref.data());
+            expect_close(run_dense(d, x, T, cuda::Epilogue::kStore), ref, 1e-4f, 1e-4f,
+                         "N=" + std::to_string(sh.N) + " K=" + std::to_string(sh.K) + " T=" + std::to_string(T));
+        }
+    }
+}
+
+TEST_CASE("gemm_prefill rows are bit-identical whatever the chunk (1, 37, 992 or 1030 tokens: both tile widths)") {
+    Rand r(102);
+    const uint32_t N = 144, K = 448, T = 1030;
+    DenseW d(r.bf16s(size_t(N) * K, 0.1f), r.bf16s(N, 0.1f), N, K);
+    const auto x = rounded(r.floats(size_t(T) * K, 1.0f));
+    const auto all = run_dense(d, x, T, cuda::Epilogue::kStore);  // 128-token tiles
+    uint32_t done = 0;
+    for (uint32_t n : {37u, 1u, 992u}) {  // 64-token tiles, then 64 again, then 128
+        const std::vector<float> part(x.begin() + size_t(done) * K, x.begin() + size_t(done + n) * K);
+        const auto got = run_dense(d, part, n, cuda::Epilogue::kStore);
+        INFO("tokens " << done << ".." << done + n - 1);
+        CHECK(same_bits(got, 0, all, size_t(done) * N, size_t(n) * N));
+        done += n;
+    }
+    REQUIRE(done == T);
+}
+
+TEST_CASE("gemm_prefill kAdd adds the product and bias into the existing output") {
+    Rand r(103);
+    const uint32_t N = 176, K = 192;
+    const auto W = r.bf16s(size_t(N) * K, 0.1f);
+    const auto b = r.bf16s(N, 0.1f);
+    DenseW d(W, b, N, K);
+    for (uint32_t T : {3u, 1100u}) {
+        const auto x = rounded(r.floats(size_t(T) * K, 1.0f));
+        const auto base = r.floats(size_t(T) * N, 5.0f);
+        std::vector<float> ref(size_t(T) * N);
+        cpu::matmul_bf16(x.data(), W.data(), b.data(), T, K, N, ref.data());
+        for (size_t i = 0; i < ref.size(); ++i) ref[i] += base[i];
+        expect_close(run_dense(d, x, T, cuda::Epilogue::kAdd, &base), ref, 1e-4f, 1e-5f, "T=" + std::to_string(T));
+    }
+}
+
+// Grouped MXFP4 experts, kStore (the down projection's per-pair rows): pair p reads input row
+// p / in_div and writes output row p.
+TEST_CASE("gemm_prefill (MXFP4, grouped) matches cpu::matmul_mxfp4 with 0, 1, many and uneven pairs per expert") {
+    Rand r(104);
+    const uint32_t E = 6, N = 200, K = 384, in_div = 2;
+    const auto blocks = r.bytes(size_t(E) * N * K / 2);
+    auto scales = r.bytes(size_t(E) * N * K / 32);
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = uint8_t(i % 9 == 0 ? r.below(129) : 115 + r.below(14));
+    const auto bias = r.bf16s(size_t(E) * N, 0.1f);
+    ExpertsW ew(blocks, scales, bias, E, N, K, false);
+    CHECK(ew.bad.get()[0] == 0);
+    // Expert 0: none; 1: one pair; 2: 300 pairs; 3: 37; 4: 129 (one past a 128 tile); 5: 64.
+    const uint32_t counts[E] = {0, 1, 300, 37, 129, 64};
+    std::vector<int32_t> expert_of;
+    for (uint32_t e = 0; e < E; ++e)
+        for (uint32_t i = 0; i < counts[e]; ++i) expert_of.push_back(int32_t(e));
+    for (size_t i = expert_of.size(); i > 1; --i) std::swap(expert_of[i - 1], expert_of[r.below(uint32_t(i))]);
+    const uint32_t P = uint32_t(expert_of.size()), T = (P + in_div - 1) / in_div;
+    const auto x = rounded(r.floats(size_t(T) * K, 1.0f));
+    Dev<uint16_t> xd(permuted_rows(x, T, K));
+    // Reference: every expert on every input row, then pick the pair's expert.
+    std::vector<float> per_e(size_t(E) * T * N), ref(size_t(P) * N);
+    for (uint32_t e = 0; e < E; ++e)
+        cpu::matmul_mxfp4(x.data(), blocks.data() + size_t(e) * N * K / 2, scales.data() + size_t(e) * N * K / 32,
+                          bias.data() + size_t(e) * N, T, K, N, per_e.data() + size_t(e) * T * N);
+    for (uint32_t p = 0; p < P; ++p)
+        std::memcpy(ref.data() + size_t(p) * N, per_e.data() + (size_t(expert_of[p]) * T + p / in_div) * N, N * 4);
+    std::vector<float> first;
+    for (uint32_t tile : {64u, 128u}) {
+        for (bool reverse : {false, true}) {
+            HostRoute route(expert_of, E, in_div, tile, reverse);
+            Dev<float> out(size_t(P) * N);
+            OK(cuda::gemm_prefill(ew.w, xd.p, T, &route.r, cuda::Epilogue::kStore, out.p, nullptr, N, 0, nullptr));
+            const auto got = out.get();
+            const std::string what = "tile " + std::to_string(tile) + (reverse ? " reversed" : "");
+            expect_close(got, ref, 1e-5f, 1e-4f, what);
+            if (first.empty()) {
+                first = got;
+            } else {
+                INFO(what << " against tile 64 in order");
+                CHECK(same_bits(got, 0, first, 0, first.size()));
+            }
+        }
+    }
+    // One pair alone (a one-token chunk): the same bits as inside the big groups.
+    for (uint32_t p : {0u, 5u, P - 1}) {
+        std::vector<int32_t> one(P, -1);
+        one[p] = expert_of[p];
+        HostRoute route(one, E, in_div, 64, false);
+        Dev<float> out(size_t(P) * N);
+        OK(cuda::gemm_prefill(ew.w, xd.p, T, &route.r, cuda::Epilogue::kStore, out.p, nullptr, N, 0, nullptr));
+        const auto got = out.get();
+        INFO("pair " << p << " alone");
+        CHECK(same_bits(got, size_t(p) * N, first, size_t(p) * N, N));
+    }
+}
+
+TEST_CASE("gemm_prefill MXFP4 gate_up with fused SwiGLU matches cpu::matmul_mxfp4 + cpu::swiglu, clamps included") {
+    Rand r(105);
+    const uint32_t E = 3, I = 176, K = 256, N = 2 * I;
+    const auto blocks = r.bytes(size_t(E) * N * K / 2);
+    std::vector<uint8_t> scales(size_t(E) * N * K / 32);
+    for (uint8_t& s : scales) s = uint8_t(122 + r.below(6));  // large enough to hit the ±7 clamps
+    const auto bias = r.bf16s(size_t(E) * N, 0.5f);
+    ExpertsW ew(blocks, scales, bias, E, N, K, true);
+    const uint32_t T = 150;  // one pair per token (in_div 1); expert 2 gets most
+    std::vector<int32_t> expert_of(T);
+    for (uint32_t t = 0; t < T; ++t) expert_of[t] = t % 10 == 0 ? 0 : t % 10 == 1 ? 1 : 2;
+    const auto x = rounded(r.floats(size_t(T) * K, 1.0f));
+    Dev<uint16_t> xd(permuted_rows(x, T, K));
+    std::vector<float> ref(size_t(T) * I);
+    std::vector<float> g(size_t(T) * N), y(size_t(T) * I);
+    for (uint32_t e = 0; e < E; ++e) {
+        cpu::matmul_mxfp4(x.data(), blocks.data() + size_t(e) * N * K / 2, scales.data() + size_t(e) * N * K / 32,
+                          bias.data() + size_t(e) * N, T, K, N, g.data());
+        cpu::swiglu(g.data(), T, I, 7.0f, y.data());
+        for (uint32_t t = 0; t < T; ++t)
+            if (expert_of[t] == int32_t(e)) std::memcpy(ref.data() + size_t(t) * I, y.data() + size_t(t) * I, I * 4);
+    }
+    size_t clamped = 0;
+    for (size_t i = 0; i < g.size(); ++i) clamped += std::fabs(g[i]) > 7.0f;
+    CHECK(clamped > 0);
+    std::vector<uint16_t> first;
+    for (uint32_t tile : {64u, 128u}) {
+        HostRoute route(expert_of, E, 1, tile, tile == 128);
+        Dev<uint16_t> act(size_t(T) * I);
+        OK(cuda::gemm_prefill(ew.w, xd.p, T, &route.r, cuda::Epilogue::kSwiglu, nullptr, act.p, I, 7.0f, nullptr));
+        const auto got = act.get();
+        expect_close(unpermuted_rows(got, T, I), ref, 1e-3f, 8e-3f, "swiglu, tile " + std::to_string(tile));
+        if (first.empty()) first = got;
+        else CHECK(got == first);
+    }
+}
+
+TEST_CASE("gemm_prefill_tile_tokens and the argument checks") {
+    CHECK(cuda::gemm_prefill_tile_tokens(2048 * 4, 32) == 128);   // 20b, 2048 tokens: 256 pairs per expert
+    CHECK(cuda::gemm_prefill_tile_tokens(2048 * 4, 128) == 64);   // 120b: 64
+    CHECK(cuda::gemm_prefill_tile_tokens(512 * 4, 32) == 64);
+    CHECK(cuda::gemm_prefill_tile_tokens(0, 32) == 64);
+    cuda::GemmWeights w;
+    w.N = 16; w.K = 100;
+    float out = 0;
+    CHECK(cuda::gemm_prefill(w, nullptr, 1, nullptr, cuda::Epilogue::kStore, &out, nullptr, 16, 0, nullptr) ==
+          GPTOSS_ERR_INTERNAL);
+    CHECK(std::string(gptoss_last_error()).find("K=100") != std::string::npos);
+    w.K = 64;
+    cuda::GemmRoute route;
+    route.tile_tokens = 32;
+    CHECK(cuda::gemm_prefill(w, nullptr, 1, &route, cuda::Epilogue::kStore, &out, nullptr, 16, 0, nullptr) ==
+          GPTOSS_ERR_INTERNAL);
+    CHECK(std::string(gptoss_last_error()).find("32 pairs") != std::string::npos);
+    CHECK(cuda::gemm_prefill(w, nullptr, 1, nullptr, cuda::Epilogue::kStore, nullptr, nullptr, 16, 0, nullptr) ==
+          GPTOSS_ERR_INTERNAL);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        std::printf("no CUDA device: skipping the prefill GEMM tests (test-kernels-gemm)\n");
+        return 77;
+    }
+    doctest::Context ctx;
+    ctx.applyCommandLine(argc, argv);
+    return ctx.run();
+}

@@ -289,8 +289,10 @@ gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_r
                            cudaStream_t stream) {
     if (w.K == 0 || w.K % 64 != 0 || w.N == 0)
         return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: K=%u must be a positive multiple of 64, N=%u > 0", w.K, w.N);
-    if (epilogue == Epilogue::kSwiglu && (w.N % 16 != 0 || !out_bf16))
-        return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: SwiGLU needs N %% 16 == 0 (N=%u) and a bf16 output", w.N);
+    if (epilogue == Epilogue::kSwiglu && (w.N % 128 != 0 || !out_bf16))
+        return fail(GPTOSS_ERR_INTERNAL,
+                    "gemm_prefill: SwiGLU needs N %% 128 == 0 (N=%u: whole 64-element chunks of the permuted output) "
+                    "and a bf16 output", w.N);
     if (epilogue != Epilogue::kSwiglu && !out_f32) return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: fp32 output missing");
     if (w.mxfp4 && !w.scales) return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: MXFP4 weights without scales");
     if (route && route->tile_tokens != 64 && route->tile_tokens != 128)

@@ -110,7 +110,7 @@ struct GemmRoute {
 // Every output sums its K in one fixed order (64-k chunks in order, k16 steps in order), so a
 // token's result never depends on the chunk, the tile or its neighbours; it differs from gemm()
 // in the last bits. route->tile_tokens must be 64 or 128 (tiles of at most that many pairs).
-// Errors: INTERNAL for K % 64 != 0, N == 0, a missing output, SwiGLU with N % 16 != 0.
+// Errors: INTERNAL for K % 64 != 0, N == 0, a missing output, SwiGLU with N % 128 != 0.
 [[nodiscard]] gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
                                          const GemmRoute* route, Epilogue epilogue, float* out_f32,
                                          uint16_t* out_bf16, uint32_t ldo, float swiglu_limit,

@@ -158,7 +158,10 @@ Golden read_golden(const std::string& file) {
 
 void check_sha256(const std::string& dir, const Golden& g) {
     REQUIRE(!g.sha256.empty());
-    for (const auto& [file, hex] : g.sha256) {
+    for (const auto& entry : g.sha256) {
+        // Plain references: a structured binding cannot be captured by INFO's lambda in C++17 (clang).
+        const std::string& file = entry.first;
+        const std::string& hex = entry.second;
         INFO("checkpoint file " << dir << "/" << file << " (written by " << g.checkpoint << ")");
         CHECK(sha256_file(dir + "/" + file) == hex);
     }

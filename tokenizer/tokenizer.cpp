@@ -272,9 +272,9 @@ struct AsciiFlagTable {
     uint8_t flags[128];
     AsciiFlagTable() {
         for (uint32_t c = 0; c < 128; c++) flags[c] = unicode_flags(c);
-        flags['\r'] |= kIsCrLf;
-        flags['\n'] |= kIsCrLf;
-        flags[' '] |= kIsAsciiSpace;
+        flags[uint8_t('\r')] |= kIsCrLf;
+        flags[uint8_t('\n')] |= kIsCrLf;
+        flags[uint8_t(' ')] |= kIsAsciiSpace;
     }
 };
 const AsciiFlagTable kAsciiFlagTable;

@@ -20,6 +20,8 @@
 #include "cuda/kernels.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 namespace gptoss {
 namespace cuda {
@@ -260,25 +262,331 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_kerne
     }
 }
 
-// Raises the dynamic shared memory limit of one kernel instance once per device.
+// ---------------------------------------------------------------------------
+// sm_90a: the same tile through wgmma (warpgroup MMA). Warpgroup w of the CTA multiplies rows
+// 64w..64w+63 by all TN tokens, one m64nTNk16 instruction per k16 step: A (the weights) from
+// registers — warp i's A fragment is its slab's mma fragment, exactly as in the mma.sync kernel
+// (bf16 loaded, MXFP4 dequantized from shared memory) — and B (the tokens) from shared memory
+// through a descriptor: rows of 64 k in natural order, 128-byte swizzle, 8-row atoms of 1 KB.
+// The activations arrive in the permuted layout, so each 4-byte k pair is copied to its natural
+// place by its own cp.async (one warp instruction per 128-byte token row, conflict-free). The
+// ring keeps kWStages chunks: one wgmma group stays in flight while the next chunk's A fragments
+// are prepared (two register buffers), so a stage is refilled two chunks after its last use.
+// Accumulation order per output: chunk by chunk, k16 step by step, one accumulator — the same
+// order for TN = 64 and 128, hence chunk-invariant like the mma.sync kernel (whose bits differ).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GPTOSS_SM90A 1
+#endif
+
+constexpr int kWStages = 5;
+template <bool kFp4, int TN> constexpr uint32_t wg_smem_bytes() {
+    return 1024 + kWStages * (TN * 128 + a_bytes<kFp4>() + s_bytes<kFp4>()) + 2 * TN * 4;
+}
+
+#ifdef GPTOSS_SM90A
+__device__ __forceinline__ void cp_async4_zfill(uint32_t saddr, const void* gmem, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(saddr), "l"(gmem), "r"(valid ? 4 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void acc_fence(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 1024 bytes between 8-row groups.
+__device__ __forceinline__ uint64_t b_desc(uint32_t saddr) {
+    return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+template <int TN> __device__ __forceinline__ void wgmma_tile(float (&d)[TN / 2], const uint32_t (&a)[4], uint64_t desc) {
+    if constexpr (TN == 128) wgmma_m64n128k16(d, a, desc);
+    else wgmma_m64n64k16(d, a, desc);
+}
+#endif
+
 template <bool kFp4, int TN>
+__global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_wgmma_kernel(const PrefillArgs args) {
+#ifdef GPTOSS_SM90A
+    extern __shared__ unsigned char smem_raw[];
+    constexpr uint32_t kA = a_bytes<kFp4>(), kS = s_bytes<kFp4>(), kBst = TN * 128, kAst = kA + kS;
+    constexpr int kAcc = TN / 2;
+    const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const uint32_t K = args.w.K, N = args.w.N, n_chunks = K >> 6;
+    const uint32_t n_slabs = (N + 15) >> 4, slab0 = blockIdx.y * kSlabs;
+    const uint32_t raw_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+    const uint32_t base = (raw_base + 1023u) & ~1023u;  // the swizzle atoms are 1 KB aligned
+    unsigned char* smem = smem_raw + (base - raw_base);
+    const uint32_t b_base = base, a_base = base + kWStages * kBst;
+    const unsigned char* a_ptr = smem + kWStages * kBst;
+    int32_t* src_rows = reinterpret_cast<int32_t*>(smem + kWStages * (kBst + kAst));
+    int32_t* out_rows = src_rows + TN;
+
+    if (args.routed) pdl_wait();
+    int expert = 0;
+    uint32_t col_base, n_cols;
+    const int32_t* pairs = nullptr;
+    if (args.routed) {
+        const int32_t n_tiles = args.route.tiles[0];
+        if (int32_t(blockIdx.x) >= n_tiles) return;
+        const int32_t* ti = args.route.tiles + 1 + 3 * blockIdx.x;
+        expert = ti[0];
+        col_base = uint32_t(ti[1]);
+        n_cols = min(uint32_t(ti[2]), uint32_t(TN));
+        pairs = args.route.pairs + col_base;
+    } else {
+        col_base = blockIdx.x * uint32_t(TN);
+        n_cols = min(uint32_t(TN), args.n_rows - col_base);
+    }
+
+    const char* wsrc = static_cast<const char*>(args.w.w) + size_t(expert) * args.w.w_expert_stride;
+    const char* ssrc = kFp4 ? reinterpret_cast<const char*>(args.w.scales + size_t(expert) * args.w.s_expert_stride)
+                            : nullptr;
+    auto load_a = [&](uint32_t stage, uint32_t c) {
+        const uint32_t sa = a_base + stage * kAst;
+        if constexpr (kFp4) {
+            const uint32_t slab = slab0 + uint32_t(tid >> 5);
+            if (slab < n_slabs)
+                cp_async16_zfill(sa + uint32_t(tid) * 16,
+                                 wsrc + (size_t(slab) * n_chunks + c) * 512 + uint32_t(tid & 31) * 16, true);
+            if (tid < 32) {
+                const uint32_t sslab = slab0 + uint32_t(tid >> 2);
+                if (sslab < n_slabs)
+                    cp_async16_zfill(sa + kA + uint32_t(tid) * 16,
+                                     ssrc + (size_t(sslab) * n_chunks + c) * 64 + uint32_t(tid & 3) * 16, true);
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const uint32_t u = uint32_t(tid + kThreads * r);
+                const uint32_t slab = slab0 + (u >> 7);
+                if (slab < n_slabs)
+                    cp_async16_zfill(sa + u * 16, wsrc + (size_t(slab) * n_chunks + c) * 2048 + (u & 127) * 16, true);
+            }
+        }
+    };
+    if (!args.routed) {
+#pragma unroll
+        for (int s = 0; s < kWStages - 2; ++s)
+            if (uint32_t(s) < n_chunks) load_a(uint32_t(s), uint32_t(s));
+        pdl_wait();
+    }
+    if (tid < TN) {
+        int32_t src = -1, dst = 0;
+        if (uint32_t(tid) < n_cols) {
+            dst = args.routed ? pairs[tid] : int32_t(col_base) + tid;
+            src = args.routed ? int32_t(uint32_t(dst) / args.route.in_div) : dst;
+        }
+        src_rows[tid] = src;
+        out_rows[tid] = dst;
+    }
+    __syncthreads();
+
+    // Lane l copies k pair l of the permuted row (k = 16·((l >> 1) & 3) + 2·(l >> 3) + 8·(l & 1))
+    // to natural pair position: 16-byte unit 2·((l >> 1) & 3) + (l & 1), byte 4·(l >> 3), unit
+    // XOR (row & 7) = warp (rows warp + 8i).
+    const uint32_t b_off = ((((uint32_t(lane >> 1) & 3u) * 2u + uint32_t(lane & 1)) ^ uint32_t(warp)) << 4) +
+                           4u * uint32_t(lane >> 3);
+    auto load_b = [&](uint32_t stage, uint32_t c) {
+        const uint32_t sb = b_base + stage * kBst;
+#pragma unroll
+        for (int i = 0; i < TN / 8; ++i) {
+            const int r = warp + 8 * i;
+            const int32_t src = src_rows[r];
+            const uint16_t* gp = src >= 0 ? args.x + size_t(src) * K + size_t(c) * 64 + 2 * lane : args.x;
+            cp_async4_zfill(sb + uint32_t(r) * 128 + b_off, gp, src >= 0);
+        }
+    };
+    if (args.routed) {
+#pragma unroll
+        for (int s = 0; s < kWStages - 2; ++s)
+            if (uint32_t(s) < n_chunks) load_a(uint32_t(s), uint32_t(s));
+    }
+#pragma unroll
+    for (int s = 0; s < kWStages - 2; ++s) {
+        if (uint32_t(s) < n_chunks) load_b(uint32_t(s), uint32_t(s));
+        cp_async_commit();
+    }
+    pdl_launch_dependents();
+
+    float acc[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+    uint32_t af0[4][4], af1[4][4];
+    auto step = [&](uint32_t c, uint32_t (&a)[4][4]) {
+        cp_async_wait<kWStages - 3>();
+        fence_proxy_async();  // this thread's cp.async writes → visible to the async proxy (wgmma)
+        __syncthreads();      // everyone's chunk c landed; chunk c-1's wgmma groups are complete
+        const uint32_t cn = c + kWStages - 2;
+        if (cn < n_chunks) {
+            load_a(cn % kWStages, cn);
+            load_b(cn % kWStages, cn);
+        }
+        cp_async_commit();
+        const uint32_t st = c % kWStages;
+        const unsigned char* sa = a_ptr + st * kAst;
+        if constexpr (kFp4) {
+            Chunk ch;
+            ch.v[0] = *reinterpret_cast<const uint4*>(sa + warp * 512 + lane * 16);
+            const uint2 s = *reinterpret_cast<const uint2*>(sa + kA + warp * 64 + g * 8);
+            ch.v[1].x = s.x;
+            ch.v[1].y = s.y;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) fragment<true>(ch, j, a[j]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const uint4 v = *reinterpret_cast<const uint4*>(sa + warp * 2048 + j * 512 + lane * 16);
+                a[j][0] = v.x; a[j][1] = v.y; a[j][2] = v.z; a[j][3] = v.w;
+            }
+        }
+        acc_fence(acc);
+        wgmma_fence();
+        const uint32_t sb = b_base + st * kBst;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) wgmma_tile<TN>(acc, a[j], b_desc(sb + 32u * uint32_t(j)));
+        wgmma_commit();
+        acc_fence(acc);
+        wgmma_wait<1>();
+    };
+    uint32_t c = 0;
+    for (; c + 1 < n_chunks; c += 2) {
+        step(c, af0);
+        step(c + 1, af1);
+    }
+    if (c < n_chunks) step(c, af0);
+    wgmma_wait<0>();
+    acc_fence(acc);
+    cp_async_wait<0>();
+
+    // Epilogue: warp i holds slab i: rows g / g+8, columns 8n + 2t / 2t+1 of each n8 block n.
+    const float* bias = args.w.bias ? args.w.bias + size_t(expert) * args.w.bias_expert_stride : nullptr;
+    const uint32_t slab = slab0 + uint32_t(warp);
+    if (slab >= n_slabs) return;
+    const uint32_t r_lo = slab * 16 + uint32_t(g), r_hi = r_lo + 8;
+    const float b_lo = bias && r_lo < N ? bias[r_lo] : 0.0f;
+    const float b_hi = bias && r_hi < N ? bias[r_hi] : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < TN / 8; ++nt) {
+#pragma unroll
+        for (int ci = 0; ci < 2; ++ci) {
+            const uint32_t col = uint32_t(nt * 8 + 2 * t + ci);
+            if (col >= n_cols) continue;
+            const uint32_t out_row = uint32_t(out_rows[col]);
+            const float lo = acc[4 * nt + ci], hi = acc[4 * nt + 2 + ci];
+            if (args.epilogue == int(Epilogue::kSwiglu)) {
+                float gate = lo + b_lo;
+                float up = hi + b_hi;
+                gate = fminf(gate, args.limit);
+                up = fminf(fmaxf(up, -args.limit), args.limit);
+                const float sig = 1.0f / (1.0f + expf(-1.702f * gate));
+                const float y = (up + 1.0f) * (gate * sig);
+                const uint32_t j = slab * 8 + uint32_t(g);
+                args.out_bf16[size_t(out_row) * args.ldo + permuted_k(j)] = f32_to_bf16_bits(y);
+            } else {
+                float* o = args.out_f32 + size_t(out_row) * args.ldo;
+                const bool add = args.epilogue == int(Epilogue::kAdd);
+                if (r_lo < N) o[r_lo] = add ? o[r_lo] + (lo + b_lo) : lo + b_lo;
+                if (r_hi < N) o[r_hi] = add ? o[r_hi] + (hi + b_hi) : hi + b_hi;
+            }
+        }
+    }
+#endif
+}
+
+__device__ int g_wgmma_probe;
+__global__ void wgmma_probe_kernel() {
+#ifdef GPTOSS_SM90A
+    g_wgmma_probe = 1;
+#else
+    g_wgmma_probe = 0;
+#endif
+}
+
+// Launches one kernel instance, raising its dynamic shared memory limit once per device.
+template <bool kWgmma, bool kFp4, int TN>
 cudaError_t launch(const PrefillArgs& a, dim3 grid, cudaStream_t stream) {
     static std::atomic<uint64_t> configured{0};
-    constexpr uint32_t bytes = smem_bytes<kFp4, TN>();
+    auto* kernel = kWgmma ? gemm_prefill_wgmma_kernel<kFp4, TN> : gemm_prefill_kernel<kFp4, TN>;
+    constexpr uint32_t bytes = kWgmma ? wg_smem_bytes<kFp4, TN>() : smem_bytes<kFp4, TN>();
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
     const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
     if (!bit || !(configured.load() & bit)) {
-        err = cudaFuncSetAttribute(gemm_prefill_kernel<kFp4, TN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   int(bytes));
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
         if (err != cudaSuccess) return err;
         configured.fetch_or(bit);
     }
-    return launch_pdl(gemm_prefill_kernel<kFp4, TN>, grid, kThreads, bytes, stream, a);
+    return launch_pdl(kernel, grid, kThreads, bytes, stream, a);
+}
+
+template <bool kWgmma>
+cudaError_t launch_any(const PrefillArgs& a, bool fp4, uint32_t tn, dim3 grid, cudaStream_t stream) {
+    if (fp4) return tn == 128 ? launch<kWgmma, true, 128>(a, grid, stream) : launch<kWgmma, true, 64>(a, grid, stream);
+    return tn == 128 ? launch<kWgmma, false, 128>(a, grid, stream) : launch<kWgmma, false, 64>(a, grid, stream);
 }
 
 }  // namespace
+
+bool gemm_prefill_wgmma_supported() {
+    static std::atomic<int> known[64];  // 0 unknown, 1 no, 2 yes
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64 ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    if (major != 9 || minor != 0) return false;
+    if (known[dev].load() == 0) {
+        // The binary may hold sm_90 code without the 90a features: ask the loaded code.
+        int yes = 0;
+        wgmma_probe_kernel<<<1, 1>>>();
+        if (cudaGetLastError() != cudaSuccess || cudaMemcpyFromSymbol(&yes, g_wgmma_probe, sizeof(int)) != cudaSuccess) {
+            cudaGetLastError();
+            yes = 0;
+        }
+        known[dev].store(yes ? 2 : 1);
+    }
+    return known[dev].load() == 2;
+}
 
 uint32_t gemm_prefill_tile_tokens(uint32_t n_pairs, uint32_t n_experts) {
     return n_experts > 0 && n_pairs / n_experts >= 128 ? 128u : 64u;
@@ -286,7 +594,7 @@ uint32_t gemm_prefill_tile_tokens(uint32_t n_pairs, uint32_t n_experts) {
 
 gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_rows, const GemmRoute* route,
                            Epilogue epilogue, float* out_f32, uint16_t* out_bf16, uint32_t ldo, float swiglu_limit,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, PrefillKernel kernel) {
     if (w.K == 0 || w.K % 64 != 0 || w.N == 0)
         return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: K=%u must be a positive multiple of 64, N=%u > 0", w.K, w.N);
     if (epilogue == Epilogue::kSwiglu && (w.N % 128 != 0 || !out_bf16))
@@ -299,6 +607,16 @@ gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_r
         return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: route tiles of %u pairs, expected 64 or 128",
                     route->tile_tokens);
     if (route && route->in_div == 0) return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: route in_div is 0");
+    bool wgmma = kernel == PrefillKernel::kWgmma;
+    if (kernel == PrefillKernel::kAuto) {
+        static const bool env_off = [] {
+            const char* e = std::getenv("GPTOSS_GEMM_WGMMA");
+            return e && std::strcmp(e, "0") == 0;
+        }();
+        wgmma = !env_off && gemm_prefill_wgmma_supported();
+    }
+    if (wgmma && !gemm_prefill_wgmma_supported())
+        return fail(GPTOSS_ERR_UNSUPPORTED, "gemm_prefill: the wgmma kernel needs an sm_90 device and sm_90a code");
     PrefillArgs a{};
     a.w = w;
     a.x = x;
@@ -316,10 +634,9 @@ gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_r
     const uint32_t row_tiles = ceil_div(ceil_div(w.N, 16), kSlabs);
     if (row_tiles > 65535) return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: %u row tiles exceed the grid limit", row_tiles);
     const dim3 grid(tiles, row_tiles);
-    cudaError_t err;
-    if (w.mxfp4) err = tn == 128 ? launch<true, 128>(a, grid, stream) : launch<true, 64>(a, grid, stream);
-    else err = tn == 128 ? launch<false, 128>(a, grid, stream) : launch<false, 64>(a, grid, stream);
-    GPTOSS_TRY(cuda_status(err, "gemm_prefill_kernel", __FILE__, __LINE__));
+    const cudaError_t err = wgmma ? launch_any<true>(a, w.mxfp4, tn, grid, stream)
+                                  : launch_any<false>(a, w.mxfp4, tn, grid, stream);
+    GPTOSS_TRY(cuda_status(err, wgmma ? "gemm_prefill_wgmma_kernel" : "gemm_prefill_kernel", __FILE__, __LINE__));
     return GPTOSS_OK;
 }
 

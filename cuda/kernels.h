@@ -110,11 +110,17 @@ struct GemmRoute {
 // Every output sums its K in one fixed order (64-k chunks in order, k16 steps in order), so a
 // token's result never depends on the chunk, the tile or its neighbours; it differs from gemm()
 // in the last bits. route->tile_tokens must be 64 or 128 (tiles of at most that many pairs).
-// Errors: INTERNAL for K % 64 != 0, N == 0, a missing output, SwiGLU with N % 128 != 0.
+// kernel: kAuto = wgmma on sm_90a (unless GPTOSS_GEMM_WGMMA=0), else mma.sync; the two round
+// differently. Errors: INTERNAL for K % 64 != 0, N == 0, a missing output, SwiGLU with
+// N % 128 != 0; UNSUPPORTED for kWgmma where gemm_prefill_wgmma_supported() is false.
+enum class PrefillKernel : int { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
 [[nodiscard]] gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
                                          const GemmRoute* route, Epilogue epilogue, float* out_f32,
                                          uint16_t* out_bf16, uint32_t ldo, float swiglu_limit,
-                                         cudaStream_t stream);
+                                         cudaStream_t stream, PrefillKernel kernel = PrefillKernel::kAuto);
+// True on a compute capability 9.0 device whose loaded code has the sm_90a features (wgmma).
+// The first call per device runs a one-thread probe kernel and waits for it.
+bool gemm_prefill_wgmma_supported();
 // Route tile width for gemm_prefill: 128 when the average expert has >= 128 pairs, else 64.
 uint32_t gemm_prefill_tile_tokens(uint32_t n_pairs, uint32_t n_experts);
 

@@ -198,18 +198,31 @@ struct HostRoute {
     }
 };
 
+// The kernel the bodies below run (each TEST_CASE runs its body once per available kernel).
+cuda::PrefillKernel g_kern = cuda::PrefillKernel::kMmaSync;
+void for_each_kernel(void (*body)()) {
+    std::vector<cuda::PrefillKernel> ks{cuda::PrefillKernel::kMmaSync};
+    if (cuda::gemm_prefill_wgmma_supported()) ks.push_back(cuda::PrefillKernel::kWgmma);
+    else MESSAGE("no sm_90a device: the wgmma kernel is not tested");
+    for (cuda::PrefillKernel k : ks) {
+        g_kern = k;
+        INFO("kernel " << (k == cuda::PrefillKernel::kWgmma ? "wgmma" : "mma.sync"));
+        body();
+    }
+}
+
 std::vector<float> run_dense(const DenseW& d, const std::vector<float>& x, uint32_t T, cuda::Epilogue ep,
                              const std::vector<float>* base = nullptr) {
     Dev<uint16_t> xd(permuted_rows(x, T, d.w.K));
     Dev<float> out(base ? *base : std::vector<float>(size_t(T) * d.w.N));
     if (!base) REQUIRE(cudaMemset(out.p, 0xff, out.n * 4) == cudaSuccess);
-    OK(cuda::gemm_prefill(d.w, xd.p, T, nullptr, ep, out.p, nullptr, d.w.N, 0, nullptr));
+    OK(cuda::gemm_prefill(d.w, xd.p, T, nullptr, ep, out.p, nullptr, d.w.N, 0, nullptr, g_kern));
     return out.get();
 }
 
 // --- tests -----------------------------------------------------------------------------------
 
-TEST_CASE("gemm_prefill (bf16) matches cpu::matmul_bf16 for 1..1030 tokens, N = 200 and 300, K of 1 and 10 chunks") {
+void dense_matches_cpu() {
     Rand r(101);
     struct S { uint32_t N, K; };
     for (S sh : {S{200, 640}, S{300, 64}}) {
@@ -226,14 +239,14 @@ TEST_CASE("gemm_prefill (bf16) matches cpu::matmul_bf16 for 1..1030 tokens, N = 
     }
 }
 
-TEST_CASE("gemm_prefill rows are bit-identical whatever the chunk (1, 37, 992 or 1030 tokens: both tile widths)") {
+void dense_chunk_invariant() {
     Rand r(102);
-    const uint32_t N = 144, K = 448, T = 1030;
+    const uint32_t N = 144, K = 448, T = 1100;
     DenseW d(r.bf16s(size_t(N) * K, 0.1f), r.bf16s(N, 0.1f), N, K);
     const auto x = rounded(r.floats(size_t(T) * K, 1.0f));
     const auto all = run_dense(d, x, T, cuda::Epilogue::kStore);  // 128-token tiles
     uint32_t done = 0;
-    for (uint32_t n : {37u, 1u, 992u}) {  // 64-token tiles, then 64 again, then 128
+    for (uint32_t n : {37u, 1u, 1062u}) {  // 64-token tiles, then 64 again, then 128
         const std::vector<float> part(x.begin() + size_t(done) * K, x.begin() + size_t(done + n) * K);
         const auto got = run_dense(d, part, n, cuda::Epilogue::kStore);
         INFO("tokens " << done << ".." << done + n - 1);
@@ -243,7 +256,7 @@ TEST_CASE("gemm_prefill rows are bit-identical whatever the chunk (1, 37, 992 or
     REQUIRE(done == T);
 }
 
-TEST_CASE("gemm_prefill kAdd adds the product and bias into the existing output") {
+void dense_add() {
     Rand r(103);
     const uint32_t N = 176, K = 192;
     const auto W = r.bf16s(size_t(N) * K, 0.1f);
@@ -261,7 +274,7 @@ TEST_CASE("gemm_prefill kAdd adds the product and bias into the existing output"
 
 // Grouped MXFP4 experts, kStore (the down projection's per-pair rows): pair p reads input row
 // p / in_div and writes output row p.
-TEST_CASE("gemm_prefill (MXFP4, grouped) matches cpu::matmul_mxfp4 with 0, 1, many and uneven pairs per expert") {
+void grouped_mxfp4_matches_cpu() {
     Rand r(104);
     const uint32_t E = 6, N = 200, K = 384, in_div = 2;
     const auto blocks = r.bytes(size_t(E) * N * K / 2);
@@ -291,7 +304,8 @@ TEST_CASE("gemm_prefill (MXFP4, grouped) matches cpu::matmul_mxfp4 with 0, 1, ma
         for (bool reverse : {false, true}) {
             HostRoute route(expert_of, E, in_div, tile, reverse);
             Dev<float> out(size_t(P) * N);
-            OK(cuda::gemm_prefill(ew.w, xd.p, T, &route.r, cuda::Epilogue::kStore, out.p, nullptr, N, 0, nullptr));
+            OK(cuda::gemm_prefill(ew.w, xd.p, T, &route.r, cuda::Epilogue::kStore, out.p, nullptr, N, 0, nullptr,
+                                  g_kern));
             const auto got = out.get();
             const std::string what = "tile " + std::to_string(tile) + (reverse ? " reversed" : "");
             // atol: terms reach 12 (scale 2^1 · 6), so partial sums of 384 terms round at ~1e-5.
@@ -310,14 +324,15 @@ TEST_CASE("gemm_prefill (MXFP4, grouped) matches cpu::matmul_mxfp4 with 0, 1, ma
         one[p] = expert_of[p];
         HostRoute route(one, E, in_div, 64, false);
         Dev<float> out(size_t(P) * N);
-        OK(cuda::gemm_prefill(ew.w, xd.p, T, &route.r, cuda::Epilogue::kStore, out.p, nullptr, N, 0, nullptr));
+        OK(cuda::gemm_prefill(ew.w, xd.p, T, &route.r, cuda::Epilogue::kStore, out.p, nullptr, N, 0, nullptr,
+                                  g_kern));
         const auto got = out.get();
         INFO("pair " << p << " alone");
         CHECK(same_bits(got, size_t(p) * N, first, size_t(p) * N, N));
     }
 }
 
-TEST_CASE("gemm_prefill MXFP4 gate_up with fused SwiGLU matches cpu::matmul_mxfp4 + cpu::swiglu, clamps included") {
+void grouped_swiglu_matches_cpu() {
     Rand r(105);
     const uint32_t E = 3, I = 192, K = 256, N = 2 * I;  // I % 64 == 0: the permuted activation layout
     const auto blocks = r.bytes(size_t(E) * N * K / 2);
@@ -346,12 +361,29 @@ TEST_CASE("gemm_prefill MXFP4 gate_up with fused SwiGLU matches cpu::matmul_mxfp
     for (uint32_t tile : {64u, 128u}) {
         HostRoute route(expert_of, E, 1, tile, tile == 128);
         Dev<uint16_t> act(size_t(T) * I);
-        OK(cuda::gemm_prefill(ew.w, xd.p, T, &route.r, cuda::Epilogue::kSwiglu, nullptr, act.p, I, 7.0f, nullptr));
+        OK(cuda::gemm_prefill(ew.w, xd.p, T, &route.r, cuda::Epilogue::kSwiglu, nullptr, act.p, I, 7.0f, nullptr,
+                              g_kern));
         const auto got = act.get();
         expect_close(unpermuted_rows(got, T, I), ref, 1e-3f, 8e-3f, "swiglu, tile " + std::to_string(tile));
         if (first.empty()) first = got;
         else CHECK(got == first);
     }
+}
+
+TEST_CASE("gemm_prefill (bf16) matches cpu::matmul_bf16 for 1..1030 tokens, N = 200 and 300, K of 1 and 10 chunks") {
+    for_each_kernel(dense_matches_cpu);
+}
+TEST_CASE("gemm_prefill rows are bit-identical whatever the chunk (37, 1, 1062 or 1100 tokens: both tile widths)") {
+    for_each_kernel(dense_chunk_invariant);
+}
+TEST_CASE("gemm_prefill kAdd adds the product and bias into the existing output") {
+    for_each_kernel(dense_add);
+}
+TEST_CASE("gemm_prefill (MXFP4, grouped) matches cpu::matmul_mxfp4 with 0, 1, many and uneven pairs per expert") {
+    for_each_kernel(grouped_mxfp4_matches_cpu);
+}
+TEST_CASE("gemm_prefill MXFP4 gate_up with fused SwiGLU matches cpu::matmul_mxfp4 + cpu::swiglu, clamps included") {
+    for_each_kernel(grouped_swiglu_matches_cpu);
 }
 
 TEST_CASE("gemm_prefill_tile_tokens and the argument checks") {
@@ -379,6 +411,10 @@ TEST_CASE("gemm_prefill_tile_tokens and the argument checks") {
     w.N = 16;
     CHECK(cuda::gemm_prefill(w, nullptr, 1, nullptr, cuda::Epilogue::kStore, nullptr, nullptr, 16, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);
+    if (!cuda::gemm_prefill_wgmma_supported()) {
+        CHECK(cuda::gemm_prefill(w, nullptr, 1, nullptr, cuda::Epilogue::kStore, &out, nullptr, 16, 0, nullptr,
+                                 cuda::PrefillKernel::kWgmma) == GPTOSS_ERR_UNSUPPORTED);
+    }
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 // Chunk invariance: every output element accumulates its k in one fixed order (chunk 0, 1, ...,
 // k16 step 0..3 within a chunk) in one accumulator, whatever TN, the tile or the chunk size, so
 // a token's output is bit-identical however the prompt is chunked or the experts are tiled.
+// A second kernel, same tile and epilogues, issues wgmma on sm_90a (opt-in, see its comment).
 #include "cuda/common.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/kernels.h"
@@ -274,6 +275,9 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_kerne
 // are prepared (two register buffers), so a stage is refilled two chunks after its last use.
 // Accumulation order per output: chunk by chunk, k16 step by step, one accumulator — the same
 // order for TN = 64 and 128, hence chunk-invariant like the mma.sync kernel (whose bits differ).
+// Opt-in (GPTOSS_GEMM_WGMMA=1): measured on an H100 it is slower than the mma.sync kernel (dense
+// 156 vs 281 TFLOP/s, MoE 201 vs 208; bench/NOTES.md v12) — per 64-k chunk each warpgroup issues
+// only 4 wgmmas between two CTA barriers, and the 4-byte B copies cost 16 LSU ops per thread.
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define GPTOSS_SM90A 1
 #endif
@@ -609,11 +613,12 @@ gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_r
     if (route && route->in_div == 0) return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: route in_div is 0");
     bool wgmma = kernel == PrefillKernel::kWgmma;
     if (kernel == PrefillKernel::kAuto) {
-        static const bool env_off = [] {
+        // mma.sync by default: on the H100 the wgmma kernel was slower (bench/NOTES.md, v12).
+        static const bool env_on = [] {
             const char* e = std::getenv("GPTOSS_GEMM_WGMMA");
-            return e && std::strcmp(e, "0") == 0;
+            return e && std::strcmp(e, "1") == 0;
         }();
-        wgmma = !env_off && gemm_prefill_wgmma_supported();
+        wgmma = env_on && gemm_prefill_wgmma_supported();
     }
     if (wgmma && !gemm_prefill_wgmma_supported())
         return fail(GPTOSS_ERR_UNSUPPORTED, "gemm_prefill: the wgmma kernel needs an sm_90 device and sm_90a code");

@@ -110,8 +110,8 @@ struct GemmRoute {
 // Every output sums its K in one fixed order (64-k chunks in order, k16 steps in order), so a
 // token's result never depends on the chunk, the tile or its neighbours; it differs from gemm()
 // in the last bits. route->tile_tokens must be 64 or 128 (tiles of at most that many pairs).
-// kernel: kAuto = wgmma on sm_90a (unless GPTOSS_GEMM_WGMMA=0), else mma.sync; the two round
-// differently. Errors: INTERNAL for K % 64 != 0, N == 0, a missing output, SwiGLU with
+// kernel: kAuto = mma.sync, or wgmma on sm_90a with GPTOSS_GEMM_WGMMA=1 (slower today); the
+// two round differently. Errors: INTERNAL for K % 64 != 0, N == 0, a missing output, SwiGLU with
 // N % 128 != 0; UNSUPPORTED for kWgmma where gemm_prefill_wgmma_supported() is false.
 enum class PrefillKernel : int { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
 [[nodiscard]] gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_rows,

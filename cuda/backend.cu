@@ -135,7 +135,7 @@ private:
     // chunk). Arguments as cuda::gemm (kernels.h); route null for dense weights.
     gptoss_status project(bool decode, const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
                           const GemmRoute* route, Epilogue epilogue, float* out_f32, uint16_t* out_bf16,
-                          uint32_t ldo, float swiglu_limit);
+                          uint32_t ldo, float swiglu_limit, bool route_ready = false);
     gptoss_status mark(const char* label);
     gptoss_status checked(gptoss_status s);
 
@@ -572,7 +572,13 @@ gptoss_status CudaSession::mark(const char* label) {
 
 gptoss_status CudaSession::project(bool decode, const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
                                    const GemmRoute* route, Epilogue epilogue, float* out_f32, uint16_t* out_bf16,
-                                   uint32_t ldo, float swiglu_limit) {
+                                   uint32_t ldo, float swiglu_limit, bool route_ready) {
+    // Decode: gemm_decode's split-K GEMVs (route_ready: the route was final before the previous
+    // kernel's wait); lm_head-sized N (thousands of slabs, already at the floor) keeps gemm.
+    const DecodeTuning& dt = decode_tuning();
+    if (decode && (route || n_rows == 1) && !dt.legacy && w.N <= 65536)
+        return gemm_decode(w, x, route, route_ready && dt.route_ready, epilogue, out_f32, out_bf16, ldo, swiglu_limit,
+                           w.mxfp4 ? dt.fp4 : dt.bf16, stream_);
     // Prefill: the tiled kernel for the expert GEMMs and the dense projections; the router
     // (N <= 256 rows) keeps gemm(), whose logits are the fused decode router's bits.
     if (!decode && prefill_gemm_ && (route || w.N > 256))
@@ -657,7 +663,7 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
         GemmRoute r2 = r1;
         r2.in_div = 1;
         GPTOSS_TRY(project(decode, b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I), act_, n * d.K, &r2, Epilogue::kStore,
-                           part_, nullptr, d.H, 0));
+                           part_, nullptr, d.H, 0, /*route_ready=*/true));
         GPTOSS_TRY(mark("moe down"));
         ResidualArgs moe;
         moe.mode = ResidualMode::kMoeAdd;

@@ -13,6 +13,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace gptoss {
 namespace cuda {
@@ -123,6 +125,34 @@ enum class PrefillKernel : int { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
 bool gemm_prefill_wgmma_supported();
 // Route tile width for gemm_prefill: 128 when the average expert has >= 128 pairs, else 64.
 uint32_t gemm_prefill_tile_tokens(uint32_t n_pairs, uint32_t n_experts);
+
+// Decode GEMV (gemm_decode.cu), one token: the same products as gemm(nb = 1) summed in an order
+// of its own (K split over `warps` warps per 16-row slab, fixed warp order: deterministic, not
+// bit-identical to gemm). x: bf16 permuted [1, K] dense, or indexed through a T = 1 route (one
+// pair per tile: router_decode's route). route_ready: the route was complete before the
+// previous kernel's dependency wait (MoE down after gate_up), so it and the first weight chunks
+// are read before this kernel's own wait. Other arguments as gemm.
+struct DecodeGemv {
+    uint32_t warps = 4;   // warps splitting K per slab
+    uint32_t depth = 4;   // weight chunks in flight per warp
+    bool shfl_x = false;  // activation row as one word per lane, B fragments by shuffles
+};
+// The variants in use: defaults, overridden for A/B runs by GPTOSS_DECODE_BF16 / _FP4 =
+// "WARPS,DEPTH,SHFL", GPTOSS_DECODE_ROUTE_READY = 0|1, GPTOSS_DECODE_LEGACY = 1 (decode GEMVs
+// through gemm(nb = 1) instead). Read once per process.
+struct DecodeTuning {
+    bool legacy = false;
+    DecodeGemv bf16{8, 4, true};
+    DecodeGemv fp4{4, 4, false};
+    bool route_ready = true;
+};
+const DecodeTuning& decode_tuning();
+// Every compiled (mxfp4, variant) pair (tests run them all).
+std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants();
+[[nodiscard]] gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRoute* route,
+                                        bool route_ready, Epilogue epilogue, float* out_f32, uint16_t* out_bf16,
+                                        uint32_t ldo, float swiglu_limit, const DecodeGemv& variant,
+                                        cudaStream_t stream);
 
 // ---------------------------------------------------------------------------
 // Residual stream + RMSNorm (rmsnorm.cu). One CTA per token:

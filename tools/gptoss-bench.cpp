@@ -83,6 +83,10 @@ double decode_bytes(const gptoss::Config& c, uint32_t pos) {
     return bytes;
 }
 
+// Tokens per forward when filling the context to a depth: the largest pp size, or 512 when
+// only decode is measured (-p 0; a 0-token chunk would never advance).
+uint32_t fill_chunk(uint32_t max_pp) { return max_pp ? max_pp : 512u; }
+
 // FLOPs of a prefill of n tokens at depth d (2 per weight per token, attention core, no lm_head
 // except for the last token).
 double prefill_flops(const gptoss::Config& c, uint32_t d, uint32_t n) {
@@ -163,18 +167,20 @@ int run_cpu(const std::string& model_dir, const std::vector<uint32_t>& pp, const
     const double load_s = (now_ms() - t0) / 1e3;
     const Config& config = ck->config;
     const uint32_t max_pp = *std::max_element(pp.begin(), pp.end());
+    const uint32_t fill = fill_chunk(max_pp);
     const uint32_t max_depth = *std::max_element(depths.begin(), depths.end());
     std::unique_ptr<BackendSession> session;
-    check(backend->create_session(max_depth + std::max(max_pp, tg) + 16, max_pp, &session), "creating the session");
+    check(backend->create_session(max_depth + std::max(max_pp, tg) + 16, fill, &session), "creating the session");
     Rng rng(42);
     std::vector<int32_t> tokens(size_t(max_depth) + max_pp + tg + 16);
     for (int32_t& t : tokens) t = int32_t(rng.next_u64() % std::min<uint32_t>(199998, config.vocab));
     std::vector<Result> results;
     const SamplingConfig greedy{0.0f, 1.0f, 0};
     for (uint32_t depth : depths) {
-        for (uint32_t pos = 0; pos < depth; pos += max_pp)
-            check(session->forward(tokens.data() + pos, std::min(max_pp, depth - pos), pos), "filling the context");
+        for (uint32_t pos = 0; pos < depth; pos += fill)
+            check(session->forward(tokens.data() + pos, std::min(fill, depth - pos), pos), "filling the context");
         for (uint32_t n : pp) {
+            if (n == 0) continue;  // -p 0: decode only
             std::vector<double> t;
             for (uint32_t r = 0; r < reps; ++r) {
                 const double start = now_ms();
@@ -308,10 +314,11 @@ int main(int argc, char** argv) {
                      load_s, load_gb / load_s);
     }
     const uint32_t max_pp = *std::max_element(pp.begin(), pp.end());
+    const uint32_t fill = fill_chunk(max_pp);
     const uint32_t max_depth = *std::max_element(depths.begin(), depths.end());
     const uint32_t max_context = max_depth + std::max(max_pp, tg) + 16;
     std::unique_ptr<BackendSession> session;
-    check(backend->create_session(max_context, max_pp, &session), "creating the session");
+    check(backend->create_session(max_context, fill, &session), "creating the session");
 
     Rng rng(42);
     std::vector<int32_t> tokens(size_t(max_depth) + max_pp + tg + 16);
@@ -320,10 +327,11 @@ int main(int argc, char** argv) {
     std::vector<Result> results;
     const SamplingConfig greedy{0.0f, 1.0f, 0};
     for (uint32_t depth : depths) {
-        for (uint32_t pos = 0; pos < depth; pos += max_pp)
-            check(session->forward(tokens.data() + pos, std::min(max_pp, depth - pos), pos), "filling the context");
+        for (uint32_t pos = 0; pos < depth; pos += fill)
+            check(session->forward(tokens.data() + pos, std::min(fill, depth - pos), pos), "filling the context");
         check(cuda::synchronize(session.get()), "filling the context");
         for (uint32_t n : pp) {
+            if (n == 0) continue;  // -p 0: decode only
             std::vector<double> t;
             for (uint32_t r = 0; r <= reps; ++r) {  // first run is the warm-up
                 const double t0 = now_ms();
@@ -386,14 +394,16 @@ int main(int argc, char** argv) {
             check(cuda::profile_forward(session.get(), &tok, 1, depth, true, &ops), "profiling decode");
             profiles.emplace_back("decode @" + std::to_string(depth), ops);
         }
-        std::vector<std::pair<std::string, double>> ops;
-        check(cuda::profile_forward(session.get(), tokens.data(), max_pp, 0, false, &ops), "profiling prefill");
-        profiles.emplace_back("prefill " + std::to_string(max_pp) + " @0", ops);
-        if (max_depth > 0) {  // attention's share grows with depth
-            ops.clear();
-            check(cuda::profile_forward(session.get(), tokens.data(), max_pp, max_depth, false, &ops),
-                  "profiling prefill at depth");
-            profiles.emplace_back("prefill " + std::to_string(max_pp) + " @" + std::to_string(max_depth), ops);
+        if (max_pp) {
+            std::vector<std::pair<std::string, double>> ops;
+            check(cuda::profile_forward(session.get(), tokens.data(), max_pp, 0, false, &ops), "profiling prefill");
+            profiles.emplace_back("prefill " + std::to_string(max_pp) + " @0", ops);
+            if (max_depth > 0) {  // attention's share grows with depth
+                ops.clear();
+                check(cuda::profile_forward(session.get(), tokens.data(), max_pp, max_depth, false, &ops),
+                      "profiling prefill at depth");
+                profiles.emplace_back("prefill " + std::to_string(max_pp) + " @" + std::to_string(max_depth), ops);
+            }
         }
     }
 

@@ -1,0 +1,274 @@
+// cuda/gemm_decode.cu - the decode GEMVs (one token): dense bf16 projections (QKV, O) and the
+// routed MXFP4 expert projections (gate_up + SwiGLU, down) of a T = 1 step, with K split over
+// more warps than the prefill kernel uses. Decode-written K/V is never reused by a later call
+// (the engine re-prefills those positions), so these kernels need not match the prefill GEMM
+// bit for bit: they sum in a fixed order of their own (per warp: its chunks w, w + NW, ... in
+// order through the mma chain; then the NW warp partials in warp order), deterministic run to
+// run, no atomics.
+// Mapping: one CTA = one 16-row weight slab (× one routed tile: expert, one pair); NW warps
+// split the slab's 64-k chunks, each with a ring of kDepth chunks in flight. The activation
+// row rides in the ring too: either as each lane's two 16-byte B fragments (lanes of column 0
+// only; the mma's other 7 columns are zero) or, "shfl", as one 4-byte word per lane per chunk
+// (the whole 128-byte chunk slice of the row across the warp), whose B fragments come out with
+// two shuffles per k16 sub-tile — 1 register per ring stage instead of 8, and then all 8 mma
+// columns carry the same row (column 0 is read). Routed with route_ready: the route (written
+// by a kernel that finished before the previous kernel's dependency wait, e.g. the router
+// before gate_up) is read and the expert's first weight chunks are requested before this
+// kernel's own griddepcontrol.wait (MoE down at decode).
+// Floor: bytes of W read once (the activation row is an L2 hit); the variants (warps, ring
+// depth, shfl) are picked by decode_tuning(), overridable by environment variables for A/B
+// runs (bench/NOTES.md, "v12 decode").
+#include "cuda/common.cuh"
+#include "cuda/gemm.cuh"
+#include "cuda/kernels.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace gptoss {
+namespace cuda {
+namespace {
+using namespace gemm_detail;
+
+struct DecodeArgs {
+    GemmWeights w;
+    const uint16_t* x;
+    GemmRoute route;
+    int routed;
+    int route_ready;
+    int epilogue;
+    float* out_f32;
+    uint16_t* out_bf16;
+    uint32_t ldo;
+    float limit;
+};
+
+template <bool kFp4, int NW, int kDepth, bool kShfl>
+__global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs args) {
+    __shared__ float red[NW][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const uint32_t slab = blockIdx.x;
+    const uint32_t K = args.w.K, N = args.w.N, n_chunks = K >> 6;
+
+    // The tile: expert and the one pair of a T = 1 route (dense: expert 0, row 0).
+    int expert = 0;
+    uint32_t in_row = 0, out_row = 0;
+    if (args.routed) {
+        if (!args.route_ready) pdl_wait();
+        // L2 loads: the route may have been written while this grid was already resident.
+        if (int(blockIdx.y) >= __ldcg(args.route.tiles)) return;
+        const int32_t* ti = args.route.tiles + 1 + 3 * blockIdx.y;
+        expert = __ldcg(ti);
+        const uint32_t pair = uint32_t(__ldcg(args.route.pairs + __ldcg(ti + 1)));
+        in_row = pair / args.route.in_div;
+        out_row = pair;
+    }
+
+    const char* wbase = static_cast<const char*>(args.w.w) + size_t(expert) * args.w.w_expert_stride;
+    const uint4* wp;
+    const uint2* sp = nullptr;
+    if constexpr (kFp4) {
+        wp = reinterpret_cast<const uint4*>(wbase) + size_t(slab) * n_chunks * 32 + lane;
+        sp = reinterpret_cast<const uint2*>(args.w.scales + size_t(expert) * args.w.s_expert_stride) +
+             size_t(slab) * n_chunks * 8 + g;
+    } else {
+        wp = reinterpret_cast<const uint4*>(wbase) + size_t(slab) * n_chunks * 128 + lane;
+    }
+
+    Chunk ring[kDepth];
+#pragma unroll
+    for (int i = 0; i < kDepth; ++i) {
+        const uint32_t cc = uint32_t(warp) + uint32_t(NW) * i;
+        if (cc < n_chunks) load_chunk<kFp4>(ring[i], wp, sp, cc);
+    }
+    if (!args.routed || args.route_ready) pdl_wait();
+    pdl_launch_dependents();
+
+    // Activation ring: shfl = word `lane` of each chunk's 128-byte slice of the row; else the
+    // two 16-byte B fragments of lanes g == 0 (zero elsewhere).
+    const uint16_t* xrow = args.x + size_t(in_row) * K;
+    const uint32_t* xw = reinterpret_cast<const uint32_t*>(xrow) + lane;
+    const uint4* xf = reinterpret_cast<const uint4*>(xrow + t * 16);
+    uint32_t xs[kShfl ? kDepth : 1];
+    uint4 xb[kShfl ? 1 : kDepth][2];
+    auto load_x = [&](int i, uint32_t c) {
+        if constexpr (kShfl) {
+            xs[i] = __ldcg(xw + size_t(c) * 32);
+        } else if (g == 0) {
+            xb[i][0] = __ldcg(xf + size_t(c) * 8);
+            xb[i][1] = __ldcg(xf + size_t(c) * 8 + 1);
+        } else {
+            xb[i][0] = xb[i][1] = make_uint4(0, 0, 0, 0);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < kDepth; ++i) {
+        const uint32_t cc = uint32_t(warp) + uint32_t(NW) * i;
+        if (cc < n_chunks) load_x(i, cc);
+    }
+
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (uint32_t base = uint32_t(warp); base < n_chunks; base += uint32_t(NW * kDepth)) {
+#pragma unroll
+        for (int i = 0; i < kDepth; ++i) {
+            const uint32_t c = base + uint32_t(NW) * i;
+            if (c >= n_chunks) break;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                uint32_t a[4];
+                fragment<kFp4>(ring[i], j, a);
+                uint32_t b0, b1;
+                if constexpr (kShfl) {
+                    b0 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j);
+                    b1 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j + 1);
+                } else {
+                    const uint4 b = xb[i][j >> 1];
+                    b0 = (j & 1) ? b.z : b.x;
+                    b1 = (j & 1) ? b.w : b.y;
+                }
+                mma(acc, a, b0, b1);
+            }
+            const uint32_t cn = c + uint32_t(NW * kDepth);
+            if (cn < n_chunks) {
+                load_chunk<kFp4>(ring[i], wp, sp, cn);
+                load_x(i, cn);
+            }
+        }
+    }
+
+    // Column 0: rows g (acc[0]) and g + 8 (acc[2]) of lanes t == 0.
+    if (t == 0) {
+        red[warp][g] = acc[0];
+        red[warp][g + 8] = acc[2];
+    }
+    __syncthreads();
+    const float* bias = args.w.bias ? args.w.bias + size_t(expert) * args.w.bias_expert_stride : nullptr;
+    if (args.epilogue == int(Epilogue::kSwiglu)) {
+        if (threadIdx.x >= 8) return;
+        const int r = threadIdx.x;
+        float gate = red[0][r], up = red[0][r + 8];
+#pragma unroll
+        for (int w = 1; w < NW; ++w) {
+            gate = __fadd_rn(gate, red[w][r]);
+            up = __fadd_rn(up, red[w][r + 8]);
+        }
+        const uint32_t r_lo = slab * 16 + r;
+        gate += bias ? bias[r_lo] : 0.0f;
+        up += bias ? bias[r_lo + 8] : 0.0f;
+        gate = fminf(gate, args.limit);
+        up = fminf(fmaxf(up, -args.limit), args.limit);
+        const float sig = 1.0f / (1.0f + expf(-1.702f * gate));
+        const float y = (up + 1.0f) * (gate * sig);
+        args.out_bf16[size_t(out_row) * args.ldo + permuted_k(slab * 8 + r)] = f32_to_bf16_bits(y);
+    } else {
+        if (threadIdx.x >= 16) return;
+        const int r = threadIdx.x;
+        const uint32_t row = slab * 16 + r;
+        if (row >= N) return;
+        float s = red[0][r];
+#pragma unroll
+        for (int w = 1; w < NW; ++w) s = __fadd_rn(s, red[w][r]);
+        const float v = s + (bias ? bias[row] : 0.0f);
+        float* o = args.out_f32 + size_t(out_row) * args.ldo + row;
+        if (args.epilogue == int(Epilogue::kAdd)) *o += v; else *o = v;
+    }
+}
+
+using KernelFn = void (*)(const DecodeArgs);
+
+struct Instance {
+    bool fp4;
+    DecodeGemv v;
+    KernelFn fn;
+};
+
+#define GPTOSS_GEMV(FP4, NW, D, SH) Instance{FP4, DecodeGemv{NW, D, SH}, gemv_decode_kernel<FP4, NW, D, SH>}
+// The variants compiled in (decode_gemv_variants lists them; the tests run every one).
+const Instance kInstances[] = {
+    GPTOSS_GEMV(false, 4, 4, false),  GPTOSS_GEMV(false, 8, 4, false), GPTOSS_GEMV(false, 16, 4, false),
+    GPTOSS_GEMV(false, 8, 4, true),   GPTOSS_GEMV(false, 16, 4, true), GPTOSS_GEMV(false, 16, 3, true),
+    GPTOSS_GEMV(true, 4, 4, false),   GPTOSS_GEMV(true, 4, 4, true),   GPTOSS_GEMV(true, 4, 6, true),
+    GPTOSS_GEMV(true, 4, 8, true),    GPTOSS_GEMV(true, 4, 12, true),  GPTOSS_GEMV(true, 8, 4, true),
+    GPTOSS_GEMV(true, 8, 4, false),
+};
+#undef GPTOSS_GEMV
+
+const Instance* find_instance(bool fp4, const DecodeGemv& v) {
+    for (const Instance& in : kInstances)
+        if (in.fp4 == fp4 && in.v.warps == v.warps && in.v.depth == v.depth && in.v.shfl_x == v.shfl_x) return &in;
+    return nullptr;
+}
+
+// "NW,DEPTH,SHFL" (e.g. "8,4,1") from the environment, else `def`.
+DecodeGemv env_variant(const char* name, DecodeGemv def) {
+    const char* s = std::getenv(name);
+    if (!s || !*s) return def;
+    unsigned nw = 0, d = 0, sh = 0;
+    if (std::sscanf(s, "%u,%u,%u", &nw, &d, &sh) != 3) {
+        std::fprintf(stderr, "gptoss: %s=\"%s\" is not NW,DEPTH,SHFL; using the default\n", name, s);
+        return def;
+    }
+    return DecodeGemv{nw, d, sh != 0};
+}
+
+bool env_flag(const char* name, bool def) {
+    const char* s = std::getenv(name);
+    return (s && *s) ? std::atoi(s) != 0 : def;
+}
+
+}  // namespace
+
+std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants() {
+    std::vector<std::pair<bool, DecodeGemv>> out;
+    for (const Instance& in : kInstances) out.emplace_back(in.fp4, in.v);
+    return out;
+}
+
+const DecodeTuning& decode_tuning() {
+    static const DecodeTuning tuning = [] {
+        DecodeTuning d;
+        d.legacy = env_flag("GPTOSS_DECODE_LEGACY", d.legacy);
+        d.bf16 = env_variant("GPTOSS_DECODE_BF16", d.bf16);
+        d.fp4 = env_variant("GPTOSS_DECODE_FP4", d.fp4);
+        d.route_ready = env_flag("GPTOSS_DECODE_ROUTE_READY", d.route_ready);
+        return d;
+    }();
+    return tuning;
+}
+
+gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRoute* route, bool route_ready,
+                          Epilogue epilogue, float* out_f32, uint16_t* out_bf16, uint32_t ldo, float swiglu_limit,
+                          const DecodeGemv& variant, cudaStream_t stream) {
+    if (w.K == 0 || w.K % 64 != 0 || w.N == 0)
+        return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: K=%u must be a positive multiple of 64, N=%u > 0", w.K, w.N);
+    if (epilogue == Epilogue::kSwiglu && (w.N % 16 != 0 || !out_bf16 || !route))
+        return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: SwiGLU needs a route, N %% 16 == 0 (N=%u) and a bf16 output",
+                    w.N);
+    if (epilogue != Epilogue::kSwiglu && !out_f32) return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: fp32 output missing");
+    const Instance* in = find_instance(w.mxfp4, variant);
+    if (!in)
+        return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: no %s variant with %u warps, ring depth %u, shfl %d",
+                    w.mxfp4 ? "MXFP4" : "bf16", variant.warps, variant.depth, int(variant.shfl_x));
+    DecodeArgs a{};
+    a.w = w;
+    a.x = x;
+    a.routed = route != nullptr;
+    a.route_ready = route && route_ready;
+    if (route) a.route = *route;
+    a.epilogue = int(epilogue);
+    a.out_f32 = out_f32;
+    a.out_bf16 = out_bf16;
+    a.ldo = ldo;
+    a.limit = swiglu_limit;
+    const uint32_t tiles = route ? route->max_tiles : 1;
+    if (tiles == 0) return GPTOSS_OK;
+    if (tiles > 65535) return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: %u tiles exceed the grid limit", tiles);
+    const dim3 grid(ceil_div(w.N, 16), tiles);
+    GPTOSS_TRY(cuda_status(launch_pdl(in->fn, grid, dim3(variant.warps * 32), 0, stream, a), "gemv_decode_kernel",
+                           __FILE__, __LINE__));
+    return GPTOSS_OK;
+}
+
+}  // namespace cuda
+}  // namespace gptoss

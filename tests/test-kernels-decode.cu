@@ -1,0 +1,298 @@
+// tests/test-kernels-decode.cu - the decode GEMVs of cuda/gemm_decode.cu, every compiled variant
+// (warps × ring depth × shfl activations), against the CPU reference ops (cpu::matmul_bf16,
+// cpu::matmul_mxfp4, cpu::swiglu): dense kStore and kAdd with N not a multiple of 16 and K not
+// a multiple of warps × depth chunks; routed MXFP4 (a T = 1 route with one pair per tile, fewer
+// tiles than max_tiles, input rows by in_div) with and without route_ready, plain and with the
+// fused SwiGLU; each result reproduced bit for bit by a second launch (deterministic). Without
+// a CUDA device the tests are skipped (exit 77). Tolerance |got − ref| <= atol + rtol·|ref|.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include "cpu/reference.h"
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+#include "gptoss-internal.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace gptoss;
+
+namespace {
+
+template <typename T>
+struct Dev {
+    T* p = nullptr;
+    size_t n = 0;
+    explicit Dev(size_t count) : n(count) {
+        REQUIRE(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) == cudaSuccess);
+        REQUIRE(cudaMemset(p, 0xff, std::max<size_t>(count, 1) * sizeof(T)) == cudaSuccess);  // poison
+    }
+    explicit Dev(const std::vector<T>& v) : Dev(v.size()) { set(v); }
+    ~Dev() { cudaFree(p); }
+    void set(const std::vector<T>& v) {
+        REQUIRE(v.size() == n);
+        REQUIRE(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+    }
+    std::vector<T> get() const {
+        std::vector<T> v(n);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        REQUIRE(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+        return v;
+    }
+    Dev(const Dev&) = delete;
+    Dev& operator=(const Dev&) = delete;
+};
+
+#define OK(expr)                                                   \
+    do {                                                           \
+        const gptoss_status s_ = (expr);                           \
+        INFO(std::string(gptoss_last_error()));                    \
+        REQUIRE(s_ == GPTOSS_OK);                                  \
+    } while (0)
+
+struct Rand {
+    Rng rng;
+    explicit Rand(uint64_t seed) : rng(seed) {}
+    float uniform(float a) { return float((rng.next_double() * 2.0 - 1.0) * a); }
+    uint32_t below(uint32_t n) { return uint32_t(rng.next_u64() % n); }
+    std::vector<float> floats(size_t n, float a) {
+        std::vector<float> v(n);
+        for (float& x : v) x = bf16_to_f32(f32_to_bf16(uniform(a)));  // exactly representable in bf16
+        return v;
+    }
+    std::vector<uint16_t> bf16s(size_t n, float a) {
+        std::vector<uint16_t> v(n);
+        for (uint16_t& x : v) x = f32_to_bf16(uniform(a));
+        return v;
+    }
+    std::vector<uint8_t> bytes(size_t n) {
+        std::vector<uint8_t> v(n);
+        for (uint8_t& x : v) x = uint8_t(rng.next_u64());
+        return v;
+    }
+};
+
+std::vector<uint16_t> permuted_rows(const std::vector<float>& x, uint32_t T, uint32_t K) {
+    std::vector<uint16_t> o(size_t(T) * K);
+    for (uint32_t t = 0; t < T; ++t)
+        for (uint32_t k = 0; k < K; ++k) o[size_t(t) * K + cuda::permuted_k(k)] = f32_to_bf16(x[size_t(t) * K + k]);
+    return o;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& ref, float atol, float rtol,
+                  const std::string& what) {
+    REQUIRE(got.size() == ref.size());
+    size_t bad = 0;
+    double max_err = 0;
+    std::string first;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        const double err = std::fabs(double(got[i]) - double(ref[i]));
+        if (!(err <= atol + rtol * std::fabs(ref[i]))) {
+            if (bad < 5) {
+                char buf[160];
+                std::snprintf(buf, sizeof buf, "  [%zu] got %.7g ref %.7g\n", i, got[i], ref[i]);
+                first += buf;
+            }
+            ++bad;
+        }
+        if (std::isnan(got[i]) || err > max_err) max_err = std::isnan(got[i]) ? INFINITY : err;
+    }
+    INFO(what << ": " << bad << " of " << ref.size() << " mismatches, max |err| " << max_err << "\n" << first);
+    CHECK(bad == 0);
+}
+
+std::string name(bool fp4, const cuda::DecodeGemv& v) {
+    return std::string(fp4 ? "mxfp4" : "bf16") + " warps " + std::to_string(v.warps) + " depth " +
+           std::to_string(v.depth) + (v.shfl_x ? " shfl" : " frag");
+}
+
+std::vector<cuda::DecodeGemv> variants(bool fp4) {
+    std::vector<cuda::DecodeGemv> out;
+    for (const auto& [f, v] : cuda::decode_gemv_variants())
+        if (f == fp4) out.push_back(v);
+    return out;
+}
+
+// A T = 1 route over `experts` (distinct): tile i = (experts[i], i, 1), pairs = 0..n-1;
+// max_tiles may exceed the tiles in use (the rest exit early).
+struct Route {
+    Dev<int32_t> tiles, pairs;
+    cuda::GemmRoute r;
+    Route(const std::vector<int32_t>& experts, uint32_t in_div, uint32_t max_tiles)
+        : tiles(1 + 3 * size_t(max_tiles)), pairs(experts.size()) {
+        std::vector<int32_t> t(1 + 3 * size_t(max_tiles), -1), p(experts.size());
+        t[0] = int32_t(experts.size());
+        for (size_t i = 0; i < experts.size(); ++i) {
+            t[1 + 3 * i] = experts[i];
+            t[2 + 3 * i] = int32_t(i);
+            t[3 + 3 * i] = 1;
+            p[i] = int32_t(i);
+        }
+        tiles.set(t);
+        pairs.set(p);
+        r.tiles = tiles.p; r.pairs = pairs.p; r.in_div = in_div; r.max_tiles = max_tiles;
+    }
+};
+
+}  // namespace
+
+TEST_CASE("decode GEMV (bf16, every variant) matches cpu::matmul_bf16; kAdd adds; reproducible bit for bit") {
+    Rand r(71);
+    for (const auto& [N, K] : {std::pair<uint32_t, uint32_t>{200, 2880}, {37, 64}, {64, 4096}}) {
+        const auto W = r.bf16s(size_t(N) * K, 0.05f);
+        const auto b = r.bf16s(N, 0.1f);
+        const auto x = r.floats(K, 1.0f);
+        Dev<uint16_t> raw(W), rawb(b), xd(permuted_rows(x, 1, K));
+        Dev<uint8_t> frag(cuda::bf16_fragment_bytes(N, K));
+        Dev<float> bias(N);
+        OK(cuda::repack_bf16(raw.p, N, K, frag.p, nullptr));
+        OK(cuda::bf16_to_f32(rawb.p, N, false, bias.p, nullptr));
+        cuda::GemmWeights w;
+        w.w = frag.p; w.bias = bias.p; w.N = N; w.K = K;
+        std::vector<float> ref(N);
+        cpu::matmul_bf16(x.data(), W.data(), b.data(), 1, K, N, ref.data());
+        const auto base = r.floats(N, 2.0f);
+        for (const cuda::DecodeGemv& v : variants(false)) {
+            const std::string what = name(false, v) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
+            Dev<float> out(N), out2(N), acc(base);
+            OK(cuda::gemm_decode(w, xd.p, nullptr, false, cuda::Epilogue::kStore, out.p, nullptr, N, 0, v, nullptr));
+            OK(cuda::gemm_decode(w, xd.p, nullptr, false, cuda::Epilogue::kStore, out2.p, nullptr, N, 0, v, nullptr));
+            OK(cuda::gemm_decode(w, xd.p, nullptr, false, cuda::Epilogue::kAdd, acc.p, nullptr, N, 0, v, nullptr));
+            const auto got = out.get(), got2 = out2.get(), added = acc.get();
+            expect_close(got, ref, 1e-4f, 1e-4f, what);
+            CHECK(std::memcmp(got.data(), got2.data(), N * sizeof(float)) == 0);
+            std::vector<float> ref_add(N);
+            for (uint32_t i = 0; i < N; ++i) ref_add[i] = base[i] + got[i];
+            expect_close(added, ref_add, 0.0f, 0.0f, what + " kAdd");
+        }
+    }
+}
+
+TEST_CASE("decode GEMV (MXFP4 routed, every variant, route_ready or not) matches cpu::matmul_mxfp4 and SwiGLU") {
+    Rand r(72);
+    const uint32_t E = 6, H = 2880, I = 192;  // down: N = H, K = I; gate_up: N = 2I, K = H
+    const std::vector<int32_t> experts{4, 0, 5};  // 3 of max_tiles = 4 tiles in use
+    // down: input row of pair p is p (in_div 1); output row p.
+    {
+        const uint32_t N = H, K = I;
+        const auto blocks = r.bytes(size_t(E) * N * K / 2);
+        std::vector<uint8_t> scales(size_t(E) * N * K / 32);
+        for (uint8_t& s : scales) s = uint8_t(115 + r.below(14));
+        const auto bias = r.bf16s(size_t(E) * N, 0.1f);
+        const auto x = r.floats(experts.size() * K, 1.0f);
+        Dev<uint8_t> rb(blocks), rs(scales), frag(E * cuda::mxfp4_fragment_bytes(N, K)),
+            sc(E * cuda::mxfp4_scale_bytes(N, K));
+        Dev<uint16_t> rbias(bias), xd(permuted_rows(x, uint32_t(experts.size()), K));
+        Dev<float> fbias(size_t(E) * N);
+        Dev<int> bad(1);
+        REQUIRE(cudaMemset(bad.p, 0, sizeof(int)) == cudaSuccess);
+        for (uint32_t e = 0; e < E; ++e) {
+            OK(cuda::repack_mxfp4(rb.p + size_t(e) * N * K / 2, rs.p + size_t(e) * N * K / 32, N, K, false,
+                                  frag.p + e * cuda::mxfp4_fragment_bytes(N, K),
+                                  sc.p + e * cuda::mxfp4_scale_bytes(N, K), bad.p, nullptr));
+            OK(cuda::bf16_to_f32(rbias.p + size_t(e) * N, N, false, fbias.p + size_t(e) * N, nullptr));
+        }
+        cuda::GemmWeights w;
+        w.w = frag.p; w.scales = reinterpret_cast<uint16_t*>(sc.p); w.bias = fbias.p; w.mxfp4 = true;
+        w.N = N; w.K = K; w.w_expert_stride = cuda::mxfp4_fragment_bytes(N, K);
+        w.s_expert_stride = cuda::mxfp4_scale_bytes(N, K) / 2; w.bias_expert_stride = N;
+        std::vector<float> ref(experts.size() * N);
+        for (size_t p = 0; p < experts.size(); ++p) {
+            const size_t e = size_t(experts[p]);
+            cpu::matmul_mxfp4(x.data() + p * K, blocks.data() + e * N * K / 2, scales.data() + e * N * K / 32,
+                              bias.data() + e * N, 1, K, N, ref.data() + p * N);
+        }
+        Route route(experts, 1, 4);
+        for (const cuda::DecodeGemv& v : variants(true)) {
+            for (bool ready : {false, true}) {
+                const std::string what = name(true, v) + " down" + (ready ? " route_ready" : "");
+                Dev<float> out(ref.size()), out2(ref.size());
+                OK(cuda::gemm_decode(w, xd.p, &route.r, ready, cuda::Epilogue::kStore, out.p, nullptr, N, 0, v,
+                                     nullptr));
+                OK(cuda::gemm_decode(w, xd.p, &route.r, ready, cuda::Epilogue::kStore, out2.p, nullptr, N, 0, v,
+                                     nullptr));
+                const auto got = out.get(), got2 = out2.get();
+                expect_close(got, ref, 1e-4f, 1e-4f, what);
+                CHECK(std::memcmp(got.data(), got2.data(), got.size() * sizeof(float)) == 0);
+            }
+        }
+    }
+    // gate_up + SwiGLU: every pair reads row 0 (in_div = K slots); output row p, [I] permuted.
+    {
+        const uint32_t N = 2 * I, K = H;
+        const auto blocks = r.bytes(size_t(E) * N * K / 2);
+        std::vector<uint8_t> scales(size_t(E) * N * K / 32);
+        for (uint8_t& s : scales) s = uint8_t(118 + r.below(6));  // large enough to hit the ±7 clamps
+        const auto bias = r.bf16s(size_t(E) * N, 0.5f);
+        const auto x = r.floats(K, 1.0f);
+        Dev<uint8_t> rb(blocks), rs(scales), frag(E * cuda::mxfp4_fragment_bytes(N, K)),
+            sc(E * cuda::mxfp4_scale_bytes(N, K));
+        Dev<uint16_t> rbias(bias), xd(permuted_rows(x, 1, K));
+        Dev<float> fbias(size_t(E) * N);
+        Dev<int> bad(1);
+        REQUIRE(cudaMemset(bad.p, 0, sizeof(int)) == cudaSuccess);
+        for (uint32_t e = 0; e < E; ++e) {
+            OK(cuda::repack_mxfp4(rb.p + size_t(e) * N * K / 2, rs.p + size_t(e) * N * K / 32, N, K, true,
+                                  frag.p + e * cuda::mxfp4_fragment_bytes(N, K),
+                                  sc.p + e * cuda::mxfp4_scale_bytes(N, K), bad.p, nullptr));
+            OK(cuda::bf16_to_f32(rbias.p + size_t(e) * N, N, true, fbias.p + size_t(e) * N, nullptr));
+        }
+        cuda::GemmWeights w;
+        w.w = frag.p; w.scales = reinterpret_cast<uint16_t*>(sc.p); w.bias = fbias.p; w.mxfp4 = true;
+        w.N = N; w.K = K; w.w_expert_stride = cuda::mxfp4_fragment_bytes(N, K);
+        w.s_expert_stride = cuda::mxfp4_scale_bytes(N, K) / 2; w.bias_expert_stride = N;
+        std::vector<float> ref(experts.size() * I), g(N);
+        for (size_t p = 0; p < experts.size(); ++p) {
+            const size_t e = size_t(experts[p]);
+            cpu::matmul_mxfp4(x.data(), blocks.data() + e * N * K / 2, scales.data() + e * N * K / 32,
+                              bias.data() + e * N, 1, K, N, g.data());
+            cpu::swiglu(g.data(), 1, I, 7.0f, ref.data() + p * I);
+        }
+        Route route(experts, 4, 4);
+        for (const cuda::DecodeGemv& v : variants(true)) {
+            for (bool ready : {false, true}) {
+                const std::string what = name(true, v) + " gate_up" + (ready ? " route_ready" : "");
+                Dev<uint16_t> act(experts.size() * I), act2(experts.size() * I);
+                OK(cuda::gemm_decode(w, xd.p, &route.r, ready, cuda::Epilogue::kSwiglu, nullptr, act.p, I, 7.0f, v,
+                                     nullptr));
+                OK(cuda::gemm_decode(w, xd.p, &route.r, ready, cuda::Epilogue::kSwiglu, nullptr, act2.p, I, 7.0f, v,
+                                     nullptr));
+                const auto got = act.get(), got2 = act2.get();
+                std::vector<float> unperm(got.size());
+                for (size_t p = 0; p < experts.size(); ++p)
+                    for (uint32_t k = 0; k < I; ++k)
+                        unperm[p * I + k] = bf16_to_f32(got[p * I + cuda::permuted_k(k)]);
+                expect_close(unperm, ref, 1e-3f, 8e-3f, what);
+                CHECK(got == got2);
+            }
+        }
+    }
+}
+
+TEST_CASE("gemm_decode rejects a variant that is not compiled in, naming it") {
+    cuda::GemmWeights w;
+    w.N = 16; w.K = 64;
+    Dev<float> out(16);
+    const gptoss_status s = cuda::gemm_decode(w, nullptr, nullptr, false, cuda::Epilogue::kStore, out.p, nullptr, 16,
+                                              0, cuda::DecodeGemv{3, 5, false}, nullptr);
+    CHECK(s == GPTOSS_ERR_INTERNAL);
+    CHECK(std::string(gptoss_last_error()).find("3 warps") != std::string::npos);
+}
+
+int main(int argc, char** argv) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        std::printf("no CUDA device: skipping the decode GEMV tests (test-kernels-decode)\n");
+        return 77;
+    }
+    doctest::Context ctx;
+    ctx.applyCommandLine(argc, argv);
+    return ctx.run();
+}

@@ -142,7 +142,7 @@ struct DecodeGemv {
 // through gemm(nb = 1) instead). Read once per process.
 struct DecodeTuning {
     bool legacy = false;
-    DecodeGemv bf16{8, 4, true};
+    DecodeGemv bf16{8, 4, false};
     DecodeGemv fp4{4, 4, false};
     bool route_ready = true;
 };

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # test-chat-oneshot.sh - gptoss-chat used from scripts, on the tiny synthetic model (CPU):
 # -p with piped stdin and --json (exit 0, the JSON holds what was sent), plain -p prints only
-# the final answer, --json output continues with --conversation, --tool-cmd answers a pending
-# tool call with what the tool program prints, line mode runs commands, the default model is
-# written on first use, and every kind of bad input exits non-zero with a message naming it.
+# the final answer (or a note on stderr saying there is none), --json output continues with
+# --conversation, --tool-cmd answers a pending tool call with what the tool program prints,
+# line mode runs commands and prints a note instead of a blank line for a turn with no answer,
+# the default model is written on first use, and every kind of bad input exits non-zero with a
+# message naming it.
 # Expected values come from what this script sends, from running examples/tool.py directly, and
 # from the fixture's own gptoss-synth output; the model's random text is never an expectation.
 set -euo pipefail
@@ -54,14 +56,21 @@ assert isinstance(d["final"], str) and isinstance(d["analysis"], str)
 ' "$work/a.json"
 
 # --- plain -p prints only the final answer -----------------------------------------------------
-# Same seed, same input: the same reply, so the plain output must be exactly the JSON's final.
-printf 'line one\nline two\n' | run -p "Summarize this:" -r high -s "Answer briefly." >"$work/plain.txt" ||
-    fail "one-shot plain exited with status $?"
-python3 - "$work/a.json" "$work/plain.txt" <<'EOF' || fail "plain -p output is not exactly the final answer"
+# Same seed, same input: the same reply, so the plain output must be exactly the JSON's final;
+# a reply without one prints nothing on stdout and says so on stderr, with the JSON's numbers.
+printf 'line one\nline two\n' | run -p "Summarize this:" -r high -s "Answer briefly." >"$work/plain.txt" \
+    2>"$work/plain.err" || fail "one-shot plain exited with status $?"
+python3 - "$work/a.json" "$work/plain.txt" "$work/plain.err" <<'EOF' || fail "plain -p output is not exactly the final answer"
 import json, sys
-final = json.load(open(sys.argv[1]))["final"]
+d = json.load(open(sys.argv[1]))
 plain = open(sys.argv[2], encoding="utf-8", errors="replace").read()
-assert plain == final + "\n", (plain, final)
+err = open(sys.argv[3], encoding="utf-8", errors="replace").read()
+if d["final"]:
+    assert plain == d["final"] + "\n", (plain, d["final"])
+else:
+    assert plain == "", plain
+    note = "[no final answer: %d tokens (" % d["usage"]["completion_tokens"]
+    assert note in err and ("), stop: %s]" % d["stop_reason"]) in err, err
 EOF
 
 # --- the --json output is a conversation file -------------------------------------------------
@@ -113,6 +122,18 @@ users = [m["content"] for m in d["messages"] if m["role"] == "user"]
 assert users == ["hello"], users
 assert d["reasoning_effort"] == "low", d["reasoning_effort"]
 ' "$work/lines.json"
+# One line per turn: the final answer, or what the turn got instead of a blank line.
+[ "$(wc -l <"$work/lines.out")" -eq 1 ] || fail "line mode printed $(wc -l <"$work/lines.out") lines for one turn"
+if grep -q '^\[no final answer' "$work/lines.out"; then
+    grep -qE '^\[no final answer: [0-9]+ tokens \(.+\), stop: [a-z ]+\]$' "$work/lines.out" ||
+        fail "line mode's no-final note is malformed: $(cat "$work/lines.out")"
+elif ! grep -q . "$work/lines.out"; then
+    fail "line mode printed a blank line for a turn"
+fi
+# The tiny model, asked for a few tokens, writes no final channel: the note, not a blank line.
+printf 'hello\n' | run --max-tokens 3 >"$work/lines3.out" 2>"$work/err" || fail "line mode exited with status $?"
+grep -qE '^\[no final answer: 3 tokens \(.+\), stop: max tokens\]$' "$work/lines3.out" ||
+    fail "line mode with no final answer printed: '$(cat "$work/lines3.out")'"
 
 # --- the default model is written on first use --------------------------------------------------
 XDG_CACHE_HOME="$work/cache" "$chat" --device cpu -p "hi" --max-tokens 2 </dev/null >"$work/out" 2>"$work/err" ||

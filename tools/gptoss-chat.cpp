@@ -677,6 +677,7 @@ struct TurnStats {
 
 struct LastReply {
     std::string final, analysis;
+    size_t raw_bytes = 0;            // of the completion text, all rounds
     std::vector<Message> messages;  // this turn's assistant messages, all rounds
     TurnStats stats;                 // of the last gptoss_chat() call
     bool valid = false;
@@ -868,11 +869,37 @@ public:
         std::fflush(stdout);
     }
 
-    // Line mode prints each answer as one-shot mode does: the final text and a newline.
-    void print_final() const {
+    // Line mode prints each answer as one-shot mode does: the final text and a newline; a turn
+    // without a final answer prints what it got instead of a blank line (no_final_note()).
+    // One-shot mode writes that note on stderr, keeping stdout for answers.
+    void print_final(FILE* note_stream) const {
+        if (last_.final.empty()) {
+            std::fprintf(note_stream, "%s\n", no_final_note().c_str());
+            std::fflush(note_stream);
+            return;
+        }
         std::fwrite(last_.final.data(), 1, last_.final.size(), stdout);
         std::fputc('\n', stdout);
         std::fflush(stdout);
+    }
+
+    // "[no final answer: 12 tokens (analysis: 40 bytes, 1 tool call), stop: max tokens]": the
+    // turn's completion tokens, what the parsed messages hold, else the size of the raw text
+    // (a model that writes no Harmony message at all, like the random tiny one).
+    std::string no_final_note() const {
+        size_t tool_calls = 0, commentary = 0;
+        for (const Message& m : last_.messages) {
+            if (m.recipient) ++tool_calls;
+            else if (m.channel == GPTOSS_CHANNEL_COMMENTARY) commentary += m.content.size();
+        }
+        std::string parts;
+        auto add = [&](const std::string& part) { parts += (parts.empty() ? "" : ", ") + part; };
+        if (!last_.analysis.empty()) add("analysis: " + std::to_string(last_.analysis.size()) + " bytes");
+        if (commentary) add("commentary: " + std::to_string(commentary) + " bytes");
+        if (tool_calls) add(std::to_string(tool_calls) + (tool_calls == 1 ? " tool call" : " tool calls"));
+        if (parts.empty()) add("no Harmony message; raw text: " + std::to_string(last_.raw_bytes) + " bytes");
+        return "[no final answer: " + std::to_string(last_.stats.completion_tokens) + " tokens (" + parts +
+               "), stop: " + stop_reason_name(last_.stats.stop) + "]";
     }
 
     static std::string stats_line(const TurnStats& s) {
@@ -1047,6 +1074,7 @@ private:
             conv_.messages.push_back(std::move(m));
         }
         if (result->final && *result->final) last_.final = result->final;
+        if (result->raw) last_.raw_bytes += std::strlen(result->raw);
         if (result->analysis && *result->analysis) {
             if (!last_.analysis.empty()) last_.analysis += "\n";
             last_.analysis += result->analysis;
@@ -1256,9 +1284,7 @@ int run_oneshot(Chat& chat, const Options& o) {
     if (o.json) {
         chat.print_json();
     } else {
-        const std::string& answer = chat.last().final;
-        std::fwrite(answer.data(), 1, answer.size(), stdout);
-        std::fputc('\n', stdout);
+        chat.print_final(stderr);
     }
     return 0;
 }
@@ -1293,7 +1319,7 @@ int run_loop(Chat& chat, const Options& o, Mode mode) {
             continue;
         }
         if (o.json) chat.print_json();
-        else if (mode == Mode::Lines) chat.print_final();
+        else if (mode == Mode::Lines) chat.print_final(stdout);
     }
     return 0;
 }

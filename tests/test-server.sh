@@ -3,7 +3,7 @@
 # Node SDK (tests/test-server.cjs: plain and streamed completions, prefix reuse across requests,
 # a tool call round trip, 400s naming the field, 401, 8 requests at once, a client disconnecting
 # mid-stream) and by curl for what an SDK hides: the raw SSE framing, the health and error
-# bodies, 503 when the queue is full, and a clean exit on SIGTERM.
+# bodies, 503 when the queue is full, and a clean exit on SIGTERM (a request it cuts short: 503).
 # Exits 77 (skipped, with the reason) when gptoss-server was not built or node/npm are missing.
 set -euo pipefail
 
@@ -101,10 +101,18 @@ code=$(curl -s -o "$work/e.json" -w '%{http_code}' "$url/v1/chat/completions" -d
 kill "$c1" "$c2" 2>/dev/null || true
 for _ in $(seq 50); do grep -q '"busy":0,"waiting":0' <(curl -s "$url/health") && break; sleep 0.1; done
 grep -q '"busy":0,"waiting":0' <(curl -s "$url/health") || fail "clients that left still hold the session: $(curl -s "$url/health")"
+# SIGTERM while a request generates: it is answered 503 (not a cut-short 200), and the server exits 0.
+curl -s -o "$work/cut.json" -w '%{http_code}' "$url/v1/chat/completions" -d "${long/true/false}" >"$work/cut.code" &
+c3=$!
+pids+=("$c3")
+for _ in $(seq 50); do grep -q '"busy":1' <(curl -s "$url/health") && break; sleep 0.1; done
 kill -TERM "$server_pid"
 rc=0
 wait "$server_pid" || rc=$?
 [ "$rc" = 0 ] || fail "busy server: exit status $rc after SIGTERM"
+wait "$c3" || true
+[ "$(cat "$work/cut.code")" = 503 ] && grep -q '"code":"shutting_down"' "$work/cut.json" ||
+    fail "a request cut short by SIGTERM: $(cat "$work/cut.code") $(head -c 300 "$work/cut.json")"
 
 if [ "$failures" -ne 0 ]; then
     echo "--- server log ---" >&2

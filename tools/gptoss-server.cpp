@@ -234,6 +234,10 @@ public:
     }
 
     size_t size() const { return slots_.size(); }
+    bool closed() {
+        std::lock_guard<std::mutex> lock(mu_);
+        return closed_;
+    }
 
 private:
     bool any_free() const {
@@ -493,6 +497,11 @@ private:
             return send_error(res, st == GPTOSS_ERR_CONTEXT_FULL ? 400 : 500, {message, ""},
                               st == GPTOSS_ERR_CONTEXT_FULL ? "invalid_request_error" : "server_error");
         }
+        if (result->stop_reason == GPTOSS_STOP_CANCELLED && g.pool->closed()) {
+            g.release(true);
+            return send_error(res, 503, {"the server is shutting down; the reply was cut short", ""}, "server_error",
+                              "shutting_down");
+        }
         const oa::Reply reply = oa::reply_from_result(*result, [] { return random_id("call_"); });
         res.set_content(oa::completion_json(id, created, alias_, reply,
                                             oa::reply_finish_reason(result->stop_reason, reply),
@@ -506,10 +515,15 @@ private:
         if (!g.write(g.mapper->first_chunk())) return g.release(false);
         const gptoss_chat_result* result = nullptr;
         const gptoss_status st = g.run(&result);
+        // Headers are gone: an error travels as an event, which the OpenAI SDKs raise.
         if (st != GPTOSS_OK) {
-            // Headers are gone: the error travels as an event, which the OpenAI SDKs raise.
             g.write("data: " + oa::error_json({gptoss_last_error(), ""}, "server_error") + "\n\n");
             return g.release(false);
+        }
+        if (result->stop_reason == GPTOSS_STOP_CANCELLED && g.pool->closed()) {
+            g.write("data: " + oa::error_json({"the server is shutting down; the reply was cut short", ""},
+                                              "server_error", "shutting_down") + "\n\n");
+            return g.release(true);
         }
         g.write(g.mapper->finish(*result));
         log_turn(*result);

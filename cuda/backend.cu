@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <utility>
 
 namespace gptoss {
 
@@ -154,6 +155,7 @@ private:
     StepInfo* step_ = nullptr;
     int32_t* tokens_ = nullptr;
     float* x_ = nullptr;
+    float* x_alt_ = nullptr;  // decode with the fused combine + norm: the residual alternates x_ / x_alt_
     uint16_t* xn_ = nullptr;
     float* qkv_ = nullptr;
     float* q_ = nullptr;
@@ -510,6 +512,7 @@ gptoss_status CudaSession::init() {
         step_ = cv.take<StepInfo>(sizeof(StepInfo));
         tokens_ = cv.take<int32_t>(T * 4);
         x_ = cv.take<float>(size_t(T) * d.H * 4);
+        x_alt_ = cv.take<float>(size_t(d.H) * 4);
         xn_ = cv.take<uint16_t>(size_t(T) * d.H * 2);
         qkv_ = cv.take<float>(size_t(T) * d.QKV * 4);
         q_ = cv.take<float>(size_t(T) * d.QD * 4);
@@ -603,12 +606,25 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
     GPTOSS_TRY(mark("start"));
     GPTOSS_TRY(residual_rmsnorm(embed, x_, b.layers_[0].attn_norm, c.rms_norm_eps, xn_, n, d.H, s));
     GPTOSS_TRY(mark("embed+norm"));
+    // Decode may fold each layer's MoE combine + the next RMSNorm into the next QKV GEMV
+    // (gemm_decode_normed); the residual then moves between x_ and x_alt_ each layer.
+    const DecodeTuning& dt = decode_tuning();
+    const bool fuse_norm = decode && dt.fuse_norm && !dt.legacy && decode_norm_supported(d.H, d.K);
+    float* x = x_;
+    float* x_other = x_alt_;
     for (uint32_t l = 0; l < c.n_layers; ++l) {
         const LayerDev& L = b.layers_[l];
         const LayerKv& kv = kv_[l];
-        GPTOSS_TRY(project(decode, b.dense(L.qkv_w, L.qkv_b, d.QKV, d.H), xn_, n, nullptr, Epilogue::kStore, qkv_,
-                           nullptr, d.QKV, 0));
-        GPTOSS_TRY(mark("qkv gemm"));
+        if (fuse_norm && l > 0) {
+            const DecodeNorm nm{x, part_, weights_, d.K, L.attn_norm, c.rms_norm_eps, x_other};
+            GPTOSS_TRY(gemm_decode_normed(b.dense(L.qkv_w, L.qkv_b, d.QKV, d.H), nm, qkv_, d.QKV, dt.bf16, s));
+            std::swap(x, x_other);
+            GPTOSS_TRY(mark("moe combine + rmsnorm + qkv gemm (fused)"));
+        } else {
+            GPTOSS_TRY(project(decode, b.dense(L.qkv_w, L.qkv_b, d.QKV, d.H), xn_, n, nullptr, Epilogue::kStore, qkv_,
+                               nullptr, d.QKV, 0));
+            GPTOSS_TRY(mark("qkv gemm"));
+        }
         // Decode writes K/V straight into the cache; a chunk goes through k_new_/v_new_ and is
         // committed after attention (its queries still need the ring slots it will overwrite).
         // (RoPE is fused into the decode attention kernel.)
@@ -636,18 +652,18 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
             GPTOSS_TRY(kv_commit(k_new_, v_new_, kv.k, kv.v, kv.slots, step_, n, d.G * d.D, s));
             GPTOSS_TRY(mark("kv commit"));
         }
-        GPTOSS_TRY(project(decode, b.dense(L.o_w, L.o_b, d.H, d.QD), attn_, n, nullptr, Epilogue::kAdd, x_, nullptr,
+        GPTOSS_TRY(project(decode, b.dense(L.o_w, L.o_b, d.H, d.QD), attn_, n, nullptr, Epilogue::kAdd, x, nullptr,
                            d.H, 0));
         GPTOSS_TRY(mark("o gemm + residual"));
         if (decode && router_decode_supported(d.E, d.K, d.H)) {
             RouterDecodeArgs ra;
-            ra.x = x_; ra.norm_w = L.mlp_norm; ra.eps = c.rms_norm_eps; ra.router = b.dense(L.router_w, L.router_b, d.E, d.H);
+            ra.x = x; ra.norm_w = L.mlp_norm; ra.eps = c.rms_norm_eps; ra.router = b.dense(L.router_w, L.router_b, d.E, d.H);
             ra.K = d.K; ra.xn = xn_; ra.logits = rlogits_; ra.counter = counters_ + d.G; ra.experts = experts_; ra.weights = weights_; ra.tiles = tiles_; ra.pairs = pairs_;
             GPTOSS_TRY(router_decode(ra, s));
             GPTOSS_TRY(mark("rmsnorm + router + top-k (fused)"));
         } else {
             ResidualArgs none;
-            GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, c.rms_norm_eps, xn_, n, d.H, s));
+            GPTOSS_TRY(residual_rmsnorm(none, x, L.mlp_norm, c.rms_norm_eps, xn_, n, d.H, s));
             GPTOSS_TRY(mark("rmsnorm"));
             GPTOSS_TRY(project(decode, b.dense(L.router_w, L.router_b, d.E, d.H), xn_, n, nullptr, Epilogue::kStore,
                                rlogits_, nullptr, d.E, 0));
@@ -671,8 +687,10 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
         moe.weights = weights_;
         moe.K = d.K;
         const float* next_norm = l + 1 < c.n_layers ? b.layers_[l + 1].attn_norm : b.final_norm_;
-        GPTOSS_TRY(residual_rmsnorm(moe, x_, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
-        GPTOSS_TRY(mark("moe combine + rmsnorm"));
+        if (!(fuse_norm && l + 1 < c.n_layers)) {
+            GPTOSS_TRY(residual_rmsnorm(moe, x, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
+            GPTOSS_TRY(mark("moe combine + rmsnorm"));
+        }
     }
     // One row: the decode GEMV serves prefill too (a row's bits depend only on that row).
     GPTOSS_TRY(project(true, b.dense(b.lm_head_, nullptr, d.V, d.H), xn_ + size_t(n - 1) * d.H, 1, nullptr,

@@ -15,6 +15,10 @@
 // by a kernel that finished before the previous kernel's dependency wait, e.g. the router
 // before gate_up) is read and the expert's first weight chunks are requested before this
 // kernel's own griddepcontrol.wait (MoE down at decode).
+// Normed (QKV at decode, layers after the first): the previous layer's MoE combine + residual
+// add + this layer's attention RMSNorm run in every CTA's prologue (bit-identical to
+// residual_rmsnorm kMoeAdd; the residual goes to a second buffer), so the separate combine
+// launch and its kernel boundary disappear; the B fragments then come from shared memory.
 // Floor: bytes of W read once (the activation row is an L2 hit); the variants (warps, ring
 // depth, shfl) are picked by decode_tuning(), overridable by environment variables for A/B
 // runs (bench/NOTES.md, "v12 decode").
@@ -41,11 +45,59 @@ struct DecodeArgs {
     uint16_t* out_bf16;
     uint32_t ldo;
     float limit;
+    DecodeNorm norm;  // kNorm only
 };
 
-template <bool kFp4, int NW, int kDepth, bool kShfl>
+constexpr uint32_t kNormMaxK = 4096;  // the normed row lives in shared memory
+constexpr uint32_t kNormSlots = 4;    // MoE slots combined in the prologue (gpt-oss: 4)
+
+// The MoE combine + RMSNorm of residual_rmsnorm(kMoeAdd) (same per-element arithmetic, same
+// reduction order through rmsnorm_inv: bit-identical), computed by every CTA of the next QKV
+// GEMV for itself: v = x + Σ_s w_s · part_s, xsm = bf16(v · inv · norm_w) permuted; CTA 0 also
+// stores v to x_out (another buffer than x: the other CTAs still read x). Contains a
+// __syncthreads; every thread of the CTA calls it.
+template <uint32_t R, uint32_t Q>
+__device__ __forceinline__ void normed_row(const DecodeNorm& nm, uint32_t H, const float (&wn)[Q][kNormPer],
+                                           float* npart, uint16_t* xsm) {
+    float wt[kNormSlots];
+#pragma unroll
+    for (uint32_t s = 0; s < kNormSlots; ++s) wt[s] = s < nm.K ? __ldg(nm.weights + s) : 0.0f;
+    float v[Q][kNormPer];
+#pragma unroll
+    for (uint32_t q = 0; q < Q; ++q)
+#pragma unroll
+        for (uint32_t j = 0; j < kNormPer; ++j) {
+            const uint32_t i = threadIdx.x + R * q + kNormThreads * j;
+            float p[kNormSlots];
+#pragma unroll
+            for (uint32_t s = 0; s < kNormSlots; ++s)
+                p[s] = (s < nm.K && i < H) ? __ldg(nm.part + size_t(s) * H + i) : 0.0f;
+            v[q][j] = i < H ? nm.x[i] : 0.0f;
+            float sum = 0.0f;
+#pragma unroll
+            for (uint32_t s = 0; s < kNormSlots; ++s)
+                if (s < nm.K) sum = __fmaf_rn(wt[s], p[s], sum);
+            v[q][j] += sum;
+        }
+    const float inv = rmsnorm_inv<R>([&](uint32_t q, uint32_t j) { return v[q][j]; }, H, nm.eps, npart);
+#pragma unroll
+    for (uint32_t q = 0; q < Q; ++q)
+#pragma unroll
+        for (uint32_t j = 0; j < kNormPer; ++j) {
+            const uint32_t i = threadIdx.x + R * q + kNormThreads * j;
+            if (i >= H) continue;
+            xsm[permuted_k(i)] = f32_to_bf16_bits(v[q][j] * inv * wn[q][j]);
+            if (blockIdx.x == 0) nm.x_out[i] = v[q][j];
+        }
+    __syncthreads();
+}
+
+template <bool kFp4, int NW, int kDepth, bool kShfl, bool kNorm>
 __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs args) {
+    constexpr uint32_t R = NW * 32, Q = kNorm ? kNormThreads / R : 1;
     __shared__ float red[NW][16];
+    __shared__ __align__(16) uint16_t xsm[kNorm ? kNormMaxK : 2];  // kNorm: the normed row, permuted
+    __shared__ float npart[kNorm ? kNormThreads / 32 : 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const uint32_t slab = blockIdx.x;
@@ -82,8 +134,21 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
         const uint32_t cc = uint32_t(warp) + uint32_t(NW) * i;
         if (cc < n_chunks) load_chunk<kFp4>(ring[i], wp, sp, cc);
     }
+    // kNorm: the norm weight of the elements this thread owns in rmsnorm_inv's mapping (read
+    // only, so before the wait).
+    float wn[Q][kNormPer];
+    if constexpr (kNorm) {
+#pragma unroll
+        for (uint32_t q = 0; q < Q; ++q)
+#pragma unroll
+            for (uint32_t j = 0; j < kNormPer; ++j) {
+                const uint32_t i = threadIdx.x + R * q + kNormThreads * j;
+                wn[q][j] = i < K ? __ldg(args.norm.norm_w + i) : 0.0f;
+            }
+    }
     if (!args.routed || args.route_ready) pdl_wait();
     pdl_launch_dependents();
+    if constexpr (kNorm) normed_row<R, Q>(args.norm, K, wn, npart, xsm);
 
     // Activation ring: shfl = word `lane` of each chunk's 128-byte slice of the row; else the
     // two 16-byte B fragments of lanes g == 0 (zero elsewhere).
@@ -102,10 +167,12 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
             xb[i][0] = xb[i][1] = make_uint4(0, 0, 0, 0);
         }
     };
+    if constexpr (!kNorm) {
 #pragma unroll
-    for (int i = 0; i < kDepth; ++i) {
-        const uint32_t cc = uint32_t(warp) + uint32_t(NW) * i;
-        if (cc < n_chunks) load_x(i, cc);
+        for (int i = 0; i < kDepth; ++i) {
+            const uint32_t cc = uint32_t(warp) + uint32_t(NW) * i;
+            if (cc < n_chunks) load_x(i, cc);
+        }
     }
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -119,7 +186,12 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
                 uint32_t a[4];
                 fragment<kFp4>(ring[i], j, a);
                 uint32_t b0, b1;
-                if constexpr (kShfl) {
+                if constexpr (kNorm) {
+                    // words c·32 + 8t + 2j and + 1 of the row (the shfl variant's lanes).
+                    const uint2 bb = *reinterpret_cast<const uint2*>(xsm + size_t(c) * 64 + 16 * t + 4 * j);
+                    b0 = bb.x;
+                    b1 = bb.y;
+                } else if constexpr (kShfl) {
                     b0 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j);
                     b1 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j + 1);
                 } else {
@@ -132,7 +204,7 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
             const uint32_t cn = c + uint32_t(NW * kDepth);
             if (cn < n_chunks) {
                 load_chunk<kFp4>(ring[i], wp, sp, cn);
-                load_x(i, cn);
+                if constexpr (!kNorm) load_x(i, cn);
             }
         }
     }
@@ -181,9 +253,12 @@ struct Instance {
     bool fp4;
     DecodeGemv v;
     KernelFn fn;
+    KernelFn normed;  // bf16 with the combine + RMSNorm prologue (the activation comes from it)
 };
 
-#define GPTOSS_GEMV(FP4, NW, D, SH) Instance{FP4, DecodeGemv{NW, D, SH}, gemv_decode_kernel<FP4, NW, D, SH>}
+#define GPTOSS_GEMV(FP4, NW, D, SH)                                                                 \
+    Instance{FP4, DecodeGemv{NW, D, SH}, gemv_decode_kernel<FP4, NW, D, SH, false>,                 \
+             FP4 ? nullptr : gemv_decode_kernel<false, NW, D, false, true>}
 // The variants compiled in (decode_gemv_variants lists them; the tests run every one).
 const Instance kInstances[] = {
     GPTOSS_GEMV(false, 4, 4, false), GPTOSS_GEMV(false, 8, 4, false), GPTOSS_GEMV(false, 16, 4, false),
@@ -224,6 +299,8 @@ std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants() {
     return out;
 }
 
+bool decode_norm_supported(uint32_t H, uint32_t K) { return H <= kNormMaxK && H % 64 == 0 && K <= kNormSlots; }
+
 const DecodeTuning& decode_tuning() {
     static const DecodeTuning tuning = [] {
         DecodeTuning d;
@@ -231,6 +308,7 @@ const DecodeTuning& decode_tuning() {
         d.bf16 = env_variant("GPTOSS_DECODE_BF16", d.bf16);
         d.fp4 = env_variant("GPTOSS_DECODE_FP4", d.fp4);
         d.route_ready = env_flag("GPTOSS_DECODE_ROUTE_READY", d.route_ready);
+        d.fuse_norm = env_flag("GPTOSS_DECODE_FUSE_NORM", d.fuse_norm);
         return d;
     }();
     return tuning;
@@ -266,6 +344,29 @@ gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRou
     const dim3 grid(ceil_div(w.N, 16), tiles);
     GPTOSS_TRY(cuda_status(launch_pdl(in->fn, grid, dim3(variant.warps * 32), 0, stream, a), "gemv_decode_kernel",
                            __FILE__, __LINE__));
+    return GPTOSS_OK;
+}
+
+gptoss_status gemm_decode_normed(const GemmWeights& w, const DecodeNorm& norm, float* out_f32, uint32_t ldo,
+                                 const DecodeGemv& variant, cudaStream_t stream) {
+    if (w.mxfp4 || w.K == 0 || w.N == 0 || !decode_norm_supported(w.K, norm.K) || !out_f32 || !norm.x_out ||
+        norm.x_out == norm.x)
+        return fail(GPTOSS_ERR_INTERNAL,
+                    "gemm_decode_normed: needs bf16 weights, K=%u a multiple of 64 up to %u, at most %u MoE slots "
+                    "(%u), an fp32 output and x_out distinct from x",
+                    w.K, kNormMaxK, kNormSlots, norm.K);
+    const Instance* in = find_instance(false, DecodeGemv{variant.warps, variant.depth, false});
+    if (!in)
+        return fail(GPTOSS_ERR_INTERNAL, "gemm_decode_normed: no bf16 variant with %u warps, ring depth %u",
+                    variant.warps, variant.depth);
+    DecodeArgs a{};
+    a.w = w;
+    a.epilogue = int(Epilogue::kStore);
+    a.out_f32 = out_f32;
+    a.ldo = ldo;
+    a.norm = norm;
+    GPTOSS_TRY(cuda_status(launch_pdl(in->normed, dim3(ceil_div(w.N, 16)), dim3(variant.warps * 32), 0, stream, a),
+                           "gemv_decode_kernel (normed)", __FILE__, __LINE__));
     return GPTOSS_OK;
 }
 

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# tools/gptoss-bench on the CPU backend with the tiny checkpoint: decode-only runs at a depth
+# (-p 0 -d N: the context is filled in 512-token chunks; a 0-token fill step once looped
+# forever) and a pp + tg run report their rows. Each run is bounded by `timeout`.
+set -uo pipefail
+bench="${GPTOSS_BUILD_DIR:?}/gptoss-bench"
+model="${GPTOSS_TINY_MODEL:?}"
+passed=0 failed=0
+check() {  # check NAME EXPECTED ACTUAL
+    if [ "$2" == "$3" ]; then passed=$((passed + 1)); else
+        failed=$((failed + 1)); printf 'FAIL %s\n  expected: %q\n  got:      %q\n' "$1" "$2" "$3"; fi
+}
+rows() { grep -oE '^\| (pp|tg)[0-9]+ +\| +[0-9]+ ' | tr -s ' ' | tr '\n' ';'; }
+out=$(timeout 120 "$bench" --device cpu --model "$model" -p 0 -n 2 -d 600 -r 1 2>/dev/null); rc=$?
+check "-p 0 -d 600 finishes" "0" "$rc"
+check "-p 0 -d 600 rows" "| tg2 | 600 ;" "$(rows <<< "$out")"
+out=$(timeout 120 "$bench" --device cpu --model "$model" -p 16 -n 2 -d 0,40 -r 1 2>/dev/null); rc=$?
+check "-p 16 -d 0,40 finishes" "0" "$rc"
+check "-p 16 -d 0,40 rows" "| pp16 | 0 ;| tg2 | 0 ;| pp16 | 40 ;| tg2 | 40 ;" "$(rows <<< "$out")"
+echo "test-bench: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

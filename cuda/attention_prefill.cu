@@ -2,7 +2,7 @@
 // style: mma.sync m16n8k16 (bf16 in, fp32 accumulate), online softmax, no T×T matrix. One CTA
 // owns 16 query tokens × the (≤ 8) query heads of one kv head; warp w is query head w of the
 // group, its 16 MMA rows the 16 tokens, so the 8 heads share every K/V tile (GQA). Keys are
-// visited in 64-key blocks aligned to absolute positions (cp.async double-buffered into
+// visited in 64-key blocks aligned to absolute positions (cp.async, a 3-stage pipeline, into
 // XOR-swizzled shared memory, read with ldmatrix), from the block of the CTA's first visible
 // key (sliding layers: its first token's window start) to the block of its last token; blocks
 // entirely visible to every row skip the mask. The sink enters as the initial state of each
@@ -28,8 +28,7 @@ constexpr int kMaxHeads = 8;           // query heads per kv head = warps per CT
 constexpr int kKeys = 64;              // keys per block
 constexpr int kThreads = 32 * kMaxHeads;
 constexpr int kTileBytes = kKeys * kD * 2;      // one K or V block: 8 KB
-constexpr int kStageBytes = 2 * kTileBytes;     // K + V
-constexpr int kSmemBytes = 2 * kStageBytes;     // double-buffered: 32 KB
+constexpr int kStageBytes = 2 * kTileBytes;     // K + V: 16 KB per pipeline stage
 constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ float ex2(float x) {
@@ -44,7 +43,9 @@ __device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, 
                  : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+// Waits until at most N of this thread's cp.async groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -87,7 +88,7 @@ __device__ __forceinline__ void load_block(const AttentionArgs& a, uint32_t stag
                 ks = a.k_new;
                 vs = a.v_new;
             } else {
-                off = size_t(uint32_t(kp) % a.slots) * GD;
+                off = size_t(uint32_t(kp) < a.slots ? uint32_t(kp) : uint32_t(kp) % a.slots) * GD;
             }
             off += size_t(g) * kD + c * 8;
         }
@@ -96,9 +97,10 @@ __device__ __forceinline__ void load_block(const AttentionArgs& a, uint32_t stag
     }
 }
 
-// kMinCtas: CTAs per SM the registers are capped for (1: ~146 registers; 2: 128).
-template <int kMinCtas>
-__global__ __launch_bounds__(kThreads, kMinCtas) void attention_prefill_mma_kernel(const AttentionArgs a) {
+// kStages: K/V pipeline depth (blocks in flight + the one being read); one barrier per block.
+// Registers capped for 2 CTAs per SM (128; one CTA per SM with ~146 was 3 % slower, H100).
+template <int kStages>
+__global__ __launch_bounds__(kThreads, 2) void attention_prefill_mma_kernel(const AttentionArgs a) {
     extern __shared__ __align__(128) uint8_t smem[];
     pdl_wait();
     pdl_launch_dependents();
@@ -116,8 +118,12 @@ __global__ __launch_bounds__(kThreads, kMinCtas) void attention_prefill_mma_kern
     const int kb_begin = lo_first & ~(kKeys - 1), kb_end = p_last & ~(kKeys - 1);
     const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
 
-    load_block(a, smem0, kb_begin, lo_first, p_last, pos0, g);
-    cp_async_commit();
+    const int n_blocks = (kb_end - kb_begin) / kKeys + 1;
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < n_blocks) load_block(a, smem0 + uint32_t(s) * kStageBytes, kb_begin + s * kKeys, lo_first, p_last, pos0, g);
+        cp_async_commit();
+    }
 
     const bool active = warp < hpg;
     const int head = g * hpg + warp;
@@ -149,16 +155,19 @@ __global__ __launch_bounds__(kThreads, kMinCtas) void attention_prefill_mma_kern
 #pragma unroll
     for (int nd = 0; nd < 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
 
-    const int n_blocks = (kb_end - kb_begin) / kKeys + 1;
+    int stage = 0;  // = ib % kStages
     for (int ib = 0; ib < n_blocks; ++ib) {
         const int kb = kb_begin + ib * kKeys;
-        if (ib + 1 < n_blocks)
-            load_block(a, smem0 + uint32_t((ib + 1) & 1) * kStageBytes, kb + kKeys, lo_first, p_last, pos0, g);
-        cp_async_commit();
-        cp_async_wait_one();
-        __syncthreads();
+        cp_async_wait<kStages - 2>();  // block ib has landed (this thread's part)
+        __syncthreads();               // ... everyone's part; and block ib - 1 is no longer read
+        {
+            const int ahead = ib + kStages - 1, st = stage == 0 ? kStages - 1 : stage - 1;  // = ahead % kStages
+            if (ahead < n_blocks)
+                load_block(a, smem0 + uint32_t(st) * kStageBytes, kb_begin + ahead * kKeys, lo_first, p_last, pos0, g);
+            cp_async_commit();
+        }
         if (active) {
-            const uint32_t kbase = smem0 + uint32_t(ib & 1) * kStageBytes, vbase = kbase + kTileBytes;
+            const uint32_t kbase = smem0 + uint32_t(stage) * kStageBytes, vbase = kbase + kTileBytes;
             float s[8][4];
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -228,7 +237,7 @@ __global__ __launch_bounds__(kThreads, kMinCtas) void attention_prefill_mma_kern
                 }
             }
         }
-        __syncthreads();  // the next iteration's load reuses this stage
+        stage = stage + 1 == kStages ? 0 : stage + 1;
     }
     if (!active) return;
 #pragma unroll
@@ -248,6 +257,19 @@ __global__ __launch_bounds__(kThreads, kMinCtas) void attention_prefill_mma_kern
     }
 }
 
+template <int kStages>
+gptoss_status launch(const AttentionArgs& a, dim3 grid, cudaStream_t stream) {
+    constexpr int smem = kStages * kStageBytes;
+    static bool configured = false;  // benign race: the attribute call is idempotent
+    if (!configured) {
+        GPTOSS_CUDA_TRY(cudaFuncSetAttribute(attention_prefill_mma_kernel<kStages>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        configured = true;
+    }
+    GPTOSS_LAUNCH(attention_prefill_mma_kernel<kStages>, grid, kThreads, smem, stream, a);
+    return GPTOSS_OK;
+}
+
 }  // namespace
 
 gptoss_status attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
@@ -260,24 +282,17 @@ gptoss_status attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
     if (a.T == 0) return GPTOSS_OK;
     const uint32_t tiles = ceil_div(a.T, kTok);
     if (tiles > 65535u) return fail(GPTOSS_ERR_UNSUPPORTED, "attention_prefill: %u tokens in one chunk", a.T);
-    // Tuning knob for measurements: GPTOSS_ATTN_PREFILL_CTAS=1 caps registers for one CTA per SM.
-    static const bool one_cta = [] {
-        const char* e = std::getenv("GPTOSS_ATTN_PREFILL_CTAS");
-        return e && std::atoi(e) == 1;
+    // Tuning knob for measurements: GPTOSS_ATTN_PREFILL_STAGES = 2, 3 (default) or 4.
+    static const int stages = [] {
+        const char* e = std::getenv("GPTOSS_ATTN_PREFILL_STAGES");
+        const int v = e ? std::atoi(e) : 3;
+        return v >= 2 && v <= 4 ? v : 3;
     }();
-    static bool configured = false;  // benign race: the attribute calls are idempotent
-    if (!configured) {
-        GPTOSS_CUDA_TRY(cudaFuncSetAttribute(attention_prefill_mma_kernel<1>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-        GPTOSS_CUDA_TRY(cudaFuncSetAttribute(attention_prefill_mma_kernel<2>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-        configured = true;
-    }
     // x = kv head, y = token tile: consecutive CTAs share the token tile (same K/V range in L2).
-    if (one_cta)
-        GPTOSS_LAUNCH(attention_prefill_mma_kernel<1>, dim3(a.G, tiles), kThreads, kSmemBytes, stream, a);
-    else
-        GPTOSS_LAUNCH(attention_prefill_mma_kernel<2>, dim3(a.G, tiles), kThreads, kSmemBytes, stream, a);
+    const dim3 grid(a.G, tiles);
+    if (stages == 2) return launch<2>(a, grid, stream);
+    if (stages == 4) return launch<4>(a, grid, stream);
+    return launch<3>(a, grid, stream);
     return GPTOSS_OK;
 }
 

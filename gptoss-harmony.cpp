@@ -9,6 +9,7 @@
 #include "gptoss-internal.h"
 #include "tokenizer/chat-json.h"
 #include "tokenizer/harmony.h"
+#include "tokenizer/json-schema.h"
 #include "tokenizer/tokenizer.h"
 
 #include <algorithm>
@@ -70,10 +71,67 @@ int enum_value(const E& field) {
     return value;
 }
 
+// tool_choice and response_format: checked, and the response format's developer section added.
+gptoss_status check_constraints(const gptoss_chat_request& in, h::Conversation* c) {
+    const int choice = enum_value(in.tool_choice);
+    if (choice < GPTOSS_TOOL_CHOICE_AUTO || choice > GPTOSS_TOOL_CHOICE_NAMED)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "request.tool_choice: %d is not AUTO, NONE, REQUIRED or NAMED", choice);
+    if (choice == GPTOSS_TOOL_CHOICE_REQUIRED && in.n_tools == 0)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "request.tool_choice: REQUIRED with no tools");
+    if (choice == GPTOSS_TOOL_CHOICE_NAMED) {
+        if (in.tool_choice_name == nullptr)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "request.tool_choice_name: NULL with tool_choice NAMED");
+        bool found = false;
+        for (size_t i = 0; i < in.n_tools && !found; ++i)
+            found = in.tools[i].name != nullptr && std::strcmp(in.tools[i].name, in.tool_choice_name) == 0;
+        if (!found)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "request.tool_choice_name: \"%s\" is not one of the tools",
+                        in.tool_choice_name);
+    }
+    const int format = enum_value(in.response_format);
+    if (format < GPTOSS_RESPONSE_FORMAT_TEXT || format > GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "request.response_format: %d is not TEXT, JSON_OBJECT or JSON_SCHEMA",
+                    format);
+    if (format != GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA) return GPTOSS_OK;
+    if (in.response_format_name == nullptr || in.response_format_name[0] == '\0')
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "request.response_format_name: NULL or empty with response_format JSON_SCHEMA");
+    if (in.response_format_schema == nullptr)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "request.response_format_schema: NULL with response_format JSON_SCHEMA");
+    GPTOSS_TRY(check_text(in.response_format_name, "request.response_format_name"));
+    GPTOSS_TRY(check_text(in.response_format_schema, "request.response_format_schema"));
+    h::ResponseFormat f;
+    f.name = in.response_format_name;
+    if (in.response_format_description != nullptr) {
+        GPTOSS_TRY(check_text(in.response_format_description, "request.response_format_description"));
+        f.description = in.response_format_description;
+    }
+    GPTOSS_TRY(schema::minify_json(in.response_format_schema, "request.response_format_schema", &f.schema));
+    c->has_developer = true;
+    c->developer.response_formats.push_back(std::move(f));
+    return GPTOSS_OK;
+}
+
+// The constraints gptoss_chat applies for `in` (already checked by check_constraints).
+gptoss_status chat_constraint(gptoss_model* model, const gptoss_chat_request& in,
+                              std::shared_ptr<TokenConstraint>* out) {
+    ChatConstraintSpec spec;
+    std::vector<std::string> where;
+    for (size_t i = 0; i < in.n_tools; ++i) {
+        if (in.constrain_tool_arguments && in.tools[i].parameters != nullptr) {
+            spec.tool_schemas.emplace_back(in.tools[i].name, in.tools[i].parameters);
+            where.push_back("tools[" + std::to_string(i) + "].parameters");
+        }
+        if (in.tool_choice == GPTOSS_TOOL_CHOICE_REQUIRED) spec.forced.push_back(in.tools[i].name);
+    }
+    if (in.tool_choice == GPTOSS_TOOL_CHOICE_NAMED) spec.forced.push_back(in.tool_choice_name);
+    spec.forbid_calls = in.tool_choice == GPTOSS_TOOL_CHOICE_NONE;
+    if (in.response_format == GPTOSS_RESPONSE_FORMAT_JSON_OBJECT) spec.response_schema = "{\"type\":\"object\"}";
+    if (in.response_format == GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA) spec.response_schema = in.response_format_schema;
+    return make_chat_constraint(model, spec, where, "request.response_format_schema", out);
+}
+
 // Validates `in` (already read with read_params) and builds the conversation gptoss_chat renders.
 gptoss_status build_conversation(const gptoss_chat_request& in, h::Conversation* out) {
-    if (in.tool_choice != GPTOSS_TOOL_CHOICE_AUTO || in.response_format != GPTOSS_RESPONSE_FORMAT_TEXT)
-        return fail(GPTOSS_ERR_UNSUPPORTED, "request.tool_choice/response_format: not implemented yet");
     if (in.n_messages > 0 && in.messages == nullptr)
         return fail(GPTOSS_ERR_INVALID_ARGUMENT, "request.messages: NULL with n_messages %zu", in.n_messages);
     if (in.n_tools > 0 && in.tools == nullptr)
@@ -121,6 +179,7 @@ gptoss_status build_conversation(const gptoss_chat_request& in, h::Conversation*
         c.has_developer = true;
         c.developer.namespaces.push_back(std::move(ns));
     }
+    GPTOSS_TRY(check_constraints(in, &c));
     std::vector<std::string> called;  // recipients of the tool calls so far
     for (size_t i = 0; i < in.n_messages; ++i) {
         const gptoss_message& m = in.messages[i];
@@ -300,6 +359,7 @@ GPTOSS_API gptoss_status gptoss_chat(gptoss_session* session, const gptoss_chat_
         GPTOSS_TRY(make_generate_options(params, &options));
         // <|end|> closes every analysis message, so it must never stop sampling (HARMONY.md §2.7).
         options.stop_tokens = {h::kReturn, h::kCall, h::kEndOfText};
+        GPTOSS_TRY(chat_constraint(session->model, req, &options.constraint));
         set_snapshot_at(&options, reuse_hint);
 
         h::ChatStream stream(tokenizer,

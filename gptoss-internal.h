@@ -24,6 +24,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace gptoss {
@@ -251,6 +252,12 @@ public:
     // Samples from the latest logits with `u` drawn by the engine. The default samples on the
     // host with sample_logits(); a device backend may override it with the same definition.
     [[nodiscard]] virtual gptoss_status sample(const SamplingConfig& config, double u, int32_t* token_out);
+    // sample() over the logits with every token whose bit is clear in `allowed` set to -inf
+    // (allowed: ceil(V/32) words, bit t%32 of word t/32 for token t; at least one bit set).
+    // The latest logits may stay masked afterwards. The default masks a host copy; a device
+    // backend masks on the device (cuda/mask.cu) so the logits never come to the host.
+    [[nodiscard]] virtual gptoss_status sample_masked(const SamplingConfig& config, double u, const uint32_t* allowed,
+                                                      int32_t* token_out);
     // Copies every sliding layer's ring (API.md §6) aside / back. After restore, the cache
     // holds for sliding layers what it held at the save; full layers are untouched (their
     // entries below the saved position are still valid, since the engine only rewinds).
@@ -296,7 +303,9 @@ struct gptoss_model {
     std::shared_ptr<const gptoss::Tokenizer> tokenizer;  // null if the directory has none
     std::string name;
     std::atomic<bool> poisoned{false};                // a CUDA error happened: every call fails
-    std::mutex mutex;                                 // guards session creation
+    std::mutex mutex;                                 // guards session creation and token_table
+    std::shared_ptr<const void> token_table;          // schema::TokenTable, built by the first
+                                                      // constrained call (gptoss-constraint.cpp)
     ~gptoss_model();
 };
 
@@ -335,6 +344,42 @@ namespace gptoss {
 constexpr int kContinue = -1;
 using TokenHook = std::function<int(int32_t token)>;
 
+// Constrained decoding (gptoss-constraint.cpp): which tokens may come next. The generation loop
+// asks mask() before each token and reports the sampled one to accept().
+class TokenConstraint {
+public:
+    virtual ~TokenConstraint() = default;
+    // Fills `allowed` (n_words words, bit t%32 of word t/32 = token t may come next) and returns
+    // true, or returns false (leaving it alone) when every token may come. Never all zero.
+    virtual bool mask(uint32_t* allowed, uint32_t n_words) = 0;
+    virtual void accept(int32_t token) = 0;
+};
+
+// gptoss_generate's json_schema: the text from the first sampled token on is one JSON document
+// matching the schema, then one of `end_tokens`. INVALID_ARGUMENT (naming `where`) for a schema
+// that does not compile.
+[[nodiscard]] gptoss_status make_json_constraint(gptoss_model* model, std::string_view schema,
+                                                 const std::string& where, std::vector<int32_t> end_tokens,
+                                                 std::shared_ptr<TokenConstraint>* out);
+
+// gptoss_chat's constraints over a Harmony turn that starts after "<|start|>assistant":
+// tool-call arguments (tools with a grammar, from <|message|> to <|call|>), the final-channel
+// message (response), tool_choice NONE (no recipient can be written: no token holding '=' in a
+// header, no <|call|>) and REQUIRED/NAMED (the first message's header is forced to
+// "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>" for one of `forced`).
+struct ChatConstraintSpec {
+    std::vector<std::pair<std::string, std::string>> tool_schemas;  // name → parameters schema (constrained)
+    std::vector<std::string> forced;       // REQUIRED/NAMED: the functions the first message may call
+    bool forbid_calls = false;             // NONE
+    std::string response_schema;           // empty: the final channel is free
+};
+// Returns a null *out when the spec constrains nothing. Schema errors name the field
+// ("tools[1].parameters: /properties/a/pattern: unsupported keyword ...").
+[[nodiscard]] gptoss_status make_chat_constraint(gptoss_model* model, const ChatConstraintSpec& spec,
+                                                 const std::vector<std::string>& tool_where,
+                                                 const std::string& response_where,
+                                                 std::shared_ptr<TokenConstraint>* out);
+
 struct GenerateOptions {
     SamplingConfig sampling;
     uint64_t seed = 0;                    // already resolved (never GPTOSS_SEED_RANDOM)
@@ -344,6 +389,7 @@ struct GenerateOptions {
     uint32_t snapshot_at = 0;             // where to snapshot the sliding rings: 0 (or >= n_prompt)
                                           // = end of the prefill; else this prompt position. Chat
                                           // passes where the next turn's CoT drop will diverge.
+    std::shared_ptr<TokenConstraint> constraint;  // null: unconstrained (the plain sample() path)
 };
 
 struct GenerateOutput {

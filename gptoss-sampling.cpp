@@ -127,4 +127,16 @@ gptoss_status BackendSession::sample(const SamplingConfig& config, double u, int
     return GPTOSS_OK;
 }
 
+gptoss_status BackendSession::sample_masked(const SamplingConfig& config, double u, const uint32_t* allowed,
+                                            int32_t* token_out) {
+    const float* logits = nullptr;
+    GPTOSS_TRY(get_logits(&logits));
+    thread_local std::vector<float> masked;
+    masked.assign(logits, logits + n_vocab_);
+    for (uint32_t t = 0; t < n_vocab_; ++t)
+        if (!((allowed[t / 32] >> (t % 32)) & 1u)) masked[t] = -INFINITY;
+    *token_out = sample_logits(masked.data(), n_vocab_, config, u);
+    return GPTOSS_OK;
+}
+
 }  // namespace gptoss

@@ -354,13 +354,21 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
     // Decode.
     const auto decode_start = std::chrono::steady_clock::now();
     Rng rng(options.seed);
+    TokenConstraint* constraint = options.constraint.get();
+    std::vector<uint32_t> allowed(constraint != nullptr ? (config.vocab + 31) / 32 : 0);
     for (;;) {
         if (session->cancel_requested.load()) {
             out->stop_reason = GPTOSS_STOP_CANCELLED;
             break;
         }
         int32_t token = 0;
-        GPTOSS_TRY(backend.sample(options.sampling, rng.next_double(), &token));
+        // The mask is computed on the host while the device still runs the step's forward.
+        if (constraint != nullptr && constraint->mask(allowed.data(), uint32_t(allowed.size()))) {
+            GPTOSS_TRY(backend.sample_masked(options.sampling, rng.next_double(), allowed.data(), &token));
+        } else {
+            GPTOSS_TRY(backend.sample(options.sampling, rng.next_double(), &token));
+        }
+        if (constraint != nullptr) constraint->accept(token);
         out->tokens.push_back(token);
         if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), token) != options.stop_tokens.end()) {
             out->stop_reason = token == 200002 ? GPTOSS_STOP_RETURN : token == 200012 ? GPTOSS_STOP_CALL : GPTOSS_STOP_TOKEN;
@@ -407,8 +415,6 @@ gptoss_status make_generate_options(const gptoss_sampling_params& params, Genera
     for (size_t i = 0; i < params.n_stop_strings; i++)
         if (params.stop_strings[i] == nullptr || params.stop_strings[i][0] == '\0')
             return fail(GPTOSS_ERR_INVALID_ARGUMENT, "sampling.stop_strings[%zu]: NULL or empty", i);
-    if (params.json_schema != nullptr)
-        return fail(GPTOSS_ERR_UNSUPPORTED, "sampling.json_schema: constrained decoding is not implemented yet");
     *out = GenerateOptions();
     out->sampling.temperature = params.temperature;
     out->sampling.top_p = params.top_p;
@@ -652,9 +658,18 @@ GPTOSS_API gptoss_status gptoss_generate(gptoss_session* session, const int32_t*
         if (sampling != nullptr) GPTOSS_TRY(read_params(sampling, &params, "gptoss_sampling_params"));
         GenerateOptions options;
         GPTOSS_TRY(make_generate_options(params, &options));
+        const Tokenizer* tokenizer = session->model->tokenizer.get();
+        if (params.json_schema != nullptr) {
+            if (tokenizer == nullptr)
+                return fail(GPTOSS_ERR_UNSUPPORTED, "sampling.json_schema: the model has no tokenizer (tokenizer.json missing)");
+            if (options.stop_tokens.empty())
+                return fail(GPTOSS_ERR_INVALID_ARGUMENT,
+                            "sampling.json_schema: needs at least one stop token to end the document (stop_tokens is empty)");
+            GPTOSS_TRY(make_json_constraint(session->model, params.json_schema, "sampling.json_schema", options.stop_tokens,
+                                            &options.constraint));
+        }
 
         // Streaming: each sampled token's complete characters; stop strings match the text.
-        const Tokenizer* tokenizer = session->model->tokenizer.get();
         Utf8StreamDecoder decoder;
         std::string piece, text_so_far;
         std::vector<std::string> stop_strings(params.stop_strings, params.stop_strings + params.n_stop_strings);

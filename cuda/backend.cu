@@ -118,6 +118,8 @@ public:
     gptoss_status decode(int32_t token, uint32_t pos) override;
     gptoss_status get_logits(const float** logits_out) override;
     gptoss_status sample(const SamplingConfig& config, double u, int32_t* token_out) override;
+    gptoss_status sample_masked(const SamplingConfig& config, double u, const uint32_t* allowed,
+                                int32_t* token_out) override;
     gptoss_status save_sliding_snapshot() override;
     gptoss_status restore_sliding_snapshot() override;
     gptoss_status copy_sliding(bool restore);
@@ -176,6 +178,8 @@ private:
     void* sample_scratch_ = nullptr;  // cuda::sample's scratch (sample_bytes_)
     size_t sample_bytes_ = 0;
     int32_t* token_ = nullptr;
+    uint32_t* mask_ = nullptr;        // constrained decoding: the allowed-token bits [ceil(V/32)],
+    uint32_t* mask_host_ = nullptr;   // and their pinned staging copy (allocated on first use)
     struct LayerKv { uint16_t* k; uint16_t* v; uint32_t slots; uint16_t* snap_k; uint16_t* snap_v; };
     std::vector<LayerKv> kv_;
     // host side
@@ -487,6 +491,8 @@ CudaSession::~CudaSession() {
     DeviceGuard guard(device_);
     if (stream_) cudaStreamSynchronize(stream_);
     if (graph_) cudaGraphExecDestroy(graph_);
+    if (mask_) cudaFree(mask_);
+    if (mask_host_) cudaFreeHost(mask_host_);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     if (stream_) cudaStreamDestroy(stream_);
     arena_.reset();
@@ -810,6 +816,28 @@ gptoss_status CudaSession::sample(const SamplingConfig& config, double u, int32_
     GPTOSS_TRY(sync());
     *token_out = token;
     return GPTOSS_OK;
+}
+
+// Constrained decoding: the mask goes up (25 KB), the logits are masked in place on the device
+// (cuda/mask.cu), then the usual sampler runs. The previous step's upload is complete: sample()
+// synchronised the stream.
+gptoss_status CudaSession::sample_masked(const SamplingConfig& config, double u, const uint32_t* allowed,
+                                         int32_t* token_out) {
+    if (!std::isfinite(config.temperature) || !(u >= 0.0 && u < 1.0))
+        return BackendSession::sample_masked(config, u, allowed, token_out);
+    if (be_.poisoned_) return fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable");
+    if (!have_logits_) return fail(GPTOSS_ERR_INTERNAL, "CUDA sample: no forward() has run");
+    DeviceGuard guard(device_);
+    const size_t bytes = size_t(be_.dims_.V + 31) / 32 * sizeof(uint32_t);
+    if (mask_ == nullptr) {
+        GPTOSS_TRY(checked(cuda_status(cudaMalloc(&mask_, bytes), "allocating the token mask", __FILE__, __LINE__)));
+        GPTOSS_TRY(checked(cuda_status(cudaMallocHost(&mask_host_, bytes), "allocating the token mask", __FILE__, __LINE__)));
+    }
+    std::memcpy(mask_host_, allowed, bytes);
+    GPTOSS_TRY(checked(cuda_status(cudaMemcpyAsync(mask_, mask_host_, bytes, cudaMemcpyHostToDevice, stream_),
+                                   "uploading the token mask", __FILE__, __LINE__)));
+    GPTOSS_TRY(checked(apply_token_mask(logits_, mask_, be_.dims_.V, stream_)));
+    return sample(config, u, token_out);
 }
 
 gptoss_status CudaSession::save_sliding_snapshot() { return copy_sliding(/*restore=*/false); }

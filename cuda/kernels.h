@@ -306,6 +306,10 @@ inline int32_t decode_argmax(unsigned long long key) { return int32_t(~uint32_t(
 [[nodiscard]] gptoss_status sample(const float* logits, uint32_t V, const SamplingConfig& config, double u,
                                    void* scratch, size_t scratch_bytes, int32_t* token, cudaStream_t stream);
 
+// Constrained decoding (mask.cu): logits[t] = -inf for every t whose bit is clear in `allowed`
+// (device, ceil(V/32) u32 words, bit t%32 of word t/32). In place, on `stream`.
+[[nodiscard]] gptoss_status apply_token_mask(float* logits, const uint32_t* allowed, uint32_t V, cudaStream_t stream);
+
 // Streaming-read bandwidth probe (bench): sums n 16-byte words into *sink.
 [[nodiscard]] gptoss_status read_probe(const void* data, size_t n_words16, float* sink,
                                        cudaStream_t stream);

@@ -435,6 +435,13 @@ gptoss_status render(const Conversation& conversation, const RenderOptions& opti
             GPTOSS_TRY(render_tools_section(dev.namespaces, &tools));
             sections.push_back(tools);
         }
+        if (!dev.response_formats.empty()) {
+            sections.push_back("# Response Formats");
+            for (const ResponseFormat& f : dev.response_formats) {
+                sections.push_back("## " + f.name);
+                sections.push_back(f.description.empty() ? f.schema : "// " + f.description + "\n" + f.schema);
+            }
+        }
         Message m;
         m.role = Role::Developer;
         GPTOSS_TRY(render_message(m, join(sections, "\n\n"), 0, &pieces));

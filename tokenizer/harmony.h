@@ -69,11 +69,21 @@ struct SystemSpec {
     std::vector<ToolNamespace> namespaces;     // built-in tools (browser, python)
 };
 
+// A structured-output format: rendered at the end of the developer message as
+// "# Response Formats\n\n## {name}\n\n// {description}\n{schema}" (openai/harmony docs/format.md,
+// "Structured output"; the "// {description}" line only when there is one).
+struct ResponseFormat {
+    std::string name;
+    std::string description;
+    std::string schema;                        // JSON text, rendered as given
+};
+
 // DeveloperContent (HARMONY.md §2.3).
 struct DeveloperSpec {
     bool has_instructions = false;
     std::string instructions;
     std::vector<ToolNamespace> namespaces;     // normally one: "functions"
+    std::vector<ResponseFormat> response_formats;
 };
 
 // How earlier chain of thought is treated (HARMONY.md §2.8).

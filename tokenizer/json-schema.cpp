@@ -954,6 +954,17 @@ gptoss_status compile(std::string_view schema_json, const std::string& where, st
     return GPTOSS_OK;
 }
 
+gptoss_status minify_json(std::string_view json, const std::string& where, std::string* out) {
+    simdjson::dom::parser parser;
+    simdjson::padded_string padded(json.data(), json.size());
+    element root;
+    const simdjson::error_code error = parser.parse(padded).get(root);
+    if (error != simdjson::SUCCESS)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s: not valid JSON (%s)", where.c_str(), simdjson::error_message(error));
+    *out = simdjson::minify(root);
+    return GPTOSS_OK;
+}
+
 State initial_state(const Grammar& grammar) {
     State s;
     s.frames.push_back(init_frame(grammar, kRootNode));

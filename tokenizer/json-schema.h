@@ -122,6 +122,10 @@ private:
     State state_, scratch_;
 };
 
+// The JSON text without insignificant whitespace (key order kept), for rendering a schema.
+// INVALID_ARGUMENT naming `where` if it is not JSON.
+[[nodiscard]] gptoss_status minify_json(std::string_view json, const std::string& where, std::string* out);
+
 // Fuzz entry point (tests/fuzz): compiles `data` as a schema and, if it compiles, drives a
 // matcher with the bytes after the first NUL. Never crashes on any input.
 void fuzz_one(const uint8_t* data, size_t size);

@@ -119,6 +119,46 @@ TEST_CASE("tool_choice none drops the tools; auto keeps them") {
     CHECK(none.chat.tools == nullptr);
 }
 
+TEST_CASE("tool_choice and response_format become the request's constraint fields") {
+    const std::string tools = R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}])";
+    CHECK(parse_ok("{" + kUser + tools + "}").chat.tool_choice == GPTOSS_TOOL_CHOICE_AUTO);
+    CHECK(parse_ok("{" + kUser + tools + R"(,"tool_choice":"required"})").chat.tool_choice == GPTOSS_TOOL_CHOICE_REQUIRED);
+    o::CompletionRequest named = parse_ok("{" + kUser + tools + R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})");
+    CHECK(named.chat.tool_choice == GPTOSS_TOOL_CHOICE_NAMED);
+    CHECK(std::string(named.chat.tool_choice_name) == "f");
+    o::CompletionRequest copy = named;  // copies keep the strings alive
+    named = o::CompletionRequest();
+    CHECK(std::string(copy.chat.tool_choice_name) == "f");
+    CHECK(parse_ok("{" + kUser + R"(,"response_format":{"type":"text"}})").chat.response_format == GPTOSS_RESPONSE_FORMAT_TEXT);
+    CHECK(parse_ok("{" + kUser + R"(,"response_format":{"type":"json_object"}})").chat.response_format ==
+          GPTOSS_RESPONSE_FORMAT_JSON_OBJECT);
+    o::CompletionRequest js = parse_ok("{" + kUser + R"(,"response_format":{"type":"json_schema","json_schema":
+        {"name":"answer","description":"The answer","strict":true,"schema":{"type":"object", "properties":{"a":{"type":"integer"}}}}}})");
+    CHECK(js.chat.response_format == GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA);
+    CHECK(std::string(js.chat.response_format_name) == "answer");
+    CHECK(std::string(js.chat.response_format_description) == "The answer");
+    CHECK(std::string(js.chat.response_format_schema) == R"({"type":"object","properties":{"a":{"type":"integer"}}})");
+}
+
+TEST_CASE("the library's refusals of a request name the body's field") {
+    o::CompletionRequest named = parse_ok("{" + kUser + R"(,"tools":[{"type":"function","function":{"name":"f"}}],
+        "tool_choice":{"type":"function","function":{"name":"f"}}})");
+    o::Error e = o::request_error(named, GPTOSS_ERR_UNSUPPORTED, "request.tool_choice/response_format: not implemented yet");
+    CHECK(e.param == "tool_choice");
+    CHECK(e.message.find("not implemented yet") != std::string::npos);
+    o::CompletionRequest js = parse_ok("{" + kUser + R"(,"response_format":{"type":"json_object"}})");
+    CHECK(o::request_error(js, GPTOSS_ERR_UNSUPPORTED, "x").param == "response_format");
+    e = o::request_error(js, GPTOSS_ERR_INVALID_ARGUMENT, "response_format_schema: /properties/a/pattern: unsupported keyword");
+    CHECK(e.param == "response_format.json_schema.schema");
+    CHECK(e.message == "response_format.json_schema.schema: /properties/a/pattern: unsupported keyword");
+    e = o::request_error(named, GPTOSS_ERR_INVALID_ARGUMENT, "request.tool_choice_name: \"g\" is not in tools");
+    CHECK(e.param == "tool_choice.function.name");
+    // Harmony message indices are not the body's: no param.
+    e = o::request_error(named, GPTOSS_ERR_INVALID_ARGUMENT, "messages[3].content: invalid UTF-8 at byte 5");
+    CHECK(e.param.empty());
+    CHECK(e.message == "messages[3].content: invalid UTF-8 at byte 5");
+}
+
 TEST_CASE("a bad request names the field, as a JSON path, in the message and in param") {
     struct Case { std::string body, param, says; };
     const std::vector<Case> cases = {
@@ -138,10 +178,18 @@ TEST_CASE("a bad request names the field, as a JSON path, in the message and in 
         {"{" + kUser + R"(,"stream":"yes"})", "stream", "expected a boolean"},
         {"{" + kUser + R"(,"stream_options":{"include_usage":1}})", "stream_options.include_usage", "expected a boolean"},
         {"{" + kUser + R"(,"n":2})", "n", "only 1 choice"},
-        {"{" + kUser + R"(,"tool_choice":"required"})", "tool_choice", "not supported"},
-        {"{" + kUser + R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})", "tool_choice", "not supported"},
+        {"{" + kUser + R"(,"tool_choice":"required"})", "tool_choice", "needs tools"},
+        {"{" + kUser + R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})", "tool_choice.function.name", "not in tools"},
+        {"{" + kUser + R"(,"tool_choice":{"type":"function","function":{}}})", "tool_choice.function.name", "missing"},
+        {"{" + kUser + R"(,"tool_choice":{"type":"function"}})", "tool_choice.function", "missing"},
         {"{" + kUser + R"(,"tool_choice":"sometimes"})", "tool_choice", "\"sometimes\""},
-        {"{" + kUser + R"(,"response_format":{"type":"json_object"}})", "response_format.type", "not supported"},
+        {"{" + kUser + R"(,"response_format":{"type":"yaml"}})", "response_format.type", "\"yaml\""},
+        {"{" + kUser + R"(,"response_format":"json"})", "response_format", "expected an object"},
+        {"{" + kUser + R"(,"response_format":{"type":"json_schema"}})", "response_format.json_schema", "missing"},
+        {"{" + kUser + R"(,"response_format":{"type":"json_schema","json_schema":{"schema":{}}}})",
+         "response_format.json_schema.name", "missing"},
+        {"{" + kUser + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":[]}}})",
+         "response_format.json_schema.schema", "expected an object"},
         {"{" + kUser + R"(,"logprobs":true})", "logprobs", "not supported"},
         {"{" + kUser + R"(,"frequency_penalty":0.5})", "frequency_penalty", "not supported"},
         // From the library's parser: the path is taken from its message.

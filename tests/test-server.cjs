@@ -124,7 +124,8 @@ async function main() {
       [{ ...base, temperature: 'hot' }, 'temperature'],
       [{ ...base, messages: [{ role: 'user', content: 5 }] }, 'messages[0].content'],
       [{ ...base, messages: [...user('a'), { role: 'tool', tool_call_id: 'nope', content: 'x' }] }, 'messages[1].tool_call_id'],
-      [{ ...base, tools, tool_choice: 'required' }, 'tool_choice'],
+      [{ ...base, tool_choice: { type: 'function', function: { name: 'get_weather' } } }, 'tool_choice.function.name'],
+      [{ ...base, response_format: { type: 'json_schema', json_schema: { schema: {} } } }, 'response_format.json_schema.name'],
       [{ ...base, n: 2 }, 'n'],
       [{ ...base, max_tokens: 0 }, 'max_tokens'],
     ];
@@ -137,6 +138,34 @@ async function main() {
         assert.ok(e.message.includes(param), e.message);
         return true;
       });
+    }
+  });
+
+  // With constrained decoding in libgptoss they are honoured (checked here on what the random
+  // model writes under the constraint); without it, a 400 names the field.
+  await check('tool_choice required / named and response_format json_schema: honoured, or 400 naming the field', async () => {
+    const asks = [
+      [{ tools, tool_choice: 'required' }, 'tool_choice'],
+      [{ tools, tool_choice: { type: 'function', function: { name: 'get_weather' } } }, 'tool_choice'],
+      [{ response_format: { type: 'json_schema', json_schema: { name: 'answer',
+        schema: { type: 'object', properties: { a: { type: 'integer' } }, required: ['a'] } } } }, 'response_format'],
+    ];
+    for (const [extra, param] of asks) {
+      const r = await client.chat.completions.create({ ...base, max_tokens: 400, ...extra }).catch(e => e);
+      if (r instanceof Error) {
+        assert.ok(r instanceof OpenAI.BadRequestError, String(r));
+        assert.equal(r.param, param);
+        assert.match(r.message, /not supported/);
+        continue;
+      }
+      const c = r.choices[0];
+      if (param === 'tool_choice') {
+        assert.ok(c.message.tool_calls && c.message.tool_calls.length >= 1 || c.finish_reason === 'length', JSON.stringify(c));
+        for (const t of c.message.tool_calls || []) assert.equal(t.function.name, 'get_weather');
+        if (c.finish_reason === 'tool_calls') assert.equal(typeof JSON.parse(c.message.tool_calls[0].function.arguments).city, 'string');
+      } else if (c.finish_reason === 'stop') {
+        assert.equal(typeof JSON.parse(c.message.content).a, 'number', c.message.content);
+      }
     }
   });
 

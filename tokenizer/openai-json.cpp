@@ -278,6 +278,11 @@ std::string error_json(const Error& error, const char* type, const char* code) {
     return out;
 }
 
+const char* CompletionRequest::keep(std::string text) {
+    strings_->push_back(std::move(text));
+    return strings_->back().c_str();
+}
+
 gptoss_sampling_params CompletionRequest::sampling() const {
     gptoss_sampling_params p = gptoss_sampling_default_params();
     p.temperature = temperature;
@@ -403,33 +408,70 @@ bool parse_sampling(element root, CompletionRequest* out, Error* error) {
     return true;
 }
 
+// tool_choice: "auto" | "none" | "required" | {"type":"function","function":{"name":NAME}}.
+bool parse_tool_choice(element root, CompletionRequest* out, bool* drop_tools, Error* error) {
+    element e, function, name_e;
+    if (!field(root, "tool_choice", &e)) return true;
+    if (e.type() == element_type::OBJECT) {
+        std::string name;
+        if (!field(e, "function", &function)) return fail(error, "tool_choice.function", "missing");
+        if (function.type() != element_type::OBJECT) return wrong_type(error, "tool_choice.function", "an object", function);
+        if (!field(function, "name", &name_e)) return fail(error, "tool_choice.function.name", "missing");
+        if (!string(name_e, "tool_choice.function.name", &name, error)) return false;
+        out->chat.tool_choice = GPTOSS_TOOL_CHOICE_NAMED;
+        out->chat.tool_choice_name = out->keep(std::move(name));
+        return true;
+    }
+    std::string choice;
+    if (!string(e, "tool_choice", &choice, error)) return false;
+    // "none" leaves the tools out of the prompt, which needs no constrained decoding.
+    if (choice == "none") *drop_tools = true;
+    else if (choice == "required") out->chat.tool_choice = GPTOSS_TOOL_CHOICE_REQUIRED;
+    else if (choice != "auto")
+        return fail(error, "tool_choice", "\"" + choice + "\" is not \"auto\", \"none\", \"required\" or a function");
+    return true;
+}
+
+// response_format: {"type":"text"} | {"type":"json_object"} |
+// {"type":"json_schema","json_schema":{"name":...,"description":...,"schema":{...}}}.
+bool parse_response_format(element root, CompletionRequest* out, Error* error) {
+    element e, type_e, js, v;
+    std::string type, text;
+    if (!field(root, "response_format", &e)) return true;
+    if (e.type() != element_type::OBJECT) return wrong_type(error, "response_format", "an object", e);
+    if (!field(e, "type", &type_e)) return fail(error, "response_format.type", "missing");
+    if (!string(type_e, "response_format.type", &type, error)) return false;
+    gptoss_chat_request& c = out->chat;
+    if (type == "text") return true;
+    if (type == "json_object") {
+        c.response_format = GPTOSS_RESPONSE_FORMAT_JSON_OBJECT;
+        return true;
+    }
+    if (type != "json_schema")
+        return fail(error, "response_format.type", "\"" + type + "\" is not \"text\", \"json_object\" or \"json_schema\"");
+    if (!field(e, "json_schema", &js)) return fail(error, "response_format.json_schema", "missing");
+    if (js.type() != element_type::OBJECT) return wrong_type(error, "response_format.json_schema", "an object", js);
+    c.response_format = GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA;
+    if (!field(js, "name", &v)) return fail(error, "response_format.json_schema.name", "missing");
+    if (!string(v, "response_format.json_schema.name", &text, error)) return false;
+    c.response_format_name = out->keep(text);
+    if (field(js, "description", &v)) {
+        if (!string(v, "response_format.json_schema.description", &text, error)) return false;
+        c.response_format_description = out->keep(text);
+    }
+    if (!field(js, "schema", &v)) return fail(error, "response_format.json_schema.schema", "missing");
+    if (v.type() != element_type::OBJECT) return wrong_type(error, "response_format.json_schema.schema", "an object", v);
+    c.response_format_schema = out->keep(simdjson::minify(v));
+    return true;
+}
+
 // What the server cannot honour is refused, never silently ignored.
-bool parse_unsupported(element root, bool* drop_tools, Error* error) {
+bool parse_unsupported(element root, Error* error) {
     element e;
     if (field(root, "n", &e)) {
         uint64_t n = 0;
         if (!count(e, "n", &n, error)) return false;
         if (n != 1) return fail(error, "n", "only 1 choice per request is supported");
-    }
-    if (field(root, "tool_choice", &e)) {
-        std::string choice;
-        if (e.type() == element_type::OBJECT)
-            return fail(error, "tool_choice", "naming a function is not supported yet (only \"auto\" and \"none\")");
-        if (!string(e, "tool_choice", &choice, error)) return false;
-        if (choice == "none") *drop_tools = true;
-        else if (choice == "required")
-            return fail(error, "tool_choice", "\"required\" is not supported yet (only \"auto\" and \"none\")");
-        else if (choice != "auto")
-            return fail(error, "tool_choice", "\"" + choice + "\" is not \"auto\", \"none\" or \"required\"");
-    }
-    if (field(root, "response_format", &e)) {
-        element type_e;
-        std::string type;
-        if (e.type() != element_type::OBJECT) return wrong_type(error, "response_format", "an object", e);
-        if (!field(e, "type", &type_e)) return fail(error, "response_format.type", "missing");
-        if (!string(type_e, "response_format.type", &type, error)) return false;
-        if (type != "text")
-            return fail(error, "response_format.type", "\"" + type + "\" is not supported yet (only \"text\")");
     }
     bool flag = false;
     if (field(root, "logprobs", &e)) {
@@ -485,9 +527,7 @@ bool parse_completion_request(const char* json, size_t len, CompletionRequest* o
                                                                       ", expected a JSON object");
     element e;
     if (field(root, "model", &e) && !string(e, "model", &out->model, error)) return false;
-    bool drop_tools = false;
-    if (!parse_sampling(root, out, error) || !parse_unsupported(root, &drop_tools, error) ||
-        !parse_stream(root, out, error))
+    if (!parse_sampling(root, out, error) || !parse_unsupported(root, error) || !parse_stream(root, out, error))
         return false;
 
     gptoss_conversation* conversation = nullptr;
@@ -496,13 +536,52 @@ bool parse_completion_request(const char* json, size_t len, CompletionRequest* o
         return false;
     }
     out->conversation.reset(conversation, gptoss_conversation_free);
-    out->chat = *gptoss_conversation_get_request(conversation);
-    if (out->chat.n_messages == 0) return fail(error, "messages", "empty, expected at least one message");
+    gptoss_chat_request& c = out->chat;
+    c = *gptoss_conversation_get_request(conversation);
+    if (c.n_messages == 0) return fail(error, "messages", "empty, expected at least one message");
+    bool drop_tools = false;
+    if (!parse_tool_choice(root, out, &drop_tools, error) || !parse_response_format(root, out, error)) return false;
+    if (c.tool_choice == GPTOSS_TOOL_CHOICE_NAMED) {
+        bool found = false;
+        for (size_t i = 0; i < c.n_tools && !found; ++i) found = std::strcmp(c.tools[i].name, c.tool_choice_name) == 0;
+        if (!found)
+            return fail(error, "tool_choice.function.name", "\"" + std::string(c.tool_choice_name) + "\" is not in tools");
+    }
+    if (c.tool_choice == GPTOSS_TOOL_CHOICE_REQUIRED && c.n_tools == 0)
+        return fail(error, "tool_choice", "\"required\" needs tools");
     if (drop_tools) {
-        out->chat.tools = nullptr;
-        out->chat.n_tools = 0;
+        c.tools = nullptr;
+        c.n_tools = 0;
     }
     return true;
+}
+
+Error request_error(const CompletionRequest& request, gptoss_status status, const std::string& message) {
+    const gptoss_chat_request& c = request.chat;
+    if (status == GPTOSS_ERR_UNSUPPORTED && c.tool_choice != GPTOSS_TOOL_CHOICE_AUTO)
+        return {"tool_choice: not supported by this libgptoss (" + message + ")", "tool_choice"};
+    if (status == GPTOSS_ERR_UNSUPPORTED && c.response_format != GPTOSS_RESPONSE_FORMAT_TEXT)
+        return {"response_format: not supported by this libgptoss (" + message + ")", "response_format"};
+    static const std::pair<const char*, const char*> kFields[] = {
+        {"tool_choice_name", "tool_choice.function.name"},
+        {"tool_choice", "tool_choice"},
+        {"response_format_schema", "response_format.json_schema.schema"},
+        {"response_format_name", "response_format.json_schema.name"},
+        {"response_format_description", "response_format.json_schema.description"},
+        {"response_format", "response_format"},
+    };
+    std::string text = message;
+    if (text.rfind("request.", 0) == 0) text.erase(0, 8);
+    for (const auto& [name, path] : kFields) {
+        const size_t n = std::strlen(name);
+        if (text.compare(0, n, name) != 0) continue;
+        if (text.size() > n && text[n] != ':' && text[n] != '.' && text[n] != '[' && text[n] != ' ' && text[n] != '/') continue;
+        Error e = library_error(text.c_str());
+        e.message = path + text.substr(n);
+        e.param = std::string(path) + (e.param.size() > n ? e.param.substr(n) : "");
+        return e;
+    }
+    return {message, ""};
 }
 
 // --- replies ---------------------------------------------------------------------------------

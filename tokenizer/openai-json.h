@@ -12,6 +12,7 @@
 #include "gptoss.h"
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -90,7 +91,7 @@ struct Error {
 // (an empty code or param is null).
 std::string error_json(const Error& error, const char* type = "invalid_request_error", const char* code = "");
 
-// One POST /v1/chat/completions body.
+// One POST /v1/chat/completions body. Copies share what `chat` points to.
 struct CompletionRequest {
     std::shared_ptr<gptoss_conversation> conversation;  // owns what `chat` points to
     gptoss_chat_request chat{};                         // tools dropped for tool_choice "none"
@@ -105,18 +106,29 @@ struct CompletionRequest {
 
     // Sampling parameters for gptoss_chat; they point into this request.
     gptoss_sampling_params sampling() const;
+    // Stores `text` for the life of the request (and its copies); returns it.
+    const char* keep(std::string text);
 
 private:
     mutable std::vector<const char*> stop_ptrs_;
+    std::shared_ptr<std::deque<std::string>> strings_ = std::make_shared<std::deque<std::string>>();
 };
 
-// Parses and checks a request body: messages, tools, tool_choice (auto | none), reasoning_effort,
-// temperature [0, 2], top_p (0, 1], max_tokens / max_completion_tokens (>= 1), seed, stop (a
-// string or an array of strings), stream, stream_options.include_usage, n (1 only), and rejects
-// what it cannot honour (tool_choice required or a named function, response_format other than
-// text, logprobs, non-zero penalties) rather than ignoring it. Unknown fields are ignored.
+// Parses and checks a request body: messages, tools, tool_choice (auto, none, required or
+// {"type":"function","function":{"name":...}}), response_format (text, json_object, or
+// json_schema with name, description, schema), reasoning_effort, temperature [0, 2], top_p
+// (0, 1], max_tokens / max_completion_tokens (>= 1), seed, stop (a string or an array of
+// strings), stream, stream_options.include_usage, n (1 only); and rejects what it cannot honour
+// (logprobs, non-zero penalties) rather than ignoring it. Unknown fields are ignored.
 // Returns false and fills *error (naming the field) on a bad request.
 bool parse_completion_request(const char* json, size_t len, CompletionRequest* out, Error* error);
+
+// The error for a request that gptoss_chat_render or gptoss_chat refused with `status` and
+// `message` (gptoss_last_error()): the library's request fields become the request body's JSON
+// paths ("tool_choice_name" → "tool_choice.function.name"); UNSUPPORTED for tool_choice or
+// response_format (a library without constrained decoding) names the field that asked for it.
+// The library's messages[i] index its Harmony messages, not the body's, so they name no field.
+Error request_error(const CompletionRequest& request, gptoss_status status, const std::string& message);
 
 // --- replies ---------------------------------------------------------------------------------
 

@@ -437,8 +437,7 @@ private:
             st = gptoss_chat_render(model_, &request.chat, prompt->data(), prompt->size(), &n);
         }
         if (st != GPTOSS_OK) {
-            // Its paths index the Harmony messages, not the request's: no param.
-            send_error(res, 400, {gptoss_last_error(), ""}, "invalid_request_error");
+            send_error(res, 400, oa::request_error(request, st, gptoss_last_error()), "invalid_request_error");
             return false;
         }
         if (n >= ctx_) {
@@ -492,10 +491,10 @@ private:
         const gptoss_chat_result* result = nullptr;
         const gptoss_status st = g.run(&result);
         if (st != GPTOSS_OK) {
-            const std::string message = gptoss_last_error();
+            const oa::Error error = oa::request_error(g.request, st, gptoss_last_error());
             g.release(false);
-            return send_error(res, st == GPTOSS_ERR_CONTEXT_FULL ? 400 : 500, {message, ""},
-                              st == GPTOSS_ERR_CONTEXT_FULL ? "invalid_request_error" : "server_error");
+            const bool client = st == GPTOSS_ERR_CONTEXT_FULL || st == GPTOSS_ERR_INVALID_ARGUMENT || st == GPTOSS_ERR_UNSUPPORTED;
+            return send_error(res, client ? 400 : 500, error, client ? "invalid_request_error" : "server_error");
         }
         if (result->stop_reason == GPTOSS_STOP_CANCELLED && g.pool->closed()) {
             g.release(true);
@@ -517,7 +516,7 @@ private:
         const gptoss_status st = g.run(&result);
         // Headers are gone: an error travels as an event, which the OpenAI SDKs raise.
         if (st != GPTOSS_OK) {
-            g.write("data: " + oa::error_json({gptoss_last_error(), ""}, "server_error") + "\n\n");
+            g.write("data: " + oa::error_json(oa::request_error(g.request, st, gptoss_last_error()), "server_error") + "\n\n");
             return g.release(false);
         }
         if (result->stop_reason == GPTOSS_STOP_CANCELLED && g.pool->closed()) {

@@ -6,93 +6,11 @@
 // with a status. The reference takes q rounded to bf16 (the kernel's contract: q/8 is an exact
 // scale, then bf16), so what remains is the bf16 rounding of the softmax weights and of the
 // output: |got − ref| <= 2e-3 + 8e-3·|ref|. Without a CUDA device it exits 77 (skipped).
-#define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
-
-#include "cpu/reference.h"
-#include "cuda/common.cuh"
-#include "cuda/kernels.h"
-#include "gptoss-internal.h"
-
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstring>
-#include <string>
-#include <vector>
-
-using namespace gptoss;
+#include "tests/kernel-test-util.cuh"
 
 namespace {
 
-template <typename T>
-struct Dev {
-    T* p = nullptr;
-    size_t n = 0;
-    explicit Dev(size_t count) : n(count) {
-        REQUIRE(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) == cudaSuccess);
-        // Poison (bf16 NaN): every output element must be written, no unwritten slot may leak in.
-        REQUIRE(cudaMemset(p, 0xff, std::max<size_t>(count, 1) * sizeof(T)) == cudaSuccess);
-    }
-    explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
-        REQUIRE(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
-    }
-    ~Dev() { cudaFree(p); }
-    std::vector<T> get() const {
-        std::vector<T> v(n);
-        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-        REQUIRE(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
-        return v;
-    }
-    Dev(const Dev&) = delete;
-    Dev& operator=(const Dev&) = delete;
-};
-
-#define OK(expr)                                \
-    do {                                        \
-        const gptoss_status s_ = (expr);        \
-        INFO(std::string(gptoss_last_error())); \
-        REQUIRE(s_ == GPTOSS_OK);               \
-    } while (0)
-
 float uniform(Rng& r, float a) { return float((r.next_double() * 2.0 - 1.0) * a); }
-
-std::vector<float> widen(const std::vector<uint16_t>& v) {
-    std::vector<float> o(v.size());
-    for (size_t i = 0; i < v.size(); ++i) o[i] = bf16_to_f32(v[i]);
-    return o;
-}
-
-std::vector<float> unpermuted_rows(const std::vector<uint16_t>& x, uint32_t T, uint32_t K) {
-    std::vector<float> o(size_t(T) * K);
-    for (uint32_t t = 0; t < T; ++t)
-        for (uint32_t k = 0; k < K; ++k) o[size_t(t) * K + k] = bf16_to_f32(x[size_t(t) * K + cuda::permuted_k(k)]);
-    return o;
-}
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& ref, float atol, float rtol,
-                  const std::string& what) {
-    REQUIRE(got.size() == ref.size());
-    size_t bad = 0;
-    double max_err = 0;
-    std::string first;
-    for (size_t i = 0; i < ref.size(); ++i) {
-        const double err = std::fabs(double(got[i]) - double(ref[i]));
-        if (!(err <= atol + rtol * std::fabs(ref[i]))) {
-            if (bad < 5) {
-                char buf[160];
-                std::snprintf(buf, sizeof buf, "  [%zu] got %.7g ref %.7g\n", i, got[i], ref[i]);
-                first += buf;
-            }
-            ++bad;
-        }
-        if (std::isnan(got[i]) || err > max_err) max_err = std::isnan(got[i]) ? INFINITY : err;
-    }
-    INFO(what << ": " << bad << " of " << ref.size() << " mismatches, max |err| " << max_err << "\n" << first);
-    CHECK(bad == 0);
-}
 
 // Keys/values of positions [0, pos0 + T) (bf16 [pos0 + T, G, D]); the chunk's queries q fp32
 // [T, Q, D]. run() puts positions < pos0 in a cache ring of `slots` (later positions overwrite
@@ -241,13 +159,4 @@ TEST_CASE("prefill attention rejects a cache of 0 slots, head_dim != 64 and > 8 
 
 }  // namespace
 
-int main(int argc, char** argv) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        std::printf("no CUDA device: skipping the prefill attention tests (test-kernels-attn)\n");
-        return 77;  // ctest's SKIP_RETURN_CODE
-    }
-    doctest::Context ctx;
-    ctx.applyCommandLine(argc, argv);
-    return ctx.run();
-}
+int main(int argc, char** argv) { return run_kernel_tests(argc, argv, "the prefill attention tests (test-kernels-attn)"); }

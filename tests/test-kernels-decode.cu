@@ -7,108 +7,9 @@
 // normed QKV variant (MoE combine + RMSNorm prologue) bit for bit against residual_rmsnorm +
 // gemm_decode, and against the CPU reference. Without
 // a CUDA device the tests are skipped (exit 77). Tolerance |got − ref| <= atol + rtol·|ref|.
-#define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
-
-#include "cpu/reference.h"
-#include "cuda/common.cuh"
-#include "cuda/kernels.h"
-#include "gptoss-internal.h"
-
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstring>
-#include <string>
-#include <vector>
-
-using namespace gptoss;
+#include "tests/kernel-test-util.cuh"
 
 namespace {
-
-template <typename T>
-struct Dev {
-    T* p = nullptr;
-    size_t n = 0;
-    explicit Dev(size_t count) : n(count) {
-        REQUIRE(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) == cudaSuccess);
-        REQUIRE(cudaMemset(p, 0xff, std::max<size_t>(count, 1) * sizeof(T)) == cudaSuccess);  // poison
-    }
-    explicit Dev(const std::vector<T>& v) : Dev(v.size()) { set(v); }
-    ~Dev() { cudaFree(p); }
-    void set(const std::vector<T>& v) {
-        REQUIRE(v.size() == n);
-        REQUIRE(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
-    }
-    std::vector<T> get() const {
-        std::vector<T> v(n);
-        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-        REQUIRE(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
-        return v;
-    }
-    Dev(const Dev&) = delete;
-    Dev& operator=(const Dev&) = delete;
-};
-
-#define OK(expr)                                                   \
-    do {                                                           \
-        const gptoss_status s_ = (expr);                           \
-        INFO(std::string(gptoss_last_error()));                    \
-        REQUIRE(s_ == GPTOSS_OK);                                  \
-    } while (0)
-
-struct Rand {
-    Rng rng;
-    explicit Rand(uint64_t seed) : rng(seed) {}
-    float uniform(float a) { return float((rng.next_double() * 2.0 - 1.0) * a); }
-    uint32_t below(uint32_t n) { return uint32_t(rng.next_u64() % n); }
-    std::vector<float> floats(size_t n, float a) {
-        std::vector<float> v(n);
-        for (float& x : v) x = bf16_to_f32(f32_to_bf16(uniform(a)));  // exactly representable in bf16
-        return v;
-    }
-    std::vector<uint16_t> bf16s(size_t n, float a) {
-        std::vector<uint16_t> v(n);
-        for (uint16_t& x : v) x = f32_to_bf16(uniform(a));
-        return v;
-    }
-    std::vector<uint8_t> bytes(size_t n) {
-        std::vector<uint8_t> v(n);
-        for (uint8_t& x : v) x = uint8_t(rng.next_u64());
-        return v;
-    }
-};
-
-std::vector<uint16_t> permuted_rows(const std::vector<float>& x, uint32_t T, uint32_t K) {
-    std::vector<uint16_t> o(size_t(T) * K);
-    for (uint32_t t = 0; t < T; ++t)
-        for (uint32_t k = 0; k < K; ++k) o[size_t(t) * K + cuda::permuted_k(k)] = f32_to_bf16(x[size_t(t) * K + k]);
-    return o;
-}
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& ref, float atol, float rtol,
-                  const std::string& what) {
-    REQUIRE(got.size() == ref.size());
-    size_t bad = 0;
-    double max_err = 0;
-    std::string first;
-    for (size_t i = 0; i < ref.size(); ++i) {
-        const double err = std::fabs(double(got[i]) - double(ref[i]));
-        if (!(err <= atol + rtol * std::fabs(ref[i]))) {
-            if (bad < 5) {
-                char buf[160];
-                std::snprintf(buf, sizeof buf, "  [%zu] got %.7g ref %.7g\n", i, got[i], ref[i]);
-                first += buf;
-            }
-            ++bad;
-        }
-        if (std::isnan(got[i]) || err > max_err) max_err = std::isnan(got[i]) ? INFINITY : err;
-    }
-    INFO(what << ": " << bad << " of " << ref.size() << " mismatches, max |err| " << max_err << "\n" << first);
-    CHECK(bad == 0);
-}
 
 std::string name(bool fp4, const cuda::DecodeGemv& v) {
     return std::string(fp4 ? "mxfp4" : "bf16") + " warps " + std::to_string(v.warps) + " depth " +
@@ -150,7 +51,7 @@ TEST_CASE("decode GEMV (bf16, every variant) matches cpu::matmul_bf16; kAdd adds
     for (const auto& [N, K] : {std::pair<uint32_t, uint32_t>{200, 2880}, {37, 64}, {64, 4096}}) {
         const auto W = r.bf16s(size_t(N) * K, 0.05f);
         const auto b = r.bf16s(N, 0.1f);
-        const auto x = r.floats(K, 1.0f);
+        const auto x = r.floats_bf16(K, 1.0f);
         Dev<uint16_t> raw(W), rawb(b), xd(permuted_rows(x, 1, K));
         Dev<uint8_t> frag(cuda::bf16_fragment_bytes(N, K));
         Dev<float> bias(N);
@@ -160,7 +61,7 @@ TEST_CASE("decode GEMV (bf16, every variant) matches cpu::matmul_bf16; kAdd adds
         w.w = frag.p; w.bias = bias.p; w.N = N; w.K = K;
         std::vector<float> ref(N);
         cpu::matmul_bf16(x.data(), W.data(), b.data(), 1, K, N, ref.data());
-        const auto base = r.floats(N, 2.0f);
+        const auto base = r.floats_bf16(N, 2.0f);
         for (const cuda::DecodeGemv& v : variants(false)) {
             const std::string what = name(false, v) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
             Dev<float> out(N), out2(N), acc(base);
@@ -188,7 +89,7 @@ TEST_CASE("decode GEMV (MXFP4 routed, every variant, route_ready or not) matches
         std::vector<uint8_t> scales(size_t(E) * N * K / 32);
         for (uint8_t& s : scales) s = uint8_t(115 + r.below(14));
         const auto bias = r.bf16s(size_t(E) * N, 0.1f);
-        const auto x = r.floats(experts.size() * K, 1.0f);
+        const auto x = r.floats_bf16(experts.size() * K, 1.0f);
         Dev<uint8_t> rb(blocks), rs(scales), frag(E * cuda::mxfp4_fragment_bytes(N, K)),
             sc(E * cuda::mxfp4_scale_bytes(N, K));
         Dev<uint16_t> rbias(bias), xd(permuted_rows(x, uint32_t(experts.size()), K));
@@ -233,7 +134,7 @@ TEST_CASE("decode GEMV (MXFP4 routed, every variant, route_ready or not) matches
         std::vector<uint8_t> scales(size_t(E) * N * K / 32);
         for (uint8_t& s : scales) s = uint8_t(118 + r.below(6));  // large enough to hit the ±7 clamps
         const auto bias = r.bf16s(size_t(E) * N, 0.5f);
-        const auto x = r.floats(K, 1.0f);
+        const auto x = r.floats_bf16(K, 1.0f);
         Dev<uint8_t> rb(blocks), rs(scales), frag(E * cuda::mxfp4_fragment_bytes(N, K)),
             sc(E * cuda::mxfp4_scale_bytes(N, K));
         Dev<uint16_t> rbias(bias), xd(permuted_rows(x, 1, K));
@@ -291,7 +192,8 @@ TEST_CASE("gemm_decode_normed == residual_rmsnorm(kMoeAdd) + gemm_decode bit for
         OK(cuda::bf16_to_f32(rawb.p, N, false, bias.p, nullptr));
         cuda::GemmWeights w;
         w.w = frag.p; w.bias = bias.p; w.N = N; w.K = H;
-        const auto x0 = r.floats(H, 3.0f), part = r.floats(size_t(K) * H, 2.0f), wts = r.floats(K, 0.5f);
+        const auto x0 = r.floats_bf16(H, 3.0f), part = r.floats_bf16(size_t(K) * H, 2.0f);
+        const auto wts = r.floats_bf16(K, 0.5f);
         std::vector<float> nw(H);
         for (float& e : nw) e = bf16_to_f32(f32_to_bf16(1.0f + r.uniform(0.1f)));  // bf16 like cpu::rmsnorm's weight
         const float eps = 1e-5f;
@@ -350,13 +252,4 @@ TEST_CASE("gemm_decode rejects a variant that is not compiled in, naming it") {
     CHECK(std::string(gptoss_last_error()).find("3 warps") != std::string::npos);
 }
 
-int main(int argc, char** argv) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        std::printf("no CUDA device: skipping the decode GEMV tests (test-kernels-decode)\n");
-        return 77;
-    }
-    doctest::Context ctx;
-    ctx.applyCommandLine(argc, argv);
-    return ctx.run();
-}
+int main(int argc, char** argv) { return run_kernel_tests(argc, argv, "the decode GEMV tests (test-kernels-decode)"); }

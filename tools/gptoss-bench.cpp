@@ -8,7 +8,14 @@
 // Also prints the sampling latency per call (greedy, T=1 top_p=0.9, T=0.7 top_k=40), and with
 // --ttft N,... the time to first token of one N-token prompt through gptoss_generate (the public
 // path: the engine's chunking, a fresh session each, greedy, max_tokens 1).
+// With --json-schema FILE --tokenizer DIR, two more tg lines at each depth: T=1 sampling without
+// and with the schema's token mask (constrained decoding: host mask from tokenizer/grammar-mask.h,
+// applied on the device before the sampler; a finished document starts a new one), plus the
+// schema's compile time and the mean host time of a mask.
 #include "gptoss-internal.h"
+#include "tokenizer/grammar-mask.h"
+#include "tokenizer/json-schema.h"
+#include "tokenizer/tokenizer.h"
 #ifdef GPTOSS_HAVE_CUDA
 #include "cuda/backend.h"
 #endif
@@ -240,8 +247,77 @@ int run_cpu(const std::string& model_dir, const std::vector<uint32_t>& pp, const
 
 }  // namespace
 
+// Constrained decoding cost: tg tokens at T=1 from `depth`, unconstrained (mask == false) or
+// under the schema (a document that completes is followed by <|return|>, then a new document).
+struct SchemaBench {
+    const gptoss::Tokenizer* tokenizer = nullptr;
+    std::shared_ptr<const gptoss::schema::Grammar> grammar;
+    std::shared_ptr<const gptoss::schema::TokenTable> table;
+    double compile_ms = 0, table_ms = 0, mask_ms = 0;
+    uint64_t masks = 0, hits = 0, documents = 0;
+};
+
+double run_tg_t1(gptoss::BackendSession& session, int32_t first, uint32_t depth, uint32_t tg, SchemaBench* sb,
+                 bool mask) {
+    using namespace gptoss;
+    const SamplingConfig t1{1.0f, 1.0f, 0};
+    Rng rng(7);
+    std::unique_ptr<schema::Matcher> m;
+    std::unique_ptr<schema::MaskCache> cache;
+    if (mask) cache = std::make_unique<schema::MaskCache>(sb->grammar, sb->table);
+    std::vector<uint32_t> bits(sb ? sb->table->n_words() : 0);
+    int32_t tok = first;
+    const auto now = [] { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+    const double t0 = now();
+    for (uint32_t i = 0; i < tg; ++i) {
+        check(session.decode(tok, depth + i), "decode");
+        if (!mask) {
+            check(session.sample(t1, rng.next_double(), &tok), "decode");
+            continue;
+        }
+        if (!m) m = std::make_unique<schema::Matcher>(sb->grammar);
+        const double m0 = now();
+        cache->mask(m->state(), bits.data());
+        if (m->can_finish()) bits[200002 / 32] |= 1u << (200002 % 32);
+        sb->mask_ms += now() - m0;
+        sb->masks++;
+        check(session.sample_masked(t1, rng.next_double(), bits.data(), &tok), "decode");
+        if (tok == 200002) {
+            m.reset();
+            sb->documents++;
+        } else {
+            (void)m->advance(sb->tokenizer->token_bytes(tok));
+        }
+    }
+    const double ms = now() - t0;
+    if (cache) sb->hits += cache->hits();
+    return ms;
+}
+
+SchemaBench load_schema_bench(const std::string& schema_file, const std::string& tokenizer_dir,
+                              std::unique_ptr<gptoss::Tokenizer>* tokenizer) {
+    using namespace gptoss;
+    SchemaBench sb;
+    FILE* f = std::fopen(schema_file.c_str(), "rb");
+    if (!f) die("cannot open --json-schema %s", schema_file.c_str());
+    std::string text;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+    std::fclose(f);
+    check(Tokenizer::load_hf_json(tokenizer_dir + "/tokenizer.json", tokenizer), "loading the tokenizer");
+    sb.tokenizer = tokenizer->get();
+    auto t0 = std::chrono::steady_clock::now();
+    const int n = 100;
+    for (int i = 0; i < n; ++i) check(schema::compile(text, schema_file, &sb.grammar), "compiling the schema");
+    sb.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / n;
+    t0 = std::chrono::steady_clock::now();
+    sb.table = schema::TokenTable::get(**tokenizer);
+    sb.table_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return sb;
+}
+
 int main(int argc, char** argv) {
-    std::string model_dir, synthetic;
+    std::string model_dir, synthetic, schema_file, tokenizer_dir;
     int32_t device = 0;
     std::vector<uint32_t> pp{512, 2048}, depths{0, 8192};
     std::vector<uint32_t> ttft;
@@ -268,21 +344,24 @@ int main(int argc, char** argv) {
         else if (a == "--json") json = true;
         else if (a == "--profile") profile = true;
         else if (a == "--no-gemm-probe") gemm_probe = false;
+        else if (a == "--json-schema") schema_file = value();
+        else if (a == "--tokenizer") tokenizer_dir = value();
         else if (a == "-h" || a == "--help") {
             std::printf(
                 "usage: gptoss-bench (--model DIR | --synthetic 20b|120b) [--device N|cpu] [-p 512,2048] [-n 128]\n"
                 "                    [-d 0,8192] [-r REPS] [--layers N] [--ttft 8192,32768,131000] [--profile] [--json]\n"
-                "                    [--no-gemm-probe]\n"
+                "                    [--no-gemm-probe] [--json-schema FILE --tokenizer DIR]\n"
                 "Prints pp (prefill) and tg (decode) throughput at each context depth, with GB/s and %% of the\n"
                 "bandwidth floor (decode) or TFLOP/s and %% of the measured bf16 tensor-core rate (prefill).\n");
             return 0;
         } else die("unknown option %s (see --help)", a.c_str());
     }
     if (model_dir.empty() == synthetic.empty()) die("give exactly one of --model DIR and --synthetic 20b|120b");
+    if (schema_file.empty() != tokenizer_dir.empty()) die("--json-schema and --tokenizer go together");
     if (device == GPTOSS_DEVICE_CPU) return run_cpu(model_dir, pp, depths, tg, reps, json);
 #ifndef GPTOSS_HAVE_CUDA
     (void)device; (void)pp; (void)depths; (void)tg; (void)reps; (void)layers; (void)json; (void)profile;
-    (void)gemm_probe; (void)ttft;
+    (void)gemm_probe; (void)ttft; (void)&run_tg_t1; (void)&load_schema_bench;
     die("this build has no CUDA backend (configure with nvcc available)");
 #else
     using namespace gptoss;
@@ -324,6 +403,9 @@ int main(int argc, char** argv) {
     std::vector<int32_t> tokens(size_t(max_depth) + max_pp + tg + 16);
     for (int32_t& t : tokens) t = int32_t(rng.next_u64() % 199998);
 
+    std::unique_ptr<Tokenizer> schema_tokenizer;
+    SchemaBench sb;
+    if (!schema_file.empty()) sb = load_schema_bench(schema_file, tokenizer_dir, &schema_tokenizer);
     std::vector<Result> results;
     const SamplingConfig greedy{0.0f, 1.0f, 0};
     for (uint32_t depth : depths) {
@@ -371,6 +453,18 @@ int main(int argc, char** argv) {
             res.pct_floor = 100.0 * res.gbps / ceil.copy_gbps;
             std::fprintf(stderr, "%s @ %u: %.1f tok/s\n", res.test.c_str(), depth, res.tok_s);
             results.push_back(res);
+            if (sb.grammar) {
+                for (bool mask : {false, true}) {
+                    std::vector<double> t;
+                    for (uint32_t r = 0; r < reps; ++r) t.push_back(run_tg_t1(*session, tokens[depth], depth, tg, &sb, mask));
+                    std::sort(t.begin(), t.end());
+                    const double ms = t[t.size() / 2];
+                    Result rr{"tg" + std::to_string(tg) + (mask ? " T=1 json" : " T=1"), depth, tg, ms / tg,
+                              tg / (ms / 1e3), 0, 0, 0, 0};
+                    std::fprintf(stderr, "%s @ %u: %.1f tok/s\n", rr.test.c_str(), depth, rr.tok_s);
+                    results.push_back(rr);
+                }
+            }
         }
     }
 
@@ -451,6 +545,11 @@ int main(int argc, char** argv) {
                 decode_bytes(config, 0) / 1e9, ceil.copy_gbps, floor_ms, 1e3 / floor_ms);
     if (load_gb > 0) std::printf("load: %.2f GB in %.2f s = %.2f GB/s\n", load_gb, load_s, load_gb / load_s);
     else std::printf("synthetic weights built on the device in %.2f s\n", load_s);
+    if (sb.grammar)
+        std::printf("json schema %s: compile %.3f ms, token table %.0f ms (once per tokenizer), mask %.1f µs mean "
+                    "(host; %llu masks, %llu cache hits, %llu documents)\n",
+                    schema_file.c_str(), sb.compile_ms, sb.table_ms, sb.masks ? sb.mask_ms * 1e3 / sb.masks : 0.0,
+                    (unsigned long long)sb.masks, (unsigned long long)sb.hits, (unsigned long long)sb.documents);
     std::printf("sampling, µs per call:");
     for (const auto& [name, us] : sample_us) std::printf("  %s %.1f", name.c_str(), us);
     std::printf("\n");

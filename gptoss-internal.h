@@ -268,6 +268,16 @@ protected:
     const uint32_t n_vocab_;
 };
 
+// One session's share of a batched decode step (gptoss-batch.cpp). The backend sets status
+// (and, on failure, error: the message for that session's caller) for every item.
+struct DecodeItem {
+    BackendSession* session = nullptr;
+    int32_t token = 0;
+    uint32_t pos = 0;
+    gptoss_status status = GPTOSS_OK;
+    std::string error;
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -276,6 +286,12 @@ public:
     virtual uint64_t weight_bytes() const = 0;   // memory held for the weights (device or host copies)
     virtual int32_t device() const = 0;          // CUDA ordinal or GPTOSS_DEVICE_CPU
     virtual uint32_t default_max_batch() const = 0;
+    // Decodes one token for each of n items, each on its own session (distinct sessions of
+    // this backend), as if each ran session->decode(token, pos) alone: a session's K/V and
+    // logits must be bit-identical whatever else is in the batch (batch invariance). Never
+    // throws past an item: a failure is that item's status. Called by one thread at a time
+    // (the model's DecodeBatcher). The default decodes the items one after another.
+    virtual void decode_batch(DecodeItem* const* items, uint32_t n);
 };
 
 // cpu/backend.cpp. Keeps pointers into `checkpoint`, which must outlive the backend.
@@ -294,6 +310,35 @@ int cuda_device_count();
 
 class Tokenizer;  // tokenizer/tokenizer.h
 
+// Continuous batching (gptoss-batch.cpp): gathers the decode steps of the sessions of one
+// model that are decoding at the same time, from whatever threads run them, into one
+// Backend::decode_batch call of at most max_sessions items.
+class DecodeBatcher {
+public:
+    DecodeBatcher(Backend& backend, uint32_t max_sessions);
+    ~DecodeBatcher();
+    // A session's decode loop is inside enter() .. leave(): the batcher waits for the
+    // sessions inside (up to a short gather window) before it starts a step.
+    void enter();
+    void leave();
+    // Runs one decode step of `session` as part of a batch; blocks until it is done. On
+    // failure records the session's own message (fail()) and returns its status.
+    [[nodiscard]] gptoss_status decode(BackendSession* session, int32_t token, uint32_t pos);
+    uint32_t max_sessions() const { return max_sessions_; }
+    // Steps run and tokens decoded so far (tokens / steps = mean batch).
+    void counters(uint64_t* steps, uint64_t* tokens) const;
+
+private:
+    struct State;
+    Backend& backend_;
+    const uint32_t max_sessions_;
+    std::unique_ptr<State> state_;
+};
+
+// Resolves the decode batch cap from params.max_decode_batch and GPTOSS_DECODE_BATCH
+// (gptoss-batch.cpp): 1 means off. Fails with INVALID_ARGUMENT naming a bad value.
+[[nodiscard]] gptoss_status resolve_max_decode_batch(uint32_t param, uint32_t* out);
+
 }  // namespace gptoss
 
 struct gptoss_model {
@@ -303,6 +348,7 @@ struct gptoss_model {
     std::shared_ptr<const gptoss::Tokenizer> tokenizer;  // null if the directory has none
     std::string name;
     std::atomic<bool> poisoned{false};                // a CUDA error happened: every call fails
+    std::unique_ptr<gptoss::DecodeBatcher> batcher;   // null: each session decodes alone
     std::mutex mutex;                                 // guards session creation and token_table
     std::shared_ptr<const void> token_table;          // schema::TokenTable, built by the first
                                                       // constrained call (gptoss-constraint.cpp)
@@ -409,6 +455,19 @@ struct GenerateOutput {
 [[nodiscard]] gptoss_status session_generate(gptoss_session* session, const int32_t* prompt,
                                              size_t n_prompt, const GenerateOptions& options,
                                              GenerateOutput* out);
+
+// Decodes `token` at `pos` on the session's backend, through the model's batcher if it has one
+// (gptoss-batch.cpp). DecodeLoop marks a session's decode loop for the batcher.
+[[nodiscard]] gptoss_status decode_step(gptoss_session* session, int32_t token, uint32_t pos);
+class DecodeLoop {
+public:
+    explicit DecodeLoop(gptoss_session* session);
+    ~DecodeLoop();
+    DecodeLoop(const DecodeLoop&) = delete;
+    DecodeLoop& operator=(const DecodeLoop&) = delete;
+private:
+    DecodeBatcher* batcher_;
+};
 
 // Converts public sampling params (already read with read_params) to options; resolves the
 // seed (GPTOSS_SEED_RANDOM draws one from std::random_device).

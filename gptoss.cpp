@@ -165,6 +165,9 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
 #endif
     }
 
+    uint32_t max_decode_batch = 1;
+    GPTOSS_TRY(resolve_max_decode_batch(params.max_decode_batch, &max_decode_batch));
+
     // Loading the files is the first half of the progress bar, uploading to a GPU the second.
     // Every report goes through `report`, which passes on only increasing fractions, so the
     // caller sees 1.0 exactly once (the file loader and the upload each end at their 1.0).
@@ -202,6 +205,7 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
 #endif
     }
     if (!report(1.0f)) return fail(GPTOSS_ERR_CANCELLED, "%s: loading cancelled by the progress callback", model_dir);
+    if (max_decode_batch > 1) model->batcher.reset(new DecodeBatcher(*model->backend, max_decode_batch));
     model->name = model_name(model->checkpoint->config);
     *out = model.release();
     return GPTOSS_OK;
@@ -273,7 +277,7 @@ enum class Pass { kPrefill, kDecode };
 static gptoss_status forward_or_forget(gptoss_session* session, const int32_t* tokens, uint32_t n, uint32_t pos,
                                        Pass pass) {
     fault_point();
-    const gptoss_status status = pass == Pass::kDecode ? session->backend->decode(tokens[0], pos)
+    const gptoss_status status = pass == Pass::kDecode ? decode_step(session, tokens[0], pos)
                                                        : session->backend->forward(tokens, n, pos);
     if (status != GPTOSS_OK) forget_cache(session);
     return status;
@@ -356,6 +360,7 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
     Rng rng(options.seed);
     TokenConstraint* constraint = options.constraint.get();
     std::vector<uint32_t> allowed(constraint != nullptr ? (config.vocab + 31) / 32 : 0);
+    const DecodeLoop batched(session);  // decode steps may be shared with other sessions
     for (;;) {
         if (session->cancel_requested.load()) {
             out->stop_reason = GPTOSS_STOP_CANCELLED;

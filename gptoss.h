@@ -140,6 +140,11 @@ typedef struct gptoss_model_params {
                                            // device 0 if a CUDA device exists, else the CPU.
     gptoss_progress_fn progress;           // Default NULL.
     void*              progress_user_data;
+    // Continuous batching: how many sessions of this model may share one decode step when
+    // several threads generate at once (each session's tokens are the same as alone).
+    // Default 0: the environment variable GPTOSS_DECODE_BATCH if set, else 1. 1 = off (each
+    // session decodes on its own). At most 1024. Appended in 0.1 (issue 13).
+    uint32_t           max_decode_batch;
 } gptoss_model_params;
 
 // Fills `params` with defaults. `struct_size` is sizeof(*params) as the caller compiled it,

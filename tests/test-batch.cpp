@@ -1,0 +1,372 @@
+// tests/test-batch.cpp - continuous batching (gptoss-batch.cpp, issue 13): sessions of one
+// model generating on several threads at once share decode steps, and every session's tokens,
+// stop reasons and streamed events are exactly what it produces alone on a model without
+// batching (the oracle: the same CPU backend, one session at a time). Also the DecodeBatcher
+// itself over a fake backend: the cap, first-come order, and errors that stay with their
+// session. Runs on the tiny checkpoint ($GPTOSS_TINY_MODEL, synth-tiny fixture), CPU only.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include "gptoss-internal.h"
+
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+gptoss_model* load_tiny(uint32_t max_decode_batch) {
+    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
+    REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
+    gptoss_model_params params = gptoss_model_default_params();
+    params.device = GPTOSS_DEVICE_CPU;
+    params.max_decode_batch = max_decode_batch;
+    gptoss_model* model = nullptr;
+    const gptoss_status status = gptoss_load(dir, &params, &model);
+    INFO(std::string(gptoss_last_error()));
+    REQUIRE(status == GPTOSS_OK);
+    return model;
+}
+
+gptoss_session* new_session(gptoss_model* model) {
+    gptoss_session_params params = gptoss_session_default_params();
+    params.max_context = 512;
+    params.max_batch = 16;
+    gptoss_session* session = nullptr;
+    REQUIRE(gptoss_session_create(model, &params, &session) == GPTOSS_OK);
+    return session;
+}
+
+std::vector<int32_t> prompt_of(size_t n, uint64_t seed) {
+    gptoss::Rng rng(seed);
+    std::vector<int32_t> p(n);
+    for (int32_t& t : p) t = int32_t(rng.next_u64() % 199998);
+    return p;
+}
+
+// One generation request and what came of it.
+struct Job {
+    std::vector<int32_t> prompt;
+    float temperature = 1.0f, top_p = 1.0f;
+    uint32_t top_k = 0, max_tokens = 24;
+    uint64_t seed = 0;
+    std::vector<int32_t> stop_tokens;
+    std::string stop_string;          // empty: none
+    uint32_t cancel_after = 0;        // > 0: gptoss_session_cancel from the callback after this many events
+    int start_delay_ms = 0;
+    // Results.
+    gptoss_status status = GPTOSS_OK;
+    std::string error;
+    std::vector<int32_t> tokens, streamed;
+    std::string text;
+    gptoss_stop_reason stop = GPTOSS_STOP_MAX_TOKENS;
+};
+
+struct CallbackState {
+    Job* job;
+    gptoss_session* session;
+};
+
+void run_job(gptoss_session* session, Job* job) {
+    if (job->start_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(job->start_delay_ms));
+    gptoss_sampling_params s = gptoss_sampling_default_params();
+    s.temperature = job->temperature;
+    s.top_p = job->top_p;
+    s.top_k = job->top_k;
+    s.seed = job->seed;
+    s.max_tokens = job->max_tokens;
+    if (!job->stop_tokens.empty()) {
+        s.stop_tokens = job->stop_tokens.data();
+        s.n_stop_tokens = job->stop_tokens.size();
+    }
+    const char* stop_strings[1] = {job->stop_string.c_str()};
+    if (!job->stop_string.empty()) {
+        s.stop_strings = stop_strings;
+        s.n_stop_strings = 1;
+    }
+    CallbackState state{job, session};
+    auto on_event = [](void* ud, const gptoss_event* e) {
+        auto* st = static_cast<CallbackState*>(ud);
+        st->job->streamed.push_back(e->token);
+        if (st->job->cancel_after != 0 && st->job->streamed.size() == st->job->cancel_after)
+            gptoss_session_cancel(st->session);
+        return true;
+    };
+    job->streamed.clear();
+    const gptoss_generate_result* result = nullptr;
+    job->status = gptoss_generate(session, job->prompt.data(), job->prompt.size(), &s, on_event, &state, &result);
+    job->error = gptoss_last_error();
+    if (job->status != GPTOSS_OK) return;
+    job->tokens.assign(result->tokens, result->tokens + result->n_tokens);
+    job->text.assign(result->text, result->text_len);
+    job->stop = result->stop_reason;
+}
+
+// A mix of prompts, lengths (so prefills end at different times: sessions join mid-flight),
+// sampling settings, max_tokens (they leave at different times), stops and a cancel.
+std::vector<Job> mixed_jobs(size_t n) {
+    std::vector<Job> jobs(n);
+    for (size_t i = 0; i < n; i++) {
+        Job& j = jobs[i];
+        j.prompt = prompt_of(3 + 7 * i % 20, 100 + i);
+        j.seed = 1000 + i;
+        j.temperature = i % 3 == 0 ? 0.0f : i % 3 == 1 ? 0.8f : 1.2f;
+        j.top_p = i % 4 == 1 ? 0.9f : 1.0f;
+        j.top_k = i % 5 == 2 ? 40 : 0;
+        j.max_tokens = uint32_t(6 + 5 * i % 16);
+        j.start_delay_ms = int(i % 4) * 3;
+    }
+    return jobs;
+}
+
+// Runs every job alone, one after another, on a model without batching.
+void run_alone(std::vector<Job>* jobs) {
+    gptoss_model* model = load_tiny(1);
+    gptoss_session* session = new_session(model);
+    for (Job& j : *jobs) run_job(session, &j);
+    gptoss_session_free(session);
+    gptoss_model_free(model);
+}
+
+// Runs every job on its own session and thread, all at once, on `model`.
+void run_together(gptoss_model* model, std::vector<Job>* jobs) {
+    std::vector<gptoss_session*> sessions;
+    for (size_t i = 0; i < jobs->size(); i++) sessions.push_back(new_session(model));
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < jobs->size(); i++) threads.emplace_back(run_job, sessions[i], &(*jobs)[i]);
+    for (std::thread& t : threads) t.join();
+    for (gptoss_session* s : sessions) gptoss_session_free(s);
+}
+
+double mean_batch(gptoss_model* model) {
+    uint64_t steps = 0, tokens = 0;
+    model->batcher->counters(&steps, &tokens);
+    return steps == 0 ? 0.0 : double(tokens) / double(steps);
+}
+
+// Three printable ASCII bytes from the second half of `text` (a stop string that splits no
+// character), or "" if there are none.
+std::string ascii_piece(const std::string& text) {
+    for (size_t i = text.size() / 2; i + 3 <= text.size(); i++)
+        if (std::isprint(static_cast<unsigned char>(text[i])) && std::isprint(static_cast<unsigned char>(text[i + 1])) &&
+            std::isprint(static_cast<unsigned char>(text[i + 2])) && text[i] != '<')
+            return text.substr(i, 3);
+    return "";
+}
+
+void check_same(const std::vector<Job>& alone, const std::vector<Job>& together) {
+    for (size_t i = 0; i < alone.size(); i++) {
+        INFO("job " << i << ": " << together[i].error);
+        REQUIRE(alone[i].status == GPTOSS_OK);
+        REQUIRE(together[i].status == GPTOSS_OK);
+        CHECK(together[i].tokens == alone[i].tokens);
+        CHECK(together[i].text == alone[i].text);
+        CHECK(together[i].stop == alone[i].stop);
+        CHECK(together[i].streamed == alone[i].streamed);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("the batch cap comes from params.max_decode_batch or GPTOSS_DECODE_BATCH, and bad values are named") {
+    uint32_t n = 0;
+    unsetenv("GPTOSS_DECODE_BATCH");
+    REQUIRE(gptoss::resolve_max_decode_batch(0, &n) == GPTOSS_OK);
+    CHECK(n == 1);  // off by default
+    REQUIRE(gptoss::resolve_max_decode_batch(8, &n) == GPTOSS_OK);
+    CHECK(n == 8);
+    setenv("GPTOSS_DECODE_BATCH", "16", 1);
+    REQUIRE(gptoss::resolve_max_decode_batch(0, &n) == GPTOSS_OK);
+    CHECK(n == 16);
+    REQUIRE(gptoss::resolve_max_decode_batch(4, &n) == GPTOSS_OK);
+    CHECK(n == 4);  // the parameter wins
+    setenv("GPTOSS_DECODE_BATCH", "lots", 1);
+    CHECK(gptoss::resolve_max_decode_batch(0, &n) == GPTOSS_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(gptoss_last_error()).find("GPTOSS_DECODE_BATCH") != std::string::npos);
+    unsetenv("GPTOSS_DECODE_BATCH");
+    CHECK(gptoss::resolve_max_decode_batch(5000, &n) == GPTOSS_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(gptoss_last_error()).find("max_decode_batch") != std::string::npos);
+
+    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
+    REQUIRE(dir != nullptr);
+    gptoss_model_params params = gptoss_model_default_params();
+    params.device = GPTOSS_DEVICE_CPU;
+    params.max_decode_batch = 5000;
+    gptoss_model* model = reinterpret_cast<gptoss_model*>(uintptr_t(1));
+    CHECK(gptoss_load(dir, &params, &model) == GPTOSS_ERR_INVALID_ARGUMENT);
+    CHECK(model == nullptr);
+}
+
+TEST_CASE("8 sessions on 8 threads share decode steps and each gets exactly its tokens alone") {
+    std::vector<Job> alone = mixed_jobs(8);
+    // A stop token and a stop string taken from what the alone runs produce, so both fire.
+    alone[3].max_tokens = 20;
+    alone[5].max_tokens = 20;
+    alone[6].cancel_after = 5;
+    run_alone(&alone);
+    REQUIRE(alone[3].tokens.size() > 10);
+    alone[3].stop_tokens = {alone[3].tokens[9]};
+    REQUIRE(alone[5].text.size() > 12);
+    alone[5].stop_string = ascii_piece(alone[5].text);
+    REQUIRE(!alone[5].stop_string.empty());
+    run_alone(&alone);
+    CHECK(alone[3].stop == GPTOSS_STOP_TOKEN);
+    CHECK(alone[5].stop == GPTOSS_STOP_STRING);
+    CHECK(alone[6].stop == GPTOSS_STOP_CANCELLED);
+    CHECK(alone[6].tokens.size() == 5);
+
+    gptoss_model* model = load_tiny(8);
+    REQUIRE(model->batcher != nullptr);
+    std::vector<Job> together = alone;
+    run_together(model, &together);
+    check_same(alone, together);
+    INFO("mean decode batch " << mean_batch(model));
+    CHECK(mean_batch(model) > 1.5);  // they really shared steps
+    gptoss_model_free(model);
+}
+
+TEST_CASE("more sessions than the cap: steps hold at most max_decode_batch, results unchanged") {
+    std::vector<Job> alone = mixed_jobs(6);
+    run_alone(&alone);
+    gptoss_model* model = load_tiny(2);
+    std::vector<Job> together = alone;
+    run_together(model, &together);
+    check_same(alone, together);
+    CHECK(mean_batch(model) <= 2.0);
+    CHECK(mean_batch(model) > 1.0);
+    gptoss_model_free(model);
+}
+
+TEST_CASE("sessions join and leave mid-flight: a second wave starts while the first decodes") {
+    std::vector<Job> alone = mixed_jobs(6);
+    for (size_t i = 0; i < alone.size(); i++) alone[i].max_tokens = i < 3 ? 24 : 5;
+    run_alone(&alone);
+    gptoss_model* model = load_tiny(8);
+    std::vector<Job> together = alone;
+    for (size_t i = 3; i < together.size(); i++) together[i].start_delay_ms = 20 + 5 * int(i);
+    run_together(model, &together);
+    check_same(alone, together);
+    // The same sessions again (prefix reuse) while other threads still decode.
+    std::vector<gptoss_session*> sessions = {new_session(model), new_session(model)};
+    std::vector<Job> again = {alone[0], alone[1]};
+    run_job(sessions[0], &again[0]);  // warm the cache of session 0
+    std::thread t1([&] { run_job(sessions[0], &again[0]); });
+    std::thread t2([&] { run_job(sessions[1], &again[1]); });
+    t1.join();
+    t2.join();
+    CHECK(again[0].tokens == alone[0].tokens);
+    CHECK(again[1].tokens == alone[1].tokens);
+    for (gptoss_session* s : sessions) gptoss_session_free(s);
+    gptoss_model_free(model);
+}
+
+TEST_CASE("a bad request fails alone; the sessions beside it are untouched") {
+    std::vector<Job> alone = mixed_jobs(4);
+    run_alone(&alone);
+    gptoss_model* model = load_tiny(4);
+    std::vector<Job> together = alone;
+    Job bad = alone[0];
+    bad.prompt[1] = 999999999;  // outside the vocabulary
+    together.push_back(bad);
+    run_together(model, &together);
+    CHECK(together.back().status == GPTOSS_ERR_INVALID_ARGUMENT);
+    CHECK(together.back().error.find("prompt[1]") != std::string::npos);
+    together.pop_back();
+    check_same(alone, together);
+    gptoss_model_free(model);
+}
+
+// ---------------------------------------------------------------------------
+// DecodeBatcher over a fake backend: which items run together, and failures per item.
+
+namespace {
+
+class FakeSession final : public gptoss::BackendSession {
+public:
+    FakeSession() : BackendSession(1) {}
+    gptoss_status forward(const int32_t*, uint32_t, uint32_t) override { return GPTOSS_OK; }
+    gptoss_status get_logits(const float** out) override {
+        *out = &logit_;
+        return GPTOSS_OK;
+    }
+    gptoss_status save_sliding_snapshot() override { return GPTOSS_OK; }
+    gptoss_status restore_sliding_snapshot() override { return GPTOSS_OK; }
+    std::vector<int32_t> seen;  // tokens decoded, in order
+private:
+    float logit_ = 0;
+};
+
+// Fails every item whose token is negative, with a message naming it; records batch sizes.
+class FakeBackend final : public gptoss::Backend {
+public:
+    gptoss_status create_session(uint32_t, uint32_t, std::unique_ptr<gptoss::BackendSession>*) override {
+        return GPTOSS_ERR_UNSUPPORTED;
+    }
+    uint64_t weight_bytes() const override { return 0; }
+    int32_t device() const override { return GPTOSS_DEVICE_CPU; }
+    uint32_t default_max_batch() const override { return 1; }
+    void decode_batch(gptoss::DecodeItem* const* items, uint32_t n) override {
+        CHECK(!busy.exchange(true));  // one step at a time
+        sizes.push_back(n);
+        for (uint32_t i = 0; i < n; i++) {
+            gptoss::DecodeItem& item = *items[i];
+            if (item.token < 0) {
+                item.status = GPTOSS_ERR_DEVICE;
+                item.error = "fake decode: token " + std::to_string(item.token) + " refused";
+            } else {
+                static_cast<FakeSession*>(item.session)->seen.push_back(item.token);
+                item.status = GPTOSS_OK;
+            }
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        busy.store(false);
+    }
+    std::atomic<bool> busy{false};
+    std::vector<uint32_t> sizes;  // written only inside decode_batch (one step at a time)
+};
+
+}  // namespace
+
+TEST_CASE("DecodeBatcher: every step within the cap, every token delivered once, failures stay per thread") {
+    FakeBackend backend;
+    gptoss::DecodeBatcher batcher(backend, 3);
+    constexpr int kThreads = 7, kSteps = 40;
+    std::vector<FakeSession> sessions(kThreads);
+    std::vector<std::string> errors(kThreads);
+    std::vector<int> failures(kThreads, 0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; t++)
+        threads.emplace_back([&, t] {
+            batcher.enter();
+            for (int i = 0; i < kSteps; i++) {
+                // Thread 4 asks for a refused token at step 10 and goes on.
+                const int32_t token = t == 4 && i == 10 ? -7 : t * 1000 + i;
+                gptoss::clear_error();  // as every public entry point does
+                if (batcher.decode(&sessions[t], token, uint32_t(i)) != GPTOSS_OK) {
+                    failures[t]++;
+                    errors[t] = gptoss_last_error();
+                } else {
+                    CHECK(std::string(gptoss_last_error()).empty());
+                }
+            }
+            batcher.leave();
+        });
+    for (std::thread& t : threads) t.join();
+    for (int t = 0; t < kThreads; t++) {
+        CHECK(failures[t] == (t == 4 ? 1 : 0));
+        CHECK(sessions[t].seen.size() == size_t(t == 4 ? kSteps - 1 : kSteps));
+        for (size_t i = 1; i < sessions[t].seen.size(); i++) CHECK(sessions[t].seen[i] > sessions[t].seen[i - 1]);
+    }
+    CHECK(errors[4] == "fake decode: token -7 refused");
+    uint64_t steps = 0, tokens = 0;
+    batcher.counters(&steps, &tokens);
+    CHECK(tokens == uint64_t(kThreads) * kSteps);
+    CHECK(steps == backend.sizes.size());
+    for (uint32_t n : backend.sizes) CHECK((n >= 1 && n <= 3));
+    CHECK(double(tokens) / double(steps) > 1.5);
+}

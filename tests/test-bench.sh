@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/gptoss-bench on the CPU backend with the tiny checkpoint: decode-only runs at a depth
 # (-p 0 -d N: the context is filled in 512-token chunks; a 0-token fill step once looped
-# forever) and a pp + tg run report their rows. Each run is bounded by `timeout`.
+# forever), a pp + tg run and a --concurrency run report their rows. Each run is bounded by `timeout`.
 set -uo pipefail
 bench="${GPTOSS_BUILD_DIR:?}/gptoss-bench"
 model="${GPTOSS_TINY_MODEL:?}"
@@ -17,5 +17,10 @@ check "-p 0 -d 600 rows" "| tg2 | 600 ;" "$(rows <<< "$out")"
 out=$(timeout 120 "$bench" --device cpu --model "$model" -p 16 -n 2 -d 0,40 -r 1 2>/dev/null); rc=$?
 check "-p 16 -d 0,40 finishes" "0" "$rc"
 check "-p 16 -d 0,40 rows" "| pp16 | 0 ;| tg2 | 0 ;| pp16 | 40 ;| tg2 | 40 ;" "$(rows <<< "$out")"
+# --concurrency: N streams at once through the public API, decode steps batched (issue 13).
+out=$(timeout 120 "$bench" --device cpu --model "$model" --concurrency 1,3 -p 12 -n 4 2>/dev/null); rc=$?
+check "--concurrency 1,3 finishes" "0" "$rc"
+check "--concurrency 1,3 rows" "| 1 | 4 ;| 3 | 12 ;" \
+    "$(grep -oE '^\| +[0-9]+ \| +[0-9]+ ' <<< "$out" | tr -s ' ' | tr '\n' ';')"
 echo "test-bench: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -7,12 +7,14 @@
 // 4 experts per layer, lm_head) + the K/V the token attends to, from the config (DEVICE.md).
 // Also prints the sampling latency per call (greedy, T=1 top_p=0.9, T=0.7 top_k=40), and with
 // --ttft N,... the time to first token of one N-token prompt through gptoss_generate (the public
-// path: the engine's chunking, a fresh session each, greedy, max_tokens 1).
+// path: the engine's chunking, a fresh session each, greedy, max_tokens 1). --concurrency
+// N,... runs N streams at once through the public API instead (tools/bench-concurrency.h).
 // With --json-schema FILE --tokenizer DIR, two more tg lines at each depth: T=1 sampling without
 // and with the schema's token mask (constrained decoding: host mask from tokenizer/grammar-mask.h,
 // applied on the device before the sampler; a finished document starts a new one), plus the
 // schema's compile time and the mean host time of a mask.
 #include "gptoss-internal.h"
+#include "tools/bench-concurrency.h"
 #include "tokenizer/grammar-mask.h"
 #include "tokenizer/json-schema.h"
 #include "tokenizer/tokenizer.h"
@@ -245,6 +247,46 @@ int run_cpu(const std::string& model_dir, const std::vector<uint32_t>& pp, const
     return 0;
 }
 
+// --concurrency: a model from --model DIR (gptoss_load on `device`) or, on a GPU, --synthetic
+// weights wrapped in a model; its decode batch cap is `decode_batch` (0: the largest count).
+int run_concurrency(const std::string& model_dir, const std::string& synthetic, int32_t device, uint32_t layers,
+                    const std::vector<uint32_t>& counts, uint32_t decode_batch, uint32_t prompt_len, uint32_t gen,
+                    bool json) {
+    using namespace gptoss;
+    const uint32_t cap = decode_batch ? decode_batch : *std::max_element(counts.begin(), counts.end());
+    gptoss_model* model = nullptr;
+    if (!model_dir.empty()) {
+        gptoss_model_params mp;
+        gptoss_model_params_init(&mp, sizeof mp);
+        mp.device = device;
+        mp.max_decode_batch = cap;
+        check(gptoss_load(model_dir.c_str(), &mp, &model), "loading the model");
+    } else {
+#ifdef GPTOSS_HAVE_CUDA
+        Config config = preset(synthetic);
+        if (layers) {
+            config.n_layers = layers;
+            config.layer_sliding.resize(layers);
+        }
+        std::unique_ptr<Backend> backend;
+        check(cuda::create_synthetic_backend(config, device, 1, &backend), "building the synthetic model");
+        model = new gptoss_model();
+        model->checkpoint = std::make_unique<Checkpoint>();
+        model->checkpoint->config = config;
+        model->backend = std::move(backend);
+        model->name = "synthetic";
+        if (cap > 1) model->batcher.reset(new DecodeBatcher(*model->backend, cap));
+#else
+        (void)layers;
+        die("--synthetic needs the CUDA backend");
+#endif
+    }
+    const int rc = bench_concurrency::run(model, model_dir.empty() ? "synthetic " + synthetic : model_dir, counts,
+                                          prompt_len, gen, json);
+    gptoss_model_free(model);
+    return rc;
+}
+
 }  // namespace
 
 // Constrained decoding cost: tg tokens at T=1 from `depth`, unconstrained (mask == false) or
@@ -320,7 +362,8 @@ int main(int argc, char** argv) {
     std::string model_dir, synthetic, schema_file, tokenizer_dir;
     int32_t device = 0;
     std::vector<uint32_t> pp{512, 2048}, depths{0, 8192};
-    std::vector<uint32_t> ttft;
+    std::vector<uint32_t> ttft, concurrency;
+    uint32_t decode_batch = 0;
     uint32_t tg = 128, reps = 3, layers = 0;
     bool json = false, profile = false, gemm_probe = true;
     for (int i = 1; i < argc; ++i) {
@@ -341,6 +384,8 @@ int main(int argc, char** argv) {
         else if (a == "-r" || a == "--reps") reps = uint32_t(std::max(1, std::atoi(value())));
         else if (a == "--layers") layers = uint32_t(std::atoi(value()));
         else if (a == "--ttft") ttft = parse_list(value());
+        else if (a == "--concurrency") concurrency = parse_list(value());
+        else if (a == "--decode-batch") decode_batch = uint32_t(std::atoi(value()));
         else if (a == "--json") json = true;
         else if (a == "--profile") profile = true;
         else if (a == "--no-gemm-probe") gemm_probe = false;
@@ -351,13 +396,19 @@ int main(int argc, char** argv) {
                 "usage: gptoss-bench (--model DIR | --synthetic 20b|120b) [--device N|cpu] [-p 512,2048] [-n 128]\n"
                 "                    [-d 0,8192] [-r REPS] [--layers N] [--ttft 8192,32768,131000] [--profile] [--json]\n"
                 "                    [--no-gemm-probe] [--json-schema FILE --tokenizer DIR]\n"
+                "                    [--concurrency 1,8,32,64 [--decode-batch N]]\n"
                 "Prints pp (prefill) and tg (decode) throughput at each context depth, with GB/s and %% of the\n"
-                "bandwidth floor (decode) or TFLOP/s and %% of the measured bf16 tensor-core rate (prefill).\n");
+                "bandwidth floor (decode) or TFLOP/s and %% of the measured bf16 tensor-core rate (prefill).\n"
+                "--concurrency: N streams at once through gptoss_generate (prompt -p's first value, -n tokens\n"
+                "each), decode steps batched up to --decode-batch sessions (default the largest N; 1 = off).\n");
             return 0;
         } else die("unknown option %s (see --help)", a.c_str());
     }
     if (model_dir.empty() == synthetic.empty()) die("give exactly one of --model DIR and --synthetic 20b|120b");
     if (schema_file.empty() != tokenizer_dir.empty()) die("--json-schema and --tokenizer go together");
+    if (!concurrency.empty())
+        return run_concurrency(model_dir, synthetic, device, layers, concurrency, decode_batch, pp.empty() ? 512 : pp[0],
+                               tg, json);
     if (device == GPTOSS_DEVICE_CPU) return run_cpu(model_dir, pp, depths, tg, reps, json);
 #ifndef GPTOSS_HAVE_CUDA
     (void)device; (void)pp; (void)depths; (void)tg; (void)reps; (void)layers; (void)json; (void)profile;

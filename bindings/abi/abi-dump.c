@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
     FIELD(gptoss_model_params, device);
     FIELD(gptoss_model_params, progress);
     FIELD(gptoss_model_params, progress_user_data);
+    FIELD(gptoss_model_params, max_decode_batch);
     end();
 
     BEGIN(gptoss_model_info);

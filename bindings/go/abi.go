@@ -27,7 +27,8 @@ func structLayouts() map[string]uintptr {
 	var mp C.gptoss_model_params
 	add("gptoss_model_params", unsafe.Sizeof(mp), unsafe.Alignof(mp), map[string]uintptr{
 		"struct_size": unsafe.Offsetof(mp.struct_size), "device": unsafe.Offsetof(mp.device),
-		"progress": unsafe.Offsetof(mp.progress), "progress_user_data": unsafe.Offsetof(mp.progress_user_data)})
+		"progress": unsafe.Offsetof(mp.progress), "progress_user_data": unsafe.Offsetof(mp.progress_user_data),
+		"max_decode_batch": unsafe.Offsetof(mp.max_decode_batch)})
 	var mi C.gptoss_model_info
 	add("gptoss_model_info", unsafe.Sizeof(mi), unsafe.Alignof(mi), map[string]uintptr{
 		"struct_size": unsafe.Offsetof(mi.struct_size), "name": unsafe.Offsetof(mi.name),

@@ -95,6 +95,7 @@ pub struct gptoss_model_params {
     pub device: i32,
     pub progress: gptoss_progress_fn,
     pub progress_user_data: *mut c_void,
+    pub max_decode_batch: u32,
 }
 
 #[repr(C)]

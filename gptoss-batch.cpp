@@ -10,14 +10,16 @@
 // prefill, and leave when it ends, so the batch grows and shrinks mid-flight. Errors stay per
 // session: a failed item's message is re-recorded in its caller's thread. Results do not depend
 // on the batch (Backend::decode_batch's contract), so the timing of who joins which step never
-// changes a token. Prefill is not batched yet: it runs on the caller's thread, beside steps.
+// changes a token. Prompt chunks join steps too, after the decode tokens and within a token
+// budget per step, so a long prompt enters between the streams' steps instead of beside them.
 #include "gptoss-internal.h"
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
+#include <algorithm>
+#include <vector>
 
 namespace gptoss {
 
@@ -29,7 +31,8 @@ void Backend::decode_batch(DecodeItem* const* items, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
         DecodeItem& item = *items[i];
         try {
-            item.status = item.session->decode(item.token, item.pos);
+            item.status = item.prefill ? item.session->forward(item.tokens, item.n, item.pos)
+                                       : item.session->decode(item.tokens[0], item.pos);
             if (item.status != GPTOSS_OK) item.error = gptoss_last_error();
         } catch (const std::bad_alloc&) {
             item.status = GPTOSS_ERR_OUT_OF_MEMORY;
@@ -48,7 +51,8 @@ struct DecodeBatcher::State {
     };
     std::mutex mutex;
     std::condition_variable wake;
-    std::deque<Request*> pending;   // submitted, not yet taken by a step
+    std::vector<Request*> pending;  // submitted, not yet taken by a step, oldest first
+    size_t pending_decode = 0;      // how many of them are decode tokens
     uint32_t active = 0;            // sessions between enter() and leave()
     bool stepping = false;          // a leader is running decode_batch
     uint64_t steps = 0, tokens = 0;
@@ -78,19 +82,23 @@ void DecodeBatcher::counters(uint64_t* steps, uint64_t* tokens) const {
     *tokens = state_->tokens;
 }
 
-gptoss_status DecodeBatcher::decode(BackendSession* session, int32_t token, uint32_t pos) {
+gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens, uint32_t n, uint32_t pos,
+                                 bool prefill) {
     State& s = *state_;
     State::Request request;
     request.item.session = session;
-    request.item.token = token;
+    request.item.tokens = tokens;
+    request.item.n = n;
     request.item.pos = pos;
+    request.item.prefill = prefill;
     const auto deadline = std::chrono::steady_clock::now() + kGatherWindow;
     bool led = false;
     std::unique_lock<std::mutex> lock(s.mutex);
     s.pending.push_back(&request);
+    if (!prefill) s.pending_decode++;
     s.wake.notify_all();
     while (!request.done) {
-        const bool all_in = s.pending.size() >= std::min<size_t>(s.active, max_sessions_);
+        const bool all_in = s.pending_decode >= std::min<size_t>(s.active, max_sessions_);
         if (s.stepping) {
             s.wake.wait(lock);
         } else if (!all_in && std::chrono::steady_clock::now() < deadline) {
@@ -98,14 +106,34 @@ gptoss_status DecodeBatcher::decode(BackendSession* session, int32_t token, uint
         } else {
             // Lead one step over the oldest pending requests (not necessarily our own).
             // Nothing below throws once the vectors are reserved.
-            std::vector<State::Request*> batch;
+            // Every pending decode token (up to the cap), then prefill chunks while the step
+            // has fewer than kStepTokenBudget tokens (at least one); the rest stay, in order.
+            std::vector<State::Request*> batch, kept;
             std::vector<DecodeItem*> items;
-            batch.reserve(max_sessions_);
-            items.reserve(max_sessions_);
-            while (!s.pending.empty() && batch.size() < max_sessions_) {
-                batch.push_back(s.pending.front());
-                s.pending.pop_front();
+            batch.reserve(s.pending.size());
+            kept.reserve(s.pending.size());
+            items.reserve(s.pending.size());
+            uint32_t n_decode = 0, n_tokens = 0;
+            for (State::Request* r : s.pending)
+                if (!r->item.prefill && n_decode < max_sessions_) {
+                    batch.push_back(r);
+                    n_decode++;
+                    n_tokens++;
+                }
+            bool any_prefill = false;
+            for (State::Request* r : s.pending) {
+                if (!r->item.prefill) {
+                    if (std::find(batch.begin(), batch.end(), r) == batch.end()) kept.push_back(r);
+                } else if (!any_prefill || n_tokens + r->item.n <= kStepTokenBudget) {
+                    batch.push_back(r);
+                    n_tokens += r->item.n;
+                    any_prefill = true;
+                } else {
+                    kept.push_back(r);
+                }
             }
+            s.pending.swap(kept);
+            s.pending_decode -= n_decode;
             for (State::Request* r : batch) items.push_back(&r->item);
             s.stepping = true;
             lock.unlock();
@@ -121,8 +149,8 @@ gptoss_status DecodeBatcher::decode(BackendSession* session, int32_t token, uint
             lock.lock();
             for (State::Request* r : batch) r->done = true;
             s.stepping = false;
-            s.steps++;
-            s.tokens += batch.size();
+            if (n_decode > 0) s.steps++;  // steps with decode tokens: tokens / steps = mean batch
+            s.tokens += n_decode;
             led = true;
             s.wake.notify_all();
         }
@@ -156,7 +184,13 @@ gptoss_status resolve_max_decode_batch(uint32_t param, uint32_t* out) {
 gptoss_status decode_step(gptoss_session* session, int32_t token, uint32_t pos) {
     DecodeBatcher* batcher = session->model->batcher.get();
     if (batcher == nullptr) return session->backend->decode(token, pos);
-    return batcher->decode(session->backend.get(), token, pos);
+    return batcher->run(session->backend.get(), &token, 1, pos, false);
+}
+
+gptoss_status prefill_step(gptoss_session* session, const int32_t* tokens, uint32_t n, uint32_t pos) {
+    DecodeBatcher* batcher = session->model->batcher.get();
+    if (batcher == nullptr) return session->backend->forward(tokens, n, pos);
+    return batcher->run(session->backend.get(), tokens, n, pos, true);
 }
 
 DecodeLoop::DecodeLoop(gptoss_session* session) : batcher_(session->model->batcher.get()) {

@@ -268,12 +268,16 @@ protected:
     const uint32_t n_vocab_;
 };
 
-// One session's share of a batched decode step (gptoss-batch.cpp). The backend sets status
-// (and, on failure, error: the message for that session's caller) for every item.
+// One session's share of a batched step (gptoss-batch.cpp): a decode token (prefill false,
+// n 1: decode(tokens[0], pos) semantics) or a prefill chunk (prefill true: forward(tokens, n,
+// pos) semantics, chunk-invariant K/V). `tokens` is borrowed for the step. The backend sets
+// status (and, on failure, error: the message for that session's caller) for every item.
 struct DecodeItem {
     BackendSession* session = nullptr;
-    int32_t token = 0;
+    const int32_t* tokens = nullptr;
+    uint32_t n = 1;
     uint32_t pos = 0;
+    bool prefill = false;
     gptoss_status status = GPTOSS_OK;
     std::string error;
 };
@@ -286,11 +290,11 @@ public:
     virtual uint64_t weight_bytes() const = 0;   // memory held for the weights (device or host copies)
     virtual int32_t device() const = 0;          // CUDA ordinal or GPTOSS_DEVICE_CPU
     virtual uint32_t default_max_batch() const = 0;
-    // Decodes one token for each of n items, each on its own session (distinct sessions of
-    // this backend), as if each ran session->decode(token, pos) alone: a session's K/V and
-    // logits must be bit-identical whatever else is in the batch (batch invariance). Never
-    // throws past an item: a failure is that item's status. Called by one thread at a time
-    // (the model's DecodeBatcher). The default decodes the items one after another.
+    // Runs n items, each on its own session (distinct sessions of this backend), as if each
+    // ran session->decode(tokens[0], pos) or, for a prefill item, forward(tokens, n, pos)
+    // alone: a session's K/V and logits must be bit-identical whatever else is in the batch
+    // (batch invariance). Never throws past an item: a failure is that item's status. Called
+    // by one thread at a time (the model's DecodeBatcher). The default runs them in turn.
     virtual void decode_batch(DecodeItem* const* items, uint32_t n);
 };
 
@@ -321,11 +325,17 @@ public:
     // sessions inside (up to a short gather window) before it starts a step.
     void enter();
     void leave();
-    // Runs one decode step of `session` as part of a batch; blocks until it is done. On
-    // failure records the session's own message (fail()) and returns its status.
-    [[nodiscard]] gptoss_status decode(BackendSession* session, int32_t token, uint32_t pos);
+    // Runs one decode token (or, with `prefill`, a prompt chunk of n tokens) of `session` as
+    // part of a step; blocks until it is done. A step holds every pending decode token (up to
+    // max_sessions) and then prefill chunks, oldest first, while it has fewer than
+    // kStepTokenBudget tokens (at least one chunk), so a long prompt enters chunk by chunk
+    // between the streams' steps. On failure records the session's own message (fail()) and
+    // returns its status.
+    [[nodiscard]] gptoss_status run(BackendSession* session, const int32_t* tokens, uint32_t n, uint32_t pos,
+                                    bool prefill);
+    static constexpr uint32_t kStepTokenBudget = 512;
     uint32_t max_sessions() const { return max_sessions_; }
-    // Steps run and tokens decoded so far (tokens / steps = mean batch).
+    // Steps with decode tokens run, and decode tokens run, so far (tokens / steps = mean batch).
     void counters(uint64_t* steps, uint64_t* tokens) const;
 
 private:
@@ -456,9 +466,11 @@ struct GenerateOutput {
                                              size_t n_prompt, const GenerateOptions& options,
                                              GenerateOutput* out);
 
-// Decodes `token` at `pos` on the session's backend, through the model's batcher if it has one
-// (gptoss-batch.cpp). DecodeLoop marks a session's decode loop for the batcher.
+// Decodes `token` at `pos` / prefills `n` tokens at `pos` on the session's backend, through the
+// model's batcher if it has one (gptoss-batch.cpp). DecodeLoop marks a session's decode loop
+// for the batcher.
 [[nodiscard]] gptoss_status decode_step(gptoss_session* session, int32_t token, uint32_t pos);
+[[nodiscard]] gptoss_status prefill_step(gptoss_session* session, const int32_t* tokens, uint32_t n, uint32_t pos);
 class DecodeLoop {
 public:
     explicit DecodeLoop(gptoss_session* session);

@@ -278,7 +278,7 @@ static gptoss_status forward_or_forget(gptoss_session* session, const int32_t* t
                                        Pass pass) {
     fault_point();
     const gptoss_status status = pass == Pass::kDecode ? decode_step(session, tokens[0], pos)
-                                                       : session->backend->forward(tokens, n, pos);
+                                                       : prefill_step(session, tokens, n, pos);
     if (status != GPTOSS_OK) forget_cache(session);
     return status;
 }

@@ -236,14 +236,14 @@ void CpuBackend::decode_batch(DecodeItem* const* items, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
         DecodeItem& item = *items[i];
         auto* session = static_cast<CpuSession*>(item.session);
-        if (item.pos + 1 > session->max_context()) {
+        if (item.n == 0 || item.pos + item.n > session->max_context()) {
             item.status = GPTOSS_ERR_INTERNAL;
-            item.error = "cpu decode_batch: position " + std::to_string(item.pos) + " exceeds the session (max_context " +
-                         std::to_string(session->max_context()) + ")";
+            item.error = "cpu decode_batch: " + std::to_string(item.n) + " tokens at position " + std::to_string(item.pos) +
+                         " exceed the session (max_context " + std::to_string(session->max_context()) + ")";
             continue;
         }
-        segments.push_back(Segment{session, uint32_t(tokens.size()), 1, item.pos});
-        tokens.push_back(item.token);
+        segments.push_back(Segment{session, uint32_t(tokens.size()), item.n, item.pos});
+        tokens.insert(tokens.end(), item.tokens, item.tokens + item.n);
         item.status = GPTOSS_OK;
     }
     if (segments.empty()) return;

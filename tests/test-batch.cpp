@@ -297,6 +297,7 @@ public:
     gptoss_status save_sliding_snapshot() override { return GPTOSS_OK; }
     gptoss_status restore_sliding_snapshot() override { return GPTOSS_OK; }
     std::vector<int32_t> seen;  // tokens decoded, in order
+    uint32_t prefilled = 0;     // prompt tokens run
 private:
     float logit_ = 0;
 };
@@ -312,27 +313,44 @@ public:
     uint32_t default_max_batch() const override { return 1; }
     void decode_batch(gptoss::DecodeItem* const* items, uint32_t n) override {
         CHECK(!busy.exchange(true));  // one step at a time
-        sizes.push_back(n);
+        uint32_t decode = 0, prefill_tokens = 0, prefill_chunks = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            if (items[i]->prefill) {
+                prefill_tokens += items[i]->n;
+                prefill_chunks++;
+                static_cast<FakeSession*>(items[i]->session)->prefilled += items[i]->n;
+                items[i]->status = GPTOSS_OK;
+            } else {
+                decode++;
+            }
+        }
+        // Decode tokens up to the cap; prefill within the budget unless it is a single chunk.
+        CHECK(decode <= cap);
+        CHECK((prefill_chunks <= 1 || decode + prefill_tokens <= gptoss::DecodeBatcher::kStepTokenBudget));
+        if (decode > 0) sizes.push_back(decode);
         for (uint32_t i = 0; i < n; i++) {
             gptoss::DecodeItem& item = *items[i];
-            if (item.token < 0) {
+            if (item.prefill) continue;
+            CHECK(item.n == 1);
+            if (item.tokens[0] < 0) {
                 item.status = GPTOSS_ERR_DEVICE;
-                item.error = "fake decode: token " + std::to_string(item.token) + " refused";
+                item.error = "fake decode: token " + std::to_string(item.tokens[0]) + " refused";
             } else {
-                static_cast<FakeSession*>(item.session)->seen.push_back(item.token);
+                static_cast<FakeSession*>(item.session)->seen.push_back(item.tokens[0]);
                 item.status = GPTOSS_OK;
             }
         }
         std::this_thread::sleep_for(std::chrono::microseconds(200));
         busy.store(false);
     }
+    uint32_t cap = 3;
     std::atomic<bool> busy{false};
     std::vector<uint32_t> sizes;  // written only inside decode_batch (one step at a time)
 };
 
 }  // namespace
 
-TEST_CASE("DecodeBatcher: every step within the cap, every token delivered once, failures stay per thread") {
+TEST_CASE("DecodeBatcher: steps within the cap and token budget, every item delivered once, failures per thread") {
     FakeBackend backend;
     gptoss::DecodeBatcher batcher(backend, 3);
     constexpr int kThreads = 7, kSteps = 40;
@@ -347,7 +365,7 @@ TEST_CASE("DecodeBatcher: every step within the cap, every token delivered once,
                 // Thread 4 asks for a refused token at step 10 and goes on.
                 const int32_t token = t == 4 && i == 10 ? -7 : t * 1000 + i;
                 gptoss::clear_error();  // as every public entry point does
-                if (batcher.decode(&sessions[t], token, uint32_t(i)) != GPTOSS_OK) {
+                if (batcher.run(&sessions[t], &token, 1, uint32_t(i), false) != GPTOSS_OK) {
                     failures[t]++;
                     errors[t] = gptoss_last_error();
                 } else {
@@ -356,7 +374,16 @@ TEST_CASE("DecodeBatcher: every step within the cap, every token delivered once,
             }
             batcher.leave();
         });
+    // Two late arrivals prefill 1000 tokens in chunks of 200 while the others decode.
+    std::vector<FakeSession> prefillers(2);
+    for (int p = 0; p < 2; p++)
+        threads.emplace_back([&, p] {
+            std::vector<int32_t> chunk(200, 1);
+            for (uint32_t pos = 0; pos < 1000; pos += 200)
+                CHECK(batcher.run(&prefillers[p], chunk.data(), 200, pos, true) == GPTOSS_OK);
+        });
     for (std::thread& t : threads) t.join();
+    for (const FakeSession& p : prefillers) CHECK(p.prefilled == 1000);
     for (int t = 0; t < kThreads; t++) {
         CHECK(failures[t] == (t == 4 ? 1 : 0));
         CHECK(sessions[t].seen.size() == size_t(t == 4 ? kSteps - 1 : kSteps));

@@ -498,8 +498,10 @@ typedef struct gptoss_conversation gptoss_conversation;
 // {"type":"text","text":...} parts; assistant "tool_calls" with function name/arguments and
 // "reasoning_content" or "thinking" as analysis; tool "tool_call_id" or "name"), "tools"
 // ({"type":"function","function":{name, description, parameters}}), "reasoning_effort"
-// (low|medium|high). System and developer messages become `instructions`. Other fields are
-// ignored. On failure returns GPTOSS_ERR_INVALID_ARGUMENT with a message naming the field, for
+// (low|medium|high), "tool_choice" ("auto"|"none"|"required"|{"type":"function","function":
+// {"name":...}}), "response_format" ({"type":"text"|"json_object"} or {"type":"json_schema",
+// "json_schema":{"name", "description", "schema"}}). System and developer messages become
+// `instructions`. Other fields are ignored. On failure returns GPTOSS_ERR_INVALID_ARGUMENT with a message naming the field, for
 // example "messages[3].tool_calls[0].function.arguments: expected a string".
 // On success stores a new conversation in *conversation_out; release it with
 // gptoss_conversation_free().

@@ -112,6 +112,62 @@ gptoss_status get_content(element message, const std::string& where, bool* prese
     return GPTOSS_OK;
 }
 
+// "tool_choice": "auto" | "none" | "required" | {"type":"function","function":{"name":...}};
+// "response_format": {"type":"text"|"json_object"} | {"type":"json_schema","json_schema":
+// {"name", "description"?, "schema"}} (constrained decoding, README "Structured output").
+gptoss_status parse_constraints(element root, ChatRequestStorage* out) {
+    element e, inner, v;
+    if (field(root, "tool_choice", &e) && e.type() != element_type::NULL_VALUE) {
+        std::string choice;
+        if (e.type() == element_type::STRING) {
+            GPTOSS_TRY(get_string(e, "tool_choice", &choice));
+            if (choice == "auto") out->request.tool_choice = GPTOSS_TOOL_CHOICE_AUTO;
+            else if (choice == "none") out->request.tool_choice = GPTOSS_TOOL_CHOICE_NONE;
+            else if (choice == "required") out->request.tool_choice = GPTOSS_TOOL_CHOICE_REQUIRED;
+            else
+                return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice: \"%s\" is not auto, none or required",
+                            choice.c_str());
+        } else if (e.type() == element_type::OBJECT) {
+            if (!field(e, "function", &inner) || inner.type() != element_type::OBJECT)
+                return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice.function: expected an object with a name");
+            if (!field(inner, "name", &v)) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice.function.name: missing");
+            GPTOSS_TRY(get_string(v, "tool_choice.function.name", &choice));
+            out->request.tool_choice = GPTOSS_TOOL_CHOICE_NAMED;
+            out->request.tool_choice_name = out->keep(choice);
+        } else {
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice: expected a string or an object, found %s", type_name(e));
+        }
+    }
+    if (!field(root, "response_format", &e) || e.type() == element_type::NULL_VALUE) return GPTOSS_OK;
+    if (e.type() != element_type::OBJECT)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "response_format: expected an object, found %s", type_name(e));
+    std::string type;
+    if (!field(e, "type", &v)) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "response_format.type: missing");
+    GPTOSS_TRY(get_string(v, "response_format.type", &type));
+    if (type == "text") return GPTOSS_OK;
+    if (type == "json_object") {
+        out->request.response_format = GPTOSS_RESPONSE_FORMAT_JSON_OBJECT;
+        return GPTOSS_OK;
+    }
+    if (type != "json_schema")
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "response_format.type: \"%s\" is not text, json_object or json_schema",
+                    type.c_str());
+    if (!field(e, "json_schema", &inner) || inner.type() != element_type::OBJECT)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "response_format.json_schema: expected an object");
+    std::string name, description;
+    if (!field(inner, "name", &v)) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "response_format.json_schema.name: missing");
+    GPTOSS_TRY(get_string(v, "response_format.json_schema.name", &name));
+    if (field(inner, "description", &v) && v.type() != element_type::NULL_VALUE)
+        GPTOSS_TRY(get_string(v, "response_format.json_schema.description", &description));
+    if (!field(inner, "schema", &v) || v.type() != element_type::OBJECT)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "response_format.json_schema.schema: expected a JSON Schema object");
+    out->request.response_format = GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA;
+    out->request.response_format_name = out->keep(name);
+    if (!description.empty()) out->request.response_format_description = out->keep(description);
+    out->request.response_format_schema = out->keep(simdjson::minify(v));
+    return GPTOSS_OK;
+}
+
 gptoss_message make_message(gptoss_role role, gptoss_channel channel) {
     gptoss_message m{};
     m.role = role;
@@ -300,6 +356,8 @@ gptoss_status parse_chat_completions_json(const char* json, size_t len, ChatRequ
         else
             return fail(GPTOSS_ERR_INVALID_ARGUMENT, "reasoning_effort: \"%s\" is not low, medium or high", value.c_str());
     }
+
+    GPTOSS_TRY(parse_constraints(root, out));
 
     for (Pending& p : pending) {
         gptoss_message m = p.message;

@@ -81,6 +81,9 @@ struct Options {
     bool color = true;
     bool verbose = false;
     std::string history_file;           // empty: the default path
+    std::string json_schema_file;       // --json-schema: the final answer's JSON Schema
+    std::string json_schema;            //   its text
+    std::string tool_choice = "auto";   // --tool-choice: auto, none, required or a function name
 };
 
 void usage(FILE* out) {
@@ -102,6 +105,10 @@ void usage(FILE* out) {
         "                           stdin, $GPTOSS_TOOL_NAME set, its stdout is the result\n"
         "      --conversation FILE  start from an OpenAI-style messages file (as /load)\n"
         "      --hide-reasoning     do not show the analysis channel\n"
+        "      --json-schema FILE   the final answer is JSON matching this JSON Schema (constrained\n"
+        "                           decoding; the schema is also shown to the model)\n"
+        "      --tool-choice C      auto (default), none (no tool calls), required (the reply is a\n"
+        "                           tool call), or a function name (a call to that function)\n"
         "sampling:\n"
         "      --temperature T      default 1.0; 0 is greedy\n"
         "      --top-p P            default 1.0 (off)\n"
@@ -252,6 +259,8 @@ Options parse_args(int argc, char** argv) {
         else if (arg == "--json") o.json = true;
         else if (arg == "--conversation") o.conversation_file = next();
         else if (arg == "--hide-reasoning") o.hide_reasoning = true;
+        else if (arg == "--json-schema") o.json_schema_file = next();
+        else if (arg == "--tool-choice") o.tool_choice = next();
         else if (arg == "--no-color") o.color = false;
         else if (arg == "--history") o.history_file = next();
         else if (arg == "-v" || arg == "--verbose") o.verbose = true;
@@ -1036,6 +1045,17 @@ private:
         req.tools = tools.data();
         req.n_tools = tools.size();
         req.reasoning_effort = conv_.effort;
+        if (!opts_.json_schema.empty()) {
+            req.response_format = GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA;
+            req.response_format_name = "response";
+            req.response_format_schema = opts_.json_schema.c_str();
+        }
+        if (opts_.tool_choice == "none") req.tool_choice = GPTOSS_TOOL_CHOICE_NONE;
+        else if (opts_.tool_choice == "required") req.tool_choice = GPTOSS_TOOL_CHOICE_REQUIRED;
+        else if (opts_.tool_choice != "auto") {
+            req.tool_choice = GPTOSS_TOOL_CHOICE_NAMED;
+            req.tool_choice_name = opts_.tool_choice.c_str();
+        }
 
         gptoss_sampling_params sp = gptoss_sampling_default_params();
         sp.temperature = opts_.temperature;
@@ -1341,6 +1361,10 @@ int main(int argc, char** argv) {
     std::string err;
     if (!o.tools_file.empty() && !load_tools_file(o.tools_file, cli_tools, err)) {
         std::fprintf(stderr, "%s: --tools %s\n", kProgram, err.c_str());
+        return 2;
+    }
+    if (!o.json_schema_file.empty() && !read_file(o.json_schema_file, o.json_schema, err)) {
+        std::fprintf(stderr, "%s: --json-schema %s\n", kProgram, err.c_str());
         return 2;
     }
     std::optional<ParsedConversation> start;

@@ -661,6 +661,45 @@ def _request(messages: Iterable[MessageLike], tools: Optional[Iterable[ToolLike]
     return request
 
 
+def _constraints(request: Any, tool_choice: Union[None, str, Dict[str, Any]],
+                 response_format: Optional[Dict[str, Any]], constrain_tool_arguments: bool,
+                 keep: List[Any]) -> None:
+    """Sets constrained decoding on a gptoss_chat_request. tool_choice: "auto", "none",
+    "required", a function name, or OpenAI's {"type": "function", "function": {"name": ...}};
+    response_format: OpenAI's {"type": "text" | "json_object"} or {"type": "json_schema",
+    "json_schema": {"name", "description"?, "schema"}} (schema a dict or JSON text)."""
+    request.constrain_tool_arguments = bool(constrain_tool_arguments)
+    if isinstance(tool_choice, dict):
+        tool_choice = (tool_choice.get("function") or {}).get("name")
+        if not isinstance(tool_choice, str):
+            raise InvalidArgumentError(Status.INVALID_ARGUMENT, "tool_choice.function.name: expected a string")
+        request.tool_choice = 3
+        request.tool_choice_name = _bytes(tool_choice, keep, "tool_choice")
+    elif tool_choice is not None and tool_choice != "auto":
+        named = {"none": 1, "required": 2}
+        request.tool_choice = named.get(tool_choice, 3)
+        if tool_choice not in named:
+            request.tool_choice_name = _bytes(tool_choice, keep, "tool_choice")
+    if response_format is None:
+        return
+    kind = response_format.get("type")
+    if kind == "json_object":
+        request.response_format = 1
+    elif kind == "json_schema":
+        spec = response_format.get("json_schema") or {}
+        schema = spec.get("schema")
+        if schema is not None and not isinstance(schema, str):
+            schema = json.dumps(schema)
+        request.response_format = 2
+        request.response_format_name = _bytes(spec.get("name"), keep, "response_format.json_schema.name")
+        request.response_format_description = _bytes(spec.get("description"), keep,
+                                                     "response_format.json_schema.description")
+        request.response_format_schema = _bytes(schema, keep, "response_format.json_schema.schema")
+    elif kind != "text":
+        raise InvalidArgumentError(Status.INVALID_ARGUMENT,
+                                   f"response_format.type: {kind!r} is not text, json_object or json_schema")
+
+
 def _sampling(temperature: Optional[float], top_p: Optional[float], top_k: Optional[int],
               seed: Optional[int], max_tokens: Optional[int], stop_tokens: Optional[Sequence[int]],
               stop_strings: Optional[Sequence[str]], keep: List[Any]) -> Any:
@@ -896,15 +935,20 @@ class Session:
                  top_p: Optional[float] = None, top_k: Optional[int] = None, seed: Optional[int] = None,
                  max_tokens: Optional[int] = None, stop_tokens: Optional[Sequence[int]] = None,
                  stop_strings: Optional[Sequence[str]] = None, stream: bool = False,
-                 on_event: Optional[Callable[[Event], Optional[bool]]] = None
+                 on_event: Optional[Callable[[Event], Optional[bool]]] = None,
+                 json_schema: Union[None, str, Dict[str, Any]] = None
                  ) -> Union[GenerateResult, Stream]:
         """Continues the whole prompt `tokens`. Arguments left None take the library's defaults
         (temperature 1.0, top_p 1.0, top_k off, random seed, no token limit, stop at <|return|>
-        or <|call|>). With stream=True returns a Stream of Events; otherwise the GenerateResult,
+        or <|call|>). json_schema (a dict or JSON text) constrains the output to one JSON document
+        matching it, then a stop token. With stream=True returns a Stream of Events; otherwise the GenerateResult,
         calling on_event(event) per token if given (return False from it to stop).
         Raises ContextFullError if the prompt does not fit; the session is then unchanged."""
         keep: List[Any] = []  # built here, so bad arguments raise before anything runs
         params = _sampling(temperature, top_p, top_k, seed, max_tokens, stop_tokens, stop_strings, keep)
+        if json_schema is not None:
+            params.json_schema = _bytes(json_schema if isinstance(json_schema, str) else json.dumps(json_schema),
+                                        keep, "json_schema")
         prompt = (ctypes.c_int32 * max(len(tokens), 1))(*tokens)
         n_prompt = len(tokens)
 
@@ -927,13 +971,20 @@ class Session:
              temperature: Optional[float] = None, top_p: Optional[float] = None,
              top_k: Optional[int] = None, seed: Optional[int] = None, max_tokens: Optional[int] = None,
              stop_strings: Optional[Sequence[str]] = None, stream: bool = False,
-             on_event: Optional[Callable[[Event], Optional[bool]]] = None) -> Union[ChatResult, Stream]:
+             on_event: Optional[Callable[[Event], Optional[bool]]] = None,
+             tool_choice: Union[None, str, Dict[str, Any]] = None,
+             response_format: Optional[Dict[str, Any]] = None,
+             constrain_tool_arguments: bool = True) -> Union[ChatResult, Stream]:
         """Generates the assistant's next turn for the conversation `messages` (OpenAI dicts or
         Messages, oldest first) and parses it. `tools` are OpenAI function tools or Tool objects;
         `reasoning_effort` is "low", "medium" (the default) or "high". Sampling and streaming
-        arguments as for generate(); events carry the channel and recipient being written."""
+        arguments as for generate(); events carry the channel and recipient being written.
+        Constrained decoding: tool_choice ("auto", "none", "required", a function name or OpenAI's
+        dict), response_format (OpenAI's dict: json_object or json_schema), and tool-call
+        arguments held to their tool's schema unless constrain_tool_arguments=False."""
         keep: List[Any] = []  # built here, so bad arguments raise before anything runs
         request = _request(messages, tools, instructions, reasoning_effort, current_date, keep_analysis, keep)
+        _constraints(request, tool_choice, response_format, constrain_tool_arguments, keep)
         params = _sampling(temperature, top_p, top_k, seed, max_tokens, None, stop_strings, keep)
 
         # `_keep` holds the strings and arrays `request` points to until a streamed call has run.

@@ -372,6 +372,24 @@ class ChatTest(unittest.TestCase):
         self.assertEqual(self.model.detokenize(got), self.model.detokenize(expected))
         self.assertEqual(got, expected)
 
+    def test_constrained_decoding_json_schema_and_forced_tool_call(self) -> None:
+        schema = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
+                  "required": ["n", "ok"], "additionalProperties": False}
+        prompt = self.model.tokenize("<|start|>user<|message|>x<|end|><|start|>assistant", allow_special=True)
+        with self.model.session() as session:
+            result = session.generate(prompt, seed=3, max_tokens=400, json_schema=schema)
+            self.assertIn(result.stop_reason, (gptoss.StopReason.RETURN, gptoss.StopReason.CALL))
+            doc = json.loads(result.text[:result.text.rindex("<|")])
+            self.assertEqual(sorted(doc), ["n", "ok"])
+            reply = session.chat([{"role": "user", "content": "Weather?"}], tools=[WEATHER_TOOL], seed=1,
+                                 max_tokens=400, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+            self.assertEqual(len(reply.tool_calls), 1)
+            self.assertEqual(reply.tool_calls[0].name, "get_weather")
+            self.assertIsInstance(json.loads(reply.tool_calls[0].arguments), dict)
+            with self.assertRaises(gptoss.InvalidArgumentError) as caught:
+                session.generate(prompt, json_schema={"type": "string", "pattern": "x"})
+            self.assertIn("/pattern", caught.exception.message)
+
     def test_malformed_json_conversation_raises_invalid_argument_naming_the_field(self) -> None:
         with self.assertRaises(gptoss.InvalidArgumentError) as caught:
             gptoss.parse_conversation_json({"messages": [{"role": "robot", "content": "x"}]})

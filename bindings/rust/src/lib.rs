@@ -574,9 +574,16 @@ pub struct Sampling {
     /// Ignored by chat, which stops at the Harmony end tokens.
     pub stop_tokens: Option<Vec<i32>>,
     pub stop_strings: Vec<String>,
+    /// Generate only: the output is one JSON document matching this JSON Schema, then a stop
+    /// token (constrained decoding). Ignored by chat (see [`ChatRequest::response_format`]).
+    pub json_schema: Option<String>,
 }
 
 impl Sampling {
+    pub fn json_schema(mut self, v: impl Into<String>) -> Self {
+        self.json_schema = Some(v.into());
+        self
+    }
     pub fn new() -> Sampling {
         Sampling::default()
     }
@@ -616,6 +623,7 @@ struct CSampling {
     _stop_strings: Vec<CString>,
     _stop_string_ptrs: Vec<*const c_char>,
     _stop_tokens: Option<Vec<i32>>,
+    _json_schema: Option<CString>,
 }
 
 impl CSampling {
@@ -656,7 +664,15 @@ impl CSampling {
             params.stop_strings = ptrs.as_ptr();
             params.n_stop_strings = ptrs.len();
         }
-        Ok(CSampling { params, _stop_strings: strings, _stop_string_ptrs: ptrs, _stop_tokens: stop_tokens })
+        let json_schema = opt_cstring(&s.json_schema, "json_schema")?;
+        params.json_schema = opt_ptr(&json_schema);
+        Ok(CSampling {
+            params,
+            _stop_strings: strings,
+            _stop_string_ptrs: ptrs,
+            _stop_tokens: stop_tokens,
+            _json_schema: json_schema,
+        })
     }
 }
 
@@ -789,8 +805,34 @@ impl Tool {
     }
 }
 
-/// A conversation to continue (gptoss_chat_request).
+/// Which tool calls chat allows (OpenAI's tool_choice).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides.
+    #[default]
+    Auto,
+    /// No tool call can be opened.
+    None,
+    /// The reply is a call to one of the tools (its header and arguments constrained).
+    Required,
+    /// The reply is a call to this function.
+    Named(String),
+}
+
+/// What the final answer must be (OpenAI's response_format).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ResponseFormat {
+    #[default]
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON matching `schema` (JSON Schema text); rendered in the developer message as Harmony's
+    /// "# Response Formats" section.
+    JsonSchema { name: String, description: Option<String>, schema: String },
+}
+
+/// A conversation to continue (gptoss_chat_request).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChatRequest {
     /// Oldest first.
     pub messages: Vec<Message>,
@@ -802,6 +844,26 @@ pub struct ChatRequest {
     pub current_date: Option<String>,
     /// Keep the analysis of turns that ended in a final answer (Harmony drops it).
     pub keep_analysis: bool,
+    pub tool_choice: ToolChoice,
+    /// Hold tool-call arguments to their tool's parameters schema (default true).
+    pub constrain_tool_arguments: bool,
+    pub response_format: ResponseFormat,
+}
+
+impl Default for ChatRequest {
+    fn default() -> ChatRequest {
+        ChatRequest {
+            messages: Vec::new(),
+            instructions: None,
+            tools: Vec::new(),
+            reasoning_effort: ReasoningEffort::default(),
+            current_date: None,
+            keep_analysis: false,
+            tool_choice: ToolChoice::Auto,
+            constrain_tool_arguments: true,
+            response_format: ResponseFormat::Text,
+        }
+    }
 }
 
 impl ChatRequest {
@@ -818,6 +880,14 @@ impl ChatRequest {
     }
     pub fn reasoning_effort(mut self, v: ReasoningEffort) -> Self {
         self.reasoning_effort = v;
+        self
+    }
+    pub fn tool_choice(mut self, v: ToolChoice) -> Self {
+        self.tool_choice = v;
+        self
+    }
+    pub fn response_format(mut self, v: ResponseFormat) -> Self {
+        self.response_format = v;
         self
     }
 }
@@ -856,6 +926,22 @@ impl ChatRequest {
                 },
                 current_date: cstr(r.current_date),
                 keep_analysis: r.keep_analysis,
+                tool_choice: match r.tool_choice {
+                    sys::GPTOSS_TOOL_CHOICE_NONE => ToolChoice::None,
+                    sys::GPTOSS_TOOL_CHOICE_REQUIRED => ToolChoice::Required,
+                    sys::GPTOSS_TOOL_CHOICE_NAMED => ToolChoice::Named(cstr(r.tool_choice_name).unwrap_or_default()),
+                    _ => ToolChoice::Auto,
+                },
+                constrain_tool_arguments: r.constrain_tool_arguments,
+                response_format: match r.response_format {
+                    sys::GPTOSS_RESPONSE_FORMAT_JSON_OBJECT => ResponseFormat::JsonObject,
+                    sys::GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA => ResponseFormat::JsonSchema {
+                        name: cstr(r.response_format_name).unwrap_or_default(),
+                        description: cstr(r.response_format_description),
+                        schema: cstr(r.response_format_schema).unwrap_or_default(),
+                    },
+                    _ => ResponseFormat::Text,
+                },
             }
         };
         unsafe { sys::gptoss_conversation_free(conversation) };
@@ -924,6 +1010,26 @@ impl CRequest {
         request.reasoning_effort = r.reasoning_effort.raw();
         request.current_date = current_date;
         request.keep_analysis = r.keep_analysis;
+        request.constrain_tool_arguments = r.constrain_tool_arguments;
+        match &r.tool_choice {
+            ToolChoice::Auto => {}
+            ToolChoice::None => request.tool_choice = sys::GPTOSS_TOOL_CHOICE_NONE,
+            ToolChoice::Required => request.tool_choice = sys::GPTOSS_TOOL_CHOICE_REQUIRED,
+            ToolChoice::Named(name) => {
+                request.tool_choice = sys::GPTOSS_TOOL_CHOICE_NAMED;
+                request.tool_choice_name = keep(Some(cstring(name, "tool_choice")?));
+            }
+        }
+        match &r.response_format {
+            ResponseFormat::Text => {}
+            ResponseFormat::JsonObject => request.response_format = sys::GPTOSS_RESPONSE_FORMAT_JSON_OBJECT,
+            ResponseFormat::JsonSchema { name, description, schema } => {
+                request.response_format = sys::GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA;
+                request.response_format_name = keep(Some(cstring(name, "response_format.name")?));
+                request.response_format_description = keep(opt_cstring(description, "response_format.description")?);
+                request.response_format_schema = keep(Some(cstring(schema, "response_format.schema")?));
+            }
+        }
         Ok(CRequest { request, _messages: messages, _tools: tools, _strings: strings })
     }
 }

@@ -323,3 +323,26 @@ fn chat_result_messages_can_be_appended_to_the_history() {
     });
     assert!(second.n_prompt_tokens > first.n_prompt_tokens);
 }
+
+#[test]
+fn constrained_decoding_json_schema_and_named_tool_call() {
+    let model = model();
+    let prompt = model.tokenize("<|start|>user<|message|>x<|end|><|start|>assistant", true).unwrap();
+    let mut session = model.session(SessionParams::default()).unwrap();
+    let schema =
+        r#"{"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"],"additionalProperties":false}"#;
+    let out = session.generate(&prompt, &Sampling::new().seed(3).max_tokens(300).json_schema(schema)).unwrap();
+    assert!(matches!(out.stop_reason, StopReason::Return | StopReason::Call));
+    let text = String::from_utf8_lossy(&out.text).to_string();
+    let doc: String = text[..text.rfind("<|").unwrap()].chars().filter(|c| !c.is_whitespace()).collect();
+    assert!(doc == r#"{"ok":true}"# || doc == r#"{"ok":false}"#, "{doc}");
+    let request = weather_request().tool_choice(gptoss::ToolChoice::Named("get_weather".into()));
+    let reply = session.chat(&request, &Sampling::new().seed(1).max_tokens(400)).unwrap();
+    assert_eq!(reply.tool_calls.len(), 1);
+    assert_eq!(reply.tool_calls[0].name, "get_weather");
+    assert!(reply.tool_calls[0].arguments.contains("\"city\""));
+    let bad = session.generate(&prompt, &Sampling::new().json_schema(r#"{"type":"string","pattern":"x"}"#));
+    let err = bad.unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert!(err.message.contains("/pattern"), "{}", err.message);
+}

@@ -75,12 +75,12 @@ func structLayouts() map[string]uintptr {
 		"tools": unsafe.Offsetof(rq.tools), "n_tools": unsafe.Offsetof(rq.n_tools),
 		"reasoning_effort": unsafe.Offsetof(rq.reasoning_effort), "current_date": unsafe.Offsetof(rq.current_date),
 		"keep_analysis": unsafe.Offsetof(rq.keep_analysis), "tool_choice": unsafe.Offsetof(rq.tool_choice),
-		"tool_choice_name": unsafe.Offsetof(rq.tool_choice_name),
-		"constrain_tool_arguments": unsafe.Offsetof(rq.constrain_tool_arguments),
-		"response_format": unsafe.Offsetof(rq.response_format),
-		"response_format_name": unsafe.Offsetof(rq.response_format_name),
+		"tool_choice_name":            unsafe.Offsetof(rq.tool_choice_name),
+		"constrain_tool_arguments":    unsafe.Offsetof(rq.constrain_tool_arguments),
+		"response_format":             unsafe.Offsetof(rq.response_format),
+		"response_format_name":        unsafe.Offsetof(rq.response_format_name),
 		"response_format_description": unsafe.Offsetof(rq.response_format_description),
-		"response_format_schema": unsafe.Offsetof(rq.response_format_schema)})
+		"response_format_schema":      unsafe.Offsetof(rq.response_format_schema)})
 	var tc C.gptoss_tool_call
 	add("gptoss_tool_call", unsafe.Sizeof(tc), unsafe.Alignof(tc), map[string]uintptr{
 		"name": unsafe.Offsetof(tc.name), "recipient": unsafe.Offsetof(tc.recipient),

@@ -509,6 +509,9 @@ type Sampling struct {
 	MaxTokens   uint32  // 0 = until a stop or a full context
 	StopTokens  []int32 // nil: the library's default (<|return|>, <|call|>); ignored by Chat
 	StopStrings []string
+	// JSONSchema, for Generate: the output is one JSON document matching this JSON Schema,
+	// then a stop token (constrained decoding). "" for none; ignored by Chat (see ResponseFormat).
+	JSONSchema string
 }
 
 // DefaultSampling returns the library's defaults (gptoss_sampling_params_init).
@@ -546,6 +549,10 @@ func (s *Sampling) toC(a *cArena) (*C.gptoss_sampling_params, error) {
 		}
 		p.stop_strings = &arr[0]
 		p.n_stop_strings = C.size_t(len(s.StopStrings))
+	}
+	var err error
+	if p.json_schema, err = a.optStr(s.JSONSchema, "json_schema"); err != nil {
+		return nil, err
 	}
 	return p, nil
 }
@@ -657,6 +664,23 @@ type ChatRequest struct {
 	ReasoningEffort ReasoningEffort // ReasoningDefault (zero): medium
 	CurrentDate     string          // "YYYY-MM-DD"; "" to omit
 	KeepAnalysis    bool
+	// Constrained decoding. ToolChoice: "" or "auto" (the model decides), "none" (no tool
+	// call), "required" (the reply is a call to one of Tools) or a function name (a call to it).
+	ToolChoice string
+	// FreeToolArguments: true leaves tool-call arguments unconstrained (by default they match
+	// their tool's Parameters schema).
+	FreeToolArguments bool
+	ResponseFormat    *ResponseFormat // nil: free text
+}
+
+// ResponseFormat is OpenAI's response_format: Type "json_object" (any JSON object) or
+// "json_schema" (Schema, a JSON Schema; Name required; rendered as Harmony's "# Response
+// Formats" section). The final-channel message is constrained to it.
+type ResponseFormat struct {
+	Type        string
+	Name        string
+	Description string
+	Schema      string
 }
 
 // ChatRequestFromJSON parses an OpenAI Chat Completions request body with the library's own
@@ -675,7 +699,23 @@ func ChatRequestFromJSON(body []byte) (*ChatRequest, error) {
 	defer C.gptoss_conversation_free(conv)
 	r := C.gptoss_conversation_get_request(conv)
 	req := &ChatRequest{Instructions: goStr(r.instructions), CurrentDate: goStr(r.current_date),
-		ReasoningEffort: ReasoningEffort(r.reasoning_effort) + 1, KeepAnalysis: bool(r.keep_analysis)}
+		ReasoningEffort: ReasoningEffort(r.reasoning_effort) + 1, KeepAnalysis: bool(r.keep_analysis),
+		FreeToolArguments: !bool(r.constrain_tool_arguments)}
+	switch r.tool_choice {
+	case C.GPTOSS_TOOL_CHOICE_NONE:
+		req.ToolChoice = "none"
+	case C.GPTOSS_TOOL_CHOICE_REQUIRED:
+		req.ToolChoice = "required"
+	case C.GPTOSS_TOOL_CHOICE_NAMED:
+		req.ToolChoice = goStr(r.tool_choice_name)
+	}
+	switch r.response_format {
+	case C.GPTOSS_RESPONSE_FORMAT_JSON_OBJECT:
+		req.ResponseFormat = &ResponseFormat{Type: "json_object"}
+	case C.GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA:
+		req.ResponseFormat = &ResponseFormat{Type: "json_schema", Name: goStr(r.response_format_name),
+			Description: goStr(r.response_format_description), Schema: goStr(r.response_format_schema)}
+	}
 	if r.n_messages > 0 {
 		for _, m := range unsafe.Slice(r.messages, int(r.n_messages)) {
 			req.Messages = append(req.Messages, messageFromC(&m))
@@ -745,6 +785,40 @@ func (r *ChatRequest) toC(ar *cArena) (*C.gptoss_chat_request, error) {
 		req.reasoning_effort = C.gptoss_reasoning_effort(r.ReasoningEffort - 1)
 	}
 	req.keep_analysis = C.bool(r.KeepAnalysis)
+	req.constrain_tool_arguments = C.bool(!r.FreeToolArguments)
+	switch r.ToolChoice {
+	case "", "auto":
+	case "none":
+		req.tool_choice = C.GPTOSS_TOOL_CHOICE_NONE
+	case "required":
+		req.tool_choice = C.GPTOSS_TOOL_CHOICE_REQUIRED
+	default:
+		req.tool_choice = C.GPTOSS_TOOL_CHOICE_NAMED
+		if req.tool_choice_name, err = ar.str(r.ToolChoice, "tool_choice"); err != nil {
+			return nil, err
+		}
+	}
+	if f := r.ResponseFormat; f != nil {
+		switch f.Type {
+		case "", "text":
+		case "json_object":
+			req.response_format = C.GPTOSS_RESPONSE_FORMAT_JSON_OBJECT
+		case "json_schema":
+			req.response_format = C.GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA
+			if req.response_format_name, err = ar.optStr(f.Name, "response_format.name"); err != nil {
+				return nil, err
+			}
+			if req.response_format_description, err = ar.optStr(f.Description, "response_format.description"); err != nil {
+				return nil, err
+			}
+			if req.response_format_schema, err = ar.optStr(f.Schema, "response_format.schema"); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, &Error{Status: StatusInvalidArgument,
+				Message: fmt.Sprintf("response_format.type: %q is not text, json_object or json_schema", f.Type)}
+		}
+	}
 	return req, nil
 }
 

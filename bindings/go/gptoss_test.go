@@ -599,3 +599,38 @@ func TestReadmeExampleIsTheCompiledExample(t *testing.T) {
 		t.Fatalf("README example:\n%s\nexample_test.go:\n%s", block, want)
 	}
 }
+
+func TestConstrainedDecodingJSONSchemaAndNamedToolCall(t *testing.T) {
+	m := loadTiny(t)
+	skipIfChatMissing(t, m)
+	s := newSession(t, m, SessionParams{})
+	prompt, err := m.Tokenize("<|start|>user<|message|>x<|end|><|start|>assistant", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := sampling(300)
+	sp.JSONSchema = `{"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"],"additionalProperties":false}`
+	g, err := s.Generate(prompt, sp, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := strings.Join(strings.Fields(g.Text[:strings.LastIndex(g.Text, "<|")]), "")
+	if doc != `{"ok":true}` && doc != `{"ok":false}` {
+		t.Fatalf("document %q", doc)
+	}
+	req := weatherRequest()
+	req.ToolChoice = "get_weather"
+	r, err := s.Chat(req, sampling(400), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.ToolCalls) != 1 || r.ToolCalls[0].Name != "get_weather" || !strings.Contains(r.ToolCalls[0].Arguments, `"city"`) {
+		t.Fatalf("tool calls %+v", r.ToolCalls)
+	}
+	sp.JSONSchema = `{"type":"string","pattern":"x"}`
+	_, err = s.Generate(prompt, sp, nil)
+	var e *Error
+	if !errors.As(err, &e) || e.Status != StatusInvalidArgument || !strings.Contains(e.Message, "/pattern") {
+		t.Fatalf("error %v", err)
+	}
+}

@@ -110,13 +110,13 @@ TEST_CASE("a request body gives the sampling parameters it says, and defaults ot
     CHECK(parse_ok("{" + kUser + R"(,"stop":"x"})").stop == std::vector<std::string>{"x"});
 }
 
-TEST_CASE("tool_choice none drops the tools; auto keeps them") {
+TEST_CASE("tool_choice none keeps the tools in the prompt and forbids calls") {
     const std::string tools = R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}])";
     CHECK(parse_ok("{" + kUser + tools + "}").chat.n_tools == 1);
-    CHECK(parse_ok("{" + kUser + tools + R"(,"tool_choice":"auto"})").chat.n_tools == 1);
+    CHECK(parse_ok("{" + kUser + tools + R"(,"tool_choice":"auto"})").chat.tool_choice == GPTOSS_TOOL_CHOICE_AUTO);
     o::CompletionRequest none = parse_ok("{" + kUser + tools + R"(,"tool_choice":"none"})");
-    CHECK(none.chat.n_tools == 0);
-    CHECK(none.chat.tools == nullptr);
+    CHECK(none.chat.n_tools == 1);
+    CHECK(none.chat.tool_choice == GPTOSS_TOOL_CHOICE_NONE);
 }
 
 TEST_CASE("tool_choice and response_format become the request's constraint fields") {

@@ -12,9 +12,10 @@ const client = new OpenAI({ apiKey: process.env.SERVER_KEY, baseURL, maxRetries:
 let failures = 0;
 
 async function check(name, fn) {
+  const start = Date.now();
   try {
     await fn();
-    console.log(`ok: ${name}`);
+    console.log(`ok: ${name} (${((Date.now() - start) / 1000).toFixed(1)} s)`);
   } catch (e) {
     failures++;
     console.log(`FAIL: ${name}\n${e && e.stack ? e.stack : e}`);
@@ -106,7 +107,8 @@ async function main() {
     const bare = await client.chat.completions.create({ ...base, messages: user('Weather in Paris?'), tools });
     const none = await client.chat.completions.create({ ...base, messages: user('Weather in Paris?'), tools, tool_choice: 'none' });
     assert.ok(withTools.usage.prompt_tokens > bare.usage.prompt_tokens + 10);
-    assert.ok(none.usage.prompt_tokens < bare.usage.prompt_tokens, 'tool_choice none leaves the tools out');
+    assert.equal(none.usage.prompt_tokens, bare.usage.prompt_tokens, 'tool_choice none keeps the tools in the prompt');
+    assert.equal(none.choices[0].message.tool_calls, undefined, 'tool_choice none: no tool call');
     const c = withTools.choices[0];
     assert.equal(c.message.role, 'assistant');
     for (const call of c.message.tool_calls || []) {  // the random model rarely calls; if it does, the shape holds
@@ -151,7 +153,9 @@ async function main() {
         schema: { type: 'object', properties: { a: { type: 'integer' } }, required: ['a'] } } } }, 'response_format'],
     ];
     for (const [extra, param] of asks) {
-      const r = await client.chat.completions.create({ ...base, max_tokens: 400, ...extra }).catch(e => e);
+      // 40 tokens: constrained sampling on the CPU is slow, and the random model rarely ends a
+      // string, so only a prefix of the arguments is checked.
+      const r = await client.chat.completions.create({ ...base, max_tokens: 40, ...extra }).catch(e => e);
       if (r instanceof Error) {
         assert.ok(r instanceof OpenAI.BadRequestError, String(r));
         assert.equal(r.param, param);
@@ -160,9 +164,13 @@ async function main() {
       }
       const c = r.choices[0];
       if (param === 'tool_choice') {
-        assert.ok(c.message.tool_calls && c.message.tool_calls.length >= 1 || c.finish_reason === 'length', JSON.stringify(c));
-        for (const t of c.message.tool_calls || []) assert.equal(t.function.name, 'get_weather');
-        if (c.finish_reason === 'tool_calls') assert.equal(typeof JSON.parse(c.message.tool_calls[0].function.arguments).city, 'string');
+        // The header is forced: a call to get_weather whatever the random weights say.
+        assert.equal(c.message.tool_calls.length, 1, JSON.stringify(c));
+        const call = c.message.tool_calls[0];
+        assert.equal(call.function.name, 'get_weather');
+        assert.match(call.function.arguments, /^\s*(\{\s*("(c(i(ty?)?)?)?)?)?$|^\s*\{\s*"city"\s*(:|$)/, call.function.arguments);
+        if (c.finish_reason === 'tool_calls') assert.equal(typeof JSON.parse(call.function.arguments).city, 'string');
+        else assert.equal(c.finish_reason, 'length');
       } else if (c.finish_reason === 'stop') {
         assert.equal(typeof JSON.parse(c.message.content).a, 'number', c.message.content);
       }

@@ -75,6 +75,13 @@ code=$(curl -s -o "$work/e.json" -w '%{http_code}' "${auth[@]}" "$main_url/v1/ch
     fail "malformed JSON: $code $(cat "$work/e.json")"
 code=$(curl -s -o "$work/e.json" -w '%{http_code}' "$main_url/v1/chat/completions" -d '{}')
 [ "$code" = 401 ] && grep -q '"code":"invalid_api_key"' "$work/e.json" || fail "no key: $code $(cat "$work/e.json")"
+python3 -c 'import json; print(json.dumps({"messages": [{"role": "user", "content": "word " * 20000}], "max_tokens": 1}))' >"$work/big.json"
+code=$(curl -s -o "$work/e.json" -w '%{http_code}' "${auth[@]}" "$main_url/v1/chat/completions" -d @"$work/big.json")
+# Read whole (not 413) and counted: 20000 words do not fit --ctx 2048.
+[ "$code" = 400 ] && grep -q '"code":"context_length_exceeded"' "$work/e.json" ||
+    fail "a 100 kB body: $code $(head -c 300 "$work/e.json")"
+code=$(curl -s -o "$work/e.json" -w '%{http_code}' -H "Authorization: Bearer $key" "$main_url/v1/chat/completions" -d @"$work/big.json")
+[ "$code" = 413 ] && grep -q 'application/json' "$work/e.json" || fail "a form-encoded 100 kB body: $code $(cat "$work/e.json")"
 code=$(curl -s -o "$work/e.json" -w '%{http_code}' "${auth[@]}" "$main_url/v1/nothing")
 [ "$code" = 404 ] && grep -q '"error"' "$work/e.json" || fail "unknown path: $code $(cat "$work/e.json")"
 

@@ -409,7 +409,7 @@ bool parse_sampling(element root, CompletionRequest* out, Error* error) {
 }
 
 // tool_choice: "auto" | "none" | "required" | {"type":"function","function":{"name":NAME}}.
-bool parse_tool_choice(element root, CompletionRequest* out, bool* drop_tools, Error* error) {
+bool parse_tool_choice(element root, CompletionRequest* out, Error* error) {
     element e, function, name_e;
     if (!field(root, "tool_choice", &e)) return true;
     if (e.type() == element_type::OBJECT) {
@@ -424,8 +424,7 @@ bool parse_tool_choice(element root, CompletionRequest* out, bool* drop_tools, E
     }
     std::string choice;
     if (!string(e, "tool_choice", &choice, error)) return false;
-    // "none" leaves the tools out of the prompt, which needs no constrained decoding.
-    if (choice == "none") *drop_tools = true;
+    if (choice == "none") out->chat.tool_choice = GPTOSS_TOOL_CHOICE_NONE;
     else if (choice == "required") out->chat.tool_choice = GPTOSS_TOOL_CHOICE_REQUIRED;
     else if (choice != "auto")
         return fail(error, "tool_choice", "\"" + choice + "\" is not \"auto\", \"none\", \"required\" or a function");
@@ -539,8 +538,7 @@ bool parse_completion_request(const char* json, size_t len, CompletionRequest* o
     gptoss_chat_request& c = out->chat;
     c = *gptoss_conversation_get_request(conversation);
     if (c.n_messages == 0) return fail(error, "messages", "empty, expected at least one message");
-    bool drop_tools = false;
-    if (!parse_tool_choice(root, out, &drop_tools, error) || !parse_response_format(root, out, error)) return false;
+    if (!parse_tool_choice(root, out, error) || !parse_response_format(root, out, error)) return false;
     if (c.tool_choice == GPTOSS_TOOL_CHOICE_NAMED) {
         bool found = false;
         for (size_t i = 0; i < c.n_tools && !found; ++i) found = std::strcmp(c.tools[i].name, c.tool_choice_name) == 0;
@@ -549,10 +547,6 @@ bool parse_completion_request(const char* json, size_t len, CompletionRequest* o
     }
     if (c.tool_choice == GPTOSS_TOOL_CHOICE_REQUIRED && c.n_tools == 0)
         return fail(error, "tool_choice", "\"required\" needs tools");
-    if (drop_tools) {
-        c.tools = nullptr;
-        c.n_tools = 0;
-    }
     return true;
 }
 
@@ -613,8 +607,8 @@ std::string usage_json(const Usage& u) {
 }
 
 const char* reply_finish_reason(gptoss_stop_reason stop, const Reply& reply) {
-    if (!reply.calls.empty()) return "tool_calls";
     if (stop == GPTOSS_STOP_MAX_TOKENS || stop == GPTOSS_STOP_CONTEXT_FULL) return "length";
+    if (!reply.calls.empty()) return "tool_calls";
     return "stop";
 }
 

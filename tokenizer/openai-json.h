@@ -94,7 +94,7 @@ std::string error_json(const Error& error, const char* type = "invalid_request_e
 // One POST /v1/chat/completions body. Copies share what `chat` points to.
 struct CompletionRequest {
     std::shared_ptr<gptoss_conversation> conversation;  // owns what `chat` points to
-    gptoss_chat_request chat{};                         // tools dropped for tool_choice "none"
+    gptoss_chat_request chat{};
     std::string model;                                  // as sent; "" if absent
     float temperature = 1.0f;                           // OpenAI's default, and gpt-oss's
     float top_p = 1.0f;
@@ -152,8 +152,9 @@ struct Usage {
 };
 
 std::string usage_json(const Usage& usage);
-// The API's finish_reason for a finished turn: "tool_calls" when the reply has tool calls,
-// "length" when it ran into max_tokens or the context, else "stop" (a cancelled turn included).
+// The API's finish_reason for a finished turn: "length" when it ran into max_tokens or the
+// context (a tool call may be cut short), "tool_calls" when the reply has tool calls, else
+// "stop" (a cancelled turn included).
 const char* reply_finish_reason(gptoss_stop_reason stop, const Reply& reply);
 // A "chat.completion" object.
 std::string completion_json(const std::string& id, int64_t created, const std::string& model, const Reply& reply,

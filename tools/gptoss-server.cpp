@@ -4,7 +4,7 @@
 // from gptoss_openai (tokenizer/openai-json.h), which gptoss-chat shares.
 //
 // One model, --parallel N sessions. Each request takes one session for its whole generation on
-// an HTTP worker thread; a request goes to the free session that holds the longest prefix of its
+// an HTTP worker thread (the library batches the decode steps of sessions generating at once); a request goes to the free session that holds the longest prefix of its
 // rendered prompt when that is at least half of it (a conversation's next turn reuses its KV),
 // else to the least recently used one. Requests wait for a session in arrival order, at most
 // --queue of them; more get 503. A client that goes away, waiting or generating, cancels its
@@ -54,6 +54,7 @@ struct Options {
     std::string host = "127.0.0.1";
     int port = 8080;
     uint32_t parallel = 1;
+    uint32_t decode_batch = 0;  // 0: --parallel
     uint32_t ctx = 0;
     std::string api_key;
     uint32_t queue = 32;
@@ -71,6 +72,7 @@ void usage(FILE* out) {
         "      --host ADDR       address to listen on (default 127.0.0.1: this machine only)\n"
         "      --port N          port (default 8080; 0 picks a free one)\n"
         "      --parallel N      sessions, i.e. requests generating at once (default 1)\n"
+        "      --decode-batch N  sessions that share one decode step (default: --parallel; 1: off)\n"
         "      --ctx N           context length of each session in tokens (default: the model's)\n"
         "      --queue N         requests that may wait for a session; more get 503 (default 32)\n"
         "      --api-key KEY     require \"Authorization: Bearer KEY\" (default $GPTOSS_API_KEY,\n"
@@ -141,6 +143,7 @@ Options parse_args(int argc, char** argv) {
             o.port = int(p);
         }
         else if (arg == "--parallel") number(1, &o.parallel);
+        else if (arg == "--decode-batch") number(1, &o.decode_batch);
         else if (arg == "--ctx") number(0, &o.ctx);
         else if (arg == "--queue") number(0, &o.queue);
         else if (arg == "--api-key") o.api_key = next();
@@ -400,7 +403,11 @@ public:
                  [this](const httplib::Request& req, httplib::Response& res) { chat_completions(req, res); });
         svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
             if (!res.body.empty()) return;
+            // cpp-httplib parses a form-encoded body (curl -d without a Content-Type) and caps it at 8 KiB.
+            const bool form = req.get_header_value("Content-Type").find("x-www-form-urlencoded") != std::string::npos;
             const std::string what = res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
+                                   : res.status == 413 && form ? std::string("the request body is too large for a form; "
+                                                                             "send it as Content-Type: application/json")
                                    : res.status == 413 ? std::string("the request body is too large")
                                                        : "HTTP status " + std::to_string(res.status);
             res.set_content(oa::error_json({what, ""}, "invalid_request_error"), "application/json");
@@ -562,6 +569,8 @@ int main(int argc, char** argv) {
 
     gptoss_model_params mp = gptoss_model_default_params();
     mp.device = o.device;
+    // Concurrent requests share decode steps (continuous batching in the library).
+    mp.max_decode_batch = std::min<uint32_t>(o.decode_batch ? o.decode_batch : o.parallel, 1024);
     gptoss_model* model = nullptr;
     if (gptoss_load(o.model_dir.c_str(), &mp, &model) != GPTOSS_OK) {
         std::fprintf(stderr, "%s: cannot load the model from %s: %s\n", kProgram, o.model_dir.c_str(), gptoss_last_error());

@@ -299,6 +299,17 @@ struct ChatResult {
 
 }  // namespace
 
+gptoss_status render_request_text(const gptoss_chat_request& request, std::string* out) {
+    h::Conversation conversation;
+    GPTOSS_TRY(build_conversation(request, &conversation));
+    h::RenderOptions options;
+    options.cot_drop = request.keep_analysis ? h::CotDrop::Keep : h::CotDrop::Finished;
+    std::vector<h::Piece> pieces;
+    GPTOSS_TRY(h::render(conversation, options, &pieces));
+    *out = h::pieces_text(pieces);
+    return GPTOSS_OK;
+}
+
 // The extern "C" functions sit inside namespace gptoss only for name lookup; C linkage gives
 // them their plain gptoss_* symbols.
 extern "C" {

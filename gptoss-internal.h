@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -33,10 +34,15 @@ namespace gptoss {
 // Errors and logging (gptoss.cpp)
 
 // Formats the thread-local message behind gptoss_last_error() and returns `status`.
-// Messages answer "what, where, expected, found" on one line, no trailing period.
+// Messages answer "what, where, expected, found" on one line, no trailing period. Bytes from
+// untrusted input that %s copies in are made safe to print: control characters and invalid
+// UTF-8 become \xNN (escape_nonprintable), so the message is always printable UTF-8.
 [[nodiscard]] gptoss_status fail(gptoss_status status, const char* format, ...)
     __attribute__((format(printf, 2, 3)));
 void clear_error();
+// `text` with each control character (< 0x20, 0x7f) and each byte of invalid UTF-8 written as
+// \xNN (lowercase hex); valid printable UTF-8 is kept. fail() and log() apply it.
+std::string escape_nonprintable(std::string_view text);
 // Sends one line to the log callback, if one is installed and `level` is high enough.
 void log(gptoss_log_level level, const char* format, ...) __attribute__((format(printf, 2, 3)));
 
@@ -132,6 +138,10 @@ struct Config {
 // Reads and checks `dir`/config.json. Fails with IO (missing) or FORMAT (not JSON, missing or
 // inconsistent field), naming the file and field.
 [[nodiscard]] gptoss_status load_config(const std::string& dir, Config* out);
+// The same checks on `len` bytes of config.json text (`path` names it in messages), without
+// generation_config.json. The seam tests/fuzz/fuzz-config.cpp drives.
+[[nodiscard]] gptoss_status parse_config_json(const std::string& path, const char* json, size_t len,
+                                              Config* out);
 
 // ---------------------------------------------------------------------------
 // Checkpoint (gptoss-loader.cpp)
@@ -195,6 +205,19 @@ struct Checkpoint {
 // called at least once per shard. On failure nothing stays mapped.
 [[nodiscard]] gptoss_status load_checkpoint(const std::string& dir, const ProgressFn& progress,
                                             std::unique_ptr<Checkpoint>* out);
+
+// The checks load_checkpoint applies to one shard, on `size` bytes in memory (`path` names it in
+// messages): header length, JSON header, dtypes, shapes, data_offsets inside the data region,
+// alignment, and a data region tiled exactly (no overlap, no gap). Appends the tensor names to
+// *names when it is not NULL. FORMAT naming the tensor on failure. tests/fuzz/fuzz-safetensors.
+[[nodiscard]] gptoss_status check_safetensors_shard(const std::string& path, const uint8_t* data,
+                                                    size_t size, std::vector<std::string>* names);
+// Parses model.safetensors.index.json text: shard file names in order of first appearance
+// (plain names in the model directory: no '/', ".", ".."), and the shard of each tensor.
+// FORMAT naming the entry on failure. tests/fuzz/fuzz-index.
+[[nodiscard]] gptoss_status read_safetensors_index(const std::string& path, const char* json, size_t len,
+                                                   std::vector<std::string>* shards,
+                                                   std::map<std::string, std::string>* weight_map);
 
 // ---------------------------------------------------------------------------
 // Sampling (gptoss-sampling.cpp). One implementation, used by every backend that samples on
@@ -480,6 +503,11 @@ public:
 private:
     DecodeBatcher* batcher_;
 };
+
+// Checks a chat request as gptoss_chat_render() does and renders it as Harmony text (special
+// tokens spelled by name), without a model or tokenizer (gptoss-harmony.cpp). `request` must be
+// a complete struct (as gptoss_conversation_get_request() gives). tests/fuzz/fuzz-conversation.
+[[nodiscard]] gptoss_status render_request_text(const gptoss_chat_request& request, std::string* out);
 
 // Converts public sampling params (already read with read_params) to options; resolves the
 // seed (GPTOSS_SEED_RANDOM draws one from std::random_device).

@@ -37,11 +37,12 @@ struct MappedFile {
     std::string name;   // file name alone
     const uint8_t* data = nullptr;
     size_t size = 0;
+    bool mapped = false;  // false: a view of memory someone else owns (check_safetensors_shard)
     MappedFile() = default;
     MappedFile(const MappedFile&) = delete;
     MappedFile& operator=(const MappedFile&) = delete;
     ~MappedFile() {
-        if (data != nullptr && size > 0) munmap(const_cast<uint8_t*>(data), size);
+        if (mapped && data != nullptr && size > 0) munmap(const_cast<uint8_t*>(data), size);
     }
 };
 
@@ -86,25 +87,37 @@ gptoss_status map_file(const std::string& path, std::unique_ptr<MappedFile>* out
                         "%s: mmap of %zu bytes failed: %s", path.c_str(), file->size, strerror(err));
         }
         file->data = static_cast<const uint8_t*>(p);
+        file->mapped = true;
     }
     close(fd);
     *out = std::move(file);
     return GPTOSS_OK;
 }
 
-// Reads a small JSON file (config, index) and parses it into `parser`'s document.
-gptoss_status parse_json_file(const std::string& path, simdjson::dom::parser* parser,
-                              simdjson::dom::element* root) {
-    simdjson::padded_string text;
-    if (simdjson::padded_string::load(path).get(text) != simdjson::SUCCESS) {
+// Reads a small JSON file (config, index) whole.
+gptoss_status read_json_file(const std::string& path, simdjson::padded_string* text) {
+    if (simdjson::padded_string::load(path).get(*text) != simdjson::SUCCESS) {
         if (!file_exists(path)) return fail(GPTOSS_ERR_IO, "%s: file not found", path.c_str());
         return fail(GPTOSS_ERR_IO, "%s: cannot read", path.c_str());
     }
+    return GPTOSS_OK;
+}
+
+// Parses JSON text into `parser`'s document (`path` names it in messages).
+gptoss_status parse_json_text(const std::string& path, const simdjson::padded_string& text,
+                              simdjson::dom::parser* parser, simdjson::dom::element* root) {
     const auto error = parser->parse(text).get(*root);
     if (error != simdjson::SUCCESS)
         return fail(GPTOSS_ERR_FORMAT, "%s: not valid JSON: %s", path.c_str(),
                     simdjson::error_message(error));
     return GPTOSS_OK;
+}
+
+gptoss_status parse_json_file(const std::string& path, simdjson::dom::parser* parser,
+                              simdjson::dom::element* root) {
+    simdjson::padded_string text;
+    GPTOSS_TRY(read_json_file(path, &text));
+    return parse_json_text(path, text, parser, root);
 }
 
 // ---------------------------------------------------------------------------
@@ -256,14 +269,10 @@ gptoss_status check_config(const std::string& path, const Config& c) {
 
 }  // namespace
 
-gptoss_status load_config(const std::string& dir, Config* out) {
-    struct stat st;
-    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-        return fail(GPTOSS_ERR_IO, "%s: model directory not found", dir.c_str());
-    const std::string path = join_path(dir, "config.json");
+gptoss_status parse_config_json(const std::string& path, const char* json, size_t len, Config* out) {
     simdjson::dom::parser parser;
     simdjson::dom::element root;
-    GPTOSS_TRY(parse_json_file(path, &parser, &root));
+    GPTOSS_TRY(parse_json_text(path, simdjson::padded_string(json, len), &parser, &root));
     simdjson::dom::object obj;
     if (root.get_object().get(obj) != simdjson::SUCCESS)
         return fail(GPTOSS_ERR_FORMAT, "%s: expected a JSON object at the top level", path.c_str());
@@ -340,8 +349,21 @@ gptoss_status load_config(const std::string& dir, Config* out) {
 
     GPTOSS_TRY(check_config(path, c));
 
-    // End-of-sequence ids: config.json first, then generation_config.json if present.
+    // End-of-sequence ids: config.json first, then generation_config.json (load_config).
     GPTOSS_TRY(read_eos(path, obj, &c.eos_token_ids));
+    *out = std::move(c);
+    return GPTOSS_OK;
+}
+
+gptoss_status load_config(const std::string& dir, Config* out) {
+    struct stat st;
+    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        return fail(GPTOSS_ERR_IO, "%s: model directory not found", dir.c_str());
+    const std::string path = join_path(dir, "config.json");
+    simdjson::padded_string text;
+    GPTOSS_TRY(read_json_file(path, &text));
+    Config c;
+    GPTOSS_TRY(parse_config_json(path, text.data(), text.size(), &c));
     const std::string gen_path = join_path(dir, "generation_config.json");
     if (file_exists(gen_path)) {
         simdjson::dom::parser gen_parser;
@@ -536,11 +558,11 @@ gptoss_status parse_shard(const MappedFile& file, std::map<std::string, FoundTen
 
 // Reads model.safetensors.index.json: the shard file names (in order of first appearance) and
 // which shard each tensor lives in.
-gptoss_status parse_index(const std::string& path, std::vector<std::string>* shards,
-                          std::map<std::string, std::string>* weight_map) {
+gptoss_status parse_index(const std::string& path, const simdjson::padded_string& text,
+                          std::vector<std::string>* shards, std::map<std::string, std::string>* weight_map) {
     simdjson::dom::parser parser;
     simdjson::dom::element root;
-    GPTOSS_TRY(parse_json_file(path, &parser, &root));
+    GPTOSS_TRY(parse_json_text(path, text, &parser, &root));
     simdjson::dom::object map;
     if (root.at_key("weight_map").get_object().get(map) != simdjson::SUCCESS)
         return fail(GPTOSS_ERR_FORMAT, "%s: field weight_map is missing or not an object",
@@ -667,7 +689,9 @@ gptoss_status load_checkpoint(const std::string& dir, const ProgressFn& progress
     const std::string single_path = join_path(dir, "model.safetensors");
     const bool indexed = file_exists(index_path);
     if (indexed) {
-        GPTOSS_TRY(parse_index(index_path, &shards, &weight_map));
+        simdjson::padded_string text;
+        GPTOSS_TRY(read_json_file(index_path, &text));
+        GPTOSS_TRY(parse_index(index_path, text, &shards, &weight_map));
     } else if (file_exists(single_path)) {
         shards.push_back("model.safetensors");
     } else {
@@ -716,6 +740,27 @@ gptoss_status load_checkpoint(const std::string& dir, const ProgressFn& progress
     GPTOSS_TRY(report(progress, 1.0f, dir));
     *out = std::move(checkpoint);
     return GPTOSS_OK;
+}
+
+// The fuzzers' seams (gptoss-internal.h): the same parsers, on bytes in memory.
+gptoss_status check_safetensors_shard(const std::string& path, const uint8_t* data, size_t size,
+                                      std::vector<std::string>* names) {
+    MappedFile view;  // not mapped: the destructor leaves `data` alone
+    view.path = path;
+    view.name = base_name(path);
+    view.data = data;
+    view.size = size;
+    std::map<std::string, FoundTensor> found;
+    GPTOSS_TRY(parse_shard(view, &found));
+    if (names != nullptr)
+        for (const auto& entry : found) names->push_back(entry.first);
+    return GPTOSS_OK;
+}
+
+gptoss_status read_safetensors_index(const std::string& path, const char* json, size_t len,
+                                     std::vector<std::string>* shards,
+                                     std::map<std::string, std::string>* weight_map) {
+    return parse_index(path, simdjson::padded_string(json, len), shards, weight_map);
 }
 
 }  // namespace gptoss

@@ -12,6 +12,7 @@
 // an order of their own, so their K/V differ from prefill's within bf16 rounding).
 #include "gptoss-internal.h"
 
+#include "tokenizer/chat-json.h"  // defines: first_invalid_utf8
 #include "tokenizer/tokenizer.h"  // defines: Tokenizer, Utf8StreamDecoder
 
 #include <algorithm>
@@ -31,14 +32,35 @@ namespace gptoss {
 
 static thread_local std::string t_last_error;
 
+std::string escape_nonprintable(std::string_view text) {
+    static const char kHex[] = "0123456789abcdef";
+    std::string out;
+    out.reserve(text.size());
+    for (size_t i = 0; i < text.size();) {
+        const uint8_t c = uint8_t(text[i]);
+        size_t n = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+        if (n > 1 && (i + n > text.size() || first_invalid_utf8(text.data() + i, n) != n)) n = 0;
+        if (n == 0 || c < 0x20 || c == 0x7f) {
+            out += "\\x";
+            out += kHex[c >> 4];
+            out += kHex[c & 15];
+            ++i;
+        } else {
+            out.append(text.data() + i, n);
+            i += n;
+        }
+    }
+    return out;
+}
+
 gptoss_status fail(gptoss_status status, const char* format, ...) {
     char buffer[2048];
     va_list args;
     va_start(args, format);
     vsnprintf(buffer, sizeof buffer, format, args);
     va_end(args);
-    t_last_error = buffer;
-    log(GPTOSS_LOG_DEBUG, "error: %s", buffer);
+    t_last_error = escape_nonprintable(buffer);
+    log(GPTOSS_LOG_DEBUG, "error: %s", t_last_error.c_str());
     return status;
 }
 
@@ -72,11 +94,12 @@ void log(gptoss_log_level level, const char* format, ...) {
     va_start(args, format);
     vsnprintf(buffer, sizeof buffer, format, args);
     va_end(args);
+    const std::string line = escape_nonprintable(buffer);
     if (to_callback) {
-        g_log_fn(g_log_user_data, level, buffer);
+        g_log_fn(g_log_user_data, level, line.c_str());
     } else {
         static const char* const kNames[] = {"debug", "info", "warn", "error"};
-        fprintf(stderr, "gptoss %s: %s\n", kNames[level], buffer);
+        fprintf(stderr, "gptoss %s: %s\n", kNames[level], line.c_str());
     }
 }
 
@@ -417,9 +440,16 @@ gptoss_status make_generate_options(const gptoss_sampling_params& params, Genera
     if (params.n_stop_strings > 0 && params.stop_strings == nullptr)
         return fail(GPTOSS_ERR_INVALID_ARGUMENT, "sampling.stop_strings: NULL with n_stop_strings %zu",
                     params.n_stop_strings);
-    for (size_t i = 0; i < params.n_stop_strings; i++)
+    for (size_t i = 0; i < params.n_stop_strings; i++) {
         if (params.stop_strings[i] == nullptr || params.stop_strings[i][0] == '\0')
             return fail(GPTOSS_ERR_INVALID_ARGUMENT, "sampling.stop_strings[%zu]: NULL or empty", i);
+        // Output text is valid UTF-8; a stop string that is not could match inside a character
+        // and cut an event's text there (found by tests/fuzz/fuzz-harmony).
+        const size_t len = std::strlen(params.stop_strings[i]);
+        const size_t bad = first_invalid_utf8(params.stop_strings[i], len);
+        if (bad != len)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "sampling.stop_strings[%zu]: invalid UTF-8 at byte %zu", i, bad);
+    }
     *out = GenerateOptions();
     out->sampling.temperature = params.temperature;
     out->sampling.top_p = params.top_p;

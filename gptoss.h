@@ -264,6 +264,7 @@ typedef struct gptoss_sampling_params {
     const int32_t*     stop_tokens;     // Default: <|return|> and <|call|>. Ignored by gptoss_chat.
     size_t             n_stop_tokens;
     const char* const* stop_strings;    // Default none. Matched against final-channel text in chat.
+                                        // Each non-empty valid UTF-8, else GPTOSS_ERR_INVALID_ARGUMENT.
     size_t             n_stop_strings;
     // Appended in 0.1 (constrained decoding, README "Structured output"):
     const char*        json_schema;     // Default NULL. gptoss_generate: the generated text is one JSON

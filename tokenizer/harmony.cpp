@@ -918,7 +918,10 @@ bool ChatStream::push(int32_t token, gptoss_event* event) {
     parser_.push(token, &delta_);
     const bool closed = parser_.messages().size() != n_before;
     bool stop = false;
-    if (was_content && !stops_.empty() && before.role == Role::Assistant && before.channel == "final") {
+    // Stop strings match the text that becomes gptoss_chat_result.final: every final-channel
+    // message without a recipient, whatever role its header names (the model's output is
+    // untrusted; a stray "<|start|>user<|channel|>final" still streams as final text).
+    if (was_content && !stops_.empty() && before.channel == "final" && before.recipient.empty()) {
         stop = match(delta_, closed, &text_);
         if (stop) cut_message_ = n_before;
     } else {

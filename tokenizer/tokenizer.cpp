@@ -907,10 +907,18 @@ gptoss_status Tokenizer::load_hf_json(const std::string& path, std::unique_ptr<T
     PaddedMapping json;
     if (!json.open(path))
         return fail(GPTOSS_ERR_IO, "%s: cannot read the tokenizer (%s)", path.c_str(), std::strerror(errno));
+    return parse_hf_json(path, json.data(), json.size(), json.capacity(), out);
+}
+
+gptoss_status Tokenizer::parse_hf_json(const std::string& path, const char* json, size_t len, size_t capacity,
+                                       std::unique_ptr<Tokenizer>* out) {
+    out->reset();
+    if (capacity < len + simdjson::SIMDJSON_PADDING)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s: the JSON buffer lacks simdjson's padding", path.c_str());
     simdjson::ondemand::parser parser;
     simdjson::ondemand::document doc;
     object root;
-    if (auto error = parser.iterate(json.data(), json.size(), json.capacity()).get(doc))
+    if (auto error = parser.iterate(json, len, capacity).get(doc))
         return json_error(path, "not JSON", error);
     if (auto error = doc.get_object().get(root)) return json_error(path, "expected a JSON object", error);
 

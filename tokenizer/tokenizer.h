@@ -26,6 +26,10 @@ public:
     // Fails with IO (unreadable) or FORMAT naming the entry (not JSON, other model type,
     // duplicate or missing ranks).
     [[nodiscard]] static gptoss_status load_hf_json(const std::string& path, std::unique_ptr<Tokenizer>* out);
+    // The same on `len` bytes of JSON in memory (`path` names it in messages), readable up to
+    // `capacity` >= len + simdjson::SIMDJSON_PADDING (64) bytes. tests/fuzz/fuzz-tokenizer-json.
+    [[nodiscard]] static gptoss_status parse_hf_json(const std::string& path, const char* json, size_t len,
+                                                     size_t capacity, std::unique_ptr<Tokenizer>* out);
     // Loads an o200k_base.tiktoken file (base64 bytes + rank per line) and adds the
     // o200k_harmony special tokens.
     [[nodiscard]] static gptoss_status load_tiktoken(const std::string& path, std::unique_ptr<Tokenizer>* out);

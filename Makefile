@@ -7,10 +7,14 @@
 BUILD      ?= build
 BUILD_ASAN ?= build-asan
 BUILD_CLANG ?= build-clang
+BUILD_FUZZ ?= build-fuzz
+BUILD_TSAN ?= build-tsan
+FUZZ_SECONDS ?= 15
+FUZZ_RUN_SECONDS ?= 3600
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps tokenizer-data configure build test test-main test-asan test-clang chat clean
+.PHONY: all deps tokenizer-data configure build test test-asan test-clang test-tsan fuzz fuzz-smoke fuzz-run chat clean
 
 all: build
 
@@ -30,6 +34,8 @@ test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory test-clang
+	$(MAKE) --no-print-directory test-tsan
+	$(MAKE) --no-print-directory fuzz-smoke
 
 # The C++ unit tests again, CPU only, under AddressSanitizer + UBSan (leaks fail the run).
 test-asan: tokenizer-data
@@ -45,8 +51,30 @@ test-clang: tokenizer-data
 	cmake --build $(BUILD_CLANG) -j$(JOBS)
 	ctest --test-dir $(BUILD_CLANG) --output-on-failure -L unit -j$(JOBS)
 
+# Races: tests/test-threads.cpp (N sessions on one model in N threads) under ThreadSanitizer,
+# CPU backend, clang. Only the library, the fixture's gptoss-synth and the test are built.
+test-tsan: tokenizer-data
+	@CC=clang CXX=clang++ bash tools/configure.sh $(BUILD_TSAN) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" \
+	    -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DGPTOSS_CUDA=OFF -DGPTOSS_SANITIZE=thread $(CMAKE_ARGS)
+	cmake --build $(BUILD_TSAN) -j$(JOBS) --target gptoss-synth test-threads
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	    ctest --test-dir $(BUILD_TSAN) --output-on-failure -R '^(synth-tiny|test-threads)$$'
+
+# libFuzzer targets (tests/fuzz/README.md): clang, ASan + UBSan, the library and the fuzzers only.
+fuzz: tokenizer-data
+	@CC=clang CXX=clang++ bash tools/configure.sh $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" \
+	    -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DGPTOSS_CUDA=OFF -DGPTOSS_SANITIZE=address,undefined -DGPTOSS_FUZZ=ON $(CMAKE_ARGS)
+	cmake --build $(BUILD_FUZZ) -j$(JOBS) --target fuzz
+
+# Every fuzzer for FUZZ_SECONDS each (part of make test), or FUZZ_RUN_SECONDS each (the long run).
+fuzz-smoke: fuzz
+	bash tests/fuzz/run.sh $(BUILD_FUZZ) $(FUZZ_SECONDS)
+
+fuzz-run: fuzz
+	bash tests/fuzz/run.sh $(BUILD_FUZZ) $(FUZZ_RUN_SECONDS)
+
 chat: build
 	$(BUILD)/gptoss-chat $(ARGS)
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_CLANG)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_CLANG) $(BUILD_TSAN) $(BUILD_FUZZ)

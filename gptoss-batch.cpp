@@ -110,9 +110,15 @@ gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens,
             // has fewer than kStepTokenBudget tokens (at least one); the rest stay, in order.
             std::vector<State::Request*> batch, kept;
             std::vector<DecodeItem*> items;
-            batch.reserve(s.pending.size());
-            kept.reserve(s.pending.size());
-            items.reserve(s.pending.size());
+            try {
+                batch.reserve(s.pending.size());
+                kept.reserve(s.pending.size());
+                items.reserve(s.pending.size());
+            } catch (...) {  // out of memory: withdraw our request (nobody took it yet), rethrow
+                s.pending.erase(std::find(s.pending.begin(), s.pending.end(), &request));
+                if (!prefill) s.pending_decode--;
+                throw;
+            }
             uint32_t n_decode = 0, n_tokens = 0;
             for (State::Request* r : s.pending)
                 if (!r->item.prefill && n_decode < max_sessions_) {

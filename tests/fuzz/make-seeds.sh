@@ -126,5 +126,17 @@ for i, b in enumerate(bodies):
         ensure_ascii=False))
 put("server-request", "tool-choice.json", json.dumps(dict(bodies[1], tool_choice="none", n=1, stop="x")))
 put("server-request", "bad.json", json.dumps({"messages": [], "temperature": 3, "logprobs": True}))
+
+# JSON Schemas (constrained decoding), each followed by a NUL and a document to match.
+schema_dir = os.path.join(os.path.dirname(out), "..", "data", "schema")
+docs = {"weather.json": '{"city": "Oslo", "unit":"celsius", "tags":["a"]}',
+        "nested.json": '{"user":{"name":"x","address":{"country":"NO"}},"tags":["a","c"]}',
+        "unions.json": '{"v":null,"w":true,"c":"fixed","o":{"kind":"circle","r":1.5e2}}',
+        "refs.json": '{"a":{"x":1,"y":-2},"pair":["ab",3],"when":"2024-05-17"}'}
+for name, doc in sorted(docs.items()):
+    put("schema", name, open(os.path.join(schema_dir, name), "rb").read().strip() + b"\0" + doc.encode())
+put("schema", "any.json", b'{}\0[1, {"k": "\\u00e9"}, "s", true]')
+put("schema", "recursive.json", b'{"$defs":{"t":{"type":"array","items":{"$ref":"#/$defs/t"}}},"$ref":"#/$defs/t"}\0[[[]],[]]')
+put("schema", "unsupported.json", b'{"type":"string","pattern":"^a"}')
 PY
 ls "$here/corpus" | while read -r d; do echo "$d: $(ls "$here/corpus/$d" | wc -l) seeds"; done

@@ -11,6 +11,7 @@
 // wrote are prefilled again by the next call that reuses the prefix (decode kernels sum in
 // an order of their own, so their K/V differ from prefill's within bf16 rounding).
 #include "gptoss-internal.h"
+#include "gptoss-shard.h"
 
 #include "tokenizer/chat-json.h"  // defines: first_invalid_utf8
 #include "tokenizer/tokenizer.h"  // defines: Tokenizer, Utf8StreamDecoder
@@ -164,14 +165,23 @@ static bool file_exists(const std::string& path) {
 
 static gptoss_status load_model(const char* model_dir, const gptoss_model_params& params, gptoss_model** out) {
     int32_t device = params.device;
-    if (device < GPTOSS_DEVICE_AUTO)
-        return fail(GPTOSS_ERR_INVALID_ARGUMENT,
-                    "params.device: %d is not a CUDA ordinal, GPTOSS_DEVICE_CPU (-1) or GPTOSS_DEVICE_AUTO (-2)", device);
 #ifdef GPTOSS_HAVE_CUDA
     const int n_devices = cuda_device_count();
 #else
     const int n_devices = 0;
 #endif
+    std::vector<int32_t> split;  // two or more GPUs (gptoss-shard.h)
+    if (params.n_devices > 0 || params.devices != nullptr) {
+#ifndef GPTOSS_HAVE_CUDA
+        return fail(GPTOSS_ERR_UNSUPPORTED, "params.devices: this build has no CUDA backend (built without nvcc)");
+#endif
+        GPTOSS_TRY(validate_devices(params.devices, params.n_devices, n_devices));
+        device = params.devices[0];
+        if (params.n_devices > 1) split.assign(params.devices, params.devices + params.n_devices);
+    }
+    if (device < GPTOSS_DEVICE_AUTO)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT,
+                    "params.device: %d is not a CUDA ordinal, GPTOSS_DEVICE_CPU (-1) or GPTOSS_DEVICE_AUTO (-2)", device);
     if (device == GPTOSS_DEVICE_AUTO) device = n_devices > 0 ? 0 : GPTOSS_DEVICE_CPU;
     if (device >= 0) {
 #ifndef GPTOSS_HAVE_CUDA
@@ -224,7 +234,11 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
 #ifdef GPTOSS_HAVE_CUDA
         ProgressFn upload_progress;
         if (params.progress != nullptr) upload_progress = [&](float f) { return report(0.5f + 0.5f * f); };
-        GPTOSS_TRY(create_cuda_backend(*model->checkpoint, device, upload_progress, &model->backend));
+        if (split.size() > 1)
+            GPTOSS_TRY(create_sharded_cuda_backend(*model->checkpoint, split.data(), split.size(), upload_progress,
+                                                   &model->backend));
+        else
+            GPTOSS_TRY(create_cuda_backend(*model->checkpoint, device, upload_progress, &model->backend));
 #endif
     }
     if (!report(1.0f)) return fail(GPTOSS_ERR_CANCELLED, "%s: loading cancelled by the progress callback", model_dir);

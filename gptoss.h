@@ -145,6 +145,18 @@ typedef struct gptoss_model_params {
     // Default 0: the environment variable GPTOSS_DECODE_BATCH if set, else 1. 1 = off (each
     // session decodes on its own). At most 1024. Appended in 0.1 (issue 13).
     uint32_t           max_decode_batch;
+    // Several GPUs (appended in 0.1). Default NULL / 0: the model runs on `device`. Otherwise
+    // `device` is ignored and the model runs on these n_devices CUDA ordinals (the list is
+    // copied): one entry is the single-GPU path on that GPU; two or more split the model over
+    // them with NCCL (attention heads, each expert's width and the vocabulary; one process, the
+    // calling thread plus one thread per further GPU during each step). Each GPU may appear
+    // once and must exist, else GPTOSS_ERR_INVALID_ARGUMENT naming the entry; a library built
+    // without CUDA or NCCL, or a model whose kv heads do not divide evenly, gives
+    // GPTOSS_ERR_UNSUPPORTED. Before it creates NCCL communicators the library sets
+    // NCCL_NVLS_ENABLE=0 in the process environment unless the variable is already set
+    // (NVLink multicast off). gptoss_model_info.device reports devices[0].
+    const int32_t*     devices;
+    size_t             n_devices;
 } gptoss_model_params;
 
 // Fills `params` with defaults. `struct_size` is sizeof(*params) as the caller compiled it,

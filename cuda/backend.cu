@@ -8,6 +8,7 @@
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/multi_gpu.h"
 #include "cpu/reference.h"
 
 #include <cuda_runtime.h>
@@ -127,6 +128,9 @@ public:
     gptoss_status profile(const int32_t* tokens, uint32_t n, uint32_t pos, bool decode,
                           std::vector<std::pair<std::string, double>>* out);
     gptoss_status sync();
+    // Whether decode(token, pos) replays the captured graph (no capture, hence no host-side
+    // NCCL calls for a split model's rank).
+    bool decode_replays(uint32_t pos) const { return graph_ && pos / kAttentionSplit + 1 <= graph_splits_; }
 
 private:
     gptoss_status upload_step(const int32_t* tokens, uint32_t n, uint32_t pos);
@@ -142,6 +146,9 @@ private:
     gptoss_status mark(const char* label);
     gptoss_status checked(gptoss_status s);
 
+public:
+    void* comm_ = nullptr;  // ncclComm_t when this is one rank of a split model (set_session_comm)
+private:
     CudaBackend& be_;
     uint32_t max_context_, max_batch_;
     int device_ = 0;
@@ -199,7 +206,8 @@ private:
 
 class CudaBackend final : public Backend {
 public:
-    CudaBackend(const Config& config, int32_t device) : config_(config), dims_(dims_of(config)), device_(device) {}
+    CudaBackend(const Config& config, int32_t device, const RankInfo& rank = RankInfo())
+        : config_(config), dims_(dims_of(config)), device_(device), rank_(rank) {}
     ~CudaBackend() override {
         DeviceGuard guard(device_);
         arena_.reset();
@@ -229,7 +237,7 @@ public:
         const Dims& d = dims_;
         Carver c(base);
         embed_ = c.take<uint16_t>(size_t(d.V) * d.H * 2);
-        lm_head_ = c.take<void>(bf16_fragment_bytes(d.V, d.H));
+        lm_head_ = c.take<void>(bf16_fragment_bytes(lm_rows(), d.H));
         final_norm_ = c.take<float>(d.H * 4);
         inv_freq_ = c.take<float>(d.D / 2 * 4);
         bad_scale_ = c.take<int>(4);
@@ -293,9 +301,13 @@ public:
         return g;
     }
 
+    // lm_head rows held here: all V, or this rank's share of a split model.
+    uint32_t lm_rows() const { return rank_.lm_rows ? rank_.lm_rows : dims_.V; }
+
     Config config_;
     Dims dims_;
     int32_t device_;
+    RankInfo rank_;
     DeviceBuffer arena_;
     uint16_t* embed_ = nullptr;
     void* lm_head_ = nullptr;
@@ -357,8 +369,8 @@ gptoss_status CudaBackend::load(const Checkpoint& ck, const ProgressFn& progress
     const Dims& d = dims_;
     const Weights& w = ck.weights;
     // Raw staging on the device: the largest piece repacked at once.
-    const size_t lm_rows = 16384;
-    const size_t raw_bytes = std::max({size_t(d.QKV) * d.H * 2, size_t(d.H) * d.QD * 2, lm_rows * d.H * 2,
+    const size_t lm_chunk = 16384;  // lm_head rows staged per repack
+    const size_t raw_bytes = std::max({size_t(d.QKV) * d.H * 2, size_t(d.H) * d.QD * 2, lm_chunk * d.H * 2,
                                        size_t(2 * d.I) * d.H / 2 + size_t(2 * d.I) * d.H / 32,
                                        size_t(d.E) * d.H * 2, size_t(d.E) * 2 * d.I * 2});
     GPTOSS_TRY(allocate(raw_bytes));
@@ -378,8 +390,8 @@ gptoss_status CudaBackend::load(const Checkpoint& ck, const ProgressFn& progress
     auto norm_f32 = [&](const Tensor& t, float* out) { return bias_f32(t, d.H, false, out); };
 
     GPTOSS_TRY(st.upload(w.embed.data, size_t(d.V) * d.H * 2, embed_));
-    for (size_t r0 = 0; r0 < d.V; r0 += lm_rows) {
-        const size_t n = std::min<size_t>(lm_rows, d.V - r0);
+    for (size_t r0 = 0; r0 < lm_rows(); r0 += lm_chunk) {
+        const size_t n = std::min<size_t>(lm_chunk, lm_rows() - r0);
         GPTOSS_TRY(st.upload(w.lm_head.bf16() + r0 * d.H, n * d.H * 2, rb));
         GPTOSS_TRY(repack_bf16(reinterpret_cast<uint16_t*>(rb), uint32_t(n), d.H,
                                static_cast<char*>(lm_head_) + (r0 / 16) * (d.H / 64) * 2048, stream.s));
@@ -460,7 +472,7 @@ gptoss_status CudaBackend::synthesize(uint64_t seed) {
     auto bf16 = [&](void* p, size_t bytes) { return fill_random(p, bytes / 4, ++k, true, amp, stream.s); };
     auto vec = [&](float* p, size_t n, float c, float a) { return fill_random_f32(p, n, ++k, c, a, stream.s); };
     GPTOSS_TRY(bf16(embed_, size_t(d.V) * d.H * 2));
-    GPTOSS_TRY(bf16(lm_head_, bf16_fragment_bytes(d.V, d.H)));
+    GPTOSS_TRY(bf16(lm_head_, bf16_fragment_bytes(lm_rows(), d.H)));
     GPTOSS_TRY(vec(final_norm_, d.H, 1.0f, 0.05f));
     GPTOSS_TRY(upload_rope());
     for (LayerDev& L : layers_) {
@@ -532,7 +544,7 @@ gptoss_status CudaSession::init() {
         pairs_ = cv.take<int32_t>(size_t(T) * d.K * 4);
         act_ = cv.take<uint16_t>(size_t(T) * d.K * d.I * 2);
         part_ = cv.take<float>(size_t(T) * d.K * d.H * 4);
-        logits_ = cv.take<float>(size_t(d.V) * 4);
+        logits_ = cv.take<float>(std::max<size_t>(d.V, size_t(be_.lm_rows()) * be_.rank_.n_ranks) * 4);
         partial_ = cv.take<float>(size_t(d.Q) * max_splits_ * (d.D + 2) * 4);
         argmax_ = cv.take<int32_t>(8);
         token_ = cv.take<int32_t>(4);
@@ -658,9 +670,15 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
             GPTOSS_TRY(kv_commit(k_new_, v_new_, kv.k, kv.v, kv.slots, step_, n, d.G * d.D, s));
             GPTOSS_TRY(mark("kv commit"));
         }
-        GPTOSS_TRY(project(decode, b.dense(L.o_w, L.o_b, d.H, d.QD), attn_, n, nullptr, Epilogue::kAdd, x, nullptr,
-                           d.H, 0));
+        // Split model: rank 0 adds the residual, the others store their partial o_proj; the
+        // all-reduce sums them (gptoss-shard.h).
+        GPTOSS_TRY(project(decode, b.dense(L.o_w, L.o_b, d.H, d.QD), attn_, n, nullptr,
+                           b.rank_.rank == 0 ? Epilogue::kAdd : Epilogue::kStore, x, nullptr, d.H, 0));
         GPTOSS_TRY(mark("o gemm + residual"));
+        if (comm_) {
+            GPTOSS_TRY(rank_all_reduce(comm_, x, size_t(n) * d.H, s));
+            GPTOSS_TRY(mark("all-reduce (attention)"));
+        }
         if (decode && router_decode_supported(d.E, d.K, d.H)) {
             RouterDecodeArgs ra;
             ra.x = x; ra.norm_w = L.mlp_norm; ra.eps = c.rms_norm_eps; ra.router = b.dense(L.router_w, L.router_b, d.E, d.H);
@@ -693,15 +711,38 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
         moe.weights = weights_;
         moe.K = d.K;
         const float* next_norm = l + 1 < c.n_layers ? b.layers_[l + 1].attn_norm : b.final_norm_;
+        // Split model: each rank's expert outputs are partial sums over its expert columns.
+        // Decode all-reduces them (K rows: latency-bound; the combine, fused or not, stays as
+        // is); a chunk all-reduces the combined residual instead (K times fewer bytes), rank 0
+        // adding it.
+        const bool reduce_parts = comm_ && decode;
+        if (reduce_parts) {
+            GPTOSS_TRY(rank_all_reduce(comm_, part_, size_t(n) * d.K * d.H, s));
+            GPTOSS_TRY(mark("all-reduce (moe)"));
+        }
         if (!(fuse_norm && l + 1 < c.n_layers)) {
+            if (comm_ && !reduce_parts && b.rank_.rank != 0)  // the residual is rank 0's to add
+                GPTOSS_CUDA_TRY(cudaMemsetAsync(x, 0, size_t(n) * d.H * sizeof(float), s));
             GPTOSS_TRY(residual_rmsnorm(moe, x, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
             GPTOSS_TRY(mark("moe combine + rmsnorm"));
+            if (comm_ && !reduce_parts) {
+                GPTOSS_TRY(rank_all_reduce(comm_, x, size_t(n) * d.H, s));
+                ResidualArgs none;
+                GPTOSS_TRY(residual_rmsnorm(none, x, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
+                GPTOSS_TRY(mark("all-reduce (moe) + rmsnorm"));
+            }
         }
     }
     // One row: the decode GEMV serves prefill too (a row's bits depend only on that row).
-    GPTOSS_TRY(project(true, b.dense(b.lm_head_, nullptr, d.V, d.H), xn_ + size_t(n - 1) * d.H, 1, nullptr,
-                       Epilogue::kStore, logits_, nullptr, d.V, 0));
+    // Split model: this rank's vocabulary rows land at their offset; the all-gather fills the rest.
+    const uint32_t lm_rows = b.lm_rows();
+    GPTOSS_TRY(project(true, b.dense(b.lm_head_, nullptr, lm_rows, d.H), xn_ + size_t(n - 1) * d.H, 1, nullptr,
+                       Epilogue::kStore, logits_ + size_t(b.rank_.rank) * lm_rows, nullptr, lm_rows, 0));
     GPTOSS_TRY(mark("lm_head"));
+    if (comm_) {
+        GPTOSS_TRY(rank_all_gather(comm_, logits_, lm_rows, s));
+        GPTOSS_TRY(mark("all-gather (logits)"));
+    }
     return GPTOSS_OK;
 }
 
@@ -897,12 +938,29 @@ gptoss_status CudaSession::profile(const int32_t* tokens, uint32_t n, uint32_t p
 
 gptoss_status create_synthetic_backend(const Config& config, int32_t device, uint64_t seed,
                                        std::unique_ptr<Backend>* out) {
+    return create_synthetic_rank_backend(config, device, seed, RankInfo(), out);
+}
+
+bool decode_replays(const BackendSession* session, uint32_t pos) {
+    auto* s = dynamic_cast<const CudaSession*>(session);
+    return s && s->decode_replays(pos);
+}
+
+gptoss_status set_session_comm(BackendSession* session, void* comm) {
+    auto* s = dynamic_cast<CudaSession*>(session);
+    if (!s) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "set_session_comm: not a CUDA session");
+    s->comm_ = comm;
+    return GPTOSS_OK;
+}
+
+gptoss_status create_synthetic_rank_backend(const Config& config, int32_t device, uint64_t seed, const RankInfo& rank,
+                                            std::unique_ptr<Backend>* out) {
     GPTOSS_TRY(check_config(config));
     const int n = cuda_device_count();
     if (device < 0 || device >= n)
         return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA backend: device %d requested, %d CUDA devices present", device, n);
     DeviceGuard guard(device);
-    auto b = std::make_unique<CudaBackend>(config, device);
+    auto b = std::make_unique<CudaBackend>(config, device, rank);
     GPTOSS_TRY(b->synthesize(seed));
     *out = std::move(b);
     return GPTOSS_OK;
@@ -917,7 +975,7 @@ gptoss_status profile_forward(BackendSession* session, const int32_t* tokens, ui
 
 gptoss_status synchronize(BackendSession* session) {
     auto* s = dynamic_cast<CudaSession*>(session);
-    if (!s) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "synchronize: not a CUDA session");
+    if (!s) return sharded_synchronize(session);
     return s->sync();
 }
 
@@ -925,6 +983,11 @@ gptoss_status synchronize(BackendSession* session) {
 
 gptoss_status create_cuda_backend(const Checkpoint& checkpoint, int32_t device, const ProgressFn& progress,
                                   std::unique_ptr<Backend>* out) {
+    return cuda::create_rank_backend(checkpoint, device, cuda::RankInfo(), progress, out);
+}
+
+gptoss_status cuda::create_rank_backend(const Checkpoint& checkpoint, int32_t device, const RankInfo& rank,
+                                        const ProgressFn& progress, std::unique_ptr<Backend>* out) {
     GPTOSS_TRY(cuda::check_config(checkpoint.config));
     const int n = cuda_device_count();
     if (n == 0) return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA backend: no CUDA device is present");
@@ -932,7 +995,7 @@ gptoss_status create_cuda_backend(const Checkpoint& checkpoint, int32_t device, 
         return fail(GPTOSS_ERR_INVALID_ARGUMENT, "CUDA backend: device %d requested, devices 0..%d present", device,
                     n - 1);
     cuda::DeviceGuard guard(device);
-    auto b = std::make_unique<cuda::CudaBackend>(checkpoint.config, device);
+    auto b = std::make_unique<cuda::CudaBackend>(checkpoint.config, device, rank);
     const auto t0 = std::chrono::steady_clock::now();
     GPTOSS_TRY(b->load(checkpoint, progress));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -28,7 +28,32 @@ namespace cuda {
                                             uint32_t pos, bool decode,
                                             std::vector<std::pair<std::string, double>>* ms_by_op);
 
-// Waits for all work queued on the session's stream.
+// One rank of a model split over several GPUs (gptoss-shard.h says what each rank holds;
+// cuda/multi_gpu.cu builds the ranks and owns their NCCL communicators).
+struct RankInfo {
+    uint32_t rank = 0, n_ranks = 1;
+    uint32_t lm_rows = 0;  // lm_head rows held (this rank's logits start at rank·lm_rows); 0: all V
+};
+
+// create_cuda_backend / create_synthetic_backend for one rank: `checkpoint` / `config` are the
+// rank's (make_shard_checkpoint / shard_config). Its sessions run as the single-GPU path until
+// set_session_comm() gives them a communicator.
+[[nodiscard]] gptoss_status create_rank_backend(const Checkpoint& checkpoint, int32_t device, const RankInfo& rank,
+                                                const ProgressFn& progress, std::unique_ptr<Backend>* out);
+[[nodiscard]] gptoss_status create_synthetic_rank_backend(const Config& config, int32_t device, uint64_t seed,
+                                                          const RankInfo& rank, std::unique_ptr<Backend>* out);
+// Gives a session of a rank backend its ncclComm_t (borrowed; it must outlive the session's
+// work). From then on its forward passes all-reduce the residual stream after attention and
+// after the MoE, and all-gather the logits. Fails with INVALID_ARGUMENT for a non-CUDA session.
+[[nodiscard]] gptoss_status set_session_comm(BackendSession* session, void* comm);
+
+// A model split over devices[0..n) (n >= 2, gptoss-shard.h) with random weights per rank, as
+// create_synthetic_backend builds them (speed only: the ranks' weights are not slices of one
+// model). UNSUPPORTED when built without NCCL.
+[[nodiscard]] gptoss_status create_sharded_synthetic_backend(const Config& config, const int32_t* devices, size_t n,
+                                                             uint64_t seed, std::unique_ptr<Backend>* out);
+
+// Waits for all work queued on the session's stream (every rank's, for a split model).
 [[nodiscard]] gptoss_status synchronize(BackendSession* session);
 
 struct DeviceCeilings {

@@ -13,6 +13,8 @@
 // and with the schema's token mask (constrained decoding: host mask from tokenizer/grammar-mask.h,
 // applied on the device before the sampler; a finished document starts a new one), plus the
 // schema's compile time and the mean host time of a mask.
+// --devices 0,1 splits the model over those GPUs (gptoss-shard.h, NCCL; no --profile/--ttft);
+// the ceilings are the first GPU's, so the decode floor and %-of-floor are one GPU's.
 #include "gptoss-internal.h"
 #include "tools/bench-concurrency.h"
 #include "tokenizer/grammar-mask.h"
@@ -20,6 +22,7 @@
 #include "tokenizer/tokenizer.h"
 #ifdef GPTOSS_HAVE_CUDA
 #include "cuda/backend.h"
+#include "gptoss-shard.h"
 #endif
 
 #include <algorithm>
@@ -361,6 +364,7 @@ SchemaBench load_schema_bench(const std::string& schema_file, const std::string&
 int main(int argc, char** argv) {
     std::string model_dir, synthetic, schema_file, tokenizer_dir;
     int32_t device = 0;
+    std::vector<int32_t> devices;  // --devices: two or more split the model
     std::vector<uint32_t> pp{512, 2048}, depths{0, 8192};
     std::vector<uint32_t> ttft, concurrency;
     uint32_t decode_batch = 0;
@@ -378,6 +382,10 @@ int main(int argc, char** argv) {
             const std::string d = value();
             device = d == "cpu" ? GPTOSS_DEVICE_CPU : int32_t(std::atoi(d.c_str()));
         }
+        else if (a == "--devices") {
+            for (uint32_t d : parse_list(value())) devices.push_back(int32_t(d));
+            if (!devices.empty()) device = devices[0];
+        }
         else if (a == "-p" || a == "--prompt") pp = parse_list(value());
         else if (a == "-n" || a == "--gen") tg = uint32_t(std::atoi(value()));
         else if (a == "-d" || a == "--depth") depths = parse_list(value());
@@ -393,7 +401,7 @@ int main(int argc, char** argv) {
         else if (a == "--tokenizer") tokenizer_dir = value();
         else if (a == "-h" || a == "--help") {
             std::printf(
-                "usage: gptoss-bench (--model DIR | --synthetic 20b|120b) [--device N|cpu] [-p 512,2048] [-n 128]\n"
+                "usage: gptoss-bench (--model DIR | --synthetic 20b|120b) [--device N|cpu] [--devices 0,1] [-p 512,2048] [-n 128]\n"
                 "                    [-d 0,8192] [-r REPS] [--layers N] [--ttft 8192,32768,131000] [--profile] [--json]\n"
                 "                    [--no-gemm-probe] [--json-schema FILE --tokenizer DIR]\n"
                 "                    [--concurrency 1,8,32,64 [--decode-batch N]]\n"
@@ -413,6 +421,7 @@ int main(int argc, char** argv) {
 #ifndef GPTOSS_HAVE_CUDA
     (void)device; (void)pp; (void)depths; (void)tg; (void)reps; (void)layers; (void)json; (void)profile;
     (void)gemm_probe; (void)ttft; (void)&run_tg_t1; (void)&load_schema_bench;
+    (void)devices;
     die("this build has no CUDA backend (configure with nvcc available)");
 #else
     using namespace gptoss;
@@ -430,13 +439,21 @@ int main(int argc, char** argv) {
             config.layer_sliding.resize(layers);
         }
         const double t0 = now_ms();
-        check(cuda::create_synthetic_backend(config, device, 1, &backend), "building the synthetic model");
+        if (devices.size() > 1)
+            check(cuda::create_sharded_synthetic_backend(config, devices.data(), devices.size(), 1, &backend),
+                  "building the synthetic model over several GPUs");
+        else
+            check(cuda::create_synthetic_backend(config, device, 1, &backend), "building the synthetic model");
         load_s = (now_ms() - t0) / 1e3;
     } else {
         const double t0 = now_ms();
         check(load_checkpoint(model_dir, {}, &ck), "loading the checkpoint");
         const double t1 = now_ms();
-        check(create_cuda_backend(*ck, device, {}, &backend), "uploading the weights");
+        if (devices.size() > 1)
+            check(create_sharded_cuda_backend(*ck, devices.data(), devices.size(), {}, &backend),
+                  "uploading the weights to several GPUs");
+        else
+            check(create_cuda_backend(*ck, device, {}, &backend), "uploading the weights");
         load_s = (now_ms() - t1) / 1e3;
         load_gb = double(ck->total_bytes) / 1e9;
         config = ck->config;
@@ -532,7 +549,8 @@ int main(int argc, char** argv) {
     }
 
     std::vector<std::pair<std::string, std::vector<std::pair<std::string, double>>>> profiles;
-    if (profile) {
+    if (profile && devices.size() > 1) std::fprintf(stderr, "--profile: skipped for a model split over GPUs\n");
+    if (profile && devices.size() <= 1) {
         for (uint32_t depth : {0u, max_depth}) {
             std::vector<std::pair<std::string, double>> ops;
             int32_t tok = tokens[0];
@@ -554,9 +572,10 @@ int main(int argc, char** argv) {
 
     session.reset();
     std::vector<std::pair<uint32_t, double>> ttft_s;
-    if (!ttft.empty()) ttft_s = measure_ttft(std::move(backend), config, ttft);
+    if (!ttft.empty() && devices.size() <= 1) ttft_s = measure_ttft(std::move(backend), config, ttft);
 
-    const std::string what = synthetic.empty() ? model_dir : "synthetic " + synthetic;
+    std::string what = synthetic.empty() ? model_dir : "synthetic " + synthetic;
+    if (devices.size() > 1) what += " split over " + std::to_string(devices.size()) + " GPUs";
     if (json) {
         std::printf("{\"model\": \"%s\", \"layers\": %u, \"device\": \"%s\", \"sm_count\": %d, \"memory_gib\": %.1f,\n",
                     what.c_str(), config.n_layers, ceil.name.c_str(), ceil.sm_count, ceil.memory_gib);

@@ -63,6 +63,7 @@ constexpr uint32_t kTinyDefaultMaxTokens = 128;
 struct Options {
     std::string model_dir;              // empty: the default tiny model
     int32_t device = GPTOSS_DEVICE_AUTO;
+    std::vector<int32_t> devices;       // --devices: the GPUs to split the model over
     gptoss_reasoning_effort effort = GPTOSS_REASONING_MEDIUM;
     bool effort_given = false;
     std::optional<std::string> system;  // developer instructions
@@ -95,6 +96,7 @@ void usage(FILE* out) {
         "  -m, --model DIR          Hugging Face checkpoint directory (config.json, tokenizer.json,\n"
         "                           *.safetensors); default $GPTOSS_MODEL, else the tiny model\n"
         "      --device cpu|auto|N  CPU reference backend, first GPU if any (default), or GPU N\n"
+        "      --devices N,M,...    split the model over these GPUs (NCCL)\n"
         "      --ctx N              context length in tokens (default: the model's maximum)\n"
         "chat:\n"
         "  -r, --reasoning LEVEL    reasoning effort: low, medium (default) or high\n"
@@ -236,6 +238,19 @@ Options parse_args(int argc, char** argv) {
         else if (arg == "--device") {
             std::string v = next();
             if (!parse_device(v, &o.device)) usage_error("--device: expected cpu, auto or a GPU number, found \"%s\"", v.c_str());
+        }
+        else if (arg == "--devices") {
+            std::string v = next();
+            o.devices.clear();
+            size_t start = 0;
+            while (start <= v.size()) {
+                const size_t comma = std::min(v.find(',', start), v.size());
+                uint32_t n = 0;
+                if (!parse_u32(v.substr(start, comma - start), &n) || n > 1024)
+                    usage_error("--devices: expected GPU numbers separated by commas, found \"%s\"", v.c_str());
+                o.devices.push_back(int32_t(n));
+                start = comma + 1;
+            }
         }
         else if (arg == "--ctx") {
             std::string v = next();
@@ -1386,6 +1401,8 @@ int main(int argc, char** argv) {
     Progress progress;
     gptoss_model_params mp = gptoss_model_default_params();
     mp.device = o.device;
+    mp.devices = o.devices.empty() ? nullptr : o.devices.data();
+    mp.n_devices = o.devices.size();
     mp.progress = on_progress;
     mp.progress_user_data = &progress;
     gptoss_model* model = nullptr;

@@ -53,6 +53,8 @@ int main(int argc, char** argv) {
     FIELD(gptoss_model_params, progress);
     FIELD(gptoss_model_params, progress_user_data);
     FIELD(gptoss_model_params, max_decode_batch);
+    FIELD(gptoss_model_params, devices);
+    FIELD(gptoss_model_params, n_devices);
     end();
 
     BEGIN(gptoss_model_info);

@@ -28,7 +28,8 @@ func structLayouts() map[string]uintptr {
 	add("gptoss_model_params", unsafe.Sizeof(mp), unsafe.Alignof(mp), map[string]uintptr{
 		"struct_size": unsafe.Offsetof(mp.struct_size), "device": unsafe.Offsetof(mp.device),
 		"progress": unsafe.Offsetof(mp.progress), "progress_user_data": unsafe.Offsetof(mp.progress_user_data),
-		"max_decode_batch": unsafe.Offsetof(mp.max_decode_batch)})
+		"max_decode_batch": unsafe.Offsetof(mp.max_decode_batch),
+		"devices": unsafe.Offsetof(mp.devices), "n_devices": unsafe.Offsetof(mp.n_devices)})
 	var mi C.gptoss_model_info
 	add("gptoss_model_info", unsafe.Sizeof(mi), unsafe.Alignof(mi), map[string]uintptr{
 		"struct_size": unsafe.Offsetof(mi.struct_size), "name": unsafe.Offsetof(mi.name),

@@ -30,7 +30,8 @@ LOG_FN = CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 
 class ModelParams(Structure):
     _fields_ = [("struct_size", c_uint32), ("device", c_int32), ("progress", PROGRESS_FN),
-                ("progress_user_data", c_void_p), ("max_decode_batch", c_uint32)]
+                ("progress_user_data", c_void_p), ("max_decode_batch", c_uint32),
+                ("devices", POINTER(c_int32)), ("n_devices", c_size_t)]
 
 
 class ModelInfo(Structure):

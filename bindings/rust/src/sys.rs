@@ -96,6 +96,8 @@ pub struct gptoss_model_params {
     pub progress: gptoss_progress_fn,
     pub progress_user_data: *mut c_void,
     pub max_decode_batch: u32,
+    pub devices: *const i32,
+    pub n_devices: usize,
 }
 
 #[repr(C)]

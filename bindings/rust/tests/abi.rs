@@ -34,7 +34,7 @@ fn every_struct_mirror_matches_the_c_layout() {
         .collect();
 
     let mut rust = BTreeMap::new();
-    layout!(rust, gptoss_model_params { struct_size, device, progress, progress_user_data, max_decode_batch });
+    layout!(rust, gptoss_model_params { struct_size, device, progress, progress_user_data, max_decode_batch, devices, n_devices });
     layout!(
         rust,
         gptoss_model_info {

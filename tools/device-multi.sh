@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# tools/device-multi.sh - the several-GPU check on a GPU machine with >= 2 GPUs: builds (sm_90a)
+# the multi-GPU test, gptoss-bench and gptoss-synth; runs tests/test-kernels-multi.cu on a small
+# checkpoint that splits over two GPUs; then gptoss-bench decode on one GPU and on --devices 0,1
+# in the same run, for the synthetic 20b and 120b shapes. Everything lands in $OUT.
+# NCCL_NVLS_ENABLE=0 is exported (NVLink multicast must stay off on shared machines).
+# Usage: tools/device-multi.sh --deps DIR/.deps --tokenizer DIR/.tokenizer [--bench-args "..."] [--skip-bench]
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0
+DEPS="" TOK="" BENCH_ARGS="-p 512 -n 128 -d 0 -r 3 --no-gemm-probe" BENCH=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --deps) DEPS="$2"; shift 2;;
+    --tokenizer) TOK="$2"; shift 2;;
+    --bench-args) BENCH_ARGS="$2"; shift 2;;
+    --skip-bench) BENCH=0; shift;;
+    *) echo "device-multi: unknown option $1"; exit 2;;
+  esac
+done
+OUT="${OUT:-/tmp/device-multi-out}"
+mkdir -p "$OUT"
+B=build-multi
+log() { echo "== $(date +%T) $*" | tee -a "$OUT/summary.txt"; }
+
+nvidia-smi --query-gpu=index,name,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
+log "GPUs: $(tail -n +2 "$OUT/gpu.txt" | tr '\n' ';')"
+# NCCL: the toolkit's, else the pip wheel's (nvidia-nccl-*).
+NR=""
+if [ ! -f /usr/local/cuda/include/nccl.h ]; then
+  NR=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+fi
+log "NCCL_ROOT=${NR:-toolkit}"
+t0=$(date +%s)
+cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+  ${DEPS:+-DCMAKE_PREFIX_PATH=$DEPS/usr -DCMAKE_BUILD_RPATH=$DEPS/usr/lib/x86_64-linux-gnu} \
+  ${TOK:+-DGPTOSS_TOKENIZER_DIR=$TOK} ${NR:+-DNCCL_ROOT=$NR} > "$OUT/build.log" 2>&1 \
+  && cmake --build $B -j16 --target test-kernels-multi gptoss-bench gptoss-synth >> "$OUT/build.log" 2>&1
+rc=$?
+log "build rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -o 'NCCL ON.*\|several-GPU support OFF.*' "$OUT/build.log")"
+if [ $rc -ne 0 ]; then grep -B2 -A12 -m3 "error" "$OUT/build.log" | head -60; exit 1; fi
+
+./$B/gptoss-synth --preset tiny --hidden 128 --intermediate 256 --layers 3 --out /tmp/multi3 > /dev/null 2>&1
+GPTOSS_MULTI_MODEL=/tmp/multi3 GPTOSS_LOG=info timeout 180 ./$B/test-kernels-multi -s > "$OUT/test-multi.log" 2>&1
+log "test-kernels-multi rc=$? $(grep -E '^\[doctest\] (test cases|assertions)|worst relative|leading tokens' "$OUT/test-multi.log" | tr '\n' ' ')"
+
+[ $BENCH -eq 1 ] || exit 0
+for m in 20b 120b; do
+  timeout 150 ./$B/gptoss-bench --synthetic $m $BENCH_ARGS > "$OUT/bench-$m-1gpu.txt" 2>&1
+  log "bench $m 1 GPU rc=$? $(grep -E '^\| (tg|pp)' "$OUT/bench-$m-1gpu.txt" | awk -F'|' '{printf "%s %s tok/s; ", $2, $4}')"
+  GPTOSS_LOG=info timeout 150 ./$B/gptoss-bench --synthetic $m --devices 0,1 $BENCH_ARGS > "$OUT/bench-$m-2gpu.txt" 2>&1
+  log "bench $m 2 GPUs rc=$? $(grep -E '^\| (tg|pp)' "$OUT/bench-$m-2gpu.txt" | awk -F'|' '{printf "%s %s tok/s; ", $2, $4}')"
+  grep -E "split model: GPU" "$OUT/bench-$m-2gpu.txt" | tee -a "$OUT/summary.txt"
+done

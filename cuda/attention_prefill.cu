@@ -16,6 +16,7 @@
 #include "cuda/kernels.h"
 
 #include <cmath>
+#include <atomic>
 
 namespace gptoss {
 namespace cuda {
@@ -271,15 +272,19 @@ gptoss_status attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
     if (a.T == 0) return GPTOSS_OK;
     const uint32_t tiles = ceil_div(a.T, kTok);
     if (tiles > 65535u) return fail(GPTOSS_ERR_UNSUPPORTED, "attention_prefill: %u tokens in one chunk", a.T);
-    static bool configured = false;  // benign race: the attribute call is idempotent
-    if (!configured) {
+    // The attribute is per device (a model split over GPUs launches on several); benign race:
+    // the attribute call is idempotent.
+    static std::atomic<uint64_t> configured{0};
+    int dev = 0;
+    GPTOSS_CUDA_TRY(cudaGetDevice(&dev));
+    const uint64_t bit = dev >= 0 && dev < 64 ? (uint64_t(1) << dev) : 0;
+    if (!bit || !(configured.load() & bit)) {
         GPTOSS_CUDA_TRY(cudaFuncSetAttribute(attention_prefill_mma_kernel,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-        configured = true;
+        configured.fetch_or(bit);
     }
     // x = kv head, y = token tile: consecutive CTAs share the token tile (same K/V range in L2).
     GPTOSS_LAUNCH(attention_prefill_mma_kernel, dim3(a.G, tiles), kThreads, kSmemBytes, stream, a);
-    return GPTOSS_OK;
     return GPTOSS_OK;
 }
 

@@ -37,6 +37,10 @@ gptoss_status rank_all_gather(void*, float*, size_t, cudaStream_t) {
 gptoss_status sharded_synchronize(BackendSession*) {
     return fail(GPTOSS_ERR_INVALID_ARGUMENT, "synchronize: not a CUDA session");
 }
+gptoss_status sharded_profile(BackendSession*, const int32_t*, uint32_t, uint32_t, bool,
+                              std::vector<std::pair<std::string, double>>*) {
+    return fail(GPTOSS_ERR_INVALID_ARGUMENT, "profile_forward: not a CUDA session");
+}
 gptoss_status create_sharded_synthetic_backend(const Config&, const int32_t*, size_t, uint64_t,
                                                std::unique_ptr<Backend>*) {
     return fail(GPTOSS_ERR_UNSUPPORTED, "this build has no NCCL (nccl.h was not found at configure time): "
@@ -112,6 +116,13 @@ public:
     }
     gptoss_status sync() {
         return run_each([&](size_t r) { return synchronize(ranks_[r].get()); });
+    }
+    gptoss_status profile(const int32_t* tokens, uint32_t n, uint32_t pos, bool decode,
+                          std::vector<std::pair<std::string, double>>* out) {
+        std::vector<std::vector<std::pair<std::string, double>>> ops(ranks_.size());
+        GPTOSS_TRY(run_all([&](size_t r) { return profile_forward(ranks_[r].get(), tokens, n, pos, decode, &ops[r]); }));
+        out->insert(out->end(), ops[0].begin(), ops[0].end());
+        return GPTOSS_OK;
     }
 
 private:
@@ -260,6 +271,13 @@ gptoss_status rank_all_gather(void* comm, float* buf, size_t count, cudaStream_t
     int rank = 0;
     GPTOSS_TRY(nccl_status(ncclCommUserRank(c, &rank), "ncclCommUserRank"));
     return nccl_status(ncclAllGather(buf + size_t(rank) * count, buf, count, ncclFloat, c, stream), "ncclAllGather");
+}
+
+gptoss_status sharded_profile(BackendSession* session, const int32_t* tokens, uint32_t n, uint32_t pos, bool decode,
+                              std::vector<std::pair<std::string, double>>* ms_by_op) {
+    auto* s = dynamic_cast<ShardedSession*>(session);
+    if (!s) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "profile_forward: not a CUDA session");
+    return s->profile(tokens, n, pos, decode, ms_by_op);
 }
 
 gptoss_status sharded_synchronize(BackendSession* session) {

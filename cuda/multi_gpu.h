@@ -22,6 +22,11 @@ namespace cuda {
 // True when a CUDA session's decode at `pos` only replays its captured graph.
 bool decode_replays(const BackendSession* session, uint32_t pos);
 
+// cuda::profile_forward() for a sharded session: every rank runs it; the ops of rank 0 are
+// reported (a collective's time includes waiting for the other ranks).
+[[nodiscard]] gptoss_status sharded_profile(BackendSession* session, const int32_t* tokens, uint32_t n, uint32_t pos,
+                                            bool decode, std::vector<std::pair<std::string, double>>* ms_by_op);
+
 // cuda::synchronize() for a sharded session: waits for every rank's stream.
 [[nodiscard]] gptoss_status sharded_synchronize(BackendSession* session);
 

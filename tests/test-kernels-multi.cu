@@ -61,18 +61,18 @@ struct Pair {
 
 void open_pair(Pair* p, uint32_t max_context, uint32_t max_batch) {
     REQUIRE(load_checkpoint(g_model, {}, &p->ck) == GPTOSS_OK);
-    REQUIRE_MESSAGE(create_cuda_backend(*p->ck, 0, {}, &p->one) == GPTOSS_OK, gptoss_last_error());
+    REQUIRE_MESSAGE(create_cuda_backend(*p->ck, 0, {}, &p->one) == GPTOSS_OK, std::string(gptoss_last_error()));
     const int32_t devs[] = {0, 1};
-    REQUIRE_MESSAGE(create_sharded_cuda_backend(*p->ck, devs, 2, {}, &p->two) == GPTOSS_OK, gptoss_last_error());
-    REQUIRE_MESSAGE(p->one->create_session(max_context, max_batch, &p->s1) == GPTOSS_OK, gptoss_last_error());
-    REQUIRE_MESSAGE(p->two->create_session(max_context, max_batch, &p->s2) == GPTOSS_OK, gptoss_last_error());
+    REQUIRE_MESSAGE(create_sharded_cuda_backend(*p->ck, devs, 2, {}, &p->two) == GPTOSS_OK, std::string(gptoss_last_error()));
+    REQUIRE_MESSAGE(p->one->create_session(max_context, max_batch, &p->s1) == GPTOSS_OK, std::string(gptoss_last_error()));
+    REQUIRE_MESSAGE(p->two->create_session(max_context, max_batch, &p->s2) == GPTOSS_OK, std::string(gptoss_last_error()));
 }
 
 double compare_logits(Pair& p, const char* what) {
     const float *a = nullptr, *b = nullptr;
-    REQUIRE_MESSAGE(p.s2->get_logits(&b) == GPTOSS_OK, gptoss_last_error());
+    REQUIRE_MESSAGE(p.s2->get_logits(&b) == GPTOSS_OK, std::string(gptoss_last_error()));
     std::vector<float> two(b, b + p.ck->config.vocab);
-    REQUIRE_MESSAGE(p.s1->get_logits(&a) == GPTOSS_OK, gptoss_last_error());
+    REQUIRE_MESSAGE(p.s1->get_logits(&a) == GPTOSS_OK, std::string(gptoss_last_error()));
     const double e = rel_l2(two.data(), a, two.size());
     INFO(what);
     CHECK(e < kTolerance);
@@ -93,7 +93,7 @@ TEST_CASE("split over 2 GPUs: prefill and decode logits match one GPU; greedy to
     for (uint32_t pos = 0; pos < prompt.size(); pos += 128) {
         const uint32_t n = std::min<uint32_t>(128, uint32_t(prompt.size()) - pos);
         REQUIRE(p.s1->forward(prompt.data() + pos, n, pos) == GPTOSS_OK);
-        REQUIRE_MESSAGE(p.s2->forward(prompt.data() + pos, n, pos) == GPTOSS_OK, gptoss_last_error());
+        REQUIRE_MESSAGE(p.s2->forward(prompt.data() + pos, n, pos) == GPTOSS_OK, std::string(gptoss_last_error()));
     }
     double worst = compare_logits(p, "after the prompt");
     REQUIRE(p.s1->save_sliding_snapshot() == GPTOSS_OK);
@@ -107,7 +107,7 @@ TEST_CASE("split over 2 GPUs: prefill and decode logits match one GPU; greedy to
     std::vector<int32_t> first_tokens;
     for (int step = 0; step < 24; ++step, ++pos) {
         REQUIRE(p.s1->decode(tok, pos) == GPTOSS_OK);
-        REQUIRE_MESSAGE(p.s2->decode(tok, pos) == GPTOSS_OK, gptoss_last_error());
+        REQUIRE_MESSAGE(p.s2->decode(tok, pos) == GPTOSS_OK, std::string(gptoss_last_error()));
         worst = std::max(worst, compare_logits(p, "decode step"));
         const float* a = nullptr;
         REQUIRE(p.s1->get_logits(&a) == GPTOSS_OK);
@@ -152,7 +152,7 @@ TEST_CASE("public API: params.devices {0, 1} answers like one GPU; bad device li
     mp.devices = both;
     mp.n_devices = 2;
     gptoss_model* split = nullptr;
-    REQUIRE_MESSAGE(gptoss_load(g_model.c_str(), &mp, &split) == GPTOSS_OK, gptoss_last_error());
+    REQUIRE_MESSAGE(gptoss_load(g_model.c_str(), &mp, &split) == GPTOSS_OK, std::string(gptoss_last_error()));
     gptoss_model_info info{};
     info.struct_size = sizeof info;
     REQUIRE(gptoss_model_get_info(split, &info) == GPTOSS_OK);
@@ -176,10 +176,10 @@ TEST_CASE("public API: params.devices {0, 1} answers like one GPU; bad device li
         gptoss_session* s = nullptr;
         gptoss_session_params spp = gptoss_session_default_params();
         spp.max_context = 512;
-        REQUIRE_MESSAGE(gptoss_session_create(m, &spp, &s) == GPTOSS_OK, gptoss_last_error());
+        REQUIRE_MESSAGE(gptoss_session_create(m, &spp, &s) == GPTOSS_OK, std::string(gptoss_last_error()));
         const gptoss_generate_result* r = nullptr;
         REQUIRE_MESSAGE(gptoss_generate(s, prompt.data(), prompt.size(), &sp, nullptr, nullptr, &r) == GPTOSS_OK,
-                        gptoss_last_error());
+                        std::string(gptoss_last_error()));
         out.emplace_back(r->tokens, r->tokens + r->n_tokens);
         gptoss_session_free(s);
     }

@@ -40,14 +40,22 @@ log "build rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -o 'NCCL ON.*\|several-GP
 if [ $rc -ne 0 ]; then grep -B2 -A12 -m3 "error" "$OUT/build.log" | head -60; exit 1; fi
 
 ./$B/gptoss-synth --preset tiny --hidden 128 --intermediate 256 --layers 3 --out /tmp/multi3 > /dev/null 2>&1
-GPTOSS_MULTI_MODEL=/tmp/multi3 GPTOSS_LOG=info timeout 180 ./$B/test-kernels-multi -s > "$OUT/test-multi.log" 2>&1
-log "test-kernels-multi rc=$? $(grep -E '^\[doctest\] (test cases|assertions)|worst relative|leading tokens' "$OUT/test-multi.log" | tr '\n' ' ')"
+NCCL_DEBUG=INFO GPTOSS_MULTI_MODEL=/tmp/multi3 GPTOSS_LOG=info timeout 180 ./$B/test-kernels-multi -s \
+  > "$OUT/test-multi.log" 2>&1
+log "test-kernels-multi rc=$? $(grep -E '^\[doctest\] (test cases|assertions)|worst relative|leading tokens|ERROR' "$OUT/test-multi.log" | tr '\n' ' ')"
+grep -m6 -E "NCCL INFO (NCCL version|.*via P2P|.*via SHM|.*Connected all)" "$OUT/test-multi.log" | tee -a "$OUT/summary.txt"
 
 [ $BENCH -eq 1 ] || exit 0
+tg() { grep -E '^\| (tg|pp)' "$1" | awk -F'|' '{printf "%s %s tok/s; ", $2, $4}'; }
 for m in 20b 120b; do
-  timeout 150 ./$B/gptoss-bench --synthetic $m $BENCH_ARGS > "$OUT/bench-$m-1gpu.txt" 2>&1
-  log "bench $m 1 GPU rc=$? $(grep -E '^\| (tg|pp)' "$OUT/bench-$m-1gpu.txt" | awk -F'|' '{printf "%s %s tok/s; ", $2, $4}')"
-  GPTOSS_LOG=info timeout 150 ./$B/gptoss-bench --synthetic $m --devices 0,1 $BENCH_ARGS > "$OUT/bench-$m-2gpu.txt" 2>&1
-  log "bench $m 2 GPUs rc=$? $(grep -E '^\| (tg|pp)' "$OUT/bench-$m-2gpu.txt" | awk -F'|' '{printf "%s %s tok/s; ", $2, $4}')"
+  timeout 150 ./$B/gptoss-bench --synthetic $m $BENCH_ARGS --profile > "$OUT/bench-$m-1gpu.txt" 2>&1
+  log "bench $m 1 GPU rc=$? $(tg "$OUT/bench-$m-1gpu.txt")"
+  GPTOSS_LOG=info timeout 150 ./$B/gptoss-bench --synthetic $m --devices 0,1 $BENCH_ARGS --profile > "$OUT/bench-$m-2gpu.txt" 2>&1
+  log "bench $m 2 GPUs rc=$? $(tg "$OUT/bench-$m-2gpu.txt")"
   grep -E "split model: GPU" "$OUT/bench-$m-2gpu.txt" | tee -a "$OUT/summary.txt"
+done
+# NCCL's own knobs for small all-reduces (the decode step's 2 per layer); results only, no profile
+for v in "NCCL_PROTO=LL" "NCCL_PROTO=LL NCCL_MAX_NCHANNELS=1" "NCCL_PROTO=LL128" "NCCL_PROTO=Simple"; do
+  env $v timeout 100 ./$B/gptoss-bench --synthetic 120b --devices 0,1 $BENCH_ARGS > "$OUT/bench-var.txt" 2>&1
+  log "bench 120b 2 GPUs [$v] rc=$? $(tg "$OUT/bench-var.txt")"
 done

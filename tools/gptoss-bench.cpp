@@ -13,7 +13,8 @@
 // and with the schema's token mask (constrained decoding: host mask from tokenizer/grammar-mask.h,
 // applied on the device before the sampler; a finished document starts a new one), plus the
 // schema's compile time and the mean host time of a mask.
-// --devices 0,1 splits the model over those GPUs (gptoss-shard.h, NCCL; no --profile/--ttft);
+// --devices 0,1 splits the model over those GPUs (gptoss-shard.h, NCCL; --profile shows the first
+// GPU's ops, a collective's time including the wait for the others; no --ttft);
 // the ceilings are the first GPU's, so the decode floor and %-of-floor are one GPU's.
 #include "gptoss-internal.h"
 #include "tools/bench-concurrency.h"
@@ -549,8 +550,7 @@ int main(int argc, char** argv) {
     }
 
     std::vector<std::pair<std::string, std::vector<std::pair<std::string, double>>>> profiles;
-    if (profile && devices.size() > 1) std::fprintf(stderr, "--profile: skipped for a model split over GPUs\n");
-    if (profile && devices.size() <= 1) {
+    if (profile) {
         for (uint32_t depth : {0u, max_depth}) {
             std::vector<std::pair<std::string, double>> ops;
             int32_t tok = tokens[0];

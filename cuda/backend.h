@@ -53,6 +53,10 @@ struct RankInfo {
 [[nodiscard]] gptoss_status create_sharded_synthetic_backend(const Config& config, const int32_t* devices, size_t n,
                                                              uint64_t seed, std::unique_ptr<Backend>* out);
 
+// Timing only (gptoss-bench --no-collectives): the ranks of split models skip their collectives
+// from now on, so they compute wrong results at the speed free communication would give.
+void debug_skip_collectives(bool skip);
+
 // Waits for all work queued on the session's stream (every rank's, for a split model).
 [[nodiscard]] gptoss_status synchronize(BackendSession* session);
 

@@ -19,6 +19,7 @@
 #include <nccl.h>
 #endif
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -34,6 +35,7 @@ gptoss_status rank_all_reduce(void*, float*, size_t, cudaStream_t) {
 gptoss_status rank_all_gather(void*, float*, size_t, cudaStream_t) {
     return fail(GPTOSS_ERR_UNSUPPORTED, "this build has no NCCL: a model cannot be split over several GPUs");
 }
+void debug_skip_collectives(bool) {}
 gptoss_status sharded_synchronize(BackendSession*) {
     return fail(GPTOSS_ERR_INVALID_ARGUMENT, "synchronize: not a CUDA session");
 }
@@ -261,12 +263,18 @@ RankInfo rank_info(const ShardPlan& plan, uint32_t r) {
 
 }  // namespace
 
+std::atomic<bool> g_skip_collectives{false};
+
+void debug_skip_collectives(bool skip) { g_skip_collectives = skip; }
+
 gptoss_status rank_all_reduce(void* comm, float* x, size_t count, cudaStream_t stream) {
+    if (g_skip_collectives) return GPTOSS_OK;
     return nccl_status(ncclAllReduce(x, x, count, ncclFloat, ncclSum, static_cast<ncclComm_t>(comm), stream),
                        "ncclAllReduce");
 }
 
 gptoss_status rank_all_gather(void* comm, float* buf, size_t count, cudaStream_t stream) {
+    if (g_skip_collectives) return GPTOSS_OK;
     auto c = static_cast<ncclComm_t>(comm);
     int rank = 0;
     GPTOSS_TRY(nccl_status(ncclCommUserRank(c, &rank), "ncclCommUserRank"));

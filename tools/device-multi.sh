@@ -5,15 +5,17 @@
 # in the same run, for the synthetic 20b and 120b shapes. Everything lands in $OUT.
 # NCCL_NVLS_ENABLE=0 is exported (NVLink multicast must stay off on shared machines).
 # Usage: tools/device-multi.sh --deps DIR/.deps --tokenizer DIR/.tokenizer [--bench-args "..."] [--skip-bench]
+#        [--nccl-variants]   (also: 120b over 2 GPUs under NCCL_PROTO=LL / LL128 / Simple, 1 channel)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
-DEPS="" TOK="" BENCH_ARGS="-p 512 -n 128 -d 0 -r 3 --no-gemm-probe" BENCH=1
+DEPS="" TOK="" BENCH_ARGS="-p 512 -n 128 -d 0 -r 3 --no-gemm-probe" BENCH=1 VARIANTS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps) DEPS="$2"; shift 2;;
     --tokenizer) TOK="$2"; shift 2;;
     --bench-args) BENCH_ARGS="$2"; shift 2;;
     --skip-bench) BENCH=0; shift;;
+    --nccl-variants) VARIANTS=1; shift;;
     *) echo "device-multi: unknown option $1"; exit 2;;
   esac
 done
@@ -53,7 +55,10 @@ for m in 20b 120b; do
   GPTOSS_LOG=info timeout 150 ./$B/gptoss-bench --synthetic $m --devices 0,1 $BENCH_ARGS --profile > "$OUT/bench-$m-2gpu.txt" 2>&1
   log "bench $m 2 GPUs rc=$? $(tg "$OUT/bench-$m-2gpu.txt")"
   grep -E "split model: GPU" "$OUT/bench-$m-2gpu.txt" | tee -a "$OUT/summary.txt"
+  timeout 100 ./$B/gptoss-bench --synthetic $m --devices 0,1 $BENCH_ARGS --no-collectives > "$OUT/bench-nocomm.txt" 2>&1
+  log "bench $m 2 GPUs, collectives skipped (timing only) rc=$? $(tg "$OUT/bench-nocomm.txt")"
 done
+[ $VARIANTS -eq 1 ] || exit 0
 # NCCL's own knobs for small all-reduces (the decode step's 2 per layer); results only, no profile
 for v in "NCCL_PROTO=LL" "NCCL_PROTO=LL NCCL_MAX_NCHANNELS=1" "NCCL_PROTO=LL128" "NCCL_PROTO=Simple"; do
   env $v timeout 100 ./$B/gptoss-bench --synthetic 120b --devices 0,1 $BENCH_ARGS > "$OUT/bench-var.txt" 2>&1

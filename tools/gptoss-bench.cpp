@@ -14,7 +14,9 @@
 // applied on the device before the sampler; a finished document starts a new one), plus the
 // schema's compile time and the mean host time of a mask.
 // --devices 0,1 splits the model over those GPUs (gptoss-shard.h, NCCL; --profile shows the first
-// GPU's ops, a collective's time including the wait for the others; no --ttft);
+// GPU's ops, a collective's time including the wait for the others; no --ttft); with
+// --no-collectives the split model skips its collectives (timing only: what free communication
+// would give).
 // the ceilings are the first GPU's, so the decode floor and %-of-floor are one GPU's.
 #include "gptoss-internal.h"
 #include "tools/bench-concurrency.h"
@@ -370,7 +372,7 @@ int main(int argc, char** argv) {
     std::vector<uint32_t> ttft, concurrency;
     uint32_t decode_batch = 0;
     uint32_t tg = 128, reps = 3, layers = 0;
-    bool json = false, profile = false, gemm_probe = true;
+    bool json = false, profile = false, gemm_probe = true, no_collectives = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto value = [&]() -> const char* {
@@ -383,6 +385,7 @@ int main(int argc, char** argv) {
             const std::string d = value();
             device = d == "cpu" ? GPTOSS_DEVICE_CPU : int32_t(std::atoi(d.c_str()));
         }
+        else if (a == "--no-collectives") no_collectives = true;
         else if (a == "--devices") {
             for (uint32_t d : parse_list(value())) devices.push_back(int32_t(d));
             if (!devices.empty()) device = devices[0];
@@ -404,7 +407,7 @@ int main(int argc, char** argv) {
             std::printf(
                 "usage: gptoss-bench (--model DIR | --synthetic 20b|120b) [--device N|cpu] [--devices 0,1] [-p 512,2048] [-n 128]\n"
                 "                    [-d 0,8192] [-r REPS] [--layers N] [--ttft 8192,32768,131000] [--profile] [--json]\n"
-                "                    [--no-gemm-probe] [--json-schema FILE --tokenizer DIR]\n"
+                "                    [--no-gemm-probe] [--json-schema FILE --tokenizer DIR] [--no-collectives]\n"
                 "                    [--concurrency 1,8,32,64 [--decode-batch N]]\n"
                 "Prints pp (prefill) and tg (decode) throughput at each context depth, with GB/s and %% of the\n"
                 "bandwidth floor (decode) or TFLOP/s and %% of the measured bf16 tensor-core rate (prefill).\n"
@@ -422,10 +425,14 @@ int main(int argc, char** argv) {
 #ifndef GPTOSS_HAVE_CUDA
     (void)device; (void)pp; (void)depths; (void)tg; (void)reps; (void)layers; (void)json; (void)profile;
     (void)gemm_probe; (void)ttft; (void)&run_tg_t1; (void)&load_schema_bench;
-    (void)devices;
+    (void)devices; (void)no_collectives;
     die("this build has no CUDA backend (configure with nvcc available)");
 #else
     using namespace gptoss;
+    if (no_collectives) {
+        std::fprintf(stderr, "--no-collectives: the split model skips its all-reduces (timing only, wrong results)\n");
+        cuda::debug_skip_collectives(true);
+    }
     cuda::DeviceCeilings ceil;
     check(cuda::measure_ceilings(device, gemm_probe, &ceil), "measuring the device ceilings");
 

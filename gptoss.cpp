@@ -172,6 +172,8 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
 #endif
     std::vector<int32_t> split;  // two or more GPUs (gptoss-shard.h)
     if (params.n_devices > 0 || params.devices != nullptr) {
+        if (params.devices == nullptr || params.n_devices == 0)  // a malformed list, whatever the build
+            return validate_devices(params.devices, params.n_devices, n_devices);
 #ifndef GPTOSS_HAVE_CUDA
         return fail(GPTOSS_ERR_UNSUPPORTED, "params.devices: this build has no CUDA backend (built without nvcc)");
 #endif

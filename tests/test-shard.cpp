@@ -11,6 +11,7 @@
 #include "cpu/reference.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -150,6 +151,34 @@ TEST_CASE("device lists: duplicates, missing devices and empty lists get a clear
     CHECK(validate_devices(ok, 0, 2) == GPTOSS_ERR_INVALID_ARGUMENT);
     CHECK(validate_devices(nullptr, 2, 2) == GPTOSS_ERR_INVALID_ARGUMENT);
     CHECK(validate_devices(ok, 2, 0) == GPTOSS_ERR_UNSUPPORTED);
+}
+
+TEST_CASE("gptoss_load: params.devices errors without GPUs") {
+    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
+    REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
+    gptoss_model_params mp = gptoss_model_default_params();
+    CHECK(mp.devices == nullptr);
+    CHECK(mp.n_devices == 0);
+    mp.n_devices = 2;  // a count without a list
+    gptoss_model* m = nullptr;
+    CHECK(gptoss_load(dir, &mp, &m) == GPTOSS_ERR_INVALID_ARGUMENT);
+    CHECK(last_error().find("params.devices is NULL but params.n_devices is 2") != std::string::npos);
+    CHECK(m == nullptr);
+    const int32_t two[] = {0, 1};
+    mp.devices = two;
+    mp.n_devices = 0;  // a list without a count
+    CHECK(gptoss_load(dir, &mp, &m) == GPTOSS_ERR_INVALID_ARGUMENT);
+    CHECK(last_error().find("params.n_devices is 0") != std::string::npos);
+#ifdef GPTOSS_HAVE_CUDA
+    const bool no_gpu = cuda_device_count() == 0;
+#else
+    const bool no_gpu = true;
+#endif
+    if (no_gpu) {  // CI: no CUDA build or no GPU
+        mp.n_devices = 2;
+        CHECK(gptoss_load(dir, &mp, &m) == GPTOSS_ERR_UNSUPPORTED);
+        CHECK(m == nullptr);
+    }
 }
 
 TEST_CASE("sharding arithmetic for the 20b/120b shapes") {

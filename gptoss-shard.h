@@ -18,7 +18,8 @@
 //   lm_head    rank r holds vocabulary rows [r·R, (r+1)·R), R = V/n rounded up to 64; rows past
 //              V are zero (their logits are never sampled).
 //   replicated the embedding, the norms and the router (small), so every rank keeps the
-//              residual stream x itself after each all-reduce.
+//              residual stream x itself after each all-reduce (two per layer: after o_proj and
+//              after the MoE; cuda/backend.cu).
 #pragma once
 
 #include "gptoss-internal.h"

@@ -3,8 +3,9 @@
 // weights (gptoss-shard.h: kv-head tensor-parallel attention, expert-width-sliced MoE,
 // vocabulary-split lm_head); a sharded session owns one CUDA session per GPU plus one NCCL
 // communicator per GPU, so that sessions never share a communicator and may run on different
-// threads. Each rank's forward pass all-reduces the residual stream twice per layer and
-// all-gathers the logits (cuda/backend.cu, on the rank's own stream, inside its decode graph);
+// threads. Each rank's forward pass all-reduces twice per layer (the residual after o_proj; the
+// K expert outputs in decode, the combined MoE residual in prefill) and all-gathers the logits
+// (cuda/backend.cu, on the rank's own stream, inside its decode graph);
 // rank 0 then samples as a single GPU does. A step runs ranks 1..n-1 on threads of their own and
 // rank 0 on the caller's, because a NCCL collective may block its host thread until every
 // rank has issued it. NVLink multicast (NVLS) stays off: NCCL_NVLS_ENABLE=0 is set in the

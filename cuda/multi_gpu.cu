@@ -111,6 +111,11 @@ public:
         GPTOSS_TRY(usable());
         return ranks_[0]->sample(config, u, token_out);
     }
+    gptoss_status sample_masked(const SamplingConfig& config, double u, const uint32_t* allowed,
+                                int32_t* token_out) override {
+        GPTOSS_TRY(usable());
+        return ranks_[0]->sample_masked(config, u, allowed, token_out);
+    }
     gptoss_status save_sliding_snapshot() override {
         return run_each([&](size_t r) { return ranks_[r]->save_sliding_snapshot(); });
     }

@@ -128,8 +128,11 @@ gptoss_status parse_constraints(element root, ChatRequestStorage* out) {
                 return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice: \"%s\" is not auto, none or required",
                             choice.c_str());
         } else if (e.type() == element_type::OBJECT) {
-            if (!field(e, "function", &inner) || inner.type() != element_type::OBJECT)
-                return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice.function: expected an object with a name");
+            if (!field(e, "function", &inner))
+                return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice.function: missing (an object with a name)");
+            if (inner.type() != element_type::OBJECT)
+                return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice.function: expected an object with a name, found %s",
+                            type_name(inner));
             if (!field(inner, "name", &v)) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice.function.name: missing");
             GPTOSS_TRY(get_string(v, "tool_choice.function.name", &choice));
             out->request.tool_choice = GPTOSS_TOOL_CHOICE_NAMED;
@@ -152,15 +155,21 @@ gptoss_status parse_constraints(element root, ChatRequestStorage* out) {
     if (type != "json_schema")
         return fail(GPTOSS_ERR_INVALID_ARGUMENT, "response_format.type: \"%s\" is not text, json_object or json_schema",
                     type.c_str());
-    if (!field(e, "json_schema", &inner) || inner.type() != element_type::OBJECT)
-        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "response_format.json_schema: expected an object");
+    if (!field(e, "json_schema", &inner))
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "response_format.json_schema: missing (type json_schema needs it)");
+    if (inner.type() != element_type::OBJECT)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "response_format.json_schema: expected an object, found %s",
+                    type_name(inner));
     std::string name, description;
     if (!field(inner, "name", &v)) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "response_format.json_schema.name: missing");
     GPTOSS_TRY(get_string(v, "response_format.json_schema.name", &name));
     if (field(inner, "description", &v) && v.type() != element_type::NULL_VALUE)
         GPTOSS_TRY(get_string(v, "response_format.json_schema.description", &description));
-    if (!field(inner, "schema", &v) || v.type() != element_type::OBJECT)
-        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "response_format.json_schema.schema: expected a JSON Schema object");
+    if (!field(inner, "schema", &v))
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "response_format.json_schema.schema: missing");
+    if (v.type() != element_type::OBJECT)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT,
+                    "response_format.json_schema.schema: expected an object (a JSON Schema), found %s", type_name(v));
     out->request.response_format = GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA;
     out->request.response_format_name = out->keep(name);
     if (!description.empty()) out->request.response_format_description = out->keep(description);

@@ -568,7 +568,10 @@ bool is_ws(uint8_t b) { return b == ' ' || b == '\n' || b == '\t' || b == '\r'; 
 enum : uint8_t { kRootBefore = 0, kRootAfter = 1 };
 // Number states
 enum : uint8_t { kNumStart, kNumMinus, kNumZero, kNumInt, kNumDot, kNumFrac, kNumE, kNumESign, kNumExp };
-constexpr uint32_t kMaxIntDigits = 15, kMaxFracDigits = 15, kMaxExpDigits = 3;
+// At most 15 integer digits and a 2-digit exponent: every number the grammar admits is finite as an
+// IEEE double (< 1e15 · 1e99), so validators that parse to double (ajv: JSON.parse) accept it.
+// A 3-digit exponent let the model write 38881e475 = Infinity (found by tests/test-schema-ajv.sh).
+constexpr uint32_t kMaxIntDigits = 15, kMaxFracDigits = 15, kMaxExpDigits = 2;
 // String states
 enum : uint8_t { kStrOpen, kStrChars, kStrEsc, kStrHex, kStrUtf8 };
 // Object states; aux = member << 8 | flags

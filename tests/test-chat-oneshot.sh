@@ -2,7 +2,8 @@
 # test-chat-oneshot.sh - gptoss-chat used from scripts, on the tiny synthetic model (CPU):
 # -p with piped stdin and --json (exit 0, the JSON holds what was sent), plain -p prints only
 # the final answer (or a note on stderr saying there is none), --json output continues with
-# --conversation, --tool-cmd answers a pending tool call with what the tool program prints,
+# --conversation (whose tool_choice forces the named call), --tool-cmd answers a pending tool
+# call with what the tool program prints,
 # line mode runs commands and prints a note instead of a blank line for a turn with no answer,
 # the default model is written on first use, and every kind of bad input exits non-zero with a
 # message naming it.
@@ -113,6 +114,26 @@ tools = [m for m in d["messages"] if m["role"] == "tool"]
 assert tools and tools[0]["content"].startswith("error: the tool failed (exit status 3)"), tools
 ' "$work/toolfail.json"
 grep -q "exited with status 3" "$work/err" || fail "a failing --tool-cmd is not reported on stderr"
+
+# --- tool_choice in a --conversation file constrains the reply -----------------------------------
+# The random model never calls a tool by itself; a named tool_choice in the file must force the
+# call (its arguments constrained to the enum), exactly as the same field does through the API.
+cat >"$work/forced.json" <<'EOF'
+{"messages": [{"role": "user", "content": "Weather?"}],
+ "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+   "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+                  "required": ["city"], "additionalProperties": false}}}],
+ "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+EOF
+run --conversation "$work/forced.json" --json --max-tokens 40 -p "Weather in Paris?" </dev/null >"$work/forced-out.json" ||
+    fail "a --conversation file with tool_choice fails"
+check "tool_choice from a --conversation file forces the named call" '
+c = d["choices"][0]
+assert c["finish_reason"] == "tool_calls", c
+calls = c["message"]["tool_calls"]
+assert [t["function"]["name"] for t in calls] == ["get_weather"], calls
+assert json.loads(calls[0]["function"]["arguments"]) in ({"city": "Paris"}, {"city": "Oslo"}), calls
+' "$work/forced-out.json"
 
 # --- line mode: piped stdin without -p, commands included -------------------------------------
 printf 'hello\n/effort low\n/save %s\n/quit\nnever sent\n' "$work/lines.json" | run >"$work/lines.out" 2>"$work/err" ||

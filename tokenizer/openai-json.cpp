@@ -123,6 +123,12 @@ bool parse_conversation(const std::string& json, const std::string& what, Parsed
     c.instructions = opt(req->instructions);
     out.has_instructions = req->instructions != nullptr;
     c.effort = req->reasoning_effort;
+    c.tool_choice = req->tool_choice;
+    c.tool_choice_name = req->tool_choice_name ? req->tool_choice_name : "";
+    c.response_format = req->response_format;
+    c.response_format_name = req->response_format_name ? req->response_format_name : "";
+    c.response_format_description = req->response_format_description ? req->response_format_description : "";
+    c.response_format_schema = req->response_format_schema ? req->response_format_schema : "";
     for (size_t i = 0; i < req->n_messages; ++i) c.messages.push_back(copy_message(req->messages[i]));
     for (size_t i = 0; i < req->n_tools; ++i) {
         const gptoss_tool& t = req->tools[i];

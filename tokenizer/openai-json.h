@@ -47,6 +47,12 @@ struct Conversation {
     std::vector<Message> messages;
     std::vector<Tool> tools;
     gptoss_reasoning_effort effort = GPTOSS_REASONING_MEDIUM;
+    // Constrained decoding asked for by the request body (tool_choice, response_format), as
+    // gptoss_chat_request takes them; kept for the next turns, not written back by /save.
+    gptoss_tool_choice tool_choice = GPTOSS_TOOL_CHOICE_AUTO;
+    std::string tool_choice_name;
+    gptoss_response_format response_format = GPTOSS_RESPONSE_FORMAT_TEXT;
+    std::string response_format_name, response_format_description, response_format_schema;
 };
 
 // A request body parsed by gptoss_conversation_parse_json, copied into plain strings.
@@ -56,7 +62,7 @@ struct ParsedConversation {
 };
 
 Message copy_message(const gptoss_message& m);
-// Parses a Chat Completions body (messages, tools, reasoning_effort). On failure stores
+// Parses a Chat Completions body (messages, tools, reasoning_effort, tool_choice, response_format). On failure stores
 // "WHAT: <the library's message naming the field>" in `err`.
 bool parse_conversation(const std::string& json, const std::string& what, ParsedConversation& out, std::string& err);
 

@@ -105,7 +105,8 @@ void usage(FILE* out) {
         "                           with \"tools\"); see examples/tools.json\n"
         "      --tool-cmd CMD       run CMD (with sh -c) for each tool call: arguments JSON on\n"
         "                           stdin, $GPTOSS_TOOL_NAME set, its stdout is the result\n"
-        "      --conversation FILE  start from an OpenAI-style messages file (as /load)\n"
+        "      --conversation FILE  start from an OpenAI-style messages file (as /load); its tool_choice\n"
+        "                           and response_format apply unless --tool-choice/--json-schema are given\n"
         "      --hide-reasoning     do not show the analysis channel\n"
         "      --json-schema FILE   the final answer is JSON matching this JSON Schema (constrained\n"
         "                           decoding; the schema is also shown to the model)\n"
@@ -730,6 +731,12 @@ public:
         if (parsed.has_instructions && !(command_line && opts_.system)) conv_.instructions = c.instructions;
         if (!c.tools.empty() && !(command_line && tools_from_cli_)) conv_.tools = c.tools;
         if (!(command_line && opts_.effort_given)) conv_.effort = c.effort;
+        conv_.tool_choice = c.tool_choice;
+        conv_.tool_choice_name = c.tool_choice_name;
+        conv_.response_format = c.response_format;
+        conv_.response_format_name = c.response_format_name;
+        conv_.response_format_description = c.response_format_description;
+        conv_.response_format_schema = c.response_format_schema;
     }
 
     void set_cli_tools(std::vector<Tool> tools) {
@@ -1060,9 +1067,20 @@ private:
         req.tools = tools.data();
         req.n_tools = tools.size();
         req.reasoning_effort = conv_.effort;
+        // The conversation file's tool_choice / response_format, unless the command line set them.
+        req.response_format = conv_.response_format;
+        if (conv_.response_format == GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA) {
+            req.response_format_name = conv_.response_format_name.c_str();
+            if (!conv_.response_format_description.empty())
+                req.response_format_description = conv_.response_format_description.c_str();
+            req.response_format_schema = conv_.response_format_schema.c_str();
+        }
+        req.tool_choice = conv_.tool_choice;
+        if (conv_.tool_choice == GPTOSS_TOOL_CHOICE_NAMED) req.tool_choice_name = conv_.tool_choice_name.c_str();
         if (!opts_.json_schema.empty()) {
             req.response_format = GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA;
             req.response_format_name = "response";
+            req.response_format_description = nullptr;
             req.response_format_schema = opts_.json_schema.c_str();
         }
         if (opts_.tool_choice == "none") req.tool_choice = GPTOSS_TOOL_CHOICE_NONE;

@@ -32,19 +32,6 @@ namespace cuda {
 namespace {
 using namespace gemm_detail;
 
-struct KernelArgs {
-    GemmWeights w;
-    const uint16_t* x;
-    uint32_t n_rows;
-    GemmRoute route;
-    int routed;
-    int epilogue;
-    float* out_f32;
-    uint16_t* out_bf16;
-    uint32_t ldo;
-    float limit;
-};
-
 template <bool kFp4, int NB>
 __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
     __shared__ float red[4][NB * 32 * 4];
@@ -72,16 +59,9 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
         n_cols = min(8u * NB, args.n_rows - col_base);
     }
 
-    const char* wbase = static_cast<const char*>(args.w.w) + size_t(expert) * args.w.w_expert_stride;
     const uint4* wp;
-    const uint2* sp = nullptr;
-    if constexpr (kFp4) {
-        wp = reinterpret_cast<const uint4*>(wbase) + size_t(slab) * n_chunks * 32 + lane;
-        sp = reinterpret_cast<const uint2*>(args.w.scales + size_t(expert) * args.w.s_expert_stride) +
-             size_t(slab) * n_chunks * 8 + g;
-    } else {
-        wp = reinterpret_cast<const uint4*>(wbase) + size_t(slab) * n_chunks * 128 + lane;
-    }
+    const uint2* sp;
+    slab_pointers<kFp4>(args.w, expert, slab, n_chunks, lane, &wp, &sp);
 
     // Ring of kDepth weight chunks in flight per warp (decode is otherwise a chain of
     // dependent round trips).
@@ -237,17 +217,7 @@ gptoss_status gemm(const GemmWeights& w, const uint16_t* x, uint32_t n_rows, con
         return fail(GPTOSS_ERR_INTERNAL, "gemm: SwiGLU needs N %% 16 == 0 (N=%u) and a bf16 output", w.N);
     if (epilogue != Epilogue::kSwiglu && !out_f32)
         return fail(GPTOSS_ERR_INTERNAL, "gemm: fp32 output missing");
-    KernelArgs a{};
-    a.w = w;
-    a.x = x;
-    a.n_rows = n_rows;
-    a.routed = route != nullptr;
-    if (route) a.route = *route;
-    a.epilogue = int(epilogue);
-    a.out_f32 = out_f32;
-    a.out_bf16 = out_bf16;
-    a.ldo = ldo;
-    a.limit = swiglu_limit;
+    const KernelArgs a = kernel_args(w, x, n_rows, route, epilogue, out_f32, out_bf16, ldo, swiglu_limit);
     const uint32_t slabs = ceil_div(w.N, 16);
     const uint32_t tiles = route ? route->max_tiles : ceil_div(n_rows, 8u * uint32_t(nb));
     if (tiles == 0) return GPTOSS_OK;

@@ -6,10 +6,43 @@
 #pragma once
 
 #include "cuda/common.cuh"
+#include "cuda/kernels.h"
 
 namespace gptoss {
 namespace cuda {
 namespace gemm_detail {
+
+// The arguments of the chunk GEMM kernels (gemm.cu, gemm_prefill.cu), as their launchers take
+// them (kernels.h gemm / gemm_prefill): routed = a route was given (MoE), epilogue = Epilogue.
+struct KernelArgs {
+    GemmWeights w;
+    const uint16_t* x;
+    uint32_t n_rows;
+    GemmRoute route;
+    int routed;
+    int epilogue;
+    float* out_f32;
+    uint16_t* out_bf16;
+    uint32_t ldo;
+    float limit;
+};
+
+inline KernelArgs kernel_args(const GemmWeights& w, const uint16_t* x, uint32_t n_rows, const GemmRoute* route,
+                              Epilogue epilogue, float* out_f32, uint16_t* out_bf16, uint32_t ldo,
+                              float swiglu_limit) {
+    KernelArgs a{};
+    a.w = w;
+    a.x = x;
+    a.n_rows = n_rows;
+    a.routed = route != nullptr;
+    if (route) a.route = *route;
+    a.epilogue = int(epilogue);
+    a.out_f32 = out_f32;
+    a.out_bf16 = out_bf16;
+    a.ldo = ldo;
+    a.limit = swiglu_limit;
+    return a;
+}
 
 // Non-volatile so the compiler may hoist the next chunk's loads above this chunk's mma.
 __device__ __forceinline__ uint4 ld_weights(const uint4* p) {
@@ -31,6 +64,23 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
     __nv_bfloat162 y = *reinterpret_cast<__nv_bfloat162*>(&b);
     __nv_bfloat162 r = __hmul2(x, y);
     return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// Where this lane's weight chunks of fragment slab `slab` start (repack.cu's layout: 16 bytes per
+// lane per 64-k chunk), for `expert` (0 when dense); MXFP4 also its scale words (8 bytes per
+// lane group g = lane / 4 per chunk), else *sp = nullptr.
+template <bool kFp4>
+__device__ __forceinline__ void slab_pointers(const GemmWeights& w, int expert, uint32_t slab, uint32_t n_chunks,
+                                              int lane, const uint4** wp, const uint2** sp) {
+    const char* wbase = static_cast<const char*>(w.w) + size_t(expert) * w.w_expert_stride;
+    if constexpr (kFp4) {
+        *wp = reinterpret_cast<const uint4*>(wbase) + size_t(slab) * n_chunks * 32 + lane;
+        *sp = reinterpret_cast<const uint2*>(w.scales + size_t(expert) * w.s_expert_stride) +
+              size_t(slab) * n_chunks * 8 + (lane >> 2);
+    } else {
+        *wp = reinterpret_cast<const uint4*>(wbase) + size_t(slab) * n_chunks * 128 + lane;
+        *sp = nullptr;
+    }
 }
 
 // Weights of one 64-k chunk for one lane, before dequantization.

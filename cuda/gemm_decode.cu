@@ -117,16 +117,9 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
         out_row = pair;
     }
 
-    const char* wbase = static_cast<const char*>(args.w.w) + size_t(expert) * args.w.w_expert_stride;
     const uint4* wp;
-    const uint2* sp = nullptr;
-    if constexpr (kFp4) {
-        wp = reinterpret_cast<const uint4*>(wbase) + size_t(slab) * n_chunks * 32 + lane;
-        sp = reinterpret_cast<const uint2*>(args.w.scales + size_t(expert) * args.w.s_expert_stride) +
-             size_t(slab) * n_chunks * 8 + g;
-    } else {
-        wp = reinterpret_cast<const uint4*>(wbase) + size_t(slab) * n_chunks * 128 + lane;
-    }
+    const uint2* sp;
+    slab_pointers<kFp4>(args.w, expert, slab, n_chunks, lane, &wp, &sp);
 
     Chunk ring[kDepth];
 #pragma unroll

@@ -33,19 +33,6 @@ constexpr int kThreads = 256;  // 8 warps: 4 over rows × 2 over tokens
 constexpr int kStages = 4;     // cp.async ring depth (64-k chunks in flight)
 constexpr int kSlabs = 8;      // 16-row fragment slabs per CTA: 128 rows
 
-struct PrefillArgs {
-    GemmWeights w;
-    const uint16_t* x;
-    uint32_t n_rows;
-    GemmRoute route;
-    int routed;
-    int epilogue;
-    float* out_f32;
-    uint16_t* out_bf16;
-    uint32_t ldo;
-    float limit;
-};
-
 // Bytes of one ring stage: weights (+ scales) then TN token rows of 128 bytes.
 template <bool kFp4> constexpr uint32_t a_bytes() { return kFp4 ? kSlabs * 512 : kSlabs * 2048; }
 template <bool kFp4> constexpr uint32_t s_bytes() { return kFp4 ? kSlabs * 64 : 0; }
@@ -61,8 +48,61 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// The token tile a CTA owns. Routed: tile blockIdx.x of the route (its expert, its pairs);
+// false when the route has fewer tiles (the CTA exits). Dense: token block blockIdx.x.
+// Routed callers must have waited for the router (pdl_wait) first.
+struct PrefillTile {
+    int expert = 0;
+    uint32_t col_base = 0, n_cols = 0;
+    const int32_t* pairs = nullptr;
+};
+template <int TN> __device__ __forceinline__ bool prefill_tile(const KernelArgs& args, PrefillTile* t) {
+    if (args.routed) {
+        const int32_t n_tiles = args.route.tiles[0];
+        if (int32_t(blockIdx.x) >= n_tiles) return false;
+        const int32_t* ti = args.route.tiles + 1 + 3 * blockIdx.x;
+        t->expert = ti[0];
+        t->col_base = uint32_t(ti[1]);
+        t->n_cols = min(uint32_t(ti[2]), uint32_t(TN));
+        t->pairs = args.route.pairs + t->col_base;
+    } else {
+        t->col_base = blockIdx.x * uint32_t(TN);
+        t->n_cols = min(uint32_t(TN), args.n_rows - t->col_base);
+    }
+    return true;
+}
+
+// cp.async of weight chunk c (64 k) of this CTA's slabs [slab0, slab0 + kSlabs) into shared
+// memory at sa: bf16 4 units of 16 B per thread (unit u = tid + 256 r: slab u / 128); MXFP4 one
+// unit (slab tid / 32) and, for tid < 32, one scale unit (slab tid / 4) at sa + a_bytes.
+// Slabs past n_slabs are skipped (their rows are never stored).
+template <bool kFp4>
+__device__ __forceinline__ void load_weight_chunk(uint32_t sa, const char* wsrc, const char* ssrc, uint32_t slab0,
+                                                  uint32_t n_slabs, uint32_t n_chunks, uint32_t c, int tid) {
+    if constexpr (kFp4) {
+        const uint32_t slab = slab0 + uint32_t(tid >> 5);
+        if (slab < n_slabs)
+            cp_async16_zfill(sa + uint32_t(tid) * 16, wsrc + (size_t(slab) * n_chunks + c) * 512 + uint32_t(tid & 31) * 16,
+                             true);
+        if (tid < 32) {
+            const uint32_t sslab = slab0 + uint32_t(tid >> 2);
+            if (sslab < n_slabs)
+                cp_async16_zfill(sa + a_bytes<kFp4>() + uint32_t(tid) * 16,
+                                 ssrc + (size_t(sslab) * n_chunks + c) * 64 + uint32_t(tid & 3) * 16, true);
+        }
+    } else {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const uint32_t u = uint32_t(tid + kThreads * r);
+            const uint32_t slab = slab0 + (u >> 7);
+            if (slab < n_slabs)
+                cp_async16_zfill(sa + u * 16, wsrc + (size_t(slab) * n_chunks + c) * 2048 + (u & 127) * 16, true);
+        }
+    }
+}
+
 template <bool kFp4, int TN>
-__global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_kernel(const PrefillArgs args) {
+__global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_kernel(const KernelArgs args) {
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int32_t out_rows[TN];
     constexpr uint32_t kA = a_bytes<kFp4>(), kS = s_bytes<kFp4>(), kStage = stage_bytes<kFp4, TN>();
@@ -78,49 +118,17 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_kerne
     // Dense: the weights (never written) stream before the wait for the previous kernel.
     // Routed: the expert comes from the router, so wait first.
     if (args.routed) pdl_wait();
-    int expert = 0;
-    uint32_t col_base, n_cols;
-    const int32_t* pairs = nullptr;
-    if (args.routed) {
-        const int32_t n_tiles = args.route.tiles[0];
-        if (int32_t(blockIdx.x) >= n_tiles) return;
-        const int32_t* ti = args.route.tiles + 1 + 3 * blockIdx.x;
-        expert = ti[0];
-        col_base = uint32_t(ti[1]);
-        n_cols = min(uint32_t(ti[2]), uint32_t(TN));
-        pairs = args.route.pairs + col_base;
-    } else {
-        col_base = blockIdx.x * uint32_t(TN);
-        n_cols = min(uint32_t(TN), args.n_rows - col_base);
-    }
+    PrefillTile tile;
+    if (!prefill_tile<TN>(args, &tile)) return;
+    const int expert = tile.expert;
+    const uint32_t col_base = tile.col_base, n_cols = tile.n_cols;
+    const int32_t* pairs = tile.pairs;
 
-    // This thread's weight copies: bf16 4 units of 16 B (unit u = tid + 256 r: slab u / 128),
-    // MXFP4 one unit (slab tid / 32) and, for tid < 32, one scale unit (slab tid / 4).
     const char* wsrc = static_cast<const char*>(args.w.w) + size_t(expert) * args.w.w_expert_stride;
     const char* ssrc = kFp4 ? reinterpret_cast<const char*>(args.w.scales + size_t(expert) * args.w.s_expert_stride)
                             : nullptr;
     auto load_a = [&](uint32_t stage, uint32_t c) {
-        const uint32_t sa = smem_base + stage * kStage;
-        if constexpr (kFp4) {
-            const uint32_t slab = slab0 + uint32_t(tid >> 5);
-            if (slab < n_slabs)
-                cp_async16_zfill(sa + uint32_t(tid) * 16,
-                                 wsrc + (size_t(slab) * n_chunks + c) * 512 + uint32_t(tid & 31) * 16, true);
-            if (tid < 32) {
-                const uint32_t sslab = slab0 + uint32_t(tid >> 2);
-                if (sslab < n_slabs)
-                    cp_async16_zfill(sa + kA + uint32_t(tid) * 16,
-                                     ssrc + (size_t(sslab) * n_chunks + c) * 64 + uint32_t(tid & 3) * 16, true);
-            }
-        } else {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const uint32_t u = uint32_t(tid + kThreads * r);
-                const uint32_t slab = slab0 + (u >> 7);
-                if (slab < n_slabs)
-                    cp_async16_zfill(sa + u * 16, wsrc + (size_t(slab) * n_chunks + c) * 2048 + (u & 127) * 16, true);
-            }
-        }
+        load_weight_chunk<kFp4>(smem_base + stage * kStage, wsrc, ssrc, slab0, n_slabs, n_chunks, c, tid);
     };
 
     if (!args.routed) {
@@ -345,7 +353,7 @@ template <int TN> __device__ __forceinline__ void wgmma_tile(float (&d)[TN / 2],
 #endif
 
 template <bool kFp4, int TN>
-__global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_wgmma_kernel(const PrefillArgs args) {
+__global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_wgmma_kernel(const KernelArgs args) {
 #ifdef GPTOSS_SM90A
     extern __shared__ unsigned char smem_raw[];
     constexpr uint32_t kA = a_bytes<kFp4>(), kS = s_bytes<kFp4>(), kBst = TN * 128, kAst = kA + kS;
@@ -363,47 +371,17 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_wgmma
     int32_t* out_rows = src_rows + TN;
 
     if (args.routed) pdl_wait();
-    int expert = 0;
-    uint32_t col_base, n_cols;
-    const int32_t* pairs = nullptr;
-    if (args.routed) {
-        const int32_t n_tiles = args.route.tiles[0];
-        if (int32_t(blockIdx.x) >= n_tiles) return;
-        const int32_t* ti = args.route.tiles + 1 + 3 * blockIdx.x;
-        expert = ti[0];
-        col_base = uint32_t(ti[1]);
-        n_cols = min(uint32_t(ti[2]), uint32_t(TN));
-        pairs = args.route.pairs + col_base;
-    } else {
-        col_base = blockIdx.x * uint32_t(TN);
-        n_cols = min(uint32_t(TN), args.n_rows - col_base);
-    }
+    PrefillTile tile;
+    if (!prefill_tile<TN>(args, &tile)) return;
+    const int expert = tile.expert;
+    const uint32_t col_base = tile.col_base, n_cols = tile.n_cols;
+    const int32_t* pairs = tile.pairs;
 
     const char* wsrc = static_cast<const char*>(args.w.w) + size_t(expert) * args.w.w_expert_stride;
     const char* ssrc = kFp4 ? reinterpret_cast<const char*>(args.w.scales + size_t(expert) * args.w.s_expert_stride)
                             : nullptr;
     auto load_a = [&](uint32_t stage, uint32_t c) {
-        const uint32_t sa = a_base + stage * kAst;
-        if constexpr (kFp4) {
-            const uint32_t slab = slab0 + uint32_t(tid >> 5);
-            if (slab < n_slabs)
-                cp_async16_zfill(sa + uint32_t(tid) * 16,
-                                 wsrc + (size_t(slab) * n_chunks + c) * 512 + uint32_t(tid & 31) * 16, true);
-            if (tid < 32) {
-                const uint32_t sslab = slab0 + uint32_t(tid >> 2);
-                if (sslab < n_slabs)
-                    cp_async16_zfill(sa + kA + uint32_t(tid) * 16,
-                                     ssrc + (size_t(sslab) * n_chunks + c) * 64 + uint32_t(tid & 3) * 16, true);
-            }
-        } else {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const uint32_t u = uint32_t(tid + kThreads * r);
-                const uint32_t slab = slab0 + (u >> 7);
-                if (slab < n_slabs)
-                    cp_async16_zfill(sa + u * 16, wsrc + (size_t(slab) * n_chunks + c) * 2048 + (u & 127) * 16, true);
-            }
-        }
+        load_weight_chunk<kFp4>(a_base + stage * kAst, wsrc, ssrc, slab0, n_slabs, n_chunks, c, tid);
     };
     if (!args.routed) {
 #pragma unroll
@@ -545,7 +523,7 @@ __global__ void wgmma_probe_kernel() {
 
 // Launches one kernel instance, raising its dynamic shared memory limit once per device.
 template <bool kWgmma, bool kFp4, int TN>
-cudaError_t launch(const PrefillArgs& a, dim3 grid, cudaStream_t stream) {
+cudaError_t launch(const KernelArgs& a, dim3 grid, cudaStream_t stream) {
     static std::atomic<uint64_t> configured{0};
     auto* kernel = kWgmma ? gemm_prefill_wgmma_kernel<kFp4, TN> : gemm_prefill_kernel<kFp4, TN>;
     constexpr uint32_t bytes = kWgmma ? wg_smem_bytes<kFp4, TN>() : smem_bytes<kFp4, TN>();
@@ -562,7 +540,7 @@ cudaError_t launch(const PrefillArgs& a, dim3 grid, cudaStream_t stream) {
 }
 
 template <bool kWgmma>
-cudaError_t launch_any(const PrefillArgs& a, bool fp4, uint32_t tn, dim3 grid, cudaStream_t stream) {
+cudaError_t launch_any(const KernelArgs& a, bool fp4, uint32_t tn, dim3 grid, cudaStream_t stream) {
     if (fp4) return tn == 128 ? launch<kWgmma, true, 128>(a, grid, stream) : launch<kWgmma, true, 64>(a, grid, stream);
     return tn == 128 ? launch<kWgmma, false, 128>(a, grid, stream) : launch<kWgmma, false, 64>(a, grid, stream);
 }
@@ -622,17 +600,7 @@ gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_r
     }
     if (wgmma && !gemm_prefill_wgmma_supported())
         return fail(GPTOSS_ERR_UNSUPPORTED, "gemm_prefill: the wgmma kernel needs an sm_90 device and sm_90a code");
-    PrefillArgs a{};
-    a.w = w;
-    a.x = x;
-    a.n_rows = n_rows;
-    a.routed = route != nullptr;
-    if (route) a.route = *route;
-    a.epilogue = int(epilogue);
-    a.out_f32 = out_f32;
-    a.out_bf16 = out_bf16;
-    a.ldo = ldo;
-    a.limit = swiglu_limit;
+    const KernelArgs a = kernel_args(w, x, n_rows, route, epilogue, out_f32, out_bf16, ldo, swiglu_limit);
     const uint32_t tn = route ? route->tile_tokens : (n_rows >= 1024 ? 128u : 64u);
     const uint32_t tiles = route ? route->max_tiles : ceil_div(n_rows, tn);
     if (tiles == 0 || n_rows == 0) return GPTOSS_OK;

@@ -5,6 +5,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "tests/test-util.h"
+
 #include "gptoss-internal.h"
 
 #include <atomic>
@@ -16,6 +18,8 @@
 #include <vector>
 
 namespace {
+
+using gptoss::test::prompt_of;
 
 std::string tiny_model_dir() {
     const char* dir = std::getenv("GPTOSS_TINY_MODEL");
@@ -46,14 +50,6 @@ gptoss_session* new_session(uint32_t max_context = 1024, uint32_t max_batch = 0)
     INFO(std::string(gptoss_last_error()));
     REQUIRE(status == GPTOSS_OK);
     return session;
-}
-
-// Deterministic prompt of ordinary-text ids (below the special range).
-std::vector<int32_t> prompt_of(size_t n, uint64_t seed) {
-    gptoss::Rng rng(seed);
-    std::vector<int32_t> p(n);
-    for (int32_t& t : p) t = int32_t(rng.next_u64() % 199998);
-    return p;
 }
 
 gptoss_sampling_params sampling(uint64_t seed, uint32_t max_tokens, float temperature = 1.0f) {

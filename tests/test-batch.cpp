@@ -7,6 +7,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "tests/test-util.h"
+
 #include "gptoss-internal.h"
 
 #include <atomic>
@@ -19,6 +21,8 @@
 #include <vector>
 
 namespace {
+
+using gptoss::test::prompt_of;
 
 gptoss_model* load_tiny(uint32_t max_decode_batch) {
     const char* dir = std::getenv("GPTOSS_TINY_MODEL");
@@ -41,14 +45,6 @@ gptoss_session* new_session(gptoss_model* model) {
     REQUIRE(gptoss_session_create(model, &params, &session) == GPTOSS_OK);
     return session;
 }
-
-std::vector<int32_t> prompt_of(size_t n, uint64_t seed) {
-    gptoss::Rng rng(seed);
-    std::vector<int32_t> p(n);
-    for (int32_t& t : p) t = int32_t(rng.next_u64() % 199998);
-    return p;
-}
-
 // One generation request and what came of it.
 struct Job {
     std::vector<int32_t> prompt;

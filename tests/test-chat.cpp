@@ -7,6 +7,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "tests/test-util.h"
+
 #include "gptoss.h"
 #include "gptoss-internal.h"  // GenerateOptions, to know whether the engine takes a snapshot position
 
@@ -19,6 +21,8 @@
 
 namespace {
 
+using gptoss::test::tiny_model;
+
 // Turn 3 of the reuse test diverges where CoT dropping removes turn 1's analysis, i.e. at the
 // end of turn 1's prompt, which is before turn 2's end-of-prefill snapshot. Reusing it needs
 // session_generate to snapshot where gptoss_chat asks (GenerateOptions::snapshot_at); with an
@@ -28,22 +32,6 @@ struct HasSnapshotAt : std::false_type {};
 template <typename T>
 struct HasSnapshotAt<T, std::void_t<decltype(std::declval<T&>().snapshot_at)>> : std::true_type {};
 constexpr bool kEngineSnapshotsWhereAsked = HasSnapshotAt<gptoss::GenerateOptions>::value;
-
-gptoss_model* tiny_model() {
-    static gptoss_model* model = [] {
-        const char* dir = std::getenv("GPTOSS_TINY_MODEL");
-        REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
-        gptoss_model_params params = gptoss_model_default_params();
-        params.device = GPTOSS_DEVICE_CPU;
-        gptoss_model* m = nullptr;
-        const gptoss_status status = gptoss_load(dir, &params, &m);
-        INFO(gptoss_last_error());
-        REQUIRE(status == GPTOSS_OK);
-        return m;
-    }();
-    return model;
-}
-
 struct Session {
     gptoss_session* s = nullptr;
     explicit Session(uint32_t max_context = 4096) {

@@ -6,6 +6,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "tests/test-util.h"
+
 #include "gptoss-internal.h"
 #include "tokenizer/harmony.h"
 #include "tokenizer/tokenizer.h"
@@ -24,6 +26,8 @@
 namespace h = gptoss::harmony;
 
 namespace {
+
+using gptoss::test::real_tokenizer;
 
 std::string data_path(const std::string& name) {
     const char* dir = std::getenv("GPTOSS_SOURCE_DIR");
@@ -47,20 +51,6 @@ std::string expected_text(const std::string& file) {
     while (!out.empty() && (out.back() == '\n' || out.back() == ' ' || out.back() == '\t')) out.pop_back();
     return out;
 }
-
-const gptoss::Tokenizer& real_tokenizer() {
-    static std::unique_ptr<gptoss::Tokenizer> tokenizer = [] {
-        const char* dir = std::getenv("GPTOSS_TOKENIZER_DIR");
-        REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TOKENIZER_DIR is not set (run through ctest)");
-        std::unique_ptr<gptoss::Tokenizer> t;
-        const gptoss_status status = gptoss::Tokenizer::load_hf_json(std::string(dir) + "/tokenizer.json", &t);
-        INFO(gptoss_last_error());
-        REQUIRE(status == GPTOSS_OK);
-        return t;
-    }();
-    return *tokenizer;
-}
-
 // A stand-in tokenizer for parser tests that must not depend on BPE: ids 0..255 are single
 // bytes (so multi-byte characters are split across tokens), 199998.. are the o200k_harmony
 // special tokens, everything else in range decodes to nothing.

@@ -5,45 +5,15 @@
 // checkpoint on the GPU: every output is a complete document the schema matcher accepts, and the
 // CPU and CUDA backends agree on the first tokens (same mask, same seed).
 // Without a CUDA device the test exits 77 (skipped).
-#define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
-
-#include "cuda/kernels.h"
-#include "gptoss-internal.h"
+#include "tests/kernel-test-util.cuh"
 #include "tokenizer/grammar-mask.h"
 #include "tokenizer/json-schema.h"
 #include "tokenizer/tokenizer.h"
 
-#include <cuda_runtime.h>
-
-#include <cmath>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
-#include <string>
-#include <vector>
-
-using namespace gptoss;
 
 namespace {
-
-template <typename T>
-struct Dev {
-    T* p = nullptr;
-    size_t n = 0;
-    explicit Dev(const std::vector<T>& v) : n(v.size()) {
-        REQUIRE(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess);
-        REQUIRE(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
-    }
-    ~Dev() { cudaFree(p); }
-    std::vector<T> get() const {
-        std::vector<T> v(n);
-        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-        REQUIRE(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
-        return v;
-    }
-};
 
 std::vector<float> random_logits(uint32_t V, uint64_t seed) {
     Rng rng(seed);
@@ -202,12 +172,5 @@ TEST_CASE("gptoss_generate with json_schema on the GPU: valid documents; CPU and
 }
 
 int main(int argc, char** argv) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        std::printf("no CUDA device: skipping the GPU constrained-decoding tests (test-kernels-schema)\n");
-        return 77;
-    }
-    doctest::Context ctx;
-    ctx.applyCommandLine(argc, argv);
-    return ctx.run();
+    return run_kernel_tests(argc, argv, "the GPU constrained-decoding tests (test-kernels-schema)");
 }

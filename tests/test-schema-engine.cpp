@@ -8,6 +8,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "tests/test-util.h"
+
 #include "gptoss.h"
 
 #include <simdjson.h>
@@ -21,21 +23,7 @@
 
 namespace {
 
-gptoss_model* tiny_model() {
-    static gptoss_model* model = [] {
-        const char* dir = std::getenv("GPTOSS_TINY_MODEL");
-        REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
-        gptoss_model_params params = gptoss_model_default_params();
-        params.device = GPTOSS_DEVICE_CPU;
-        gptoss_model* m = nullptr;
-        const gptoss_status status = gptoss_load(dir, &params, &m);
-        INFO(std::string(gptoss_last_error()));
-        REQUIRE(status == GPTOSS_OK);
-        return m;
-    }();
-    return model;
-}
-
+using gptoss::test::tiny_model;
 gptoss_session* new_session() {
     gptoss_session_params params = gptoss_session_default_params();
     params.max_context = 4096;

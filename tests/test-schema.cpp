@@ -6,6 +6,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "tests/test-util.h"
+
 #include "gptoss-internal.h"
 #include "tokenizer/grammar-mask.h"
 #include "tokenizer/json-schema.h"
@@ -21,6 +23,8 @@
 namespace s = gptoss::schema;
 
 namespace {
+
+using gptoss::test::real_tokenizer;
 
 std::shared_ptr<const s::Grammar> compile_ok(const std::string& schema) {
     std::shared_ptr<const s::Grammar> g;
@@ -41,20 +45,6 @@ std::string compile_error(const std::string& schema) {
     REQUIRE_MESSAGE(status == GPTOSS_ERR_INVALID_ARGUMENT, schema);
     return gptoss_last_error();
 }
-
-const gptoss::Tokenizer& real_tokenizer() {
-    static std::unique_ptr<gptoss::Tokenizer> tokenizer = [] {
-        const char* dir = std::getenv("GPTOSS_TOKENIZER_DIR");
-        REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TOKENIZER_DIR is not set (run through ctest)");
-        std::unique_ptr<gptoss::Tokenizer> t;
-        const gptoss_status status = gptoss::Tokenizer::load_hf_json(std::string(dir) + "/tokenizer.json", &t);
-        INFO(gptoss_last_error());
-        REQUIRE(status == GPTOSS_OK);
-        return t;
-    }();
-    return *tokenizer;
-}
-
 const char* kWeather = R"({"type":"object","properties":{
   "city":{"type":"string","minLength":1,"maxLength":40},
   "unit":{"type":"string","enum":["celsius","fahrenheit"]},

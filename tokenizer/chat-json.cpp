@@ -8,6 +8,7 @@
 
 #include "gptoss-internal.h"
 #include "tokenizer/harmony.h"
+#include "tokenizer/json-dom.h"
 
 #include <simdjson.h>
 
@@ -54,23 +55,9 @@ namespace {
 using simdjson::dom::element;
 using simdjson::dom::element_type;
 
-const char* type_name(element e) {
-    switch (e.type()) {
-    case element_type::ARRAY: return "an array";
-    case element_type::OBJECT: return "an object";
-    case element_type::INT64:
-    case element_type::UINT64:
-    case element_type::DOUBLE: return "a number";
-    case element_type::STRING: return "a string";
-    case element_type::BOOL: return "a boolean";
-    case element_type::NULL_VALUE: return "null";
-    }
-    return "a value";
-}
+using json::type_name;
+using json::field;
 
-bool field(element object, const char* key, element* out) {
-    return object.get_object()[key].get(*out) == simdjson::SUCCESS;
-}
 
 gptoss_status get_string(element e, const std::string& where, std::string* out) {
     std::string_view s;

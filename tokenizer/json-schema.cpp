@@ -9,6 +9,7 @@
 #include "tokenizer/json-schema.h"
 
 #include "gptoss-internal.h"
+#include "tokenizer/json-dom.h"
 
 #include <simdjson.h>
 
@@ -240,9 +241,7 @@ private:
     uint32_t depth_ = 0;
 };
 
-bool field(element object, std::string_view key, element* out) {
-    return object.get_object()[key].get(*out) == simdjson::SUCCESS;
-}
+using json::field;
 
 gptoss_status Compiler::compile(element e, const std::string& path, uint32_t* out) {
     if (++depth_ > 64) return error(path, "schema nested deeper than 64 levels");

@@ -3,6 +3,8 @@
 // gptoss.h only, so it is a customer of the API like the tools that use it.
 #include "tokenizer/openai-json.h"
 
+#include "tokenizer/json-dom.h"
+
 #include <simdjson.h>
 
 #include <cmath>
@@ -307,19 +309,7 @@ namespace {
 using simdjson::dom::element;
 using simdjson::dom::element_type;
 
-const char* type_name(element e) {
-    switch (e.type()) {
-    case element_type::ARRAY: return "an array";
-    case element_type::OBJECT: return "an object";
-    case element_type::INT64:
-    case element_type::UINT64:
-    case element_type::DOUBLE: return "a number";
-    case element_type::STRING: return "a string";
-    case element_type::BOOL: return "a boolean";
-    case element_type::NULL_VALUE: return "null";
-    }
-    return "a value";
-}
+using json::type_name;
 
 bool fail(Error* error, std::string param, std::string message) {
     error->message = param.empty() ? message : param + ": " + message;
@@ -332,8 +322,9 @@ bool wrong_type(Error* error, const std::string& param, const char* expected, el
 }
 
 // The field `key` of `object`, if present and not null.
+// A member that is present and not null (OpenAI clients send null for "not set").
 bool field(element object, const char* key, element* out) {
-    return object.get_object()[key].get(*out) == simdjson::SUCCESS && out->type() != element_type::NULL_VALUE;
+    return json::field(object, key, out) && out->type() != element_type::NULL_VALUE;
 }
 
 bool number(element e, const std::string& param, double* out, Error* error) {

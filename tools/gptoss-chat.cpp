@@ -11,6 +11,7 @@
 
 #include "gptoss.h"
 #include "tokenizer/openai-json.h"
+#include "tools/cli-args.h"
 
 #include <algorithm>
 #include <atomic>
@@ -49,6 +50,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace gptoss::openai;
+using namespace gptoss::cli;
 
 constexpr const char* kProgram = "gptoss-chat";
 // A random model almost never samples <|call|> twice in a row, but a real one stuck in a loop
@@ -135,52 +137,6 @@ void usage(FILE* out) {
         kProgram);
 }
 
-[[noreturn]] void usage_error(const char* format, ...) {
-    std::fprintf(stderr, "%s: ", kProgram);
-    va_list args;
-    va_start(args, format);
-    std::vfprintf(stderr, format, args);
-    va_end(args);
-    std::fprintf(stderr, "\n(run %s --help for the options)\n", kProgram);
-    std::exit(2);
-}
-
-bool parse_u64(const std::string& s, uint64_t* out) {
-    if (s.empty() || s[0] == '-' || s[0] == '+') return false;
-    errno = 0;
-    char* end = nullptr;
-    unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-    if (errno != 0 || *end != '\0') return false;
-    *out = v;
-    return true;
-}
-
-bool parse_u32(const std::string& s, uint32_t* out) {
-    uint64_t v = 0;
-    if (!parse_u64(s, &v) || v > UINT32_MAX) return false;
-    *out = uint32_t(v);
-    return true;
-}
-
-bool parse_float(const std::string& s, float* out) {
-    if (s.empty()) return false;
-    errno = 0;
-    char* end = nullptr;
-    float v = std::strtof(s.c_str(), &end);
-    if (errno != 0 || *end != '\0' || !std::isfinite(v)) return false;
-    *out = v;
-    return true;
-}
-
-bool parse_device(const std::string& s, int32_t* out) {
-    if (s == "cpu") { *out = GPTOSS_DEVICE_CPU; return true; }
-    if (s == "auto") { *out = GPTOSS_DEVICE_AUTO; return true; }
-    uint32_t n = 0;
-    if (!parse_u32(s, &n) || n > 1024) return false;
-    *out = int32_t(n);
-    return true;
-}
-
 // Sampling settings shared by the command line and /set, so both validate the same way.
 bool set_sampling_option(Options& o, const std::string& name, const std::string& value, std::string& err) {
     if (name == "temperature") {
@@ -221,7 +177,7 @@ Options parse_args(int argc, char** argv) {
         }
         auto next = [&]() -> std::string {
             if (has_inline_value) return value;
-            if (i + 1 >= argc) usage_error("%s needs a value", arg.c_str());
+            if (i + 1 >= argc) usage_error(kProgram, "%s needs a value", arg.c_str());
             return argv[++i];
         };
         if (arg == "-h" || arg == "--help") { usage(stdout); std::exit(0); }
@@ -238,7 +194,7 @@ Options parse_args(int argc, char** argv) {
         else if (arg == "-m" || arg == "--model") o.model_dir = next();
         else if (arg == "--device") {
             std::string v = next();
-            if (!parse_device(v, &o.device)) usage_error("--device: expected cpu, auto or a GPU number, found \"%s\"", v.c_str());
+            if (!parse_device(v, &o.device)) usage_error(kProgram, "--device: expected cpu, auto or a GPU number, found \"%s\"", v.c_str());
         }
         else if (arg == "--devices") {
             std::string v = next();
@@ -248,18 +204,18 @@ Options parse_args(int argc, char** argv) {
                 const size_t comma = std::min(v.find(',', start), v.size());
                 uint32_t n = 0;
                 if (!parse_u32(v.substr(start, comma - start), &n) || n > 1024)
-                    usage_error("--devices: expected GPU numbers separated by commas, found \"%s\"", v.c_str());
+                    usage_error(kProgram, "--devices: expected GPU numbers separated by commas, found \"%s\"", v.c_str());
                 o.devices.push_back(int32_t(n));
                 start = comma + 1;
             }
         }
         else if (arg == "--ctx") {
             std::string v = next();
-            if (!parse_u32(v, &o.ctx)) usage_error("--ctx: expected a token count, found \"%s\"", v.c_str());
+            if (!parse_u32(v, &o.ctx)) usage_error(kProgram, "--ctx: expected a token count, found \"%s\"", v.c_str());
         }
         else if (arg == "-r" || arg == "--reasoning") {
             std::string v = next();
-            if (!parse_effort(v, &o.effort)) usage_error("--reasoning: expected low, medium or high, found \"%s\"", v.c_str());
+            if (!parse_effort(v, &o.effort)) usage_error(kProgram, "--reasoning: expected low, medium or high, found \"%s\"", v.c_str());
             o.effort_given = true;
         }
         else if (arg == "-s" || arg == "--system") o.system = next();
@@ -267,7 +223,7 @@ Options parse_args(int argc, char** argv) {
                  arg == "--max-tokens") {
             std::string v = next(), err;
             if (!set_sampling_option(o, arg.substr(2), v, err))
-                usage_error("%s: %s, found \"%s\"", arg.c_str(), err.c_str(), v.c_str());
+                usage_error(kProgram, "%s: %s, found \"%s\"", arg.c_str(), err.c_str(), v.c_str());
         }
         else if (arg == "--tools") o.tools_file = next();
         else if (arg == "--tool-cmd") o.tool_cmd = next();
@@ -280,7 +236,7 @@ Options parse_args(int argc, char** argv) {
         else if (arg == "--no-color") o.color = false;
         else if (arg == "--history") o.history_file = next();
         else if (arg == "-v" || arg == "--verbose") o.verbose = true;
-        else usage_error("unknown option \"%s\"", argv[i]);
+        else usage_error(kProgram, "unknown option \"%s\"", argv[i]);
     }
     return o;
 }

@@ -12,6 +12,7 @@
 
 #include "gptoss.h"
 #include "tokenizer/openai-json.h"
+#include "tools/cli-args.h"
 
 #include <httplib.h>
 
@@ -44,6 +45,7 @@
 namespace {
 
 namespace oa = gptoss::openai;
+using namespace gptoss::cli;
 constexpr const char* kProgram = "gptoss-server";
 
 // --- options -------------------------------------------------------------------------------
@@ -85,24 +87,6 @@ void usage(FILE* out) {
         kProgram);
 }
 
-[[noreturn]] void usage_error(const char* format, ...) {
-    std::fprintf(stderr, "%s: ", kProgram);
-    va_list args;
-    va_start(args, format);
-    std::vfprintf(stderr, format, args);
-    va_end(args);
-    std::fprintf(stderr, "\n(run %s --help for the options)\n", kProgram);
-    std::exit(2);
-}
-
-bool parse_u32(const std::string& s, uint32_t* out) {
-    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos || s.size() > 10) return false;
-    const unsigned long long v = std::strtoull(s.c_str(), nullptr, 10);
-    if (v > UINT32_MAX) return false;
-    *out = uint32_t(v);
-    return true;
-}
-
 Options parse_args(int argc, char** argv) {
     Options o;
     if (const char* m = std::getenv("GPTOSS_MODEL"); m && *m) o.model_dir = m;
@@ -117,29 +101,26 @@ Options parse_args(int argc, char** argv) {
         }
         auto next = [&]() -> std::string {
             if (inline_value) return value;
-            if (i + 1 >= argc) usage_error("%s needs a value", arg.c_str());
+            if (i + 1 >= argc) usage_error(kProgram, "%s needs a value", arg.c_str());
             return argv[++i];
         };
         auto number = [&](uint32_t min, uint32_t* out) {
             const std::string v = next();
-            if (!parse_u32(v, out) || *out < min) usage_error("%s: expected an integer >= %u, found \"%s\"", arg.c_str(), min, v.c_str());
+            if (!parse_u32(v, out) || *out < min) usage_error(kProgram, "%s: expected an integer >= %u, found \"%s\"", arg.c_str(), min, v.c_str());
         };
         if (arg == "-h" || arg == "--help") { usage(stdout); std::exit(0); }
         else if (arg == "--version") { std::printf("%s %s (library %u)\n", kProgram, GPTOSS_VERSION_STRING, gptoss_version()); std::exit(0); }
         else if (arg == "-m" || arg == "--model") o.model_dir = next();
         else if (arg == "--device") {
             const std::string v = next();
-            uint32_t n = 0;
-            if (v == "cpu") o.device = GPTOSS_DEVICE_CPU;
-            else if (v == "auto") o.device = GPTOSS_DEVICE_AUTO;
-            else if (parse_u32(v, &n) && n < 1024) o.device = int32_t(n);
-            else usage_error("--device: expected cpu, auto or a GPU number, found \"%s\"", v.c_str());
+            if (!parse_device(v, &o.device))
+                usage_error(kProgram, "--device: expected cpu, auto or a GPU number, found \"%s\"", v.c_str());
         }
         else if (arg == "--host") o.host = next();
         else if (arg == "--port") {
             uint32_t p = 0;
             number(0, &p);
-            if (p > 65535) usage_error("--port: %u is not a port (0 to 65535)", p);
+            if (p > 65535) usage_error(kProgram, "--port: %u is not a port (0 to 65535)", p);
             o.port = int(p);
         }
         else if (arg == "--parallel") number(1, &o.parallel);
@@ -149,10 +130,10 @@ Options parse_args(int argc, char** argv) {
         else if (arg == "--api-key") o.api_key = next();
         else if (arg == "--alias") o.alias = next();
         else if (arg == "-v" || arg == "--verbose") o.verbose = true;
-        else usage_error("unknown option \"%s\"", argv[i]);
+        else usage_error(kProgram, "unknown option \"%s\"", argv[i]);
     }
-    if (o.model_dir.empty()) usage_error("--model DIR is required (or set $GPTOSS_MODEL)");
-    if (o.parallel > 1024) usage_error("--parallel: %u sessions is more than 1024", o.parallel);
+    if (o.model_dir.empty()) usage_error(kProgram, "--model DIR is required (or set $GPTOSS_MODEL)");
+    if (o.parallel > 1024) usage_error(kProgram, "--parallel: %u sessions is more than 1024", o.parallel);
     return o;
 }
 

@@ -132,6 +132,30 @@ TEST_CASE("fuzz-harmony: a stop string is cut from a final message whatever role
     CHECK(messages[1].content == "2 + 2 equals ");
 }
 
+// fuzz-harmony: a header closed without <|message|> becomes a message made of the header's
+// words (harmony's non-strict mode); that final message showed a stop string, since only
+// streamed content was matched (regressions/harmony/harmony-crash-e1279a54…).
+TEST_CASE("fuzz-harmony: a stop string is cut from a final message made of header words") {
+    for (const char* end : {"<|return|>", ""}) {  // closed by a stop token, or by the end of output
+        const std::vector<int32_t> tokens = encode_special(
+            std::string("<|channel|>final<|message|>first<|end|><|start|>assistant<|channel|>final 2 + 2 equals 4. more") + end);
+        h::ChatStream stream(tokenizer(), {"4."});
+        bool stopped = false;
+        for (int32_t t : tokens) {
+            gptoss_event event;
+            stopped = stream.push(t, &event);
+            if (stopped) break;
+        }
+        stream.finish();
+        CHECK(stopped == (end[0] != 0));
+        const std::vector<h::ParsedMessage> messages = stream.messages();
+        REQUIRE(messages.size() == 2);
+        CHECK(messages[1].channel == "final");
+        CHECK(messages[1].content.find("4.") == std::string::npos);
+        CHECK(messages[1].content.find("equals") != std::string::npos);
+    }
+}
+
 // fuzz-harmony: a stop string that is not UTF-8 can match inside a character of the (valid
 // UTF-8) output, and the text held back for it then split "é" into "\xc3" | "\xa9". Fix: such a
 // stop string is INVALID_ARGUMENT (gptoss.h), as for every other string the API takes.

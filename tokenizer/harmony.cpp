@@ -926,6 +926,7 @@ bool ChatStream::push(int32_t token, gptoss_event* event) {
         if (stop) cut_message_ = n_before;
     } else {
         text_ = delta_;
+        if (closed) stop = cut_header_message(n_before);
     }
     // The message this token belongs to: the one it continued or closed, or the one whose
     // header it completed; a token inside a header belongs to no known channel yet.
@@ -942,7 +943,36 @@ bool ChatStream::push(int32_t token, gptoss_event* event) {
     return stop;
 }
 
-void ChatStream::finish() { parser_.finish(&delta_); }
+// A header closed without <|message|> becomes a message whose content is the header's words
+// (StreamParser::close_header_as_message); no event showed them, so a final one is cut at its
+// first stop string here. Returns true when it held one.
+bool ChatStream::cut_header_message(size_t index) {
+    const std::vector<ParsedMessage>& messages = parser_.messages();
+    if (stops_.empty() || cut_message_ != SIZE_MAX || index >= messages.size()) return false;
+    const ParsedMessage& m = messages[index];
+    if (m.channel != "final" || !m.recipient.empty()) return false;
+    size_t found = std::string::npos;
+    for (const std::string& s : stops_) found = std::min(found, m.content.find(s));
+    if (found == std::string::npos) return false;
+    cut_message_ = index;
+    cut_at_ = found;
+    return true;
+}
+
+// The end of output closes an open message: the rest of its text (bytes held back as an
+// unfinished character) is matched too, as is a header that closes as a message.
+void ChatStream::finish() {
+    const bool was_content = parser_.in_content();
+    const size_t n_before = parser_.messages().size();
+    const ParsedMessage before = was_content ? parser_.current() : ParsedMessage();
+    parser_.finish(&delta_);
+    if (cut_message_ != SIZE_MAX || parser_.messages().size() == n_before) return;
+    if (!was_content) {
+        cut_header_message(n_before);
+    } else if (!stops_.empty() && before.channel == "final" && before.recipient.empty()) {
+        if (match(delta_, /*message_closed=*/true, &text_)) cut_message_ = n_before;
+    }
+}
 
 std::vector<ParsedMessage> ChatStream::messages() const {
     std::vector<ParsedMessage> out = parser_.messages();

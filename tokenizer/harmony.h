@@ -210,6 +210,7 @@ public:
 
 private:
     bool match(const std::string& delta, bool message_closed, std::string* emit);
+    bool cut_header_message(size_t index);
     StreamParser parser_;
     std::vector<std::string> stops_;
     std::string delta_, text_, recipient_;

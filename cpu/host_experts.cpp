@@ -1,0 +1,503 @@
+// cpu/host_experts.cpp - the chosen MoE experts of a decode step computed by the CPU from
+// host-resident MXFP4 weights (cpu/host_experts.h, issue 16). Two parallel_for calls per layer:
+// gate_up (+ bias, swiglu, bf16 rounding) over (chosen expert, block of 32 output rows), then the
+// down projection (+ bias) over (chosen expert, block of 32 output rows); the (token, slot) pairs
+// routed to one expert share each dequantized block, so an expert's bytes are read once per call.
+// The activations are widened bf16 → fp32 once per token into a per-block permuted layout
+// [blocks][16 even elements | 16 odd elements], which matches where the low and high nibbles of
+// a 16-byte MXFP4 block land after the register dequantization: AVX-512 maps each nibble to its
+// fp32 E2M1 value with one vpermps of a 16-entry table; AVX2 maps nibbles to 2·E2M1 as int8 with
+// pshufb and widens to fp32; the scalar path uses a table. Each block's 32 products are summed
+// unscaled, then multiplied by the block's E8M0 scale (a power of two: exact) into per-lane row
+// sums, reduced in a fixed order: the result depends on the SIMD path but never on T, the
+// grouping or the thread count. Rows holding a scale ≥ 253 take the reference's exact order.
+#include "cpu/host_experts.h"
+
+#include "gptoss-internal.h"
+
+#include <algorithm>
+#include <cassert>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define GPTOSS_HOST_X86 1
+#endif
+
+namespace gptoss {
+namespace cpu {
+
+namespace {
+
+constexpr uint32_t kRowBlock = 32;       // output rows per work item (even: gate/up pairs stay together)
+constexpr uint32_t kTile = 4;            // (token, slot) pairs sharing one dequantized block
+constexpr uint8_t kExactScale = 253;     // from here on, e2m1 · 2^(s-127) can overflow fp32
+
+// One expert's MXFP4 matrix: rows of nb blocks (16 bytes + 1 scale byte each).
+struct Mat {
+    const uint8_t* blocks;  // [N, nb, 16]
+    const uint8_t* scales;  // [N, nb]
+    uint32_t nb;
+};
+
+// Rows [r0, r1) of m times the n (1..kTile) permuted inputs xs[j] (nb·32 floats each):
+// outs[j][r - r0] = dot (no bias).
+using RowsFn = void (*)(const Mat& m, uint32_t r0, uint32_t r1, const float* const* xs, uint32_t n,
+                        float* const* outs);
+
+// Natural index k of a row → its position in the permuted layout.
+inline uint32_t perm(uint32_t k) { return (k & ~31u) | ((k & 1u) << 4) | ((k & 31u) >> 1); }
+
+// 2^(s-127) (full) and 2^(s-128) (half: AVX2 decodes 2·E2M1 as integers), s < kExactScale.
+struct ScaleTables {
+    float full[256];
+    float half[256];
+    ScaleTables() {
+        for (int s = 0; s < 256; s++) {
+            full[s] = std::ldexp(1.0f, s - 127);
+            half[s] = std::ldexp(1.0f, s - 128);
+        }
+    }
+};
+const ScaleTables kScales;
+
+const float kE2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                         -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// Row r · x exactly as cpu::matmul_mxfp4 computes it (dequantize with e2m1_to_f32 ·
+// e8m0_to_f32, eight partial sums by k mod 8, combined pairwise), reading x from the permuted
+// layout. Out of line and compiled without FMA, so nothing is contracted differently.
+__attribute__((noinline)) float exact_row(const Mat& m, uint32_t r, const float* xp) {
+    const uint8_t* b = m.blocks + size_t(r) * m.nb * 16;
+    const uint8_t* sc = m.scales + size_t(r) * m.nb;
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (uint32_t blk = 0; blk < m.nb; blk++) {
+        const float scale = e8m0_to_f32(sc[blk]);
+        for (uint32_t i = 0; i < 16; i++) {
+            const uint8_t byte = b[blk * 16 + i];
+            const uint32_t k = blk * 32 + 2 * i;
+            const float w0 = e2m1_to_f32(byte & 15) * scale;
+            const float w1 = e2m1_to_f32(byte >> 4) * scale;
+            s[k & 7] += xp[perm(k)] * w0;
+            s[(k + 1) & 7] += xp[perm(k + 1)] * w1;
+        }
+    }
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+bool row_needs_exact(const Mat& m, uint32_t r) {
+    const uint8_t* sc = m.scales + size_t(r) * m.nb;
+    uint8_t hi = 0;
+    for (uint32_t blk = 0; blk < m.nb; blk++) hi = std::max(hi, sc[blk]);
+    return hi >= kExactScale;
+}
+
+// ---------------------------------------------------------------------------
+// Scalar path: per block, eight partial sums by element index mod 8 over the 16 even then
+// the 16 odd elements, combined pairwise, times the scale, added to the row sum.
+
+void rows_scalar(const Mat& m, uint32_t r0, uint32_t r1, const float* const* xs, uint32_t n, float* const* outs) {
+    for (uint32_t r = r0; r < r1; r++) {
+        if (row_needs_exact(m, r)) {
+            for (uint32_t j = 0; j < n; j++) outs[j][r - r0] = exact_row(m, r, xs[j]);
+            continue;
+        }
+        const uint8_t* b = m.blocks + size_t(r) * m.nb * 16;
+        const uint8_t* sc = m.scales + size_t(r) * m.nb;
+        float acc[kTile] = {0, 0, 0, 0};
+        for (uint32_t blk = 0; blk < m.nb; blk++) {
+            float w[32];
+            for (uint32_t i = 0; i < 16; i++) {
+                w[i] = kE2m1[b[blk * 16 + i] & 15];
+                w[16 + i] = kE2m1[b[blk * 16 + i] >> 4];
+            }
+            const float scale = kScales.full[sc[blk]];
+            for (uint32_t j = 0; j < n; j++) {
+                const float* x = xs[j] + size_t(blk) * 32;
+                float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                for (uint32_t i = 0; i < 32; i++) p[i & 7] += w[i] * x[i];
+                const float t = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+                acc[j] += t * scale;
+            }
+        }
+        for (uint32_t j = 0; j < n; j++) outs[j][r - r0] = acc[j];
+    }
+}
+
+uint64_t read_scalar(const uint8_t* p, size_t bytes) {
+    const uint64_t* q = reinterpret_cast<const uint64_t*>(p);
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    for (size_t i = 0; i + 4 <= bytes / 8; i += 4) {
+        a ^= q[i];
+        b ^= q[i + 1];
+        c ^= q[i + 2];
+        d ^= q[i + 3];
+    }
+    return a ^ b ^ c ^ d;
+}
+
+#ifdef GPTOSS_HOST_X86
+// ---------------------------------------------------------------------------
+// AVX2 + FMA: a 16-byte block → low nibbles (even elements) and high nibbles (odd elements)
+// → pshufb into 2·E2M1 as int8 → four vectors of 8 fp32. Per block and pair: one product
+// vector per 8 elements summed in a fixed chain, times the half scale into 8 lane sums.
+
+__attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+template <uint32_t NT>
+__attribute__((target("avx2,fma"))) void rows_avx2_t(const Mat& m, uint32_t r0, uint32_t r1,
+                                                    const float* const* xs, float* const* outs) {
+    const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    for (uint32_t r = r0; r < r1; r++) {
+        const uint8_t* b = m.blocks + size_t(r) * m.nb * 16;
+        const uint8_t* sc = m.scales + size_t(r) * m.nb;
+        __m256 acc[NT];
+        for (uint32_t j = 0; j < NT; j++) acc[j] = _mm256_setzero_ps();
+        bool exact = false;
+        for (uint32_t blk = 0; blk < m.nb; blk++) {
+            const uint8_t s = sc[blk];
+            if (s >= kExactScale) {
+                exact = true;
+                break;
+            }
+            const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + size_t(blk) * 16));
+            const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(q, low4));
+            const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), low4));
+            const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+            const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo)));
+            const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+            const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi)));
+            const __m256 scale = _mm256_set1_ps(kScales.half[s]);
+            for (uint32_t j = 0; j < NT; j++) {
+                const float* x = xs[j] + size_t(blk) * 32;
+                __m256 t = _mm256_mul_ps(w0, _mm256_loadu_ps(x));
+                t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), t);
+                t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x + 16), t);
+                t = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + 24), t);
+                acc[j] = _mm256_fmadd_ps(t, scale, acc[j]);
+            }
+        }
+        for (uint32_t j = 0; j < NT; j++) outs[j][r - r0] = exact ? exact_row(m, r, xs[j]) : hsum_avx2(acc[j]);
+    }
+}
+
+void rows_avx2(const Mat& m, uint32_t r0, uint32_t r1, const float* const* xs, uint32_t n, float* const* outs) {
+    switch (n) {
+    case 1: rows_avx2_t<1>(m, r0, r1, xs, outs); break;
+    case 2: rows_avx2_t<2>(m, r0, r1, xs, outs); break;
+    case 3: rows_avx2_t<3>(m, r0, r1, xs, outs); break;
+    default: rows_avx2_t<4>(m, r0, r1, xs, outs); break;
+    }
+}
+
+__attribute__((target("avx2"))) uint64_t read_avx2(const uint8_t* p, size_t bytes) {
+    __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+    for (size_t i = 0; i + 128 <= bytes; i += 128) {
+        a = _mm256_xor_si256(a, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+        b = _mm256_xor_si256(b, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+        c = _mm256_xor_si256(c, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+        d = _mm256_xor_si256(d, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+    }
+    const __m256i x = _mm256_xor_si256(_mm256_xor_si256(a, b), _mm256_xor_si256(c, d));
+    return uint64_t(_mm256_extract_epi64(x, 0) ^ _mm256_extract_epi64(x, 1) ^ _mm256_extract_epi64(x, 2) ^
+                    _mm256_extract_epi64(x, 3));
+}
+
+// ---------------------------------------------------------------------------
+// AVX-512F: the 16 bytes of a block zero-extended to 16 dwords; vpermps with the 16-entry
+// fp32 E2M1 table reads the low 4 bits of each dword (the low nibble: even elements), and
+// again after a 4-bit shift (the high nibble: odd elements).
+
+// Lanes l and l + 8, then l + 4, l + 2, l + 1 (through memory: GCC 12 warns on the
+// extract intrinsics' undefined upper halves).
+__attribute__((target("avx2,fma,avx512f"))) inline float hsum_avx512(__m512 v) {
+    alignas(64) float l[16];
+    _mm512_store_ps(l, v);
+    for (int w = 8; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++) l[i] += l[i + w];
+    return l[0];
+}
+
+template <uint32_t NT>
+__attribute__((target("avx2,fma,avx512f"))) void rows_avx512_t(const Mat& m, uint32_t r0, uint32_t r1,
+                                                              const float* const* xs, float* const* outs) {
+    const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
+                                      -2.0f, -3.0f, -4.0f, -6.0f);
+    for (uint32_t r = r0; r < r1; r++) {
+        const uint8_t* b = m.blocks + size_t(r) * m.nb * 16;
+        const uint8_t* sc = m.scales + size_t(r) * m.nb;
+        __m512 acc[NT];
+        for (uint32_t j = 0; j < NT; j++) acc[j] = _mm512_setzero_ps();
+        bool exact = false;
+        for (uint32_t blk = 0; blk < m.nb; blk++) {
+            const uint8_t s = sc[blk];
+            if (s >= kExactScale) {
+                exact = true;
+                break;
+            }
+            // (maskz forms with all lanes on: GCC 12 warns on the plain forms' undefined source.)
+            const __m512i d = _mm512_maskz_cvtepu8_epi32(
+                0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + size_t(blk) * 16)));
+            const __m512 w0 = _mm512_maskz_permutexvar_ps(0xffff, d, lut);
+            const __m512 w1 = _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, d, 4), lut);
+            const __m512 scale = _mm512_set1_ps(kScales.full[s]);
+            for (uint32_t j = 0; j < NT; j++) {
+                const float* x = xs[j] + size_t(blk) * 32;
+                __m512 t = _mm512_mul_ps(w0, _mm512_loadu_ps(x));
+                t = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), t);
+                acc[j] = _mm512_fmadd_ps(t, scale, acc[j]);
+            }
+        }
+        for (uint32_t j = 0; j < NT; j++)
+            outs[j][r - r0] = exact ? exact_row(m, r, xs[j]) : hsum_avx512(acc[j]);
+    }
+}
+
+void rows_avx512(const Mat& m, uint32_t r0, uint32_t r1, const float* const* xs, uint32_t n, float* const* outs) {
+    switch (n) {
+    case 1: rows_avx512_t<1>(m, r0, r1, xs, outs); break;
+    case 2: rows_avx512_t<2>(m, r0, r1, xs, outs); break;
+    case 3: rows_avx512_t<3>(m, r0, r1, xs, outs); break;
+    default: rows_avx512_t<4>(m, r0, r1, xs, outs); break;
+    }
+}
+
+__attribute__((target("avx512f"))) uint64_t read_avx512(const uint8_t* p, size_t bytes) {
+    __m512i a = _mm512_setzero_si512(), b = a;
+    for (size_t i = 0; i + 128 <= bytes; i += 128) {
+        a = _mm512_xor_si512(a, _mm512_load_si512(reinterpret_cast<const void*>(p + i)));
+        b = _mm512_xor_si512(b, _mm512_load_si512(reinterpret_cast<const void*>(p + i + 64)));
+    }
+    alignas(64) uint64_t lanes[8];
+    _mm512_store_si512(reinterpret_cast<void*>(lanes), _mm512_xor_si512(a, b));
+    uint64_t x = 0;
+    for (uint64_t l : lanes) x ^= l;
+    return x;
+}
+#endif  // GPTOSS_HOST_X86
+
+RowsFn rows_fn(HostSimd simd) {
+#ifdef GPTOSS_HOST_X86
+    if (simd == HostSimd::avx512) return rows_avx512;
+    if (simd == HostSimd::avx2) return rows_avx2;
+#endif
+    (void)simd;
+    return rows_scalar;
+}
+
+volatile uint64_t g_read_sink;
+
+using ReadFn = uint64_t (*)(const uint8_t* p, size_t bytes);
+ReadFn read_fn(HostSimd simd) {
+#ifdef GPTOSS_HOST_X86
+    if (simd == HostSimd::avx512) return read_avx512;
+    if (simd == HostSimd::avx2) return read_avx2;
+#endif
+    (void)simd;
+    return read_scalar;
+}
+
+HostSimd best_supported(HostSimd at_most) {
+    for (int s = int(at_most); s > 0; s--)
+        if (host_simd_supported(HostSimd(s))) return HostSimd(s);
+    return HostSimd::scalar;
+}
+
+// Calls body(i) for i in [0, n) on the pool.
+template <typename Body>
+void parallel(size_t n, const Body& body) {
+    parallel_for(
+        n, [](void* ctx, size_t i) { (*static_cast<const Body*>(ctx))(i); },
+        const_cast<void*>(static_cast<const void*>(&body)));
+}
+
+// The (token, slot) pairs routed to one expert: order[first, first + count).
+struct Group {
+    uint32_t expert;
+    uint32_t first;
+    uint32_t count;
+};
+
+struct Scratch {
+    std::vector<float> xp;        // [T, H] permuted fp32 activations
+    std::vector<float> yp;        // [T·K, I] permuted bf16-rounded swiglu outputs
+    std::vector<uint32_t> order;  // pair ids grouped by expert
+    std::vector<Group> groups;
+};
+
+void group_pairs(const int32_t* experts, uint32_t pairs, Scratch& s) {
+    s.order.resize(pairs);
+    for (uint32_t p = 0; p < pairs; p++) s.order[p] = p;
+    std::stable_sort(s.order.begin(), s.order.end(),
+                     [&](uint32_t a, uint32_t b) { return experts[a] < experts[b]; });
+    s.groups.clear();
+    for (uint32_t i = 0; i < pairs; i++) {
+        const uint32_t e = uint32_t(experts[s.order[i]]);
+        if (s.groups.empty() || s.groups.back().expert != e) s.groups.push_back({e, i, 0});
+        s.groups.back().count++;
+    }
+}
+
+// Gate_up rows [r0, r1) of one group's expert for all its pairs: + bias, swiglu, bf16 rounding,
+// into the permuted y of each pair.
+void gate_up_item(RowsFn rows, const MoeWeights& w, const Scratch& s, const Group& g, uint32_t r0, uint32_t r1,
+                  uint32_t K, uint32_t H, uint32_t I, float limit, float* yp) {
+    const size_t n_rows = 2 * size_t(I);
+    const Mat m{w.gate_up_blocks + size_t(g.expert) * n_rows * (H / 32) * 16,
+                w.gate_up_scales + size_t(g.expert) * n_rows * (H / 32), H / 32};
+    const uint16_t* bias = w.gate_up_bias + size_t(g.expert) * n_rows;
+    float gbuf[kTile][kRowBlock];
+    float ybuf[kRowBlock / 2];
+    for (uint32_t j0 = 0; j0 < g.count; j0 += kTile) {
+        const uint32_t n = std::min(kTile, g.count - j0);
+        const float* xs[kTile];
+        float* outs[kTile];
+        for (uint32_t j = 0; j < n; j++) {
+            xs[j] = s.xp.data() + size_t(s.order[g.first + j0 + j] / K) * H;
+            outs[j] = gbuf[j];
+        }
+        rows(m, r0, r1, xs, n, outs);
+        for (uint32_t j = 0; j < n; j++) {
+            for (uint32_t r = r0; r < r1; r++) gbuf[j][r - r0] += bf16_to_f32(bias[r]);
+            swiglu(gbuf[j], 1, (r1 - r0) / 2, limit, ybuf);
+            float* y = yp + size_t(s.order[g.first + j0 + j]) * I;
+            for (uint32_t i = 0; i < (r1 - r0) / 2; i++) y[perm(r0 / 2 + i)] = bf16_to_f32(f32_to_bf16(ybuf[i]));
+        }
+    }
+}
+
+// Down rows [r0, r1) of one group's expert for all its pairs, + bias, into out [pairs, H].
+void down_item(RowsFn rows, const MoeWeights& w, const Scratch& s, const Group& g, uint32_t r0, uint32_t r1,
+               uint32_t H, uint32_t I, float* out) {
+    const Mat m{w.down_blocks + size_t(g.expert) * H * (I / 32) * 16,
+                w.down_scales + size_t(g.expert) * H * (I / 32), I / 32};
+    const uint16_t* bias = w.down_bias + size_t(g.expert) * H;
+    for (uint32_t j0 = 0; j0 < g.count; j0 += kTile) {
+        const uint32_t n = std::min(kTile, g.count - j0);
+        const float* xs[kTile];
+        float* outs[kTile];
+        for (uint32_t j = 0; j < n; j++) {
+            const uint32_t pair = s.order[g.first + j0 + j];
+            xs[j] = s.yp.data() + size_t(pair) * I;
+            outs[j] = out + size_t(pair) * H + r0;
+        }
+        rows(m, r0, r1, xs, n, outs);
+        for (uint32_t j = 0; j < n; j++)
+            for (uint32_t r = r0; r < r1; r++) outs[j][r - r0] += bf16_to_f32(bias[r]);
+    }
+}
+
+}  // namespace
+
+const char* host_simd_name(HostSimd simd) {
+    switch (simd) {
+    case HostSimd::avx512: return "avx512";
+    case HostSimd::avx2: return "avx2";
+    default: return "scalar";
+    }
+}
+
+bool host_simd_supported(HostSimd simd) {
+    if (simd == HostSimd::scalar) return true;
+#ifdef GPTOSS_HOST_X86
+    __builtin_cpu_init();
+    if (simd == HostSimd::avx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (simd == HostSimd::avx512)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    return false;
+}
+
+HostSimd host_simd_selected() {
+    static const HostSimd selected = [] {
+        const HostSimd best = best_supported(HostSimd::avx512);
+        const char* env = std::getenv("GPTOSS_HOST_SIMD");
+        if (env == nullptr || *env == 0) return best;
+        HostSimd want;
+        if (std::strcmp(env, "scalar") == 0) want = HostSimd::scalar;
+        else if (std::strcmp(env, "avx2") == 0) want = HostSimd::avx2;
+        else if (std::strcmp(env, "avx512") == 0) want = HostSimd::avx512;
+        else {
+            std::fprintf(stderr, "gptoss: GPTOSS_HOST_SIMD=%s is not scalar, avx2 or avx512; using %s\n", env,
+                         host_simd_name(best));
+            return best;
+        }
+        const HostSimd got = best_supported(want);
+        if (got != want)
+            std::fprintf(stderr, "gptoss: GPTOSS_HOST_SIMD=%s: this CPU lacks it; using %s\n", env,
+                         host_simd_name(got));
+        return got;
+    }();
+    return selected;
+}
+
+void host_moe_experts_simd(HostSimd simd, const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I,
+                           const MoeWeights& w, const int32_t* experts, uint32_t K, float swiglu_limit,
+                           float* out) {
+    assert(H % 32 == 0 && I % 32 == 0 && T >= 1 && K >= 1);
+    const RowsFn rows = rows_fn(best_supported(simd));
+    // The calling thread's scratch. The pool's threads reach it through this reference: naming a
+    // thread_local inside the lambdas would give each worker its own, empty, copy.
+    thread_local Scratch scratch;
+    Scratch& s = scratch;
+    const uint32_t pairs = T * K;
+    s.xp.resize(size_t(T) * H);
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t k = 0; k < H; k++) s.xp[size_t(t) * H + perm(k)] = bf16_to_f32(x_bf16[size_t(t) * H + k]);
+    s.yp.resize(size_t(pairs) * I);
+    group_pairs(experts, pairs, s);
+
+    const uint32_t gu_items = (2 * I + kRowBlock - 1) / kRowBlock;
+    float* yp = s.yp.data();
+    parallel(s.groups.size() * gu_items, [&](size_t item) {
+        const uint32_t r0 = uint32_t(item % gu_items) * kRowBlock;
+        gate_up_item(rows, w, s, s.groups[item / gu_items], r0, std::min(2 * I, r0 + kRowBlock), K, H, I,
+                     swiglu_limit, yp);
+    });
+    const uint32_t down_items = (H + kRowBlock - 1) / kRowBlock;
+    parallel(s.groups.size() * down_items, [&](size_t item) {
+        const uint32_t r0 = uint32_t(item % down_items) * kRowBlock;
+        down_item(rows, w, s, s.groups[item / down_items], r0, std::min(H, r0 + kRowBlock), H, I, out);
+    });
+}
+
+void host_moe_experts(const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I, const MoeWeights& w,
+                      const int32_t* experts, uint32_t K, float swiglu_limit, float* out) {
+    host_moe_experts_simd(host_simd_selected(), x_bf16, T, H, I, w, experts, K, swiglu_limit, out);
+}
+
+double measure_host_read_gbps(size_t bytes) {
+    constexpr size_t kChunk = size_t(1) << 20;
+    const size_t n_chunks = std::max<size_t>(1, bytes / kChunk);
+    uint8_t* buf = static_cast<uint8_t*>(std::aligned_alloc(64, n_chunks * kChunk));
+    if (buf == nullptr) return 0.0;
+    parallel(n_chunks, [&](size_t c) { std::memset(buf + c * kChunk, int(c * 131 + 7) & 0xff, kChunk); });
+    const ReadFn read = read_fn(host_simd_selected());
+    std::vector<uint64_t> sink(n_chunks, 0);
+    double best = 0.0;
+    for (int pass = 0; pass < 5; pass++) {
+        const auto t0 = std::chrono::steady_clock::now();
+        parallel(n_chunks, [&](size_t c) { sink[c] ^= read(buf + c * kChunk, kChunk); });
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        best = std::max(best, double(n_chunks * kChunk) / s / 1e9);
+    }
+    uint64_t folded = 0;
+    for (uint64_t v : sink) folded ^= v;
+    std::free(buf);
+    g_read_sink = folded;  // keeps the reads: the fold is observable
+    return best;
+}
+
+}  // namespace cpu
+}  // namespace gptoss

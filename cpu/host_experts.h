@@ -1,0 +1,61 @@
+// cpu/host_experts.h - decode-sized MoE experts computed by the CPU from host-resident MXFP4
+// weights (issue 16: the experts of the first N layers stay in host memory when the GPU is too
+// small, and the CPU computes the chosen experts of each decode step). The weights stay in the
+// checkpoint's layout; MXFP4 is dequantized in SIMD registers (AVX-512F, AVX2+FMA, or a portable
+// scalar loop, chosen at run time), each chosen expert's weight bytes are read once per call, and
+// all threads of cpu::parallel_for's pool stream the weights of all chosen experts at once. The
+// results match cpu::moe's composition of cpu::matmul_mxfp4 + cpu::swiglu (cpu/reference.h, the
+// oracle) up to fp32 summation order, and are bit-identical whatever the thread count.
+#pragma once
+
+#include "cpu/reference.h"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gptoss {
+namespace cpu {
+
+// Decode-sized MoE on host-resident MXFP4 experts in the checkpoint's layout (cpu::MoeWeights
+// from cpu/reference.h: blocks u8 [E, N, K/32, 16], scales u8 [E, N, K/32], biases bf16).
+// x: bf16 [T, H] — the GPU's normed activations (RMSNorm output, bf16 as the GPU stores them);
+// experts: [T, K] chosen expert ids (all < E, validated by the caller); out: fp32 [T, K, H] =
+// for each (token t, slot k): Wd[e] · bf16(swiglu(Wgu[e] · x[t] + bgu[e])) + bd[e], UNWEIGHTED
+// (the GPU's combine applies the router weights). The swiglu output is rounded to bf16 before
+// the down projection, as the GPU kernels store it. Threaded on cpu::parallel_for's pool (the
+// caller holds a cpu::PoolHold); deterministic: each output element is summed in one fixed
+// order whatever the thread count. Meant for T ≤ ~64 (decode, small chunks).
+// Preconditions (not checked beyond an assert): H and I multiples of 32, T ≥ 1, K ≥ 1, pointers
+// valid for those shapes. A weight row holding a block scale ≥ 253 (where the reference's fp32
+// dequantization overflows to inf; 255 is 2^128 = inf as in cpu::e8m0_to_f32) is computed in
+// cpu::matmul_mxfp4's exact order, so inf/NaN results match the reference's; with finite weights
+// and inputs no NaN is produced. Scratch lives in thread_local buffers of the calling thread
+// (grown, never shrunk); the call allocates only when T, K, H or I grow.
+void host_moe_experts(const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I, const MoeWeights& w,
+                      const int32_t* experts, uint32_t K, float swiglu_limit, float* out);
+
+// Streaming-read bandwidth of host memory (GB/s = 1e9 bytes/s) with the pool's threads, reading
+// `bytes` (≥ 1 GiB recommended, larger than the last-level cache) a few times; the floor that
+// host_moe_experts is measured against (issue 16: "measure a streaming read of host memory with
+// the same threads in the same run"). Allocates and first-touches `bytes` (in parallel, so pages
+// spread like the threads' work), reads it 5 times with the selected SIMD width, and returns the
+// best pass. Returns 0 when the allocation fails.
+double measure_host_read_gbps(size_t bytes);
+
+// The SIMD code paths. host_moe_experts and measure_host_read_gbps use host_simd_selected().
+enum class HostSimd { scalar = 0, avx2 = 1, avx512 = 2 };
+const char* host_simd_name(HostSimd simd);
+// Whether this CPU (and build) can run `simd`: scalar always; avx2 needs AVX2+FMA, avx512
+// needs AVX-512F (x86-64 builds only).
+bool host_simd_supported(HostSimd simd);
+// The best supported path, or GPTOSS_HOST_SIMD=scalar|avx2|avx512 if set (read once; a path
+// this CPU lacks falls back to the best supported one below it, said once on stderr).
+HostSimd host_simd_selected();
+// host_moe_experts on a chosen path (tests compare every supported path against the
+// reference). `simd` must be supported (else the best supported path runs).
+void host_moe_experts_simd(HostSimd simd, const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I,
+                           const MoeWeights& w, const int32_t* experts, uint32_t K, float swiglu_limit,
+                           float* out);
+
+}  // namespace cpu
+}  // namespace gptoss

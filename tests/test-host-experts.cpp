@@ -1,0 +1,437 @@
+// tests/test-host-experts.cpp - cpu::host_moe_experts (cpu/host_experts.h, issue 16) on every
+// SIMD path this CPU has (scalar always, avx2 and avx512 where present; the first test case
+// prints which ran and which were skipped) against an oracle composed from the reference ops of
+// cpu/reference.h: x widened from bf16, cpu::matmul_mxfp4 (gate_up), cpu::swiglu, bf16
+// rounding, cpu::matmul_mxfp4 (down). Tolerances are worst-case bounds, not fudge factors:
+// both sides sum the same fp32 products in different orders, so each result is within
+// d·2^-24 of the row's abs-sum Σ|x·w| + |b| of the exact sum (d: the deeper summation tree of
+// the two, ~1e-5 relative for H = 2880), plus 2^-150 per op where products underflow; the
+// swiglu output is rounded to bf16 on both sides, and where the gate_up difference can move it
+// across a bf16 rounding boundary, the possible flip (one bf16 step of that y) times |w| is
+// added. Rows holding a block scale ≥ 253 (reference dequantizes to inf) must match the
+// reference's inf/NaN exactly. Also: results are bit-identical with 1 thread and with a pool of
+// 5, and a token's outputs do not depend on the other tokens of the call.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include "cpu/host_experts.h"
+#include "cpu/reference.h"
+#include "gptoss-internal.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace gptoss;
+using cpu::HostSimd;
+
+namespace {
+
+constexpr float kLimit = 7.0f;  // gpt-oss swiglu_limit
+
+std::vector<HostSimd> supported_paths() {
+    std::vector<HostSimd> v;
+    for (HostSimd s : {HostSimd::scalar, HostSimd::avx2, HostSimd::avx512})
+        if (cpu::host_simd_supported(s)) v.push_back(s);
+    return v;
+}
+
+// One layer's experts in the checkpoint layout. Bytes and scales come from the callbacks
+// (expert, row, block[, byte]) so each test shapes what it needs.
+struct Experts {
+    uint32_t E, H, I;
+    std::vector<uint8_t> gu_blocks, gu_scales, d_blocks, d_scales;
+    std::vector<uint16_t> gu_bias, d_bias;
+    cpu::MoeWeights view() const {
+        return {gu_blocks.data(), gu_scales.data(), gu_bias.data(), d_blocks.data(), d_scales.data(), d_bias.data()};
+    }
+};
+
+using ByteFn = std::function<uint8_t(uint32_t e, uint32_t row, uint32_t blk, uint32_t i)>;
+using ScaleFn = std::function<uint8_t(uint32_t e, uint32_t row, uint32_t blk)>;
+
+void fill(uint32_t E, uint32_t N, uint32_t Kdim, const ByteFn& byte, const ScaleFn& scale, std::vector<uint8_t>& blocks,
+          std::vector<uint8_t>& scales) {
+    const uint32_t nb = Kdim / 32;
+    blocks.resize(size_t(E) * N * nb * 16);
+    scales.resize(size_t(E) * N * nb);
+    for (uint32_t e = 0; e < E; e++)
+        for (uint32_t r = 0; r < N; r++)
+            for (uint32_t b = 0; b < nb; b++) {
+                const size_t at = (size_t(e) * N + r) * nb + b;
+                scales[at] = scale(e, r, b);
+                for (uint32_t i = 0; i < 16; i++) blocks[at * 16 + i] = byte(e, r, b, i);
+            }
+}
+
+std::vector<uint16_t> random_bf16(size_t n, float amplitude, std::mt19937& rng) {
+    std::uniform_real_distribution<float> u(-amplitude, amplitude);
+    std::vector<uint16_t> v(n);
+    for (uint16_t& x : v) x = f32_to_bf16(u(rng));
+    return v;
+}
+
+Experts make_experts(uint32_t E, uint32_t H, uint32_t I, std::mt19937& rng, const ByteFn& gu_byte,
+                     const ScaleFn& gu_scale, const ByteFn& d_byte, const ScaleFn& d_scale) {
+    Experts x{E, H, I, {}, {}, {}, {}, {}, {}};
+    fill(E, 2 * I, H, gu_byte, gu_scale, x.gu_blocks, x.gu_scales);
+    fill(E, H, I, d_byte, d_scale, x.d_blocks, x.d_scales);
+    x.gu_bias = random_bf16(size_t(E) * 2 * I, 0.5f, rng);
+    x.d_bias = random_bf16(size_t(E) * H, 0.5f, rng);
+    return x;
+}
+
+ByteFn random_bytes(std::mt19937& rng) {
+    return [&rng](uint32_t, uint32_t, uint32_t, uint32_t) { return uint8_t(rng() & 0xff); };
+}
+// Realistic scales: 2^-9 .. 2^3.
+ScaleFn random_scales(std::mt19937& rng) {
+    return [&rng](uint32_t, uint32_t, uint32_t) { return uint8_t(118 + rng() % 13); };
+}
+
+// Error-bound helpers. gamma: the relative bound on the difference of two fp32 summation
+// orders of n products: depth of the reference's dot (n/8 serial + 3 pairwise + bias) plus
+// the kernels' (≤ 8 partial sums of 4 per block or a 4-deep chain, a scale product, n/32
+// block sums, 3-4 lanes reductions, bias: n/32 + 40 covers every path), each step ≤ 2^-24.
+double gamma(uint32_t n) { return double(n / 8 + 4 + n / 32 + 40) * std::ldexp(1.0, -24) * 1.01; }
+// Ops whose products may underflow: each loses at most 2^-150 absolute.
+double underflow_floor(uint32_t n) { return double(2 * n + n / 32 + 64) * std::ldexp(1.0, -149); }
+
+bool row_is_exact(const uint8_t* scales, uint32_t nb) {
+    for (uint32_t b = 0; b < nb; b++)
+        if (scales[b] >= 253) return true;
+    return false;
+}
+
+// swiglu's extreme value over gate in [g0, g1], up in [u0, u1] (doubles): (clamp(up) + 1) is
+// monotone, glu(min(gate, limit)) = g·sigmoid(1.702 g) has one minimum (g ≈ -0.7512), so the
+// extremes are among the corner products with glu at the ends and at that minimum.
+double glu(double g) {
+    g = std::min(g, double(kLimit));
+    return g / (1.0 + std::exp(-1.702 * g));
+}
+double swiglu_min_max(double g0, double g1, double u0, double u1, bool want_max) {
+    const double clamp_lo = -double(kLimit), clamp_hi = double(kLimit);
+    const double f[2] = {std::min(std::max(u0, clamp_lo), clamp_hi) + 1.0, std::min(std::max(u1, clamp_lo), clamp_hi) + 1.0};
+    double gl[3] = {glu(g0), glu(g1), glu(g0)};
+    const double g_star = -0.751154;  // argmin of g·sigmoid(1.702 g)
+    if (g0 < g_star && g_star < g1) gl[2] = glu(g_star);
+    double best = want_max ? -1e300 : 1e300;
+    for (double a : f)
+        for (double b : gl) best = want_max ? std::max(best, a * b) : std::min(best, a * b);
+    return best;
+}
+double swiglu_range(double g0, double g1, double u0, double u1) {
+    return std::max(std::fabs(swiglu_min_max(g0, g1, u0, u1, false)), std::fabs(swiglu_min_max(g0, g1, u0, u1, true)));
+}
+
+// The oracle: out [T, K, H] and the allowed error of each element.
+struct Oracle {
+    std::vector<float> out;
+    std::vector<double> tol;
+};
+
+Oracle oracle(const Experts& w, const std::vector<uint16_t>& x, uint32_t T, const std::vector<int32_t>& experts,
+              uint32_t K) {
+    const uint32_t H = w.H, I = w.I, nbH = H / 32, nbI = I / 32;
+    Oracle o;
+    o.out.assign(size_t(T) * K * H, 0.0f);
+    o.tol.assign(size_t(T) * K * H, 0.0);
+    std::vector<float> xf(H), g(2 * I), y(I), ybf(I), wrow(std::max(H, I)), d(H);
+    std::vector<double> dy(I);
+    for (uint32_t t = 0; t < T; t++) {
+        for (uint32_t h = 0; h < H; h++) xf[h] = bf16_to_f32(x[size_t(t) * H + h]);
+        for (uint32_t k = 0; k < K; k++) {
+            const uint32_t e = uint32_t(experts[size_t(t) * K + k]);
+            const uint8_t* gub = w.gu_blocks.data() + size_t(e) * 2 * I * nbH * 16;
+            const uint8_t* gus = w.gu_scales.data() + size_t(e) * 2 * I * nbH;
+            const uint16_t* gubias = w.gu_bias.data() + size_t(e) * 2 * I;
+            cpu::matmul_mxfp4(xf.data(), gub, gus, gubias, 1, H, 2 * I, g.data());
+            // The kernel's g[n] is within eg[n] of ours (0 for rows computed in our exact order).
+            std::vector<double> eg(2 * I);
+            for (uint32_t n = 0; n < 2 * I; n++) {
+                if (row_is_exact(gus + size_t(n) * nbH, nbH)) continue;
+                cpu::mxfp4_dequant_row(gub, gus, H, n, wrow.data());
+                double abs_sum = std::fabs(bf16_to_f32(gubias[n]));
+                for (uint32_t h = 0; h < H; h++) abs_sum += std::fabs(double(xf[h]) * wrow[h]);
+                eg[n] = gamma(H) * abs_sum + underflow_floor(H);
+            }
+            cpu::swiglu(g.data(), 1, I, kLimit, y.data());
+            for (uint32_t i = 0; i < I; i++) {
+                ybf[i] = bf16_to_f32(f32_to_bf16(y[i]));
+                // The kernel's gate and up lie within eg of ours; swiglu over those intervals
+                // (clamps, and glu's one minimum at g ≈ -0.76) bounds the kernel's fp32 y, and
+                // rounding is monotone, so its bf16 y lies between round(y_min) and round(y_max).
+                const double gate = g[2 * i], up = g[2 * i + 1], eg_gate = eg[2 * i], eg_up = eg[2 * i + 1];
+                if (eg_gate == 0 && eg_up == 0) {
+                    dy[i] = 0;
+                    continue;
+                }
+                const double y_range = swiglu_range(gate - eg_gate, gate + eg_gate, up - eg_up, up + eg_up);
+                const double slack = 8 * std::ldexp(1.0, -24) * y_range + std::ldexp(1.0, -140);
+                const double y_min = swiglu_min_max(gate - eg_gate, gate + eg_gate, up - eg_up, up + eg_up, false) - slack;
+                const double y_max = swiglu_min_max(gate - eg_gate, gate + eg_gate, up - eg_up, up + eg_up, true) + slack;
+                const double lo = bf16_to_f32(f32_to_bf16(float(y_min)));
+                const double hi = bf16_to_f32(f32_to_bf16(float(y_max)));
+                dy[i] = std::max(std::fabs(lo - ybf[i]), std::fabs(hi - ybf[i]));
+            }
+            const uint8_t* db = w.d_blocks.data() + size_t(e) * H * nbI * 16;
+            const uint8_t* ds = w.d_scales.data() + size_t(e) * H * nbI;
+            const uint16_t* dbias = w.d_bias.data() + size_t(e) * H;
+            cpu::matmul_mxfp4(ybf.data(), db, ds, dbias, 1, I, H, d.data());
+            const size_t base = (size_t(t) * K + k) * H;
+            for (uint32_t h = 0; h < H; h++) {
+                o.out[base + h] = d[h];
+                cpu::mxfp4_dequant_row(db, ds, I, h, wrow.data());
+                double abs_sum = std::fabs(bf16_to_f32(dbias[h])), flips = 0;
+                for (uint32_t i = 0; i < I; i++) {
+                    abs_sum += std::fabs(double(ybf[i]) * wrow[i]);
+                    if (dy[i] > 0 && wrow[i] != 0) flips += dy[i] * std::fabs(wrow[i]);
+                }
+                o.tol[base + h] = gamma(I) * abs_sum + underflow_floor(I) + flips;
+            }
+        }
+    }
+    return o;
+}
+
+// Compares got with the oracle: non-finite reference values must match in kind (NaN, or the
+// same infinity); finite ones must be finite and within the bound. Returns the mismatch count
+// and prints the first few.
+size_t compare(const Oracle& o, const std::vector<float>& got, const char* what, double* worst_ratio = nullptr) {
+    size_t bad = 0;
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        const float r = o.out[i], v = got[i];
+        bool ok;
+        if (std::isnan(r)) ok = std::isnan(v);
+        else if (std::isinf(r)) ok = v == r;
+        else {
+            const double err = std::fabs(double(v) - double(r));
+            ok = std::isfinite(v) && err <= o.tol[i];
+            if (std::isfinite(v) && o.tol[i] > 0) worst = std::max(worst, err / o.tol[i]);
+        }
+        if (!ok && bad++ < 5)
+            std::printf("  %s: element %zu: got %.9g, reference %.9g, allowed error %.3g\n", what, i, double(v),
+                        double(r), o.tol[i]);
+    }
+    if (worst_ratio) *worst_ratio = worst;
+    return bad;
+}
+
+std::vector<float> run(HostSimd simd, const Experts& w, const std::vector<uint16_t>& x, uint32_t T,
+                       const std::vector<int32_t>& experts, uint32_t K) {
+    std::vector<float> out(size_t(T) * K * w.H, -12345.0f);
+    cpu::host_moe_experts_simd(simd, x.data(), T, w.H, w.I, w.view(), experts.data(), K, kLimit, out.data());
+    return out;
+}
+
+// Checks every supported path against the oracle; returns the number of mismatches.
+size_t check_all_paths(const Experts& w, const std::vector<uint16_t>& x, uint32_t T, const std::vector<int32_t>& experts,
+                       uint32_t K, const std::string& what) {
+    const Oracle o = oracle(w, x, T, experts, K);
+    size_t bad = 0;
+    for (HostSimd s : supported_paths()) {
+        const std::string name = what + " [" + cpu::host_simd_name(s) + "]";
+        double worst = 0;
+        const size_t b = compare(o, run(s, w, x, T, experts, K), name.c_str(), &worst);
+        INFO(name << ": worst error / bound " << worst);
+        CHECK_MESSAGE(b == 0, name << ": " << b << " elements outside the bound");
+        bad += b;
+    }
+    return bad;
+}
+
+std::vector<int32_t> random_experts(uint32_t T, uint32_t K, uint32_t E, std::mt19937& rng, bool distinct = true) {
+    std::vector<int32_t> ids(size_t(T) * K);
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t k = 0; k < K; k++) {
+            int32_t e;
+            bool again;
+            do {
+                e = int32_t(rng() % E);
+                again = false;
+                if (distinct)
+                    for (uint32_t j = 0; j < k; j++) again |= ids[size_t(t) * K + j] == e;
+            } while (again);
+            ids[size_t(t) * K + k] = e;
+        }
+    return ids;
+}
+
+}  // namespace
+
+TEST_CASE("SIMD paths on this CPU: which run here") {
+    std::printf("host experts SIMD paths:");
+    for (HostSimd s : {HostSimd::scalar, HostSimd::avx2, HostSimd::avx512})
+        std::printf(" %s %s;", cpu::host_simd_name(s),
+                    cpu::host_simd_supported(s) ? "runs" : "SKIPPED (this CPU or build lacks it)");
+    std::printf(" selected: %s\n", cpu::host_simd_name(cpu::host_simd_selected()));
+    CHECK(cpu::host_simd_supported(HostSimd::scalar));
+    CHECK(cpu::host_simd_supported(cpu::host_simd_selected()));
+}
+
+TEST_CASE("all 16 E2M1 codes in both nibbles, every byte value, against the reference") {
+    std::mt19937 rng(1);
+    const uint32_t E = 4, H = 96, I = 160, T = 3, K = 2;
+    // Byte (row, block, i) walks all 256 values, so each code meets each code in the other
+    // nibble and each element position.
+    const ByteFn walk = [](uint32_t e, uint32_t r, uint32_t b, uint32_t i) {
+        return uint8_t((e * 37 + r * 11 + b * 16 + i) & 0xff);
+    };
+    const Experts w = make_experts(E, H, I, rng, walk, random_scales(rng), walk, random_scales(rng));
+    bool low_seen[16] = {}, high_seen[16] = {};
+    for (uint8_t b : w.gu_blocks) low_seen[b & 15] = high_seen[b >> 4] = true;
+    for (int c = 0; c < 16; c++) REQUIRE((low_seen[c] && high_seen[c]));
+    const std::vector<uint16_t> x = random_bf16(size_t(T) * H, 2.0f, rng);
+    CHECK(check_all_paths(w, x, T, random_experts(T, K, E, rng), K, "codes") == 0);
+}
+
+TEST_CASE("E8M0 scales 0..236 row by row, in gate_up and in down") {
+    std::mt19937 rng(2);
+    const uint32_t E = 3, H = 160, I = 160, T = 1, K = 3;
+    // Each row one scale, the rows of the three experts walking 0..236 (2^-127 .. 2^109: the
+    // largest whose sums stay finite here, |y| ≤ 56), so a wrong scale anywhere moves a whole
+    // row by a power of two; biases are zero so that tiny rows are not hidden behind them.
+    // 237..255 are the next test's.
+    const ScaleFn gu_by_pair = [](uint32_t e, uint32_t r, uint32_t) { return uint8_t((e * 160 + r / 2) * 7 % 237); };
+    const ScaleFn d_by_row = [](uint32_t e, uint32_t r, uint32_t) { return uint8_t((e * 160 + r) * 7 % 237); };
+    const ScaleFn every_block = [](uint32_t e, uint32_t r, uint32_t b) { return uint8_t((r * 7 + b * 29 + e) % 237); };
+    const ScaleFn one = [](uint32_t, uint32_t, uint32_t) { return uint8_t(127); };
+    // Down row h = 1.0 · y[h]: each output shows one swiglu output, so one gate_up pair's scale.
+    const ByteFn one_hot = [](uint32_t, uint32_t h, uint32_t b, uint32_t i) {
+        return uint8_t(b * 32 + 2 * i == h ? 0x02 : b * 32 + 2 * i + 1 == h ? 0x20 : 0x00);
+    };
+    const std::vector<int32_t> ids{2, 0, 1};
+    auto zero_biases = [](Experts& w) {
+        std::fill(w.gu_bias.begin(), w.gu_bias.end(), 0);
+        std::fill(w.d_bias.begin(), w.d_bias.end(), 0);
+    };
+    SUBCASE("gate_up") {
+        Experts w = make_experts(E, H, I, rng, random_bytes(rng), gu_by_pair, one_hot, one);
+        zero_biases(w);
+        const std::vector<uint16_t> x = random_bf16(size_t(T) * H, 2.0f, rng);
+        CHECK(check_all_paths(w, x, T, ids, K, "gate_up scales") == 0);
+    }
+    SUBCASE("down") {
+        Experts w = make_experts(E, H, I, rng, random_bytes(rng), random_scales(rng), random_bytes(rng), d_by_row);
+        zero_biases(w);
+        const std::vector<uint16_t> x = random_bf16(size_t(T) * H, 2.0f, rng);
+        CHECK(check_all_paths(w, x, T, ids, K, "down scales") == 0);
+    }
+    SUBCASE("mixed within rows") {
+        const Experts w =
+            make_experts(E, H, I, rng, random_bytes(rng), every_block, random_bytes(rng), every_block);
+        const std::vector<uint16_t> x = random_bf16(size_t(T) * H, 2.0f, rng);
+        CHECK(check_all_paths(w, x, T, ids, K, "mixed scales") == 0);
+    }
+}
+
+TEST_CASE("scales 253..255 (inf in the reference's dequantization): same inf/NaN as the reference") {
+    std::mt19937 rng(3);
+    const uint32_t E = 2, H = 96, I = 96, T = 2, K = 2;
+    // One row in five has one block at 253, 254 or 255; x is small (|x| ≤ 2^-10) so the
+    // remaining finite sums cannot overflow in one order and not in another.
+    const ScaleFn extreme = [](uint32_t, uint32_t r, uint32_t b) {
+        return uint8_t(r % 5 == 0 && b == r % 3 ? 253 + (r / 5) % 3 : 118 + (r + b) % 13);
+    };
+    // Rows 5 apart from those: the extreme block's codes all nonzero (±inf, no 0·inf).
+    const ByteFn bytes = [&rng](uint32_t, uint32_t r, uint32_t, uint32_t) {
+        const uint8_t b = uint8_t(rng() & 0xff);
+        return r % 10 == 5 ? uint8_t(b | 0x11) : b;
+    };
+    SUBCASE("down") {
+        const Experts w = make_experts(E, H, I, rng, random_bytes(rng), random_scales(rng), bytes, extreme);
+        const std::vector<uint16_t> x = random_bf16(size_t(T) * H, 2.0f, rng);
+        CHECK(check_all_paths(w, x, T, {0, 1, 1, 0}, K, "down extremes") == 0);
+    }
+    SUBCASE("gate_up") {
+        const Experts w = make_experts(E, H, I, rng, bytes, extreme, random_bytes(rng), random_scales(rng));
+        const std::vector<uint16_t> x = random_bf16(size_t(T) * H, 1.0f / 1024, rng);
+        CHECK(check_all_paths(w, x, T, {0, 1, 1, 0}, K, "gate_up extremes") == 0);
+    }
+    SUBCASE("finite weights give no NaN or inf") {
+        const ScaleFn top = [](uint32_t, uint32_t r, uint32_t) { return uint8_t(r % 2 ? 236 : 126); };
+        const Experts w = make_experts(E, H, I, rng, random_bytes(rng), random_scales(rng), random_bytes(rng), top);
+        const std::vector<uint16_t> x = random_bf16(size_t(T) * H, 2.0f, rng);
+        for (HostSimd s : supported_paths()) {
+            const std::vector<float> out = run(s, w, x, T, {0, 1, 1, 0}, K);
+            CHECK(std::all_of(out.begin(), out.end(), [](float v) { return std::isfinite(v); }));
+        }
+    }
+}
+
+TEST_CASE("odd shapes: H, I = 32·odd; T = 1, 3, 17; K = 1..4; E up to 32; repeated experts") {
+    std::mt19937 rng(4);
+    struct Shape {
+        uint32_t E, H, I;
+    };
+    for (const Shape sh : {Shape{32, 96, 160}, Shape{4, 160, 96}, Shape{3, 32, 224}, Shape{8, 224, 32}}) {
+        const Experts w =
+            make_experts(sh.E, sh.H, sh.I, rng, random_bytes(rng), random_scales(rng), random_bytes(rng), random_scales(rng));
+        for (uint32_t T : {1u, 3u, 17u})
+            for (uint32_t K = 1; K <= std::min(4u, sh.E); K++) {
+                const std::vector<uint16_t> x = random_bf16(size_t(T) * sh.H, 2.0f, rng);
+                const std::string what = "E=" + std::to_string(sh.E) + " H=" + std::to_string(sh.H) +
+                                         " I=" + std::to_string(sh.I) + " T=" + std::to_string(T) +
+                                         " K=" + std::to_string(K);
+                CHECK(check_all_paths(w, x, T, random_experts(T, K, sh.E, rng), K, what) == 0);
+            }
+    }
+    // The same expert twice for one token (two pairs, one group) is computed twice alike.
+    const Experts w = make_experts(4, 96, 96, rng, random_bytes(rng), random_scales(rng), random_bytes(rng),
+                                   random_scales(rng));
+    const std::vector<uint16_t> x = random_bf16(3 * 96, 2.0f, rng);
+    CHECK(check_all_paths(w, x, 3, {2, 2, 0, 1, 3, 3}, 2, "repeated within a token") == 0);
+}
+
+TEST_CASE("the real shape: H = I = 2880") {
+    std::mt19937 rng(5);
+    const uint32_t E = 4, H = 2880, I = 2880, T = 3, K = 4;
+    const Experts w = make_experts(E, H, I, rng, random_bytes(rng), random_scales(rng), random_bytes(rng), random_scales(rng));
+    const std::vector<uint16_t> x = random_bf16(size_t(T) * H, 2.0f, rng);
+    CHECK(check_all_paths(w, x, T, random_experts(T, K, E, rng), K, "2880") == 0);
+}
+
+TEST_CASE("bit-identical with 1 thread and with a pool of 5; a token's outputs do not depend on the others") {
+    std::mt19937 rng(6);
+    const uint32_t E = 8, H = 160, I = 224, T = 17, K = 4;
+    const Experts w = make_experts(E, H, I, rng, random_bytes(rng), random_scales(rng), random_bytes(rng), random_scales(rng));
+    const std::vector<uint16_t> x = random_bf16(size_t(T) * H, 2.0f, rng);
+    const std::vector<int32_t> ids = random_experts(T, K, E, rng);
+    for (HostSimd s : supported_paths()) {
+        INFO("path " << cpu::host_simd_name(s));
+        const std::vector<float> alone = run(s, w, x, T, ids, K);  // no pool: the calling thread only
+        std::vector<float> pooled, one;
+        {
+            setenv("GPTOSS_THREADS", "5", 1);
+            cpu::PoolHold hold;
+            pooled = run(s, w, x, T, ids, K);
+        }
+        {
+            setenv("GPTOSS_THREADS", "1", 1);
+            cpu::PoolHold hold;
+            one = run(s, w, x, T, ids, K);
+        }
+        unsetenv("GPTOSS_THREADS");
+        CHECK(std::memcmp(alone.data(), pooled.data(), alone.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(alone.data(), one.data(), alone.size() * sizeof(float)) == 0);
+        // Token 5 alone (T = 1) gives the same bits as inside the call of 17.
+        const std::vector<uint16_t> x5(x.begin() + 5 * H, x.begin() + 6 * H);
+        const std::vector<int32_t> ids5(ids.begin() + 5 * K, ids.begin() + 6 * K);
+        const std::vector<float> single = run(s, w, x5, 1, ids5, K);
+        CHECK(std::memcmp(single.data(), alone.data() + size_t(5) * K * H, single.size() * sizeof(float)) == 0);
+    }
+}
+
+TEST_CASE("measure_host_read_gbps returns a positive rate") {
+    const double gbps = cpu::measure_host_read_gbps(size_t(64) << 20);
+    CHECK(gbps > 0.0);
+    CHECK(std::isfinite(gbps));
+}

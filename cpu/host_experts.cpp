@@ -37,6 +37,7 @@ namespace {
 constexpr uint32_t kRowBlock = 32;       // output rows per work item (even: gate/up pairs stay together)
 constexpr uint32_t kTile = 4;            // (token, slot) pairs sharing one dequantized block
 constexpr uint8_t kExactScale = 253;     // from here on, e2m1 · 2^(s-127) can overflow fp32
+constexpr float kAvx2MaxInput = 0x1p90f; // the avx2 path's inputs stay below (its weights carry 2^25)
 
 // One expert's MXFP4 matrix: rows of nb blocks (16 bytes + 1 scale byte each).
 struct Mat {
@@ -53,14 +54,15 @@ using RowsFn = void (*)(const Mat& m, uint32_t r0, uint32_t r1, const float* con
 // Natural index k of a row → its position in the permuted layout.
 inline uint32_t perm(uint32_t k) { return (k & ~31u) | ((k & 1u) << 4) | ((k & 31u) >> 1); }
 
-// 2^(s-127) (full) and 2^(s-128) (half: AVX2 decodes 2·E2M1 as integers), s < kExactScale.
+// 2^(s-127) (full) and 2^(s-152) (avx2: its weights are E2M1 · 2^25; 0 for s < 3, which
+// that path computes exactly instead), s < kExactScale.
 struct ScaleTables {
     float full[256];
-    float half[256];
+    float avx2[256];
     ScaleTables() {
         for (int s = 0; s < 256; s++) {
             full[s] = std::ldexp(1.0f, s - 127);
-            half[s] = std::ldexp(1.0f, s - 128);
+            avx2[s] = s < 3 ? 0.0f : std::ldexp(1.0f, s - 152);
         }
     }
 };
@@ -143,9 +145,14 @@ uint64_t read_scalar(const uint8_t* p, size_t bytes) {
 
 #ifdef GPTOSS_HOST_X86
 // ---------------------------------------------------------------------------
-// AVX2 + FMA: a 16-byte block → low nibbles (even elements) and high nibbles (odd elements)
-// → pshufb into 2·E2M1 as int8 → four vectors of 8 fp32. Per block and pair: one product
-// vector per 8 elements summed in a fixed chain, times the half scale into 8 lane sums.
+// AVX2 + FMA, in-lane shuffles only (Zen 3 runs the lane-crossing vpmovsxbd ymm at a third
+// of the rate, and it set the pace): the 16-byte block broadcast to both 128-bit lanes; one
+// pshufb per 8 bytes puts byte j in the top byte of dword j (others zero); the low nibble
+// (and 0x0f000000) or the high nibble (a 4-bit right shift) indexes a second pshufb with the
+// int8 table 2·E2M1, giving v·2^24 in each dword, converted exactly to fp32. So the weights
+// are E2M1 · 2^25 and the block scale is 2^(s-152), a normal or subnormal fp32 for s ≥ 3;
+// rows with a scale < 3 take the exact path. Inputs must stay below 2^90 (so that ·2^25 · 32
+// terms stays finite); the caller checks (kAvx2MaxInput).
 
 __attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -157,8 +164,15 @@ __attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
 template <uint32_t NT>
 __attribute__((target("avx2,fma"))) void rows_avx2_t(const Mat& m, uint32_t r0, uint32_t r1,
                                                     const float* const* xs, float* const* outs) {
-    const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    const __m128i low4 = _mm_set1_epi8(0x0f);
+    const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                                         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const char z = char(0x80);  // pshufb: zero this byte
+    // Dword j of lane 0 / lane 1 takes byte j / j + 4 (first 8 bytes) or j + 8 / j + 12.
+    const __m256i spread0 = _mm256_setr_epi8(z, z, z, 0, z, z, z, 1, z, z, z, 2, z, z, z, 3,
+                                             z, z, z, 4, z, z, z, 5, z, z, z, 6, z, z, z, 7);
+    const __m256i spread1 = _mm256_setr_epi8(z, z, z, 8, z, z, z, 9, z, z, z, 10, z, z, z, 11,
+                                             z, z, z, 12, z, z, z, 13, z, z, z, 14, z, z, z, 15);
+    const __m256i low = _mm256_set1_epi32(0x0f000000);
     for (uint32_t r = r0; r < r1; r++) {
         const uint8_t* b = m.blocks + size_t(r) * m.nb * 16;
         const uint8_t* sc = m.scales + size_t(r) * m.nb;
@@ -167,18 +181,21 @@ __attribute__((target("avx2,fma"))) void rows_avx2_t(const Mat& m, uint32_t r0, 
         bool exact = false;
         for (uint32_t blk = 0; blk < m.nb; blk++) {
             const uint8_t s = sc[blk];
-            if (s >= kExactScale) {
+            if (s >= kExactScale || s < 3) {
                 exact = true;
                 break;
             }
-            const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + size_t(blk) * 16));
-            const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(q, low4));
-            const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), low4));
-            const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
-            const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo)));
-            const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
-            const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi)));
-            const __m256 scale = _mm256_set1_ps(kScales.half[s]);
+            const __m256i q = _mm256_broadcastsi128_si256(
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + size_t(blk) * 16)));
+            const __m256i e0 = _mm256_shuffle_epi8(q, spread0);  // bytes 0..7, one per dword's top byte
+            const __m256i e1 = _mm256_shuffle_epi8(q, spread1);  // bytes 8..15
+            // Even elements of bytes 0..7, of bytes 8..15, odd of 0..7, odd of 8..15: the
+            // permuted layout's x[0..8), x[8..16), x[16..24), x[24..32).
+            const __m256 w0 = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lut, _mm256_and_si256(e0, low)));
+            const __m256 w1 = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lut, _mm256_and_si256(e1, low)));
+            const __m256 w2 = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lut, _mm256_srli_epi32(e0, 4)));
+            const __m256 w3 = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lut, _mm256_srli_epi32(e1, 4)));
+            const __m256 scale = _mm256_set1_ps(kScales.avx2[s]);
             for (uint32_t j = 0; j < NT; j++) {
                 const float* x = xs[j] + size_t(blk) * 32;
                 __m256 t = _mm256_mul_ps(w0, _mm256_loadu_ps(x));
@@ -457,18 +474,26 @@ void host_moe_experts_simd(HostSimd simd, const uint16_t* x_bf16, uint32_t T, ui
         for (uint32_t k = 0; k < H; k++) s.xp[size_t(t) * H + perm(k)] = bf16_to_f32(x_bf16[size_t(t) * H + k]);
     s.yp.resize(size_t(pairs) * I);
     group_pairs(experts, pairs, s);
+    // The avx2 path scales its weights by 2^25: inputs out of its range (|x| ≥ 2^90, inf, NaN;
+    // |y| ≤ (|limit| + 1) · max(|limit|, 0.28), so a limit ≥ 10^12) go to the scalar loop.
+    bool x_in_range = true;
+    for (size_t i = 0; i < s.xp.size() && x_in_range; i++) x_in_range = std::fabs(s.xp[i]) < kAvx2MaxInput;
+    const bool y_in_range = std::fabs(swiglu_limit) < 1e12f;
+    const bool avx2 = rows == rows_fn(HostSimd::avx2) && rows != rows_fn(HostSimd::scalar);
+    const RowsFn rows_gu = avx2 && !x_in_range ? rows_scalar : rows;
+    const RowsFn rows_down = avx2 && !y_in_range ? rows_scalar : rows;
 
     const uint32_t gu_items = (2 * I + kRowBlock - 1) / kRowBlock;
     float* yp = s.yp.data();
     parallel(s.groups.size() * gu_items, [&](size_t item) {
         const uint32_t r0 = uint32_t(item % gu_items) * kRowBlock;
-        gate_up_item(rows, w, s, s.groups[item / gu_items], r0, std::min(2 * I, r0 + kRowBlock), K, H, I,
+        gate_up_item(rows_gu, w, s, s.groups[item / gu_items], r0, std::min(2 * I, r0 + kRowBlock), K, H, I,
                      swiglu_limit, yp);
     });
     const uint32_t down_items = (H + kRowBlock - 1) / kRowBlock;
     parallel(s.groups.size() * down_items, [&](size_t item) {
         const uint32_t r0 = uint32_t(item % down_items) * kRowBlock;
-        down_item(rows, w, s, s.groups[item / down_items], r0, std::min(H, r0 + kRowBlock), H, I, out);
+        down_item(rows_down, w, s, s.groups[item / down_items], r0, std::min(H, r0 + kRowBlock), H, I, out);
     });
 }
 

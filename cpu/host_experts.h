@@ -29,7 +29,8 @@ namespace cpu {
 // valid for those shapes. A weight row holding a block scale ≥ 253 (where the reference's fp32
 // dequantization overflows to inf; 255 is 2^128 = inf as in cpu::e8m0_to_f32) is computed in
 // cpu::matmul_mxfp4's exact order, so inf/NaN results match the reference's; with finite weights
-// and inputs no NaN is produced. Scratch lives in thread_local buffers of the calling thread
+// and inputs no NaN is produced (inputs of any magnitude: the avx2 path hands |x| ≥ 2^90, or a
+// swiglu_limit ≥ 1e12, to the scalar loop). Scratch lives in thread_local buffers of the calling thread
 // (grown, never shrunk); the call allocates only when T, K, H or I grow.
 void host_moe_experts(const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I, const MoeWeights& w,
                       const int32_t* experts, uint32_t K, float swiglu_limit, float* out);

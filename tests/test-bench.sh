@@ -22,5 +22,9 @@ out=$(timeout 120 "$bench" --device cpu --model "$model" --concurrency 1,3 -p 12
 check "--concurrency 1,3 finishes" "0" "$rc"
 check "--concurrency 1,3 rows" "| 1 | 4 ;| 3 | 12 ;" \
     "$(grep -oE '^\| +[0-9]+ \| +[0-9]+ ' <<< "$out" | tr -s ' ' | tr '\n' ';')"
+# --host-moe (the CPU experts of issue 16, tools/bench-host-moe.h): a wrong shape is refused.
+out=$(timeout 20 "$bench" --host-moe 7b 2>&1); rc=$?
+check "--host-moe 7b exits 2" "2" "$rc"
+check "--host-moe 7b says why" "1" "$(grep -c 'expected 20b or 120b' <<< "$out")"
 echo "test-bench: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

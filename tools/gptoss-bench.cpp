@@ -20,6 +20,7 @@
 // the ceilings are the first GPU's, so the decode floor and %-of-floor are one GPU's.
 #include "gptoss-internal.h"
 #include "tools/bench-concurrency.h"
+#include "tools/bench-host-moe.h"
 #include "tokenizer/grammar-mask.h"
 #include "tokenizer/json-schema.h"
 #include "tokenizer/tokenizer.h"
@@ -365,7 +366,7 @@ SchemaBench load_schema_bench(const std::string& schema_file, const std::string&
 }
 
 int main(int argc, char** argv) {
-    std::string model_dir, synthetic, schema_file, tokenizer_dir;
+    std::string model_dir, synthetic, schema_file, tokenizer_dir, host_moe;
     int32_t device = 0;
     std::vector<int32_t> devices;  // --devices: two or more split the model
     std::vector<uint32_t> pp{512, 2048}, depths{0, 8192};
@@ -403,12 +404,14 @@ int main(int argc, char** argv) {
         else if (a == "--no-gemm-probe") gemm_probe = false;
         else if (a == "--json-schema") schema_file = value();
         else if (a == "--tokenizer") tokenizer_dir = value();
+        else if (a == "--host-moe") host_moe = value();  // CPU experts of issue 16 (tools/bench-host-moe.h)
         else if (a == "-h" || a == "--help") {
             std::printf(
                 "usage: gptoss-bench (--model DIR | --synthetic 20b|120b) [--device N|cpu] [--devices 0,1] [-p 512,2048] [-n 128]\n"
                 "                    [-d 0,8192] [-r REPS] [--layers N] [--ttft 8192,32768,131000] [--profile] [--json]\n"
                 "                    [--no-gemm-probe] [--json-schema FILE --tokenizer DIR] [--no-collectives]\n"
                 "                    [--concurrency 1,8,32,64 [--decode-batch N]]\n"
+                "       gptoss-bench --host-moe 20b|120b [--json]   (CPU only: host MXFP4 experts vs the host read floor)\n"
                 "Prints pp (prefill) and tg (decode) throughput at each context depth, with GB/s and %% of the\n"
                 "bandwidth floor (decode) or TFLOP/s and %% of the measured bf16 tensor-core rate (prefill).\n"
                 "--concurrency: N streams at once through gptoss_generate (prompt -p's first value, -n tokens\n"
@@ -416,6 +419,7 @@ int main(int argc, char** argv) {
             return 0;
         } else die("unknown option %s (see --help)", a.c_str());
     }
+    if (!host_moe.empty()) return run_host_moe(host_moe, json);
     if (model_dir.empty() == synthetic.empty()) die("give exactly one of --model DIR and --synthetic 20b|120b");
     if (schema_file.empty() != tokenizer_dir.empty()) die("--json-schema and --tokenizer go together");
     if (!concurrency.empty())

@@ -1,0 +1,97 @@
+// tools/bench-host-moe.h - gptoss-bench --host-moe 20b|120b: the CPU side of issue 16 (experts
+// in host memory) on its own, no GPU needed. Allocates one layer's MXFP4 experts in the real
+// shape (E = 32 or 128, H = I = 2880) filled with random bytes (scales drawn from 2^-9..2^3 as in
+// real checkpoints, so no row takes the exact inf/NaN path), measures the streaming read of
+// 1 GiB of host memory with the pool's threads (cpu::measure_host_read_gbps: the floor), then
+// times cpu::host_moe_experts at T = 1, K = 4: each call takes 4 distinct experts among the less
+// recently used half (so an expert comes back only after ≥ E/8 calls, E/8 · 53 MB of other
+// weights in between: the cache does not serve it). Reports ms per layer, GB/s of the chosen
+// experts' bytes (blocks + scales + biases) and % of the read floor.
+#pragma once
+
+#include "cpu/host_experts.h"
+#include "gptoss-internal.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+inline int run_host_moe(const std::string& shape, bool json) {
+    using namespace gptoss;
+    if (shape != "20b" && shape != "120b") {
+        std::fprintf(stderr, "gptoss-bench: --host-moe is \"%s\", expected 20b or 120b\n", shape.c_str());
+        return 2;
+    }
+    const uint32_t E = shape == "20b" ? 32 : 128, H = 2880, I = 2880, K = 4, nbH = H / 32, nbI = I / 32;
+    const size_t gu_rows = size_t(E) * 2 * I, d_rows = size_t(E) * H;
+    std::vector<uint8_t> gu_blocks(gu_rows * nbH * 16), gu_scales(gu_rows * nbH);
+    std::vector<uint8_t> d_blocks(d_rows * nbI * 16), d_scales(d_rows * nbI);
+    std::vector<uint16_t> gu_bias(gu_rows), d_bias(d_rows);
+    std::mt19937_64 rng(1);
+    auto fill_bytes = [&](std::vector<uint8_t>& v) {
+        for (size_t i = 0; i + 8 <= v.size(); i += 8) {
+            const uint64_t r = rng();
+            std::memcpy(&v[i], &r, 8);
+        }
+    };
+    fill_bytes(gu_blocks);
+    fill_bytes(d_blocks);
+    for (uint8_t& s : gu_scales) s = uint8_t(118 + rng() % 13);
+    for (uint8_t& s : d_scales) s = uint8_t(118 + rng() % 13);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (uint16_t& b : gu_bias) b = f32_to_bf16(0.1f * u(rng));
+    for (uint16_t& b : d_bias) b = f32_to_bf16(0.1f * u(rng));
+    std::vector<uint16_t> x(H);
+    for (uint16_t& v : x) v = f32_to_bf16(u(rng));
+    const cpu::MoeWeights w{gu_blocks.data(), gu_scales.data(), gu_bias.data(),
+                            d_blocks.data(),  d_scales.data(),  d_bias.data()};
+    const double expert_bytes = double(2 * I) * nbH * 17 + 2.0 * 2 * I + double(H) * nbI * 17 + 2.0 * H;
+
+    cpu::PoolHold pool;
+    const char* env = std::getenv("GPTOSS_THREADS");  // the pool's size, as cpu/reference.cpp sets it
+    const unsigned threads = env && std::atoi(env) >= 1 ? unsigned(std::atoi(env)) : std::thread::hardware_concurrency();
+    const double floor_gbps = cpu::measure_host_read_gbps(size_t(1) << 30);
+
+    std::vector<int32_t> lru(E);
+    for (uint32_t e = 0; e < E; e++) lru[e] = int32_t(e);
+    int32_t chosen[K];
+    std::vector<float> out(size_t(K) * H);
+    auto step = [&]() {
+        for (uint32_t k = 0; k < K; k++) {  // 4 distinct among the least recently used half
+            const size_t at = rng() % (E / 2 - k);
+            chosen[k] = lru[at];
+            lru.erase(lru.begin() + long(at));
+            lru.push_back(chosen[k]);
+        }
+        cpu::host_moe_experts(x.data(), 1, H, I, w, chosen, K, 7.0f, out.data());
+    };
+    for (int i = 0; i < 5; i++) step();
+    uint32_t iters = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    double s = 0;
+    while (iters < 100 || s < 2.0) {
+        step();
+        iters++;
+        s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    const double ms = s * 1e3 / iters, gbps = K * expert_bytes / (s / iters) / 1e9;
+    const char* simd = cpu::host_simd_name(cpu::host_simd_selected());
+    if (json)
+        std::printf("{\"host_moe\": \"%s\", \"E\": %u, \"H\": %u, \"I\": %u, \"T\": 1, \"K\": %u, \"simd\": \"%s\", "
+                    "\"threads\": %u, \"iterations\": %u, \"ms_per_layer\": %.4f, \"weight_gbps\": %.2f, "
+                    "\"read_floor_gbps\": %.2f, \"pct_of_floor\": %.1f}\n",
+                    shape.c_str(), E, H, I, K, simd, threads, iters, ms, gbps, floor_gbps, 100 * gbps / floor_gbps);
+    else
+        std::printf("host-moe %s (E=%u H=%u I=%u, T=1 K=4, %s, %u threads, %u calls): %.3f ms/layer, %.2f GB/s of "
+                    "expert weights (%.1f MB/call), %.1f %% of the host read floor (%.2f GB/s: streaming read of 1 GiB, "
+                    "same threads)\n",
+                    shape.c_str(), E, H, I, simd, threads, iters, ms, gbps, K * expert_bytes / 1e6,
+                    100 * gbps / floor_gbps, floor_gbps);
+    return 0;
+}

@@ -246,6 +246,25 @@ __attribute__((target("avx2,fma,avx512f"))) inline float hsum_avx512(__m512 v) {
     return l[0];
 }
 
+// One block (16 bytes at q, its scale) for the NT inputs at offset off, into acc[NT].
+template <uint32_t NT>
+__attribute__((target("avx2,fma,avx512f"), always_inline)) inline void block_avx512(
+    const uint8_t* q, float scale, const float* const* xs, size_t off, __m512 lut, __m512* acc) {
+    // (maskz forms with all lanes on: GCC 12 warns on the plain forms' undefined source.)
+    const __m512i d = _mm512_maskz_cvtepu8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+    const __m512 w0 = _mm512_maskz_permutexvar_ps(0xffff, d, lut);
+    const __m512 w1 = _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, d, 4), lut);
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (uint32_t j = 0; j < NT; j++) {
+        const float* x = xs[j] + off;
+        __m512 t = _mm512_mul_ps(w0, _mm512_loadu_ps(x));
+        t = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), t);
+        acc[j] = _mm512_fmadd_ps(t, sc, acc[j]);
+    }
+}
+
+// Even blocks into acc0, odd blocks into acc1 (two chains: one FMA's latency per block would
+// otherwise set the pace), acc0 + acc1 reduced at the end.
 template <uint32_t NT>
 __attribute__((target("avx2,fma,avx512f"))) void rows_avx512_t(const Mat& m, uint32_t r0, uint32_t r1,
                                                               const float* const* xs, float* const* outs) {
@@ -254,30 +273,24 @@ __attribute__((target("avx2,fma,avx512f"))) void rows_avx512_t(const Mat& m, uin
     for (uint32_t r = r0; r < r1; r++) {
         const uint8_t* b = m.blocks + size_t(r) * m.nb * 16;
         const uint8_t* sc = m.scales + size_t(r) * m.nb;
-        __m512 acc[NT];
-        for (uint32_t j = 0; j < NT; j++) acc[j] = _mm512_setzero_ps();
+        __m512 acc0[NT], acc1[NT];
+        for (uint32_t j = 0; j < NT; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
         bool exact = false;
-        for (uint32_t blk = 0; blk < m.nb; blk++) {
-            const uint8_t s = sc[blk];
-            if (s >= kExactScale) {
+        uint32_t blk = 0;
+        for (; blk + 2 <= m.nb; blk += 2) {
+            if (sc[blk] >= kExactScale || sc[blk + 1] >= kExactScale) {
                 exact = true;
                 break;
             }
-            // (maskz forms with all lanes on: GCC 12 warns on the plain forms' undefined source.)
-            const __m512i d = _mm512_maskz_cvtepu8_epi32(
-                0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + size_t(blk) * 16)));
-            const __m512 w0 = _mm512_maskz_permutexvar_ps(0xffff, d, lut);
-            const __m512 w1 = _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, d, 4), lut);
-            const __m512 scale = _mm512_set1_ps(kScales.full[s]);
-            for (uint32_t j = 0; j < NT; j++) {
-                const float* x = xs[j] + size_t(blk) * 32;
-                __m512 t = _mm512_mul_ps(w0, _mm512_loadu_ps(x));
-                t = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), t);
-                acc[j] = _mm512_fmadd_ps(t, scale, acc[j]);
-            }
+            block_avx512<NT>(b + size_t(blk) * 16, kScales.full[sc[blk]], xs, size_t(blk) * 32, lut, acc0);
+            block_avx512<NT>(b + size_t(blk + 1) * 16, kScales.full[sc[blk + 1]], xs, size_t(blk + 1) * 32, lut, acc1);
+        }
+        if (!exact && blk < m.nb) {
+            if (sc[blk] >= kExactScale) exact = true;
+            else block_avx512<NT>(b + size_t(blk) * 16, kScales.full[sc[blk]], xs, size_t(blk) * 32, lut, acc0);
         }
         for (uint32_t j = 0; j < NT; j++)
-            outs[j][r - r0] = exact ? exact_row(m, r, xs[j]) : hsum_avx512(acc[j]);
+            outs[j][r - r0] = exact ? exact_row(m, r, xs[j]) : hsum_avx512(_mm512_add_ps(acc0[j], acc1[j]));
     }
 }
 

@@ -24,9 +24,18 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(GPTOSS_HOST_SIMDE)
+// Tests only (test-host-experts-simde): the x86 intrinsics emulated by SIMDe, so every path
+// runs, slowly, on any CPU; no target attributes, every path "supported".
+#include "tests/simde-x86.h"
+#define GPTOSS_HOST_X86 1
+#define GPTOSS_TARGET(features)
+#define GPTOSS_CPU_HAS(feature) true
+#elif defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define GPTOSS_HOST_X86 1
+#define GPTOSS_TARGET(features) __attribute__((target(features)))
+#define GPTOSS_CPU_HAS(feature) __builtin_cpu_supports(feature)
 #endif
 
 namespace gptoss {
@@ -154,7 +163,7 @@ uint64_t read_scalar(const uint8_t* p, size_t bytes) {
 // rows with a scale < 3 take the exact path. Inputs must stay below 2^90 (so that ·2^25 · 32
 // terms stays finite); the caller checks (kAvx2MaxInput).
 
-__attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
+GPTOSS_TARGET("avx2,fma") inline float hsum_avx2(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -162,7 +171,7 @@ __attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
 }
 
 template <uint32_t NT>
-__attribute__((target("avx2,fma"))) void rows_avx2_t(const Mat& m, uint32_t r0, uint32_t r1,
+GPTOSS_TARGET("avx2,fma") void rows_avx2_t(const Mat& m, uint32_t r0, uint32_t r1,
                                                     const float* const* xs, float* const* outs) {
     const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
                                          0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
@@ -218,7 +227,7 @@ void rows_avx2(const Mat& m, uint32_t r0, uint32_t r1, const float* const* xs, u
     }
 }
 
-__attribute__((target("avx2"))) uint64_t read_avx2(const uint8_t* p, size_t bytes) {
+GPTOSS_TARGET("avx2") uint64_t read_avx2(const uint8_t* p, size_t bytes) {
     __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
     for (size_t i = 0; i + 128 <= bytes; i += 128) {
         a = _mm256_xor_si256(a, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
@@ -238,7 +247,7 @@ __attribute__((target("avx2"))) uint64_t read_avx2(const uint8_t* p, size_t byte
 
 // Lanes l and l + 8, then l + 4, l + 2, l + 1 (through memory: GCC 12 warns on the
 // extract intrinsics' undefined upper halves).
-__attribute__((target("avx2,fma,avx512f"))) inline float hsum_avx512(__m512 v) {
+GPTOSS_TARGET("avx2,fma,avx512f") inline float hsum_avx512(__m512 v) {
     alignas(64) float l[16];
     _mm512_store_ps(l, v);
     for (int w = 8; w >= 1; w /= 2)
@@ -248,7 +257,7 @@ __attribute__((target("avx2,fma,avx512f"))) inline float hsum_avx512(__m512 v) {
 
 // One block (16 bytes at q, its scale) for the NT inputs at offset off, into acc[NT].
 template <uint32_t NT>
-__attribute__((target("avx2,fma,avx512f"), always_inline)) inline void block_avx512(
+GPTOSS_TARGET("avx2,fma,avx512f") __attribute__((always_inline)) inline void block_avx512(
     const uint8_t* q, float scale, const float* const* xs, size_t off, __m512 lut, __m512* acc) {
     // (maskz forms with all lanes on: GCC 12 warns on the plain forms' undefined source.)
     const __m512i d = _mm512_maskz_cvtepu8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
@@ -266,7 +275,7 @@ __attribute__((target("avx2,fma,avx512f"), always_inline)) inline void block_avx
 // Even blocks into acc0, odd blocks into acc1 (two chains: one FMA's latency per block would
 // otherwise set the pace), acc0 + acc1 reduced at the end.
 template <uint32_t NT>
-__attribute__((target("avx2,fma,avx512f"))) void rows_avx512_t(const Mat& m, uint32_t r0, uint32_t r1,
+GPTOSS_TARGET("avx2,fma,avx512f") void rows_avx512_t(const Mat& m, uint32_t r0, uint32_t r1,
                                                               const float* const* xs, float* const* outs) {
     const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
                                       -2.0f, -3.0f, -4.0f, -6.0f);
@@ -303,7 +312,7 @@ void rows_avx512(const Mat& m, uint32_t r0, uint32_t r1, const float* const* xs,
     }
 }
 
-__attribute__((target("avx512f"))) uint64_t read_avx512(const uint8_t* p, size_t bytes) {
+GPTOSS_TARGET("avx512f") uint64_t read_avx512(const uint8_t* p, size_t bytes) {
     __m512i a = _mm512_setzero_si512(), b = a;
     for (size_t i = 0; i + 128 <= bytes; i += 128) {
         a = _mm512_xor_si512(a, _mm512_load_si512(reinterpret_cast<const void*>(p + i)));
@@ -441,10 +450,11 @@ const char* host_simd_name(HostSimd simd) {
 bool host_simd_supported(HostSimd simd) {
     if (simd == HostSimd::scalar) return true;
 #ifdef GPTOSS_HOST_X86
+#ifndef GPTOSS_HOST_SIMDE
     __builtin_cpu_init();
-    if (simd == HostSimd::avx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (simd == HostSimd::avx512)
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    if (simd == HostSimd::avx2) return GPTOSS_CPU_HAS("avx2") && GPTOSS_CPU_HAS("fma");
+    if (simd == HostSimd::avx512) return GPTOSS_CPU_HAS("avx512f") && GPTOSS_CPU_HAS("avx2") && GPTOSS_CPU_HAS("fma");
 #endif
     return false;
 }

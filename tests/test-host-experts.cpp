@@ -10,7 +10,8 @@
 // across a bf16 rounding boundary, the possible flip (one bf16 step of that y) times |w| is
 // added. Rows holding a block scale ≥ 253 (reference dequantizes to inf) must match the
 // reference's inf/NaN exactly. Also: results are bit-identical with 1 thread and with a pool of
-// 5, and a token's outputs do not depend on the other tokens of the call.
+// 5, and a token's outputs do not depend on the other tokens of the call. test-host-experts-simde
+// is this file built with the kernels' intrinsics emulated by SIMDe, so CI runs every path.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -273,6 +274,9 @@ TEST_CASE("SIMD paths on this CPU: which run here") {
         std::printf(" %s %s;", cpu::host_simd_name(s),
                     cpu::host_simd_supported(s) ? "runs" : "SKIPPED (this CPU or build lacks it)");
     std::printf(" selected: %s\n", cpu::host_simd_name(cpu::host_simd_selected()));
+#ifdef GPTOSS_HOST_SIMDE
+    std::printf("  (test-host-experts-simde: the avx2 and avx512 paths run emulated by SIMDe)\n");
+#endif
     CHECK(cpu::host_simd_supported(HostSimd::scalar));
     CHECK(cpu::host_simd_supported(cpu::host_simd_selected()));
 }

@@ -3,12 +3,13 @@
 #   build: cmake, g++, libsimdjson-dev, doctest-dev, libedit-dev (line editing in gptoss-chat),
 #          libcpp-httplib-dev (HTTP for gptoss-server), pkg-config (finds it)
 #   tests: clang + libclang-rt-dev (the clang build, sanitizer and fuzz runtimes: make test),
+#          libsimde-dev (test-host-experts-simde: the AVX2/AVX-512 expert kernels emulated),
 #          tmux (drives gptoss-chat in a real terminal), npm (fetches the tokenizer and the
 #          OpenAI SDK that drives gptoss-server), curl (raw HTTP checks of the server),
 #          python3, golang-go (binding tests; cargo is used if installed)
 set -euo pipefail
 need=()
-for pkg in cmake g++ clang libclang-rt-dev libsimdjson-dev doctest-dev libedit-dev libcpp-httplib-dev pkg-config tmux npm curl python3 golang-go; do
+for pkg in cmake g++ clang libclang-rt-dev libsimdjson-dev doctest-dev libsimde-dev libedit-dev libcpp-httplib-dev pkg-config tmux npm curl python3 golang-go; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 # Tools that may come from outside Debian (pyenv python, nodesource npm) count as present.

@@ -6,7 +6,9 @@
 // times cpu::host_moe_experts at T = 1, K = 4: each call takes 4 distinct experts among the less
 // recently used half (so an expert comes back only after ≥ E/8 calls, E/8 · 53 MB of other
 // weights in between: the cache does not serve it). Reports ms per layer, GB/s of the chosen
-// experts' bytes (blocks + scales + biases) and % of the read floor.
+// experts' bytes (blocks + scales + biases), % of the read floor, and how many of the threads
+// were busy on average (process CPU time / wall time: well under the thread count means the
+// machine was shared and the numbers are not the kernel's).
 #pragma once
 
 #include "cpu/host_experts.h"
@@ -19,6 +21,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <sys/resource.h>
 #include <thread>
 #include <vector>
 
@@ -71,8 +74,14 @@ inline int run_host_moe(const std::string& shape, bool json) {
         }
         cpu::host_moe_experts(x.data(), 1, H, I, w, chosen, K, 7.0f, out.data());
     };
+    auto cpu_s = [] {
+        rusage u{};
+        getrusage(RUSAGE_SELF, &u);
+        return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+    };
     for (int i = 0; i < 5; i++) step();
     uint32_t iters = 0;
+    const double cpu0 = cpu_s();
     const auto t0 = std::chrono::steady_clock::now();
     double s = 0;
     while (iters < 100 || s < 2.0) {
@@ -80,18 +89,20 @@ inline int run_host_moe(const std::string& shape, bool json) {
         iters++;
         s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
+    const double busy = (cpu_s() - cpu0) / s;
     const double ms = s * 1e3 / iters, gbps = K * expert_bytes / (s / iters) / 1e9;
     const char* simd = cpu::host_simd_name(cpu::host_simd_selected());
     if (json)
         std::printf("{\"host_moe\": \"%s\", \"E\": %u, \"H\": %u, \"I\": %u, \"T\": 1, \"K\": %u, \"simd\": \"%s\", "
                     "\"threads\": %u, \"iterations\": %u, \"ms_per_layer\": %.4f, \"weight_gbps\": %.2f, "
-                    "\"read_floor_gbps\": %.2f, \"pct_of_floor\": %.1f}\n",
-                    shape.c_str(), E, H, I, K, simd, threads, iters, ms, gbps, floor_gbps, 100 * gbps / floor_gbps);
+                    "\"read_floor_gbps\": %.2f, \"pct_of_floor\": %.1f, \"threads_busy\": %.2f}\n",
+                    shape.c_str(), E, H, I, K, simd, threads, iters, ms, gbps, floor_gbps, 100 * gbps / floor_gbps,
+                    busy);
     else
         std::printf("host-moe %s (E=%u H=%u I=%u, T=1 K=4, %s, %u threads, %u calls): %.3f ms/layer, %.2f GB/s of "
                     "expert weights (%.1f MB/call), %.1f %% of the host read floor (%.2f GB/s: streaming read of 1 GiB, "
-                    "same threads)\n",
+                    "same threads); %.2f of %u threads busy\n",
                     shape.c_str(), E, H, I, simd, threads, iters, ms, gbps, K * expert_bytes / 1e6,
-                    100 * gbps / floor_gbps, floor_gbps);
+                    100 * gbps / floor_gbps, floor_gbps, busy, threads);
     return 0;
 }

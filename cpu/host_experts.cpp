@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #if defined(GPTOSS_HOST_SIMDE)
@@ -368,21 +369,29 @@ struct Group {
     uint32_t count;
 };
 
+// One process-wide scratch (the pool runs one parallel_for at a time anyway), so that
+// host_moe_reserve on any thread spares the calls (e.g. from a CUDA driver thread) allocating.
 struct Scratch {
     std::vector<float> xp;        // [T, H] permuted fp32 activations
     std::vector<float> yp;        // [T·K, I] permuted bf16-rounded swiglu outputs
+    std::vector<uint64_t> keys;   // (expert << 32 | pair), sorted: the pairs grouped by expert
     std::vector<uint32_t> order;  // pair ids grouped by expert
     std::vector<Group> groups;
 };
+std::mutex g_scratch_mutex;
+Scratch g_scratch;
 
+// Pairs grouped by expert (ascending), each group's pairs in ascending order. No allocation
+// when the vectors hold `pairs` already (std::sort, not the buffered std::stable_sort).
 void group_pairs(const int32_t* experts, uint32_t pairs, Scratch& s) {
+    s.keys.resize(pairs);
+    for (uint32_t p = 0; p < pairs; p++) s.keys[p] = uint64_t(uint32_t(experts[p])) << 32 | p;
+    std::sort(s.keys.begin(), s.keys.end());
     s.order.resize(pairs);
-    for (uint32_t p = 0; p < pairs; p++) s.order[p] = p;
-    std::stable_sort(s.order.begin(), s.order.end(),
-                     [&](uint32_t a, uint32_t b) { return experts[a] < experts[b]; });
     s.groups.clear();
     for (uint32_t i = 0; i < pairs; i++) {
-        const uint32_t e = uint32_t(experts[s.order[i]]);
+        s.order[i] = uint32_t(s.keys[i]);
+        const uint32_t e = uint32_t(s.keys[i] >> 32);
         if (s.groups.empty() || s.groups.back().expert != e) s.groups.push_back({e, i, 0});
         s.groups.back().count++;
     }
@@ -487,10 +496,8 @@ void host_moe_experts_simd(HostSimd simd, const uint16_t* x_bf16, uint32_t T, ui
                            float* out) {
     assert(H % 32 == 0 && I % 32 == 0 && T >= 1 && K >= 1);
     const RowsFn rows = rows_fn(best_supported(simd));
-    // The calling thread's scratch. The pool's threads reach it through this reference: naming a
-    // thread_local inside the lambdas would give each worker its own, empty, copy.
-    thread_local Scratch scratch;
-    Scratch& s = scratch;
+    std::lock_guard<std::mutex> lock(g_scratch_mutex);
+    Scratch& s = g_scratch;
     const uint32_t pairs = T * K;
     s.xp.resize(size_t(T) * H);
     for (uint32_t t = 0; t < T; t++)
@@ -518,6 +525,17 @@ void host_moe_experts_simd(HostSimd simd, const uint16_t* x_bf16, uint32_t T, ui
         const uint32_t r0 = uint32_t(item % down_items) * kRowBlock;
         down_item(rows_down, w, s, s.groups[item / down_items], r0, std::min(H, r0 + kRowBlock), H, I, out);
     });
+}
+
+void host_moe_reserve(uint32_t T, uint32_t K, uint32_t H, uint32_t I) {
+    std::lock_guard<std::mutex> lock(g_scratch_mutex);
+    Scratch& s = g_scratch;
+    const size_t pairs = size_t(T) * K;
+    s.xp.reserve(size_t(T) * H);
+    s.yp.reserve(pairs * I);
+    s.keys.reserve(pairs);
+    s.order.reserve(pairs);
+    s.groups.reserve(pairs);
 }
 
 void host_moe_experts(const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I, const MoeWeights& w,

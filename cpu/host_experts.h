@@ -30,10 +30,19 @@ namespace cpu {
 // dequantization overflows to inf; 255 is 2^128 = inf as in cpu::e8m0_to_f32) is computed in
 // cpu::matmul_mxfp4's exact order, so inf/NaN results match the reference's; with finite weights
 // and inputs no NaN is produced (inputs of any magnitude: the avx2 path hands |x| ≥ 2^90, or a
-// swiglu_limit ≥ 1e12, to the scalar loop). Scratch lives in thread_local buffers of the calling thread
-// (grown, never shrunk); the call allocates only when T, K, H or I grow.
+// swiglu_limit ≥ 1e12, to the scalar loop).
+// Scratch: one process-wide buffer set under a mutex, grown when T·K, H or I outgrow it
+// (std::bad_alloc possible then); host_moe_reserve beforehand makes the calls allocation-free.
+// From a cudaLaunchHostFunc callback (a CUDA driver thread): it blocks that stream for its
+// duration and calls no CUDA API; cpu::parallel_for serializes callers process-wide, so a
+// concurrent parallel_for elsewhere (the CPU backend) delays it; the PoolHold must outlive every
+// queued callback (synchronize the stream before releasing it: parallel_for reads the pool
+// without the hold's lock); without a live PoolHold it runs on the callback thread alone.
 void host_moe_experts(const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I, const MoeWeights& w,
                       const int32_t* experts, uint32_t K, float swiglu_limit, float* out);
+
+// Grows the scratch for calls up to T tokens × K slots of H, I (any thread, e.g. at load).
+void host_moe_reserve(uint32_t T, uint32_t K, uint32_t H, uint32_t I);
 
 // Streaming-read bandwidth of host memory (GB/s = 1e9 bytes/s) with the pool's threads, reading
 // `bytes` (≥ 1 GiB recommended, larger than the last-level cache) a few times; the floor that

@@ -44,6 +44,10 @@ namespace cpu {
 
 namespace {
 
+// The loops over the NT inputs of a tile, unrolled so that their accumulators stay in registers
+// (GCC -O2 leaves them in a stack array otherwise: 2x slower at NT = 4).
+#define GPTOSS_UNROLL _Pragma("GCC unroll 4")
+
 constexpr uint32_t kRowBlock = 32;       // output rows per work item (even: gate/up pairs stay together)
 constexpr uint32_t kTile = 4;            // (token, slot) pairs sharing one dequantized block
 constexpr uint8_t kExactScale = 253;     // from here on, e2m1 · 2^(s-127) can overflow fp32
@@ -187,6 +191,7 @@ GPTOSS_TARGET("avx2,fma") void rows_avx2_t(const Mat& m, uint32_t r0, uint32_t r
         const uint8_t* b = m.blocks + size_t(r) * m.nb * 16;
         const uint8_t* sc = m.scales + size_t(r) * m.nb;
         __m256 acc[NT];
+        GPTOSS_UNROLL
         for (uint32_t j = 0; j < NT; j++) acc[j] = _mm256_setzero_ps();
         bool exact = false;
         for (uint32_t blk = 0; blk < m.nb; blk++) {
@@ -206,7 +211,8 @@ GPTOSS_TARGET("avx2,fma") void rows_avx2_t(const Mat& m, uint32_t r0, uint32_t r
             const __m256 w2 = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lut, _mm256_srli_epi32(e0, 4)));
             const __m256 w3 = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lut, _mm256_srli_epi32(e1, 4)));
             const __m256 scale = _mm256_set1_ps(kScales.avx2[s]);
-            for (uint32_t j = 0; j < NT; j++) {
+            GPTOSS_UNROLL
+        for (uint32_t j = 0; j < NT; j++) {
                 const float* x = xs[j] + size_t(blk) * 32;
                 __m256 t = _mm256_mul_ps(w0, _mm256_loadu_ps(x));
                 t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), t);
@@ -215,6 +221,7 @@ GPTOSS_TARGET("avx2,fma") void rows_avx2_t(const Mat& m, uint32_t r0, uint32_t r
                 acc[j] = _mm256_fmadd_ps(t, scale, acc[j]);
             }
         }
+        GPTOSS_UNROLL
         for (uint32_t j = 0; j < NT; j++) outs[j][r - r0] = exact ? exact_row(m, r, xs[j]) : hsum_avx2(acc[j]);
     }
 }
@@ -265,6 +272,7 @@ GPTOSS_TARGET("avx2,fma,avx512f") __attribute__((always_inline)) inline void blo
     const __m512 w0 = _mm512_maskz_permutexvar_ps(0xffff, d, lut);
     const __m512 w1 = _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, d, 4), lut);
     const __m512 sc = _mm512_set1_ps(scale);
+    GPTOSS_UNROLL
     for (uint32_t j = 0; j < NT; j++) {
         const float* x = xs[j] + off;
         __m512 t = _mm512_mul_ps(w0, _mm512_loadu_ps(x));
@@ -284,6 +292,7 @@ GPTOSS_TARGET("avx2,fma,avx512f") void rows_avx512_t(const Mat& m, uint32_t r0, 
         const uint8_t* b = m.blocks + size_t(r) * m.nb * 16;
         const uint8_t* sc = m.scales + size_t(r) * m.nb;
         __m512 acc0[NT], acc1[NT];
+        GPTOSS_UNROLL
         for (uint32_t j = 0; j < NT; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
         bool exact = false;
         uint32_t blk = 0;
@@ -299,6 +308,7 @@ GPTOSS_TARGET("avx2,fma,avx512f") void rows_avx512_t(const Mat& m, uint32_t r0, 
             if (sc[blk] >= kExactScale) exact = true;
             else block_avx512<NT>(b + size_t(blk) * 16, kScales.full[sc[blk]], xs, size_t(blk) * 32, lut, acc0);
         }
+        GPTOSS_UNROLL
         for (uint32_t j = 0; j < NT; j++)
             outs[j][r - r0] = exact ? exact_row(m, r, xs[j]) : hsum_avx512(_mm512_add_ps(acc0[j], acc1[j]));
     }

@@ -3,12 +3,12 @@
 // shape (E = 32 or 128, H = I = 2880) filled with random bytes (scales drawn from 2^-9..2^3 as in
 // real checkpoints, so no row takes the exact inf/NaN path), measures the streaming read of
 // 1 GiB of host memory with the pool's threads (cpu::measure_host_read_gbps: the floor), then
-// times cpu::host_moe_experts at T = 1, K = 4: each call takes 4 distinct experts among the less
-// recently used half (so an expert comes back only after ≥ E/8 calls, E/8 · 53 MB of other
-// weights in between: the cache does not serve it). Reports ms per layer, GB/s of the chosen
-// experts' bytes (blocks + scales + biases), % of the read floor, and how many of the threads
-// were busy on average (process CPU time / wall time: well under the thread count means the
-// machine was shared and the numbers are not the kernel's).
+// times cpu::host_moe_experts at T = 1, K = 4 (then T = 4 and 16): each token takes 4 distinct
+// experts among the less recently used half (so an expert comes back only after ≥ E/8 tokens,
+// E/8 · 53 MB of other weights in between: the cache does not serve it). Reports ms per layer,
+// GB/s of the bytes of the distinct experts a call reads (blocks + scales + biases), % of the
+// read floor, and how many of the threads were busy on average (process CPU time / wall time:
+// well under the thread count means the machine was shared and the numbers are not the kernel's).
 #pragma once
 
 #include "cpu/host_experts.h"
@@ -50,7 +50,7 @@ inline int run_host_moe(const std::string& shape, bool json) {
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     for (uint16_t& b : gu_bias) b = f32_to_bf16(0.1f * u(rng));
     for (uint16_t& b : d_bias) b = f32_to_bf16(0.1f * u(rng));
-    std::vector<uint16_t> x(H);
+    std::vector<uint16_t> x(H);  // one token's activations (every token of a call gets them)
     for (uint16_t& v : x) v = f32_to_bf16(u(rng));
     const cpu::MoeWeights w{gu_blocks.data(), gu_scales.data(), gu_bias.data(),
                             d_blocks.data(),  d_scales.data(),  d_bias.data()};
@@ -63,46 +63,62 @@ inline int run_host_moe(const std::string& shape, bool json) {
 
     std::vector<int32_t> lru(E);
     for (uint32_t e = 0; e < E; e++) lru[e] = int32_t(e);
-    int32_t chosen[K];
-    std::vector<float> out(size_t(K) * H);
-    auto step = [&]() {
-        for (uint32_t k = 0; k < K; k++) {  // 4 distinct among the least recently used half
-            const size_t at = rng() % (E / 2 - k);
-            chosen[k] = lru[at];
-            lru.erase(lru.begin() + long(at));
-            lru.push_back(chosen[k]);
-        }
-        cpu::host_moe_experts(x.data(), 1, H, I, w, chosen, K, 7.0f, out.data());
+    std::vector<uint16_t> xs(size_t(16) * H);
+    for (uint32_t t = 0; t < 16; t++) std::copy(x.begin(), x.end(), xs.begin() + long(t) * H);
+    std::vector<int32_t> chosen(size_t(16) * K);
+    std::vector<float> out(size_t(16) * K * H);
+    cpu::host_moe_reserve(16, K, H, I);
+    // One call of T tokens, each with K distinct experts among the less recently used half;
+    // returns the bytes of the distinct experts the call reads.
+    auto step = [&](uint32_t T) {
+        std::vector<bool> used(E, false);
+        uint32_t distinct = 0;
+        for (uint32_t t = 0; t < T; t++)
+            for (uint32_t k = 0; k < K; k++) {
+                const size_t at = rng() % (E / 2 - k);
+                const int32_t e = lru[at];
+                chosen[size_t(t) * K + k] = e;
+                lru.erase(lru.begin() + long(at));
+                lru.push_back(e);
+                distinct += used[size_t(e)] ? 0 : 1;
+                used[size_t(e)] = true;
+            }
+        cpu::host_moe_experts(xs.data(), T, H, I, w, chosen.data(), K, 7.0f, out.data());
+        return distinct * expert_bytes;
     };
     auto cpu_s = [] {
         rusage u{};
         getrusage(RUSAGE_SELF, &u);
         return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
     };
-    for (int i = 0; i < 5; i++) step();
-    uint32_t iters = 0;
-    const double cpu0 = cpu_s();
-    const auto t0 = std::chrono::steady_clock::now();
-    double s = 0;
-    while (iters < 100 || s < 2.0) {
-        step();
-        iters++;
-        s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-    const double busy = (cpu_s() - cpu0) / s;
-    const double ms = s * 1e3 / iters, gbps = K * expert_bytes / (s / iters) / 1e9;
     const char* simd = cpu::host_simd_name(cpu::host_simd_selected());
-    if (json)
-        std::printf("{\"host_moe\": \"%s\", \"E\": %u, \"H\": %u, \"I\": %u, \"T\": 1, \"K\": %u, \"simd\": \"%s\", "
-                    "\"threads\": %u, \"iterations\": %u, \"ms_per_layer\": %.4f, \"weight_gbps\": %.2f, "
-                    "\"read_floor_gbps\": %.2f, \"pct_of_floor\": %.1f, \"threads_busy\": %.2f}\n",
-                    shape.c_str(), E, H, I, K, simd, threads, iters, ms, gbps, floor_gbps, 100 * gbps / floor_gbps,
-                    busy);
-    else
-        std::printf("host-moe %s (E=%u H=%u I=%u, T=1 K=4, %s, %u threads, %u calls): %.3f ms/layer, %.2f GB/s of "
-                    "expert weights (%.1f MB/call), %.1f %% of the host read floor (%.2f GB/s: streaming read of 1 GiB, "
-                    "same threads); %.2f of %u threads busy\n",
-                    shape.c_str(), E, H, I, simd, threads, iters, ms, gbps, K * expert_bytes / 1e6,
-                    100 * gbps / floor_gbps, floor_gbps, busy, threads);
+    // T = 1 is the decode step; 4 and 16 (batched decode, small chunks) show how the CPU path
+    // scales against streaming the layer's weights to the GPU instead.
+    for (uint32_t T : {1u, 4u, 16u}) {
+        for (int i = 0; i < 3; i++) step(T);
+        uint32_t iters = 0;
+        double bytes = 0, s = 0;
+        const double cpu0 = cpu_s();
+        const auto t0 = std::chrono::steady_clock::now();
+        while (iters < (T == 1 ? 100u : 10u) || s < 2.0) {
+            bytes += step(T);
+            iters++;
+            s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        const double busy = (cpu_s() - cpu0) / s;
+        const double ms = s * 1e3 / iters, gbps = bytes / s / 1e9;
+        if (json)
+            std::printf("{\"host_moe\": \"%s\", \"E\": %u, \"H\": %u, \"I\": %u, \"T\": %u, \"K\": %u, \"simd\": \"%s\", "
+                        "\"threads\": %u, \"iterations\": %u, \"ms_per_layer\": %.4f, \"weight_gbps\": %.2f, "
+                        "\"read_floor_gbps\": %.2f, \"pct_of_floor\": %.1f, \"threads_busy\": %.2f}\n",
+                        shape.c_str(), E, H, I, T, K, simd, threads, iters, ms, gbps, floor_gbps,
+                        100 * gbps / floor_gbps, busy);
+        else
+            std::printf("host-moe %s (E=%u H=%u I=%u, T=%u K=4, %s, %u threads, %u calls): %.3f ms/layer, %.2f GB/s of "
+                        "expert weights (%.1f MB/call), %.1f %% of the host read floor (%.2f GB/s: streaming read of "
+                        "1 GiB, same threads); %.2f of %u threads busy\n",
+                        shape.c_str(), E, H, I, T, simd, threads, iters, ms, gbps, bytes / iters / 1e6,
+                        100 * gbps / floor_gbps, floor_gbps, busy, threads);
+    }
     return 0;
 }

@@ -138,65 +138,84 @@ struct Oracle {
     std::vector<double> tol;
 };
 
+// One expert's MXFP4 matrix [N, Kdim] in the checkpoint layout.
+struct Matrix {
+    const uint8_t* blocks;
+    const uint8_t* scales;
+    const uint16_t* bias;
+    uint32_t N, Kdim;
+};
+
+// out = the reference's matmul_mxfp4 of one input row; err[n] = how far a kernel's result may
+// be from it (0 for rows the kernels compute in the reference's exact order).
+void reference_row_bounds(const Matrix& m, const float* in, float* out, double* err) {
+    const uint32_t nb = m.Kdim / 32;
+    cpu::matmul_mxfp4(in, m.blocks, m.scales, m.bias, 1, m.Kdim, m.N, out);
+    std::vector<float> wrow(m.Kdim);
+    for (uint32_t n = 0; n < m.N; n++) {
+        err[n] = 0;
+        if (row_is_exact(m.scales + size_t(n) * nb, nb)) continue;
+        cpu::mxfp4_dequant_row(m.blocks, m.scales, m.Kdim, n, wrow.data());
+        double abs_sum = std::fabs(bf16_to_f32(m.bias[n]));
+        for (uint32_t k = 0; k < m.Kdim; k++) abs_sum += std::fabs(double(in[k]) * wrow[k]);
+        err[n] = gamma(m.Kdim) * abs_sum + underflow_floor(m.Kdim);
+    }
+}
+
+// The kernel's gate and up lie within eg of ours; swiglu over those intervals (clamps, and glu's
+// one minimum at g ≈ -0.75) bounds the kernel's fp32 y, and rounding is monotone, so its bf16 y
+// lies between round(y_min) and round(y_max): dy[i] = the largest step from our bf16 y.
+void swiglu_flip_bounds(const float* g, const double* eg, const float* ybf, uint32_t I, double* dy) {
+    for (uint32_t i = 0; i < I; i++) {
+        const double gate = g[2 * i], up = g[2 * i + 1], eg_gate = eg[2 * i], eg_up = eg[2 * i + 1];
+        dy[i] = 0;
+        if (eg_gate == 0 && eg_up == 0) continue;
+        const double g0 = gate - eg_gate, g1 = gate + eg_gate, u0 = up - eg_up, u1 = up + eg_up;
+        const double slack = 8 * std::ldexp(1.0, -24) * swiglu_range(g0, g1, u0, u1) + std::ldexp(1.0, -140);
+        const double lo = bf16_to_f32(f32_to_bf16(float(swiglu_min_max(g0, g1, u0, u1, false) - slack)));
+        const double hi = bf16_to_f32(f32_to_bf16(float(swiglu_min_max(g0, g1, u0, u1, true) + slack)));
+        dy[i] = std::max(std::fabs(lo - ybf[i]), std::fabs(hi - ybf[i]));
+    }
+}
+
+// The down projection's bound per output: the summation-order bound plus, for each y that may
+// round the other way, that step times |w|.
+void down_bounds(const Matrix& m, const float* ybf, const double* dy, double* tol) {
+    std::vector<float> wrow(m.Kdim);
+    for (uint32_t h = 0; h < m.N; h++) {
+        cpu::mxfp4_dequant_row(m.blocks, m.scales, m.Kdim, h, wrow.data());
+        double abs_sum = std::fabs(bf16_to_f32(m.bias[h])), flips = 0;
+        for (uint32_t i = 0; i < m.Kdim; i++) {
+            abs_sum += std::fabs(double(ybf[i]) * wrow[i]);
+            if (dy[i] > 0 && wrow[i] != 0) flips += dy[i] * std::fabs(wrow[i]);
+        }
+        tol[h] = gamma(m.Kdim) * abs_sum + underflow_floor(m.Kdim) + flips;
+    }
+}
+
 Oracle oracle(const Experts& w, const std::vector<uint16_t>& x, uint32_t T, const std::vector<int32_t>& experts,
               uint32_t K) {
     const uint32_t H = w.H, I = w.I, nbH = H / 32, nbI = I / 32;
     Oracle o;
     o.out.assign(size_t(T) * K * H, 0.0f);
     o.tol.assign(size_t(T) * K * H, 0.0);
-    std::vector<float> xf(H), g(2 * I), y(I), ybf(I), wrow(std::max(H, I)), d(H);
-    std::vector<double> dy(I);
+    std::vector<float> xf(H), g(2 * I), y(I), ybf(I);
+    std::vector<double> eg(2 * I), dy(I);
     for (uint32_t t = 0; t < T; t++) {
         for (uint32_t h = 0; h < H; h++) xf[h] = bf16_to_f32(x[size_t(t) * H + h]);
         for (uint32_t k = 0; k < K; k++) {
-            const uint32_t e = uint32_t(experts[size_t(t) * K + k]);
-            const uint8_t* gub = w.gu_blocks.data() + size_t(e) * 2 * I * nbH * 16;
-            const uint8_t* gus = w.gu_scales.data() + size_t(e) * 2 * I * nbH;
-            const uint16_t* gubias = w.gu_bias.data() + size_t(e) * 2 * I;
-            cpu::matmul_mxfp4(xf.data(), gub, gus, gubias, 1, H, 2 * I, g.data());
-            // The kernel's g[n] is within eg[n] of ours (0 for rows computed in our exact order).
-            std::vector<double> eg(2 * I);
-            for (uint32_t n = 0; n < 2 * I; n++) {
-                if (row_is_exact(gus + size_t(n) * nbH, nbH)) continue;
-                cpu::mxfp4_dequant_row(gub, gus, H, n, wrow.data());
-                double abs_sum = std::fabs(bf16_to_f32(gubias[n]));
-                for (uint32_t h = 0; h < H; h++) abs_sum += std::fabs(double(xf[h]) * wrow[h]);
-                eg[n] = gamma(H) * abs_sum + underflow_floor(H);
-            }
+            const size_t e = size_t(experts[size_t(t) * K + k]);
+            const Matrix gu{w.gu_blocks.data() + e * 2 * I * nbH * 16, w.gu_scales.data() + e * 2 * I * nbH,
+                            w.gu_bias.data() + e * 2 * I, 2 * I, H};
+            const Matrix down{w.d_blocks.data() + e * H * nbI * 16, w.d_scales.data() + e * H * nbI,
+                              w.d_bias.data() + e * H, H, I};
+            reference_row_bounds(gu, xf.data(), g.data(), eg.data());
             cpu::swiglu(g.data(), 1, I, kLimit, y.data());
-            for (uint32_t i = 0; i < I; i++) {
-                ybf[i] = bf16_to_f32(f32_to_bf16(y[i]));
-                // The kernel's gate and up lie within eg of ours; swiglu over those intervals
-                // (clamps, and glu's one minimum at g ≈ -0.76) bounds the kernel's fp32 y, and
-                // rounding is monotone, so its bf16 y lies between round(y_min) and round(y_max).
-                const double gate = g[2 * i], up = g[2 * i + 1], eg_gate = eg[2 * i], eg_up = eg[2 * i + 1];
-                if (eg_gate == 0 && eg_up == 0) {
-                    dy[i] = 0;
-                    continue;
-                }
-                const double y_range = swiglu_range(gate - eg_gate, gate + eg_gate, up - eg_up, up + eg_up);
-                const double slack = 8 * std::ldexp(1.0, -24) * y_range + std::ldexp(1.0, -140);
-                const double y_min = swiglu_min_max(gate - eg_gate, gate + eg_gate, up - eg_up, up + eg_up, false) - slack;
-                const double y_max = swiglu_min_max(gate - eg_gate, gate + eg_gate, up - eg_up, up + eg_up, true) + slack;
-                const double lo = bf16_to_f32(f32_to_bf16(float(y_min)));
-                const double hi = bf16_to_f32(f32_to_bf16(float(y_max)));
-                dy[i] = std::max(std::fabs(lo - ybf[i]), std::fabs(hi - ybf[i]));
-            }
-            const uint8_t* db = w.d_blocks.data() + size_t(e) * H * nbI * 16;
-            const uint8_t* ds = w.d_scales.data() + size_t(e) * H * nbI;
-            const uint16_t* dbias = w.d_bias.data() + size_t(e) * H;
-            cpu::matmul_mxfp4(ybf.data(), db, ds, dbias, 1, I, H, d.data());
+            for (uint32_t i = 0; i < I; i++) ybf[i] = bf16_to_f32(f32_to_bf16(y[i]));
+            swiglu_flip_bounds(g.data(), eg.data(), ybf.data(), I, dy.data());
             const size_t base = (size_t(t) * K + k) * H;
-            for (uint32_t h = 0; h < H; h++) {
-                o.out[base + h] = d[h];
-                cpu::mxfp4_dequant_row(db, ds, I, h, wrow.data());
-                double abs_sum = std::fabs(bf16_to_f32(dbias[h])), flips = 0;
-                for (uint32_t i = 0; i < I; i++) {
-                    abs_sum += std::fabs(double(ybf[i]) * wrow[i]);
-                    if (dy[i] > 0 && wrow[i] != 0) flips += dy[i] * std::fabs(wrow[i]);
-                }
-                o.tol[base + h] = gamma(I) * abs_sum + underflow_floor(I) + flips;
-            }
+            cpu::matmul_mxfp4(ybf.data(), down.blocks, down.scales, down.bias, 1, I, H, o.out.data() + base);
+            down_bounds(down, ybf.data(), dy.data(), o.tol.data() + base);
         }
     }
     return o;

@@ -127,6 +127,9 @@ gptoss_status chat_constraint(gptoss_model* model, const gptoss_chat_request& in
     spec.forbid_calls = in.tool_choice == GPTOSS_TOOL_CHOICE_NONE;
     if (in.response_format == GPTOSS_RESPONSE_FORMAT_JSON_OBJECT) spec.response_schema = "{\"type\":\"object\"}";
     if (in.response_format == GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA) spec.response_schema = in.response_format_schema;
+    spec.shaped = in.response_format != GPTOSS_RESPONSE_FORMAT_TEXT || in.max_reasoning_tokens != UINT32_MAX;
+    spec.max_reasoning_tokens = in.max_reasoning_tokens;
+    for (size_t i = 0; i < in.n_tools && in.tool_choice == GPTOSS_TOOL_CHOICE_AUTO; ++i) spec.callable.push_back(in.tools[i].name);
     return make_chat_constraint(model, spec, where, "request.response_format_schema", out);
 }
 
@@ -320,6 +323,7 @@ GPTOSS_API void gptoss_chat_request_init(gptoss_chat_request* request, size_t st
     std::memset(&defaults, 0, sizeof defaults);
     defaults.reasoning_effort = GPTOSS_REASONING_MEDIUM;
     defaults.constrain_tool_arguments = true;
+    defaults.max_reasoning_tokens = UINT32_MAX;
     std::memset(request, 0, struct_size);
     std::memcpy(request, &defaults, std::min(struct_size, sizeof defaults));
     const uint32_t size32 = uint32_t(std::min<size_t>(struct_size, UINT32_MAX));

@@ -451,6 +451,12 @@ struct ChatConstraintSpec {
     std::vector<std::string> forced;       // REQUIRED/NAMED: the functions the first message may call
     bool forbid_calls = false;             // NONE
     std::string response_schema;           // empty: the final channel is free
+    // The turn's shape (response_format JSON_* or a reasoning budget; gptoss-constraint.cpp):
+    // headers forced to analysis (first message only, unless the budget is 0), final or a call
+    // to one of `callable`; the analysis ends with <|end|> after at most max_reasoning_tokens.
+    bool shaped = false;
+    uint32_t max_reasoning_tokens = UINT32_MAX;
+    std::vector<std::string> callable;     // tool_choice AUTO: the tools the answer may call
 };
 // Returns a null *out when the spec constrains nothing. Schema errors name the field
 // ("tools[1].parameters: /properties/a/pattern: unsupported keyword ...").

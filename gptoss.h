@@ -433,6 +433,14 @@ typedef struct gptoss_chat_request {
     const char*             response_format_name;        // JSON_SCHEMA: the format's name (required)
     const char*             response_format_description; // optional, rendered as "// description"
     const char*             response_format_schema;      // JSON_SCHEMA: the JSON Schema (required)
+    // Appended in 0.1 (a reasoning budget; OpenAI-style JSON "thinking_token_budget", as vLLM):
+    uint32_t                max_reasoning_tokens; // Default UINT32_MAX: no bound. Otherwise the analysis
+                                              // takes at most this many tokens, then the library writes
+                                              // <|end|> and the answer's header (0: no analysis). This or
+                                              // response_format JSON_* makes the turn one analysis message at
+                                              // most, then the answer: headers are forced to
+                                              // "<|channel|>final<|message|>" or, with tool_choice AUTO, a
+                                              // call (no preambles). max_tokens still counts every token.
 } gptoss_chat_request;
 
 GPTOSS_API void gptoss_chat_request_init(gptoss_chat_request* request, size_t struct_size);
@@ -513,7 +521,8 @@ typedef struct gptoss_conversation gptoss_conversation;
 // ({"type":"function","function":{name, description, parameters}}), "reasoning_effort"
 // (low|medium|high), "tool_choice" ("auto"|"none"|"required"|{"type":"function","function":
 // {"name":...}}), "response_format" ({"type":"text"|"json_object"} or {"type":"json_schema",
-// "json_schema":{"name", "description", "schema"}}). System and developer messages become
+// "json_schema":{"name", "description", "schema"}}), "thinking_token_budget" (vLLM's name; an integer
+// in [0, UINT32_MAX - 1] → max_reasoning_tokens). System and developer messages become
 // `instructions`. Other fields are ignored. On failure returns GPTOSS_ERR_INVALID_ARGUMENT with a message naming the field, for
 // example "messages[3].tool_calls[0].function.arguments: expected a string".
 // On success stores a new conversation in *conversation_out; release it with

@@ -138,6 +138,19 @@ TEST_CASE("tool_choice and response_format become the request's constraint field
     CHECK(std::string(js.chat.response_format_name) == "answer");
     CHECK(std::string(js.chat.response_format_description) == "The answer");
     CHECK(std::string(js.chat.response_format_schema) == R"({"type":"object","properties":{"a":{"type":"integer"}}})");
+    CHECK(js.chat.max_reasoning_tokens == UINT32_MAX);  // no bound unless asked
+}
+
+TEST_CASE("thinking_token_budget (vLLM's name) becomes max_reasoning_tokens") {
+    CHECK(parse_ok("{" + kUser + R"(,"thinking_token_budget":0})").chat.max_reasoning_tokens == 0);
+    CHECK(parse_ok("{" + kUser + R"(,"thinking_token_budget":512})").chat.max_reasoning_tokens == 512);
+    CHECK(parse_ok("{" + kUser + R"(,"thinking_token_budget":null})").chat.max_reasoning_tokens == UINT32_MAX);
+    for (const char* bad : {"-1", "1.5", "\"8\"", "4294967295"}) {
+        const o::Error e = parse_error("{" + kUser + ",\"thinking_token_budget\":" + bad + "}");
+        CHECK_MESSAGE(e.message.find("thinking_token_budget: expected an integer in [0, 4294967294]") != std::string::npos,
+                      bad << ": " << e.message);
+        CHECK(e.param == "thinking_token_budget");
+    }
 }
 
 TEST_CASE("the library's refusals of a request name the body's field") {

@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # tests/test-schema-ajv.sh - constrained decoding checked by an independent validator: the tiny
-# random-weight checkpoint (which writes garbage unconstrained) generates through gptoss_generate
-# with sampling.json_schema, SEEDS seeds per schema in tests/data/schema/ (nested objects, arrays,
-# enums, unions, oneOf, nullable, $ref/$defs, prefixItems, formats), and every output must end in
-# a stop token, parse as JSON and validate with npm ajv 8.17.1 (JSON Schema 2020-12, strict mode;
-# formats date/uuid checked by the script). ajv is installed once into
+# random-weight checkpoint (which writes garbage unconstrained) writes, for each schema in
+# tests/data/schema/ (nested objects, arrays, enums, unions, discriminated oneOf, nullable,
+# $ref/$defs, prefixItems, formats), through one model load:
+#   - SEEDS forced tool calls (gptoss_chat, tools=[f with the schema as parameters],
+#     tool_choice f): every call must stop on <|call|> with arguments that validate;
+#   - SEEDS response_format json_schema answers (gptoss_chat; max_reasoning_tokens 0 for even
+#     seeds, 6 for odd ones, so the analysis→final path is taken too): every turn must stop on
+#     <|return|> with a final message that validates;
+#   - SEEDS/8 gptoss_generate outputs under sampling.json_schema (the raw-token path).
+# Every text must parse as JSON and validate with npm ajv 8.17.1 (JSON Schema 2020-12, strict
+# mode; formats date/uuid checked by the script). ajv is installed once into
 # ~/.cache/gptoss/ajv-8.17.1 (outside git). Exit 77 (skipped) without node/npm/python3 or when
-# ajv cannot be installed. GPTOSS_SCHEMA_AJV_SEEDS (default 50, so 200 documents) sets the
-# seeds per schema.
+# ajv cannot be installed. GPTOSS_SCHEMA_AJV_SEEDS (default 40; with 5 schemas 200 tool calls
+# and 200 answers) sets the seeds per schema.
 set -euo pipefail
 src=${GPTOSS_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
-seeds=${GPTOSS_SCHEMA_AJV_SEEDS:-50}
+seeds=${GPTOSS_SCHEMA_AJV_SEEDS:-40}
 for tool in node npm python3; do
   command -v $tool >/dev/null || { echo "test-schema-ajv: SKIPPED: $tool not found"; exit 77; }
 done
@@ -25,7 +31,8 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# 1. Generate: one JSON line per output {"schema": FILE, "seed": N, "stop": R, "text": TEXT}.
+# 1. Generate: one JSON line per output {"schema", "path", "seed", "stop", "text"}; "text" is
+# what must validate, "stop" must be "ok".
 PYTHONPATH="$src/bindings/python" python3 - "$src/tests/data/schema" "$seeds" > "$work/out.jsonl" <<'PY'
 import json, os, sys
 import gptoss
@@ -33,12 +40,25 @@ schema_dir, seeds = sys.argv[1], int(sys.argv[2])
 model = gptoss.Model(os.environ["GPTOSS_TINY_MODEL"], device="cpu")
 prompt = model.tokenize("<|start|>user<|message|>Answer in JSON.<|end|><|start|>assistant<|channel|>final<|message|>",
                         allow_special=True)
-with model.session(max_context=2048) as session:
+user = [{"role": "user", "content": "Answer in JSON."}]
+def emit(name, path, seed, ok, text):
+    print(json.dumps({"schema": name, "path": path, "seed": seed, "stop": "ok" if ok else "bad", "text": text}))
+with model.session(max_context=4096) as session:
     for name in sorted(os.listdir(schema_dir)):
         schema = open(os.path.join(schema_dir, name)).read()
+        tools = [{"type": "function", "function": {"name": "f", "description": "Test.", "parameters": json.loads(schema)}}]
         for seed in range(seeds):
+            r = session.chat(user, tools=tools, tool_choice="f", seed=seed, max_tokens=1000)
+            call = r.tool_calls[0].arguments if len(r.tool_calls) == 1 else r.raw
+            emit(name, "tool call", seed, r.stop_reason.name == "CALL" and len(r.tool_calls) == 1, call)
+        fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+        for seed in range(seeds):
+            r = session.chat(user, response_format=fmt, max_reasoning_tokens=0 if seed % 2 == 0 else 6,
+                             seed=seed, max_tokens=1000)
+            emit(name, "response_format", seed, r.stop_reason.name == "RETURN", r.final if r.final else r.raw)
+        for seed in range(max(1, seeds // 8)):
             r = session.generate(prompt, seed=seed, max_tokens=1000, json_schema=schema)
-            print(json.dumps({"schema": name, "seed": seed, "stop": r.stop_reason.name, "text": r.text}))
+            emit(name, "generate", seed, r.stop_reason.name in ("RETURN", "CALL"), r.text[:r.text.rfind("<|")])
 PY
 
 # 2. Validate with ajv.
@@ -52,16 +72,17 @@ ajv.addFormat("date", (s) => { const m = /^(\d{4})-(\d{2})-(\d{2})$/.exec(s); if
   return d.getUTCFullYear() === +m[1] && d.getUTCMonth() === +m[2] - 1 && d.getUTCDate() === +m[3]; });
 const validators = {};
 let bad = 0, n = 0;
+const counts = {};
 for (const line of fs.readFileSync(process.argv[3], "utf8").split("\n").filter(Boolean)) {
   const o = JSON.parse(line); n++;
   const v = validators[o.schema] ??= ajv.compile(JSON.parse(fs.readFileSync(path.join(process.argv[4], o.schema), "utf8")));
-  const cut = o.text.lastIndexOf("<|");
   let why = "";
-  if (o.stop !== "RETURN" && o.stop !== "CALL") why = "stopped by " + o.stop;
-  else try { if (!v(JSON.parse(o.text.slice(0, cut)))) why = ajv.errorsText(v.errors); } catch (e) { why = "not JSON: " + e.message; }
-  if (why) { bad++; console.log(`FAIL ${o.schema} seed ${o.seed}: ${why}\n  ${JSON.stringify(o.text)}`); }
+  if (o.stop !== "ok") why = "did not end as it must (a call on <|call|>, an answer on <|return|>)";
+  else try { if (!v(JSON.parse(o.text))) why = ajv.errorsText(v.errors); } catch (e) { why = "not JSON: " + e.message; }
+  counts[o.path] = (counts[o.path] ?? 0) + 1;
+  if (why) { bad++; console.log(`FAIL ${o.schema} ${o.path} seed ${o.seed}: ${why}\n  ${JSON.stringify(o.text)}`); }
 }
-console.log(`${n - bad}/${n} constrained outputs validate (ajv ${require(path.join(process.argv[2], "node_modules/ajv/package.json")).version})`);
+console.log(`${n - bad}/${n} constrained outputs validate (${JSON.stringify(counts)}; ajv ${require(path.join(process.argv[2], "node_modules/ajv/package.json")).version})`);
 process.exit(bad || n === 0 ? 1 : 0);
 JS
 node "$work/validate.cjs" "$ajv_dir" "$work/out.jsonl" "$src/tests/data/schema"

@@ -271,26 +271,113 @@ TEST_CASE("response_format: the developer message's Response Formats section; fi
                         "// A weather query\n{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}<|end|>") !=
           std::string::npos);
 
-    // Constrained final messages: the tiny model rarely reaches the final channel by itself, so
-    // check every one that appears.
+    // Constrained final messages. The tiny model never closes its analysis by itself, so a
+    // budget makes it answer: every turn ends in <|return|> with a valid final message.
     req.response_format_schema = kWeather;
+    req.max_reasoning_tokens = 5;
     gptoss_session* session = new_session();
-    int finals = 0;
-    for (uint64_t seed = 0; seed < 3; ++seed) {
+    int with_analysis = 0;
+    for (uint64_t seed = 0; seed < 6; ++seed) {
         gptoss_sampling_params p = gptoss_sampling_default_params();
         p.seed = seed;
-        p.max_tokens = 100;
+        p.max_tokens = 600;
         const gptoss_chat_result* r = nullptr;
         REQUIRE(gptoss_chat(session, &req, &p, nullptr, nullptr, &r) == GPTOSS_OK);
-        if (r->stop_reason != GPTOSS_STOP_RETURN) continue;
-        for (size_t i = 0; i < r->n_messages; ++i)
-            if (r->messages[i].channel == GPTOSS_CHANNEL_FINAL && r->messages[i].recipient == nullptr) {
-                INFO(r->raw);
-                CHECK(weather_violation(r->messages[i].content) == "");
-                finals++;
-            }
+        INFO("seed " << seed << ": " << r->raw);
+        REQUIRE(r->stop_reason == GPTOSS_STOP_RETURN);
+        REQUIRE(r->n_messages >= 1);
+        const gptoss_message& last = r->messages[r->n_messages - 1];
+        CHECK(last.channel == GPTOSS_CHANNEL_FINAL);
+        CHECK(weather_violation(r->final) == "");
+        CHECK(std::string(r->final) == last.content);
+        if (r->n_messages == 2) {
+            with_analysis++;
+            CHECK(r->messages[0].channel == GPTOSS_CHANNEL_ANALYSIS);
+            CHECK(std::string(r->raw).find("<|end|><|start|>assistant<|channel|>final<|message|>") != std::string::npos);
+        } else {
+            CHECK(std::string(r->raw).rfind("<|channel|>final<|message|>", 0) == 0);
+        }
+        CHECK(r->n_messages <= 2);
     }
-    MESSAGE(finals << " final messages in 3 seeds");
+    MESSAGE(with_analysis << " of 6 answers came after an analysis message");
+    gptoss_session_free(session);
+}
+
+namespace {
+
+// Runs one turn, counting the tokens sampled inside analysis content (events with text or not).
+struct Turn {
+    const gptoss_chat_result* r = nullptr;
+    int analysis_tokens = 0;
+};
+Turn chat_counting(gptoss_session* session, const gptoss_chat_request& req, uint64_t seed, uint32_t max_tokens) {
+    gptoss_sampling_params p = gptoss_sampling_default_params();
+    p.seed = seed;
+    p.max_tokens = max_tokens;
+    Turn t;
+    auto count = [](void* user, const gptoss_event* e) {
+        if (e->channel == GPTOSS_CHANNEL_ANALYSIS && e->token < 199998) ++*static_cast<int*>(user);
+        return true;
+    };
+    REQUIRE(gptoss_chat(session, &req, &p, count, &t.analysis_tokens, &t.r) == GPTOSS_OK);
+    return t;
+}
+
+}  // namespace
+
+TEST_CASE("max_reasoning_tokens: the analysis ends at the budget and the final header follows; 0 skips it") {
+    gptoss_message history[1] = {{GPTOSS_ROLE_USER, GPTOSS_CHANNEL_NONE, "Hi", nullptr, nullptr, nullptr}};
+    gptoss_chat_request req = gptoss_chat_default_request();
+    req.messages = history;
+    req.n_messages = 1;
+    gptoss_session* session = new_session();
+    // Default (no bound, no response_format): the unconstrained path, same tokens as an old-sized
+    // request that has no max_reasoning_tokens field.
+    gptoss_chat_request old;
+    std::memset(&old, 0, sizeof old);
+    gptoss_chat_request_init(&old, offsetof(gptoss_chat_request, max_reasoning_tokens));
+    old.messages = history;
+    old.n_messages = 1;
+    const std::string plain = chat_counting(session, req, 3, 30).r->raw;
+    CHECK(std::string(chat_counting(session, old, 3, 30).r->raw) == plain);
+    CHECK(plain.find("<|channel|>final<|message|>") == std::string::npos);  // it wanders
+
+    for (uint32_t budget : {0u, 1u, 7u}) {
+        req.max_reasoning_tokens = budget;
+        for (uint64_t seed = 0; seed < 4; ++seed) {
+            const Turn t = chat_counting(session, req, seed, 30);
+            const std::string raw = t.r->raw;
+            INFO("budget " << budget << " seed " << seed << ": " << raw);
+            CHECK(t.analysis_tokens <= int(budget));
+            if (raw.rfind("<|channel|>analysis<|message|>", 0) == 0) {
+                CHECK(budget > 0);
+                CHECK(t.analysis_tokens == int(budget));  // the tiny model never stops early
+                CHECK(raw.find("<|end|><|start|>assistant<|channel|>final<|message|>") != std::string::npos);
+            } else {
+                CHECK(raw.rfind("<|channel|>final<|message|>", 0) == 0);
+            }
+        }
+    }
+    // With tools and tool_choice auto the answer may also be a call (then its arguments validate).
+    gptoss_chat_request with_tools = weather_request(history);
+    with_tools.max_reasoning_tokens = 2;
+    int calls = 0;
+    for (uint64_t seed = 0; seed < 6; ++seed) {
+        const Turn t = chat_counting(session, with_tools, seed, 200);
+        INFO("seed " << seed << ": " << t.r->raw);
+        CHECK(t.analysis_tokens <= 2);
+        const std::string raw = t.r->raw;
+        CHECK((raw.find("<|channel|>final<|message|>") != std::string::npos ||
+               raw.find("<|channel|>commentary to=functions.") != std::string::npos));
+        if (t.r->stop_reason != GPTOSS_STOP_CALL) continue;  // a free final answer, cut by max_tokens
+        calls++;
+        REQUIRE(t.r->n_tool_calls == 1);
+        const std::string name = t.r->tool_calls[0].name;
+        CHECK((name == "get_weather" ? weather_violation(t.r->tool_calls[0].arguments)
+                                     : add_violation(t.r->tool_calls[0].arguments)) == "");
+    }
+    MESSAGE(calls << " of 6 answers were calls");
+    CHECK(calls > 0);
     gptoss_session_free(session);
 }
 

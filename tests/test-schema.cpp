@@ -143,6 +143,77 @@ TEST_CASE("unsupported keywords and malformed schemas: errors name the keyword a
           std::string::npos);
 }
 
+TEST_CASE("oneOf: compiled only when its branches are provably disjoint, else refused naming the path") {
+    // Accepted: different JSON types; a discriminator (a property one branch requires, with
+    // different const/enum values in the other, also through $ref); disjoint enums; integer vs
+    // string; a branch's required key that the other's additionalProperties:false forbids.
+    auto g = compile_ok(R"({"oneOf":[{"type":"string"},{"type":"integer"},{"type":"null"}]})");
+    CHECK(accepts(g, "\"x\""));
+    CHECK(accepts(g, "3"));
+    CHECK(accepts(g, "null"));
+    CHECK_FALSE(accepts(g, "true"));
+    g = compile_ok(R"({"$defs":{
+        "circle":{"type":"object","properties":{"kind":{"const":"circle"},"r":{"type":"number"}},"required":["kind","r"]},
+        "square":{"type":"object","properties":{"kind":{"enum":["square","box"]},"side":{"type":"integer"}},"required":["kind"]}},
+      "type":"object","properties":{"shape":{"oneOf":[{"$ref":"#/$defs/circle"},{"$ref":"#/$defs/square"}]}},
+      "required":["shape"]})");
+    CHECK(accepts(g, R"({"shape":{"kind":"circle","r":1.5}})"));
+    CHECK(accepts(g, R"({"shape":{"kind":"box"}})"));
+    CHECK_FALSE(accepts(g, R"({"shape":{"kind":"circle"}})"));
+    CHECK_FALSE(accepts(g, R"({"shape":{"kind":"triangle"}})"));
+    g = compile_ok(R"({"oneOf":[{"enum":["a","b",1]},{"enum":["c",2.5]},{"type":"boolean"}]})");
+    CHECK(accepts(g, "\"b\""));
+    CHECK(accepts(g, "2.5"));
+    CHECK(accepts(g, "false"));
+    compile_ok(R"({"oneOf":[{"type":"object","properties":{"a":{"type":"string"}},"required":["a"],"additionalProperties":false},
+                            {"type":"object","properties":{"b":{"type":"string"}},"required":["b"],"additionalProperties":false}]})");
+    compile_ok(R"({"oneOf":[{"type":"array","items":{"type":"string"}},{"type":"object"}]})");
+    compile_ok(R"({"type":"string","nullable":true,"maxLength":3})");
+    compile_ok(R"({"oneOf":[{"type":"string"},{"type":"integer"}],"nullable":true})");
+    // A nested oneOf inside a discriminated branch.
+    compile_ok(R"({"oneOf":[{"type":"object","properties":{"t":{"const":1},"v":{"oneOf":[{"type":"string"},{"type":"boolean"}]}},"required":["t"]},
+                            {"type":"object","properties":{"t":{"const":2}},"required":["t"]}]})");
+
+    // Refused: a value may match two branches (ajv would reject it under oneOf).
+    struct Case {
+        const char* schema;
+        const char* error;
+    } cases[] = {
+        // integer values are numbers
+        {R"({"oneOf":[{"type":"number"},{"type":"integer"}]})", "/oneOf: branches 0 and 1 may both match"},
+        // same type, nothing tells them apart
+        {R"({"type":"object","properties":{"x":{"oneOf":[{"type":"string","maxLength":3},{"type":"string","minLength":2}]}}})",
+         "/properties/x/oneOf: branches 0 and 1 may both match a value, which oneOf forbids; use anyOf"},
+        // the discriminator is not required: {} matches both branches' schemas
+        {R"({"oneOf":[{"type":"object","properties":{"k":{"const":"a"}}},{"type":"object","properties":{"k":{"const":"b"}}}]})",
+         "/oneOf: branches 0 and 1 may both match"},
+        // no "type": a string validates both branches' schemas
+        {R"({"oneOf":[{"type":"string"},{"properties":{"k":{"const":"b"}},"required":["k"]}]})",
+         "/oneOf: branches 0 and 1 may both match"},
+        // overlapping enums (1 and 1.0 are equal in JSON Schema)
+        {R"({"oneOf":[{"enum":["a",1]},{"enum":[1.0,"b"]}]})", "/oneOf: branches 0 and 1 may both match"},
+        // the third branch overlaps the first
+        {R"({"oneOf":[{"type":"string"},{"type":"boolean"},{"type":["string","null"]}]})", "branches 0 and 2 may both match"},
+        // an empty schema matches everything
+        {R"({"oneOf":[{"type":"string"},{}]})", "branches 0 and 1 may both match"},
+        // nullable adds null, which a branch matches too
+        {R"({"oneOf":[{"type":"string"},{"type":"null"}],"nullable":true})", "/oneOf: branch 1 may match null"},
+        // recursion: not provable within the depth bound
+        {R"({"$defs":{"t":{"oneOf":[{"$ref":"#/$defs/t"},{"type":"string"}]}},"$ref":"#/$defs/t"})", "may both match"},
+        // unions of unions: the work bound ends the proof quickly
+        {R"({"$defs":{"t":{"anyOf":[{"$ref":"#/$defs/t"},{"$ref":"#/$defs/t"},{"$ref":"#/$defs/t"}]}},
+            "oneOf":[{"$ref":"#/$defs/t"},{"$ref":"#/$defs/t"}]})", "may both match"},
+    };
+    for (const Case& c : cases) {
+        const std::string error = compile_error(c.schema);
+        CHECK_MESSAGE(error.find(c.error) != std::string::npos, c.schema << " → " << error);
+        CHECK_MESSAGE(error.rfind("json_schema: ", 0) == 0, error);
+    }
+    // anyOf keeps accepting overlapping branches.
+    g = compile_ok(R"({"anyOf":[{"type":"number"},{"type":"integer"}]})");
+    CHECK(accepts(g, "1.5"));
+}
+
 namespace {
 
 // Every ordinary token the matcher accepts from `state`, the slow way.

@@ -354,6 +354,14 @@ gptoss_status parse_chat_completions_json(const char* json, size_t len, ChatRequ
     }
 
     GPTOSS_TRY(parse_constraints(root, out));
+    // vLLM's name for a reasoning budget (gptoss_chat_request.max_reasoning_tokens).
+    if (field(root, "thinking_token_budget", &effort) && effort.type() != element_type::NULL_VALUE) {
+        uint64_t budget = 0;
+        if (effort.get_uint64().get(budget) != simdjson::SUCCESS || budget >= UINT32_MAX)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "thinking_token_budget: expected an integer in [0, %u], found %s",
+                        UINT32_MAX - 1, simdjson::minify(effort).c_str());
+        out->request.max_reasoning_tokens = uint32_t(budget);
+    }
 
     for (Pending& p : pending) {
         gptoss_message m = p.message;

@@ -107,6 +107,191 @@ const std::set<std::string_view>& supported() {
     return s;
 }
 
+// oneOf exactness: a value must match exactly one branch, so the compiler accepts a oneOf only
+// when it can prove that nothing branch i generates validates branch j (for every i != j); then
+// oneOf and anyOf admit the same documents. excludes(a, b) proves "no document the compiler
+// generates for a validates b" from a's generated language (types inferred from keywords,
+// required properties always present) and b's full validation semantics (no "type": any type;
+// undeclared keys checked against additionalProperties). Sufficient rules, else "not proven":
+// the JSON types cannot meet (integer and number always meet); two finite enum/const sets share
+// no value; or a property a requires has, in b, a schema (declared, or additionalProperties,
+// false included) that excludes a's value for it (a discriminator: {"kind":{"const":"circle"}}).
+// Unions are checked branch by branch. Depth- and work-limited (recursive $refs and unions of
+// unions could otherwise take exponential time), ending as "not proven".
+class OneOfCheck {
+public:
+    explicit OneOfCheck(element root) : root_(root) {}
+
+    bool excludes(element a, element b, int depth = 0) const {
+        if (depth > 24 || ++steps_ > kMaxSteps || !resolve(&a) || !resolve(&b)) return false;
+        const uint32_t ta = types(a, true, depth), tb = types(b, false, depth);
+        uint32_t common = ta & tb;
+        if ((ta & (kInteger | kNumber)) && (tb & (kInteger | kNumber))) common |= kNumber;
+        if (common == 0) return true;
+        std::vector<element> branches;
+        bool nullable = false;
+        if (union_of(a, &branches, &nullable)) {
+            if (nullable && (tb & kNull)) return false;
+            for (element x : branches)
+                if (!excludes(x, b, depth + 1)) return false;
+            return true;
+        }
+        if (union_of(b, &branches, &nullable)) {
+            if (nullable && (ta & kNull)) return false;
+            for (element x : branches)
+                if (!excludes(a, x, depth + 1)) return false;
+            return true;
+        }
+        std::vector<element> va, vb;
+        const bool fa = finite(a, &va), fb = finite(b, &vb);
+        if (fa && fb) {
+            for (element x : va)
+                for (element y : vb)
+                    if (may_equal(x, y)) return false;
+            return true;
+        }
+        if (fa || fb || (common & ~uint32_t(kObject)) != 0) return false;
+        // Objects: a discriminating property.
+        element required, props, pa, pb;
+        simdjson::dom::array names;
+        if (!json::field(a, "required", &required) || required.get_array().get(names) != simdjson::SUCCESS) return false;
+        for (element n : names) {
+            std::string_view name;
+            if (n.get_string().get(name) != simdjson::SUCCESS) return false;
+            if (!(json::field(a, "properties", &props) && json::field(props, name, &pa))) continue;  // any value
+            if (json::field(b, "properties", &props) && json::field(props, name, &pb)) {
+                if (excludes(pa, pb, depth + 1)) return true;
+            } else if (json::field(b, "additionalProperties", &pb) && excludes(pa, pb, depth + 1)) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+private:
+    // Follows $ref and allOf-of-one; false if it cannot.
+    bool resolve(element* s) const {
+        for (int i = 0; i < 32; ++i) {
+            element v;
+            simdjson::dom::array arr;
+            std::string_view ref;
+            if (s->type() != element_type::OBJECT) return true;
+            if (json::field(*s, "$ref", &v)) {
+                if (v.get_string().get(ref) != simdjson::SUCCESS || ref.empty() || ref[0] != '#') return false;
+                if (ref.size() == 1) *s = root_;
+                else if (root_.at_pointer(ref.substr(1)).get(*s) != simdjson::SUCCESS) return false;
+            } else if (json::field(*s, "allOf", &v) && v.get_array().get(arr) == simdjson::SUCCESS && arr.size() == 1) {
+                *s = arr.at(0).value();
+            } else {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    static bool is_true(element v) {
+        bool b = false;
+        return v.get_bool().get(b) == simdjson::SUCCESS && b;
+    }
+
+    static bool union_of(element s, std::vector<element>* branches, bool* nullable) {
+        element v;
+        simdjson::dom::array arr;
+        if (s.type() != element_type::OBJECT) return false;
+        if (!json::field(s, "anyOf", &v) && !json::field(s, "oneOf", &v)) return false;
+        if (v.get_array().get(arr) != simdjson::SUCCESS) return false;
+        branches->clear();
+        for (element x : arr) branches->push_back(x);
+        *nullable = json::field(s, "nullable", &v) && is_true(v);
+        return true;
+    }
+
+    static uint32_t declared_types(element s) {
+        element v;
+        std::string_view name;
+        simdjson::dom::array arr;
+        uint32_t t = 0;
+        if (!json::field(s, "type", &v)) return 0;
+        if (v.get_string().get(name) == simdjson::SUCCESS) return type_bit(name);
+        if (v.get_array().get(arr) == simdjson::SUCCESS)
+            for (element x : arr)
+                if (x.get_string().get(name) == simdjson::SUCCESS) t |= type_bit(name);
+        return t;
+    }
+
+    // enum/const values (those of the declared type, when one is declared).
+    static bool finite(element s, std::vector<element>* values) {
+        if (s.type() != element_type::OBJECT) return false;
+        element v;
+        simdjson::dom::array arr;
+        bool any = false;
+        if (json::field(s, "const", &v)) {
+            values->push_back(v);
+            any = true;
+        }
+        if (json::field(s, "enum", &v) && v.get_array().get(arr) == simdjson::SUCCESS) {
+            for (element x : arr) values->push_back(x);
+            any = true;
+        }
+        const uint32_t t = declared_types(s);
+        if (t != 0)
+            values->erase(std::remove_if(values->begin(), values->end(),
+                                         [&](element x) { return (value_types(x) & (t | kNull)) == 0; }),
+                          values->end());
+        return any;
+    }
+
+    // Two JSON values that may be equal under JSON Schema's equality (numbers by value; objects
+    // and arrays always "may").
+    static bool may_equal(element x, element y) {
+        const uint32_t tx = value_types(x), ty = value_types(y);
+        if ((tx & kNumber) && (ty & kNumber)) {
+            double dx = 0, dy = 0;
+            if (x.get_double().get(dx) != simdjson::SUCCESS || y.get_double().get(dy) != simdjson::SUCCESS) return true;
+            return dx == dy;
+        }
+        if ((tx | ty) & (kObject | kArray)) return (tx & ty) != 0;
+        return simdjson::minify(x) == simdjson::minify(y);
+    }
+
+    // The JSON types s can hold: what the compiler generates for it (`generated`), or what
+    // validates against it.
+    uint32_t types(element s, bool generated, int depth) const {
+        bool b = false;
+        if (s.get_bool().get(b) == simdjson::SUCCESS) return b ? uint32_t(kAllTypes) : 0u;
+        if (s.type() != element_type::OBJECT || depth > 24 || ++steps_ > kMaxSteps) return kAllTypes;
+        element v;
+        const bool nullable = json::field(s, "nullable", &v) && is_true(v);
+        std::vector<element> branches, values;
+        bool union_nullable = false;
+        if (union_of(s, &branches, &union_nullable)) {
+            uint32_t t = union_nullable ? uint32_t(kNull) : 0u;
+            for (element x : branches) t |= resolve(&x) ? types(x, generated, depth + 1) : kAllTypes;
+            return t;
+        }
+        if (finite(s, &values)) {
+            uint32_t t = 0;
+            for (element x : values) t |= value_types(x);
+            return t;
+        }
+        uint32_t t = declared_types(s);
+        if (t == 0 && generated) {
+            for (const char* k : {"properties", "required", "additionalProperties"})
+                if (json::field(s, k, &v)) t |= kObject;
+            for (const char* k : {"items", "prefixItems", "minItems", "maxItems"})
+                if (json::field(s, k, &v)) t |= kArray;
+            for (const char* k : {"minLength", "maxLength", "format"})
+                if (json::field(s, k, &v)) t |= kString;
+        }
+        if (t == 0) return kAllTypes;
+        return t | (nullable ? uint32_t(kNull) : 0u);
+    }
+
+    static constexpr uint32_t kMaxSteps = 20000;
+    element root_;
+    mutable uint32_t steps_ = 0;
+};
+
 class Compiler {
 public:
     Compiler(element root, std::string where) : root_(root), where_(std::move(where)) {}
@@ -224,6 +409,30 @@ private:
         return add_node(std::move(n));
     }
 
+    // A oneOf whose branches the compiler cannot prove disjoint (OneOfCheck) fails, naming them.
+    gptoss_status check_one_of(simdjson::dom::array branches, bool nullable, const std::string& path) {
+        const OneOfCheck check(root_);
+        std::vector<element> b;
+        for (element x : branches) b.push_back(x);
+        for (size_t i = 0; i < b.size(); ++i)
+            for (size_t j = 0; j < b.size(); ++j)
+                if (i != j && !check.excludes(b[i], b[j]))
+                    return error(path, "branches %zu and %zu may both match a value, which oneOf forbids; use anyOf, or "
+                                 "make them disjoint (different types, or a property each requires with different "
+                                 "const/enum values)", std::min(i, j), std::max(i, j));
+        if (nullable) {
+            // The null that "nullable" adds must match no branch.
+            simdjson::dom::parser parser;
+            element null_schema;
+            if (parser.parse(std::string_view("{\"type\":\"null\"}")).get(null_schema) != simdjson::SUCCESS)
+                return error(path, "internal error");
+            for (size_t i = 0; i < b.size(); ++i)
+                if (!check.excludes(null_schema, b[i]))
+                    return error(path, "branch %zu may match null, which \"nullable\" adds too; oneOf forbids both", i);
+        }
+        return GPTOSS_OK;
+    }
+
     gptoss_status compile(element e, const std::string& path, uint32_t* out);
     gptoss_status compile_ref(element schema, const std::string& path, uint32_t* out);
     gptoss_status compile_enum(element schema, const std::string& path, uint32_t types, bool nullable, uint32_t* out);
@@ -298,6 +507,7 @@ gptoss_status Compiler::compile(element e, const std::string& path, uint32_t* ou
             GPTOSS_TRY(compile(alt, child(child(path, key), std::to_string(i++)), &a));
             raw_[c].push_back(-int64_t(a) - 1);
         }
+        if (std::string_view(key) == "oneOf") GPTOSS_TRY(check_one_of(arr, nullable, child(path, key)));
         if (nullable) raw_[c].push_back(literal_node({"null"}));
         *out = c;
         return GPTOSS_OK;

@@ -9,9 +9,12 @@
 // always, optional ones may be skipped); other keys only where additionalProperties is true or
 // a schema (or the object declares no properties), as [A-Za-z0-9_-]+; numbers at most 15
 // integer and 15 fraction digits; no \u escapes of surrogates; at most kMaxWhitespace bytes of
-// whitespace at each place JSON allows it, so a model cannot stall in spaces. oneOf is compiled
-// as anyOf (its alternatives should not overlap). Anything else fails with INVALID_ARGUMENT
-// naming the keyword and its JSON pointer. CPU only; no dependency besides simdjson.
+// whitespace at each place JSON allows it, so a model cannot stall in spaces. oneOf compiles
+// like anyOf, and only where the compiler proves its branches disjoint (nothing one generates
+// validates another: different types, disjoint enums, a discriminating required property), so
+// that exactly one branch matches; else INVALID_ARGUMENT ("/oneOf: branches 0 and 1 may both
+// match a value ... use anyOf"). Anything else fails with INVALID_ARGUMENT naming the keyword
+// and its JSON pointer. CPU only; no dependency besides simdjson.
 #pragma once
 
 #include "gptoss.h"

@@ -131,6 +131,7 @@ bool parse_conversation(const std::string& json, const std::string& what, Parsed
     c.response_format_name = req->response_format_name ? req->response_format_name : "";
     c.response_format_description = req->response_format_description ? req->response_format_description : "";
     c.response_format_schema = req->response_format_schema ? req->response_format_schema : "";
+    c.max_reasoning_tokens = req->max_reasoning_tokens;
     for (size_t i = 0; i < req->n_messages; ++i) c.messages.push_back(copy_message(req->messages[i]));
     for (size_t i = 0; i < req->n_tools; ++i) {
         const gptoss_tool& t = req->tools[i];

@@ -53,6 +53,7 @@ struct Conversation {
     std::string tool_choice_name;
     gptoss_response_format response_format = GPTOSS_RESPONSE_FORMAT_TEXT;
     std::string response_format_name, response_format_description, response_format_schema;
+    uint32_t max_reasoning_tokens = UINT32_MAX;  // "thinking_token_budget"
 };
 
 // A request body parsed by gptoss_conversation_parse_json, copied into plain strings.

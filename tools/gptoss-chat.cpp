@@ -87,6 +87,7 @@ struct Options {
     std::string json_schema_file;       // --json-schema: the final answer's JSON Schema
     std::string json_schema;            //   its text
     std::string tool_choice = "auto";   // --tool-choice: auto, none, required or a function name
+    std::optional<uint32_t> max_reasoning_tokens;  // --max-reasoning-tokens
 };
 
 void usage(FILE* out) {
@@ -114,6 +115,8 @@ void usage(FILE* out) {
         "                           decoding; the schema is also shown to the model)\n"
         "      --tool-choice C      auto (default), none (no tool calls), required (the reply is a\n"
         "                           tool call), or a function name (a call to that function)\n"
+        "      --max-reasoning-tokens N  at most N analysis tokens per turn, then the answer is\n"
+        "                           forced (0: no analysis); default no bound\n"
         "sampling:\n"
         "      --temperature T      default 1.0; 0 is greedy\n"
         "      --top-p P            default 1.0 (off)\n"
@@ -233,6 +236,13 @@ Options parse_args(int argc, char** argv) {
         else if (arg == "--hide-reasoning") o.hide_reasoning = true;
         else if (arg == "--json-schema") o.json_schema_file = next();
         else if (arg == "--tool-choice") o.tool_choice = next();
+        else if (arg == "--max-reasoning-tokens") {
+            std::string v = next();
+            uint32_t n = 0;
+            if (!parse_u32(v, &n) || n == UINT32_MAX)
+                usage_error(kProgram, "--max-reasoning-tokens: expected a token count, found \"%s\"", v.c_str());
+            o.max_reasoning_tokens = n;
+        }
         else if (arg == "--no-color") o.color = false;
         else if (arg == "--history") o.history_file = next();
         else if (arg == "-v" || arg == "--verbose") o.verbose = true;
@@ -693,6 +703,7 @@ public:
         conv_.response_format_name = c.response_format_name;
         conv_.response_format_description = c.response_format_description;
         conv_.response_format_schema = c.response_format_schema;
+        conv_.max_reasoning_tokens = c.max_reasoning_tokens;
     }
 
     void set_cli_tools(std::vector<Tool> tools) {
@@ -1033,6 +1044,7 @@ private:
         }
         req.tool_choice = conv_.tool_choice;
         if (conv_.tool_choice == GPTOSS_TOOL_CHOICE_NAMED) req.tool_choice_name = conv_.tool_choice_name.c_str();
+        req.max_reasoning_tokens = opts_.max_reasoning_tokens.value_or(conv_.max_reasoning_tokens);
         if (!opts_.json_schema.empty()) {
             req.response_format = GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA;
             req.response_format_name = "response";

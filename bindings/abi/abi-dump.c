@@ -143,6 +143,7 @@ int main(int argc, char** argv) {
     FIELD(gptoss_chat_request, response_format_name);
     FIELD(gptoss_chat_request, response_format_description);
     FIELD(gptoss_chat_request, response_format_schema);
+    FIELD(gptoss_chat_request, max_reasoning_tokens);
     end();
 
     BEGIN(gptoss_tool_call);

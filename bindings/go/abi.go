@@ -81,7 +81,8 @@ func structLayouts() map[string]uintptr {
 		"response_format":             unsafe.Offsetof(rq.response_format),
 		"response_format_name":        unsafe.Offsetof(rq.response_format_name),
 		"response_format_description": unsafe.Offsetof(rq.response_format_description),
-		"response_format_schema":      unsafe.Offsetof(rq.response_format_schema)})
+		"response_format_schema":      unsafe.Offsetof(rq.response_format_schema),
+		"max_reasoning_tokens":        unsafe.Offsetof(rq.max_reasoning_tokens)})
 	var tc C.gptoss_tool_call
 	add("gptoss_tool_call", unsafe.Sizeof(tc), unsafe.Alignof(tc), map[string]uintptr{
 		"name": unsafe.Offsetof(tc.name), "recipient": unsafe.Offsetof(tc.recipient),

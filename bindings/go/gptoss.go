@@ -29,6 +29,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"runtime/cgo"
 	"strings"
@@ -671,6 +672,9 @@ type ChatRequest struct {
 	// their tool's Parameters schema).
 	FreeToolArguments bool
 	ResponseFormat    *ResponseFormat // nil: free text
+	// MaxReasoningTokens (vLLM's thinking_token_budget): nil, no bound; else the analysis takes at
+	// most this many tokens, then the answer is forced (0: no analysis). See gptoss.h.
+	MaxReasoningTokens *uint32
 }
 
 // ResponseFormat is OpenAI's response_format: Type "json_object" (any JSON object) or
@@ -701,6 +705,10 @@ func ChatRequestFromJSON(body []byte) (*ChatRequest, error) {
 	req := &ChatRequest{Instructions: goStr(r.instructions), CurrentDate: goStr(r.current_date),
 		ReasoningEffort: ReasoningEffort(r.reasoning_effort) + 1, KeepAnalysis: bool(r.keep_analysis),
 		FreeToolArguments: !bool(r.constrain_tool_arguments)}
+	if r.max_reasoning_tokens != C.UINT32_MAX {
+		budget := uint32(r.max_reasoning_tokens)
+		req.MaxReasoningTokens = &budget
+	}
 	switch r.tool_choice {
 	case C.GPTOSS_TOOL_CHOICE_NONE:
 		req.ToolChoice = "none"
@@ -786,6 +794,12 @@ func (r *ChatRequest) toC(ar *cArena) (*C.gptoss_chat_request, error) {
 	}
 	req.keep_analysis = C.bool(r.KeepAnalysis)
 	req.constrain_tool_arguments = C.bool(!r.FreeToolArguments)
+	if r.MaxReasoningTokens != nil {
+		if *r.MaxReasoningTokens == math.MaxUint32 {
+			return nil, &Error{Status: StatusInvalidArgument, Message: "max_reasoning_tokens: 4294967295 is reserved for no bound (use nil)"}
+		}
+		req.max_reasoning_tokens = C.uint32_t(*r.MaxReasoningTokens)
+	}
 	switch r.ToolChoice {
 	case "", "auto":
 	case "none":

@@ -974,17 +974,25 @@ class Session:
              on_event: Optional[Callable[[Event], Optional[bool]]] = None,
              tool_choice: Union[None, str, Dict[str, Any]] = None,
              response_format: Optional[Dict[str, Any]] = None,
-             constrain_tool_arguments: bool = True) -> Union[ChatResult, Stream]:
+             constrain_tool_arguments: bool = True,
+             max_reasoning_tokens: Optional[int] = None) -> Union[ChatResult, Stream]:
         """Generates the assistant's next turn for the conversation `messages` (OpenAI dicts or
         Messages, oldest first) and parses it. `tools` are OpenAI function tools or Tool objects;
         `reasoning_effort` is "low", "medium" (the default) or "high". Sampling and streaming
         arguments as for generate(); events carry the channel and recipient being written.
         Constrained decoding: tool_choice ("auto", "none", "required", a function name or OpenAI's
         dict), response_format (OpenAI's dict: json_object or json_schema), and tool-call
-        arguments held to their tool's schema unless constrain_tool_arguments=False."""
+        arguments held to their tool's schema unless constrain_tool_arguments=False.
+        max_reasoning_tokens (vLLM's thinking_token_budget): the analysis takes at most this many
+        tokens, then the answer is forced (0: no analysis); None: no bound."""
         keep: List[Any] = []  # built here, so bad arguments raise before anything runs
         request = _request(messages, tools, instructions, reasoning_effort, current_date, keep_analysis, keep)
         _constraints(request, tool_choice, response_format, constrain_tool_arguments, keep)
+        if max_reasoning_tokens is not None:
+            if not 0 <= max_reasoning_tokens < 2**32 - 1:
+                raise InvalidArgumentError(Status.INVALID_ARGUMENT,
+                                           f"max_reasoning_tokens: {max_reasoning_tokens} is not in [0, 2**32 - 2]")
+            request.max_reasoning_tokens = max_reasoning_tokens
         params = _sampling(temperature, top_p, top_k, seed, max_tokens, None, stop_strings, keep)
 
         # `_keep` holds the strings and arrays `request` points to until a streamed call has run.

@@ -83,7 +83,7 @@ class ChatRequest(Structure):
                 ("tool_choice", c_int), ("tool_choice_name", c_char_p),
                 ("constrain_tool_arguments", c_bool), ("response_format", c_int),
                 ("response_format_name", c_char_p), ("response_format_description", c_char_p),
-                ("response_format_schema", c_char_p)]
+                ("response_format_schema", c_char_p), ("max_reasoning_tokens", c_uint32)]
 
 
 class ToolCall(Structure):

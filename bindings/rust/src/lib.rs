@@ -848,6 +848,9 @@ pub struct ChatRequest {
     /// Hold tool-call arguments to their tool's parameters schema (default true).
     pub constrain_tool_arguments: bool,
     pub response_format: ResponseFormat,
+    /// At most this many analysis tokens, then the answer is forced (`Some(0)`: no analysis;
+    /// vLLM's thinking_token_budget). `None` (default): no bound. `Some(u32::MAX)` is refused.
+    pub max_reasoning_tokens: Option<u32>,
 }
 
 impl Default for ChatRequest {
@@ -862,6 +865,7 @@ impl Default for ChatRequest {
             tool_choice: ToolChoice::Auto,
             constrain_tool_arguments: true,
             response_format: ResponseFormat::Text,
+            max_reasoning_tokens: None,
         }
     }
 }
@@ -888,6 +892,10 @@ impl ChatRequest {
     }
     pub fn response_format(mut self, v: ResponseFormat) -> Self {
         self.response_format = v;
+        self
+    }
+    pub fn max_reasoning_tokens(mut self, v: u32) -> Self {
+        self.max_reasoning_tokens = Some(v);
         self
     }
 }
@@ -942,6 +950,7 @@ impl ChatRequest {
                     },
                     _ => ResponseFormat::Text,
                 },
+                max_reasoning_tokens: (r.max_reasoning_tokens != u32::MAX).then_some(r.max_reasoning_tokens),
             }
         };
         unsafe { sys::gptoss_conversation_free(conversation) };
@@ -1029,6 +1038,15 @@ impl CRequest {
                 request.response_format_description = keep(opt_cstring(description, "response_format.description")?);
                 request.response_format_schema = keep(Some(cstring(schema, "response_format.schema")?));
             }
+        }
+        if let Some(budget) = r.max_reasoning_tokens {
+            if budget == u32::MAX {
+                return Err(Error::new(
+                    Status::InvalidArgument,
+                    "max_reasoning_tokens: u32::MAX is reserved for no bound (use None)",
+                ));
+            }
+            request.max_reasoning_tokens = budget;
         }
         Ok(CRequest { request, _messages: messages, _tools: tools, _strings: strings })
     }

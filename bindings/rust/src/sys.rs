@@ -202,6 +202,7 @@ pub struct gptoss_chat_request {
     pub response_format_name: *const c_char,
     pub response_format_description: *const c_char,
     pub response_format_schema: *const c_char,
+    pub max_reasoning_tokens: u32,
 }
 
 #[repr(C)]

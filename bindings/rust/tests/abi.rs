@@ -102,7 +102,8 @@ fn every_struct_mirror_matches_the_c_layout() {
             response_format,
             response_format_name,
             response_format_description,
-            response_format_schema
+            response_format_schema,
+            max_reasoning_tokens
         }
     );
     layout!(rust, gptoss_tool_call { name, recipient, arguments, content_type });

@@ -68,7 +68,8 @@ const Ajv2020 = require(path.join(process.argv[2], "node_modules/ajv/dist/2020")
 const ajv = new Ajv2020({strict: true, allowUnionTypes: true, allErrors: true});
 ajv.addFormat("uuid", /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i);
 ajv.addFormat("date", (s) => { const m = /^(\d{4})-(\d{2})-(\d{2})$/.exec(s); if (!m) return false;
-  const d = new Date(Date.UTC(+m[1], +m[2] - 1, +m[3]));
+  // setUTCFullYear, not Date.UTC, which reads years 0-99 as 1900-1999 ("0073-02-11" is valid).
+  const d = new Date(0); d.setUTCFullYear(+m[1], +m[2] - 1, +m[3]);
   return d.getUTCFullYear() === +m[1] && d.getUTCMonth() === +m[2] - 1 && d.getUTCDate() === +m[3]; });
 const validators = {};
 let bad = 0, n = 0;

@@ -600,6 +600,34 @@ func TestReadmeExampleIsTheCompiledExample(t *testing.T) {
 	}
 }
 
+func TestResponseFormatAnswersWithAReasoningBudget(t *testing.T) {
+	m := loadTiny(t)
+	skipIfChatMissing(t, m)
+	s := newSession(t, m, SessionParams{})
+	for _, budget := range []uint32{0, 3} {
+		b := budget
+		req := &ChatRequest{Messages: []Message{UserMessage("Ok?")}, MaxReasoningTokens: &b,
+			ResponseFormat: &ResponseFormat{Type: "json_schema", Name: "answer",
+				Schema: `{"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"],"additionalProperties":false}`}}
+		sp := sampling(200)
+		r, err := s.Chat(req, sp, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		doc := strings.Join(strings.Fields(r.Final), "")
+		if r.StopReason != StopReturn || (doc != `{"ok":true}` && doc != `{"ok":false}`) {
+			t.Fatalf("budget %d: stop %v, final %q (raw %q)", budget, r.StopReason, r.Final, r.Raw)
+		}
+	}
+	parsed, err := ChatRequestFromJSON([]byte(`{"messages":[{"role":"user","content":"x"}],"thinking_token_budget":7}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if parsed.MaxReasoningTokens == nil || *parsed.MaxReasoningTokens != 7 {
+		t.Fatalf("MaxReasoningTokens %v", parsed.MaxReasoningTokens)
+	}
+}
+
 func TestConstrainedDecodingJSONSchemaAndNamedToolCall(t *testing.T) {
 	m := loadTiny(t)
 	skipIfChatMissing(t, m)

@@ -390,6 +390,20 @@ class ChatTest(unittest.TestCase):
                 session.generate(prompt, json_schema={"type": "string", "pattern": "x"})
             self.assertIn("/pattern", caught.exception.message)
 
+    def test_response_format_answers_with_a_reasoning_budget(self) -> None:
+        schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                  "additionalProperties": False}
+        fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+        with self.model.session() as session:
+            for budget in (0, 3):
+                reply = session.chat([{"role": "user", "content": "Ok?"}], seed=2, max_tokens=200,
+                                     response_format=fmt, max_reasoning_tokens=budget)
+                self.assertEqual(reply.stop_reason, gptoss.StopReason.RETURN, reply.raw)
+                self.assertIn(json.loads(reply.final), ({"ok": True}, {"ok": False}))
+                self.assertLessEqual(len(reply.messages), 2 if budget else 1)
+            with self.assertRaises(gptoss.InvalidArgumentError):
+                session.chat([{"role": "user", "content": "Ok?"}], max_reasoning_tokens=-1)
+
     def test_malformed_json_conversation_raises_invalid_argument_naming_the_field(self) -> None:
         with self.assertRaises(gptoss.InvalidArgumentError) as caught:
             gptoss.parse_conversation_json({"messages": [{"role": "robot", "content": "x"}]})

@@ -325,6 +325,35 @@ fn chat_result_messages_can_be_appended_to_the_history() {
 }
 
 #[test]
+fn response_format_answers_with_a_reasoning_budget() {
+    let model = model();
+    let mut session = model.session(SessionParams::default()).unwrap();
+    let schema =
+        r#"{"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"],"additionalProperties":false}"#;
+    for budget in [0u32, 3] {
+        let request = ChatRequest::new(vec![Message::user("Ok?")])
+            .response_format(gptoss::ResponseFormat::JsonSchema {
+                name: "answer".into(),
+                description: None,
+                schema: schema.into(),
+            })
+            .max_reasoning_tokens(budget);
+        let reply = session.chat(&request, &Sampling::new().seed(2).max_tokens(200)).unwrap();
+        assert!(matches!(reply.stop_reason, StopReason::Return), "{}", reply.raw);
+        let doc: String = reply.final_answer.chars().filter(|c| !c.is_whitespace()).collect();
+        assert!(doc == r#"{"ok":true}"# || doc == r#"{"ok":false}"#, "{doc}");
+        assert!(reply.messages.len() <= if budget == 0 { 1 } else { 2 });
+    }
+    let parsed = ChatRequest::from_openai_json(
+        r#"{"messages":[{"role":"user","content":"x"}],"thinking_token_budget":7}"#,
+    )
+    .unwrap();
+    assert_eq!(parsed.max_reasoning_tokens, Some(7));
+    let bad = ChatRequest::new(vec![Message::user("x")]).max_reasoning_tokens(u32::MAX);
+    assert_eq!(session.chat(&bad, &Sampling::new()).unwrap_err().status, Status::InvalidArgument);
+}
+
+#[test]
 fn constrained_decoding_json_schema_and_named_tool_call() {
     let model = model();
     let prompt = model.tokenize("<|start|>user<|message|>x<|end|><|start|>assistant", true).unwrap();

@@ -168,6 +168,14 @@ TEST_CASE("oneOf: compiled only when its branches are provably disjoint, else re
     compile_ok(R"({"oneOf":[{"type":"object","properties":{"a":{"type":"string"}},"required":["a"],"additionalProperties":false},
                             {"type":"object","properties":{"b":{"type":"string"}},"required":["b"],"additionalProperties":false}]})");
     compile_ok(R"({"oneOf":[{"type":"array","items":{"type":"string"}},{"type":"object"}]})");
+    // Only one branch requires the discriminator: the other never writes another value for it.
+    g = compile_ok(R"({"oneOf":[{"type":"object","properties":{"kind":{"const":"a"},"x":{"type":"integer"}},"additionalProperties":false},
+                                {"type":"object","properties":{"kind":{"const":"b"}},"required":["kind"]}]})");
+    CHECK(accepts(g, R"({"x":1})"));
+    CHECK(accepts(g, R"({"kind":"b"})"));
+    // b requires a key a never writes, and a forbids it.
+    compile_ok(R"({"oneOf":[{"type":"object","properties":{"x":{"type":"integer"}},"additionalProperties":false},
+                            {"type":"object","properties":{"y":{"type":"integer"}},"required":["y"]}]})");
     compile_ok(R"({"type":"string","nullable":true,"maxLength":3})");
     compile_ok(R"({"oneOf":[{"type":"string"},{"type":"integer"}],"nullable":true})");
     // A nested oneOf inside a discriminated branch.
@@ -187,6 +195,12 @@ TEST_CASE("oneOf: compiled only when its branches are provably disjoint, else re
         // the discriminator is not required: {} matches both branches' schemas
         {R"({"oneOf":[{"type":"object","properties":{"k":{"const":"a"}}},{"type":"object","properties":{"k":{"const":"b"}}}]})",
          "/oneOf: branches 0 and 1 may both match"},
+        // {"y":1} validates both: the first branch allows other keys
+        {R"({"oneOf":[{"type":"object","properties":{"x":{"type":"integer"}}},
+                      {"type":"object","properties":{"y":{"type":"integer"}},"required":["y"]}]})", "may both match"},
+        // a is open (additionalProperties true): it may write the key b requires
+        {R"({"oneOf":[{"type":"object","properties":{"x":{"type":"integer"}},"additionalProperties":true},
+                      {"type":"object","properties":{"y":{"type":"integer"}},"required":["y"]}]})", "may both match"},
         // no "type": a string validates both branches' schemas
         {R"({"oneOf":[{"type":"string"},{"properties":{"k":{"const":"b"}},"required":["k"]}]})",
          "/oneOf: branches 0 and 1 may both match"},

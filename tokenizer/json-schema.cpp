@@ -115,7 +115,9 @@ const std::set<std::string_view>& supported() {
 // undeclared keys checked against additionalProperties). Sufficient rules, else "not proven":
 // the JSON types cannot meet (integer and number always meet); two finite enum/const sets share
 // no value; or a property a requires has, in b, a schema (declared, or additionalProperties,
-// false included) that excludes a's value for it (a discriminator: {"kind":{"const":"circle"}}).
+// false included) that excludes a's value for it (a discriminator: {"kind":{"const":"circle"}});
+// or, where a writes only its declared keys, a key b requires is one a never writes or writes
+// only with values b's schema for it excludes.
 // Unions are checked branch by branch. Depth- and work-limited (recursive $refs and unions of
 // unions could otherwise take exponential time), ending as "not proven".
 class OneOfCheck {
@@ -151,19 +153,17 @@ public:
             return true;
         }
         if (fa || fb || (common & ~uint32_t(kObject)) != 0) return false;
-        // Objects: a discriminating property.
-        element required, props, pa, pb;
-        simdjson::dom::array names;
-        if (!json::field(a, "required", &required) || required.get_array().get(names) != simdjson::SUCCESS) return false;
-        for (element n : names) {
-            std::string_view name;
-            if (n.get_string().get(name) != simdjson::SUCCESS) return false;
-            if (!(json::field(a, "properties", &props) && json::field(props, name, &pa))) continue;  // any value
-            if (json::field(b, "properties", &props) && json::field(props, name, &pb)) {
-                if (excludes(pa, pb, depth + 1)) return true;
-            } else if (json::field(b, "additionalProperties", &pb) && excludes(pa, pb, depth + 1)) {
-                return true;
-            }
+        // Objects: a discriminating property, required by a (always generated) or by b (then a
+        // document of a without it fails b, and one with it holds a's declared value).
+        for (std::string_view name : required_names(a)) {
+            element pa, pb;
+            if (declared(a, name, &pa) && value_schema(b, name, &pb) && excludes(pa, pb, depth + 1)) return true;
+        }
+        if (!closed(a)) return false;
+        for (std::string_view name : required_names(b)) {
+            element pa, pb;
+            if (!declared(a, name, &pa)) return true;  // a never writes the key b requires
+            if (value_schema(b, name, &pb) && excludes(pa, pb, depth + 1)) return true;
         }
         return false;
     }
@@ -187,6 +187,35 @@ private:
             }
         }
         return false;
+    }
+
+    static std::vector<std::string_view> required_names(element s) {
+        std::vector<std::string_view> out;
+        element v;
+        simdjson::dom::array arr;
+        std::string_view name;
+        if (json::field(s, "required", &v) && v.get_array().get(arr) == simdjson::SUCCESS)
+            for (element n : arr)
+                if (n.get_string().get(name) == simdjson::SUCCESS) out.push_back(name);
+        return out;
+    }
+    static bool declared(element s, std::string_view name, element* out) {
+        element props;
+        return json::field(s, "properties", &props) && props.type() == element_type::OBJECT &&
+               json::field(props, name, out);
+    }
+    // The schema b holds the value of key `name` to: its declared property, else its
+    // additionalProperties (false included); false if none.
+    static bool value_schema(element s, std::string_view name, element* out) {
+        return declared(s, name, out) || json::field(s, "additionalProperties", out);
+    }
+    // The compiler writes no keys but the declared ones: additionalProperties false, or absent
+    // beside declared properties.
+    static bool closed(element s) {
+        element v, props;
+        bool allowed = true;
+        if (json::field(s, "additionalProperties", &v)) return v.get_bool().get(allowed) == simdjson::SUCCESS && !allowed;
+        return json::field(s, "properties", &props);
     }
 
     static bool is_true(element v) {

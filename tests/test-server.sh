@@ -68,6 +68,16 @@ assert chunks[-1]["choices"][0]["finish_reason"] == "length", chunks[-1]
 assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
 assert all("usage" not in c for c in chunks), "usage only with stream_options.include_usage"
 EOF
+# response_format + vLLM's thinking_token_budget: the tiny model answers, and the answer validates.
+curl -sS "${auth[@]}" "$main_url/v1/chat/completions" -d '{"messages":[{"role":"user","content":"ok?"}],"seed":4,
+    "max_tokens":200,"thinking_token_budget":2,"response_format":{"type":"json_schema","json_schema":{"name":"a",
+    "schema":{"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"],"additionalProperties":false}}}}' >"$work/rf.json"
+python3 - "$work/rf.json" <<'EOF' || fail "response_format with thinking_token_budget: $(head -c 600 "$work/rf.json")"
+import json, sys
+choice = json.load(open(sys.argv[1]))["choices"][0]
+assert choice["finish_reason"] == "stop", choice
+assert json.loads(choice["message"]["content"]) in ({"ok": True}, {"ok": False}), choice
+EOF
 code=$(curl -s -o "$work/h.json" -w '%{http_code}' "$main_url/health")
 [ "$code" = 200 ] && grep -q '"status":"ok"' "$work/h.json" || fail "/health: $code $(cat "$work/h.json")"
 code=$(curl -s -o "$work/e.json" -w '%{http_code}' "${auth[@]}" "$main_url/v1/chat/completions" -d '{"messages": [')

@@ -8,7 +8,7 @@
 //                    (until <|call|>) and of a final-channel message under response_format (until
 //                    <|return|>); forces the first header for tool_choice required/named; keeps
 //                    '=' out of headers (no recipient) and <|call|> out for tool_choice none. The
-//                    analysis channel is never constrained; where nothing applies, mask() answers
+//                    analysis text is never held to a schema; where nothing applies, mask() answers
 //                    "no mask" and the step costs nothing.
 //                    Under response_format JSON_* or a reasoning budget (request.max_reasoning_tokens)
 //                    it also enforces the turn's shape, because a request for structured output is

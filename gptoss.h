@@ -419,8 +419,8 @@ typedef struct gptoss_chat_request {
     const char*             current_date;     // "YYYY-MM-DD" for the system message. Default NULL: omitted.
     bool                    keep_analysis;    // Default false: drop the analysis of turns that ended
                                               // in a final answer, as Harmony prescribes.
-    // Appended in 0.1 (constrained decoding, README "Structured output"). The analysis channel
-    // is never constrained.
+    // Appended in 0.1 (constrained decoding, README "Structured output"). The analysis channel's
+    // text is never held to a schema.
     gptoss_tool_choice      tool_choice;      // Default AUTO. REQUIRED/NAMED constrain the next message's
                                               // header to a call ("to=functions.NAME"), then its arguments.
     const char*             tool_choice_name; // NAMED: the function, "get_weather" (must be in tools). Else NULL.

@@ -313,6 +313,9 @@ public:
     virtual uint64_t weight_bytes() const = 0;   // memory held for the weights (device or host copies)
     virtual int32_t device() const = 0;          // CUDA ordinal or GPTOSS_DEVICE_CPU
     virtual uint32_t default_max_batch() const = 0;
+    // Layers whose MoE experts are in host memory, and the host bytes they hold (issue 16).
+    virtual uint32_t n_cpu_moe() const { return 0; }
+    virtual uint64_t host_weight_bytes() const { return 0; }
     // Runs n items, each on its own session (distinct sessions of this backend), as if each
     // ran session->decode(tokens[0], pos) or, for a prefill item, forward(tokens, n, pos)
     // alone: a session's K/V and logits must be bit-identical whatever else is in the batch
@@ -329,6 +332,11 @@ public:
 int cuda_device_count();
 [[nodiscard]] gptoss_status create_cuda_backend(const Checkpoint& checkpoint, int32_t device,
                                                 const ProgressFn& progress,
+                                                std::unique_ptr<Backend>* out);
+// The same with experts in host memory as `request` asks (gptoss-offload.h).
+struct OffloadRequest;
+[[nodiscard]] gptoss_status create_cuda_backend(const Checkpoint& checkpoint, int32_t device,
+                                                const OffloadRequest& request, const ProgressFn& progress,
                                                 std::unique_ptr<Backend>* out);
 #endif
 

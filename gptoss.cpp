@@ -11,6 +11,7 @@
 // wrote are prefilled again by the next call that reuses the prefix (decode kernels sum in
 // an order of their own, so their K/V differ from prefill's within bf16 rounding).
 #include "gptoss-internal.h"
+#include "gptoss-offload.h"
 #include "gptoss-shard.h"
 
 #include "tokenizer/chat-json.h"  // defines: first_invalid_utf8
@@ -202,6 +203,19 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
 
     uint32_t max_decode_batch = 1;
     GPTOSS_TRY(resolve_max_decode_batch(params.max_decode_batch, &max_decode_batch));
+    OffloadRequest offload;
+    offload.n_cpu_moe = params.n_cpu_moe;
+    offload.gpu_memory_budget = params.gpu_memory_budget;
+    offload.fit_context = params.fit_context;
+    if (offload.n_cpu_moe < GPTOSS_CPU_MOE_AUTO)  // the upper bound is checked once n_layers is known
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT,
+                    "params.n_cpu_moe: %d; expected 0 (all experts on the GPU), a number of layers, or "
+                    "GPTOSS_CPU_MOE_AUTO (-1)",
+                    offload.n_cpu_moe);
+    if (split.size() > 1 && (offload.n_cpu_moe != 0 || offload.gpu_memory_budget != 0))
+        return fail(GPTOSS_ERR_UNSUPPORTED,
+                    "params.n_cpu_moe / params.gpu_memory_budget: experts in host memory are not supported with "
+                    "several devices (params.devices)");
 
     // Loading the files is the first half of the progress bar, uploading to a GPU the second.
     // Every report goes through `report`, which passes on only increasing fractions, so the
@@ -230,7 +244,10 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
     }
 
     fault_point();
+    GPTOSS_TRY(check_offload_request(offload, model->checkpoint->config.n_layers));
     if (device == GPTOSS_DEVICE_CPU) {
+        if (offload.n_cpu_moe != 0)
+            log(GPTOSS_LOG_INFO, "params.n_cpu_moe: ignored by the CPU backend (every weight is in host memory)");
         GPTOSS_TRY(create_cpu_backend(*model->checkpoint, &model->backend));
     } else {
 #ifdef GPTOSS_HAVE_CUDA
@@ -240,7 +257,7 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
             GPTOSS_TRY(create_sharded_cuda_backend(*model->checkpoint, split.data(), split.size(), upload_progress,
                                                    &model->backend));
         else
-            GPTOSS_TRY(create_cuda_backend(*model->checkpoint, device, upload_progress, &model->backend));
+            GPTOSS_TRY(create_cuda_backend(*model->checkpoint, device, offload, upload_progress, &model->backend));
 #endif
     }
     if (!report(1.0f)) return fail(GPTOSS_ERR_CANCELLED, "%s: loading cancelled by the progress callback", model_dir);
@@ -567,6 +584,8 @@ GPTOSS_API gptoss_status gptoss_model_get_info(const gptoss_model* model, gptoss
         full.max_context = c.max_context;
         full.weight_bytes = model->backend->weight_bytes();
         full.device = model->backend->device();
+        full.n_cpu_moe = model->backend->n_cpu_moe();
+        full.host_weight_bytes = model->backend->host_weight_bytes();
         std::memcpy(info, &full, std::min<size_t>(size, sizeof full));
         return GPTOSS_OK;
     });

@@ -157,7 +157,28 @@ typedef struct gptoss_model_params {
     // (NVLink multicast off). gptoss_model_info.device reports devices[0].
     const int32_t*     devices;
     size_t             n_devices;
+    // MoE experts in host memory (appended in 0.1, issue 16), for GPUs smaller than the model:
+    // the experts of the first n_cpu_moe layers stay in host memory (the dense weights,
+    // attention, router and KV cache stay on the GPU). Decode and short chunks run those
+    // experts on the CPU (SIMD, the worker pool of GPTOSS_THREADS threads); long prefill chunks
+    // stream them to the GPU instead. 0 (the default): every expert on the GPU.
+    // GPTOSS_CPU_MOE_AUTO: the fewest layers that let the weights plus one session of
+    // fit_context tokens fit gpu_memory_budget. At most n_layers, else
+    // GPTOSS_ERR_INVALID_ARGUMENT. Ignored by the CPU backend; with several devices
+    // GPTOSS_ERR_UNSUPPORTED. gptoss_model_info reports what went where.
+    int32_t            n_cpu_moe;
+    // Bytes of GPU memory this model may use: its weights, its streaming buffers and the KV
+    // caches and scratch of its sessions together (a session that would go over fails with
+    // GPTOSS_ERR_OUT_OF_MEMORY naming the budget). 0 (the default): the device's free memory
+    // at load time less 512 MiB for the CUDA context.
+    uint64_t           gpu_memory_budget;
+    // GPTOSS_CPU_MOE_AUTO: tokens of KV cache (one session, default max_batch) the budget must
+    // leave room for. 0 (the default): 32768.
+    uint32_t           fit_context;
 } gptoss_model_params;
+
+// gptoss_model_params.n_cpu_moe: choose the split from gpu_memory_budget.
+#define GPTOSS_CPU_MOE_AUTO (-1)
 
 // Fills `params` with defaults. `struct_size` is sizeof(*params) as the caller compiled it,
 // which keeps callers built against an older or newer gptoss.h working.
@@ -195,6 +216,11 @@ typedef struct gptoss_model_info {
     uint32_t    max_context;           // tokens
     uint64_t    weight_bytes;          // device memory held by the weights
     int32_t     device;                // CUDA device ordinal, or GPTOSS_DEVICE_CPU
+    // Appended in 0.1 (issue 16): layers whose experts are in host memory (the first ones;
+    // gptoss_model_params.n_cpu_moe), and the bytes of host memory they hold (0 for none and
+    // for the CPU backend, whose weights are the mapped files).
+    uint32_t    n_cpu_moe;
+    uint64_t    host_weight_bytes;
 } gptoss_model_info;
 
 // Fills the first info->struct_size bytes of `info`. Strings live as long as the model.

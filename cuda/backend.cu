@@ -7,9 +7,11 @@
 // calls fail too) or OUT_OF_MEMORY; the caller's current device is restored after each call.
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
+#include "cuda/host_moe.h"
 #include "cuda/kernels.h"
 #include "cuda/multi_gpu.h"
 #include "cpu/reference.h"
+#include "gptoss-offload.h"
 
 #include <cuda_runtime.h>
 
@@ -145,10 +147,19 @@ private:
                           uint32_t ldo, float swiglu_limit, bool route_ready = false);
     gptoss_status mark(const char* label);
     gptoss_status checked(gptoss_status s);
+    // The MoE experts of host layer l (issue 16): on the CPU for decode and short chunks, else
+    // streamed into the backend's slot and run by the usual GEMMs.
+    gptoss_status host_moe(uint32_t l, uint32_t n, bool decode, const GemmRoute& r1, const GemmRoute& r2);
+
+public:
+    // Device bytes of this session's KV cache and scratch (layout(nullptr) measures).
+    size_t layout(char* base);
 
 public:
     void* comm_ = nullptr;  // ncclComm_t when this is one rank of a split model (set_session_comm)
 private:
+    HostMoeSession host_moe_;  // host layers' CPU path (pinned buffers, callbacks)
+    size_t arena_bytes_ = 0;   // counted against the backend's budget
     CudaBackend& be_;
     uint32_t max_context_, max_batch_;
     int device_ = 0;
@@ -228,6 +239,8 @@ public:
         return GPTOSS_OK;
     }
     uint64_t weight_bytes() const override { return arena_.bytes(); }
+    uint32_t n_cpu_moe() const override { return host_.n_host(); }
+    uint64_t host_weight_bytes() const override { return host_.bytes(); }
     int32_t device() const override { return device_; }
     // 2048: the prefill GEMM tiles fill (20b: 256 pairs per expert); +137 MB of 120b scratch.
     uint32_t default_max_batch() const override { return 2048; }
@@ -254,15 +267,33 @@ public:
             L.sinks = c.take<float>(d.Q * 4);
             L.router_w = c.take<void>(bf16_fragment_bytes(d.E, d.H));
             L.router_b = c.take<float>(d.E * 4);
-            L.gu_w = c.take<void>(size_t(d.E) * mxfp4_fragment_bytes(2 * d.I, d.H));
-            L.gu_s = c.take<uint16_t>(size_t(d.E) * mxfp4_scale_bytes(2 * d.I, d.H));
             L.gu_b = c.take<float>(size_t(d.E) * 2 * d.I * 4);
-            L.dn_w = c.take<void>(size_t(d.E) * mxfp4_fragment_bytes(d.H, d.I));
-            L.dn_s = c.take<uint16_t>(size_t(d.E) * mxfp4_scale_bytes(d.H, d.I));
             L.dn_b = c.take<float>(size_t(d.E) * d.H * 4);
+            if (l < n_host_) continue;  // experts in host memory (host_moe.h)
+            take_experts(c, &L.gu_w, &L.gu_s, &L.dn_w, &L.dn_s);
+        }
+        // A host layer's experts stream through one raw buffer into one slot (long chunks).
+        if (n_host_ > 0) {
+            stream_raw_ = c.take<void>(HostExperts::streaming_raw_bytes(config_));
+            take_experts(c, &slot_.gu_w, &slot_.gu_s, &slot_.dn_w, &slot_.dn_s);
         }
         return c.used();
     }
+    void take_experts(Carver& c, void** gu_w, uint16_t** gu_s, void** dn_w, uint16_t** dn_s) {
+        const Dims& d = dims_;
+        *gu_w = c.take<void>(size_t(d.E) * mxfp4_fragment_bytes(2 * d.I, d.H));
+        *gu_s = c.take<uint16_t>(size_t(d.E) * mxfp4_scale_bytes(2 * d.I, d.H));
+        *dn_w = c.take<void>(size_t(d.E) * mxfp4_fragment_bytes(d.H, d.I));
+        *dn_s = c.take<uint16_t>(size_t(d.E) * mxfp4_scale_bytes(d.H, d.I));
+    }
+    // Device bytes by part (gptoss-offload.h) for a session of fit_context tokens.
+    OffloadSizes offload_sizes(uint32_t fit_context);
+    // Chooses the host layers for `request` (plan_offload against the budget) and reserves
+    // their host memory; then allocate() lays out the rest.
+    gptoss_status plan_host_layers(const OffloadRequest& request);
+    // Session bytes against the caller's budget (gptoss_model_params.gpu_memory_budget).
+    gptoss_status reserve_session_bytes(size_t bytes);
+    void release_session_bytes(size_t bytes) { session_bytes_ -= bytes; }
 
     gptoss_status allocate(size_t extra_bytes) {
         const size_t bytes = layout(nullptr);
@@ -317,6 +348,13 @@ public:
     float rope_scale_ = 1.0f;
     std::vector<LayerDev> layers_;
     std::atomic<bool> poisoned_{false};
+    // Issue 16: the experts of layers [0, n_host_) live in host_; one device slot streams them.
+    uint32_t n_host_ = 0;
+    HostExperts host_;
+    void* stream_raw_ = nullptr;
+    LayerDev slot_;
+    uint64_t budget_ = 0;  // the caller's gpu_memory_budget (0: none, only the device's free memory)
+    std::atomic<uint64_t> session_bytes_{0};
 };
 
 // Host → device through two pinned staging buffers: the CPU copies (page-faults the mapping)
@@ -431,6 +469,14 @@ gptoss_status CudaBackend::load(const Checkpoint& ck, const ProgressFn& progress
             GPTOSS_TRY(bf16_to_f32(rb, 2 * d.I, true, L.gu_b + size_t(e) * 2 * d.I, stream.s));
         }
         GPTOSS_TRY(bias_f32(lw.down_bias, d.E * d.H, false, L.dn_b));
+        if (l < n_host_) {
+            GPTOSS_TRY(host_.copy_layer(l, lw));
+            if (progress && !progress(float(l + 1) / float(config_.n_layers))) {
+                GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream.s));
+                return fail(GPTOSS_ERR_CANCELLED, "loading cancelled by the progress callback after layer %u", l);
+            }
+            continue;
+        }
         const GemmWeights gu = experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H);
         const GemmWeights dn = experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I);
         const size_t gu_blk = size_t(2 * d.I) * d.H / 2, gu_sc = size_t(2 * d.I) * d.H / 32;
@@ -485,6 +531,7 @@ gptoss_status CudaBackend::synthesize(uint64_t seed) {
         GPTOSS_TRY(vec(L.sinks, d.Q, 0.0f, 1.0f));
         GPTOSS_TRY(bf16(L.router_w, bf16_fragment_bytes(d.E, d.H)));
         GPTOSS_TRY(vec(L.router_b, d.E, 0.0f, 0.01f));
+        if (L.gu_w == nullptr) continue;  // a host layer: host_moe_biases() below
         GPTOSS_TRY(fill_random(L.gu_w, size_t(d.E) * mxfp4_fragment_bytes(2 * d.I, d.H) / 4, ++k, false, 0, stream.s));
         GPTOSS_TRY(fill_random_scales(L.gu_s, size_t(d.E) * mxfp4_scale_bytes(2 * d.I, d.H) / 2, ++k, 118, 122, stream.s));
         GPTOSS_TRY(vec(L.gu_b, size_t(d.E) * 2 * d.I, 0.0f, 0.01f));
@@ -492,7 +539,81 @@ gptoss_status CudaBackend::synthesize(uint64_t seed) {
         GPTOSS_TRY(fill_random_scales(L.dn_s, size_t(d.E) * mxfp4_scale_bytes(d.H, d.I) / 2, ++k, 118, 122, stream.s));
         GPTOSS_TRY(vec(L.dn_b, size_t(d.E) * d.H, 0.0f, 0.01f));
     }
+    if (n_host_ > 0) {
+        // Host layers: random experts in host memory; their biases go to the device from
+        // there, so the CPU and streaming paths see the same weights.
+        host_.fill_random(seed);
+        DeviceBuffer raw;
+        GPTOSS_TRY(raw.alloc(size_t(d.E) * 2 * d.I * 2, "bias staging"));
+        for (uint32_t l = 0; l < n_host_; ++l) {
+            const cpu::MoeWeights hw = host_.layer(l);
+            GPTOSS_CUDA_TRY(cudaMemcpyAsync(raw.get(), hw.gate_up_bias, size_t(d.E) * 2 * d.I * 2,
+                                            cudaMemcpyHostToDevice, stream.s));
+            for (uint32_t e = 0; e < d.E; ++e)
+                GPTOSS_TRY(bf16_to_f32(raw.as<char>() + size_t(e) * 2 * d.I * 2, 2 * d.I, true,
+                                       layers_[l].gu_b + size_t(e) * 2 * d.I, stream.s));
+            GPTOSS_CUDA_TRY(cudaMemcpyAsync(raw.get(), hw.down_bias, size_t(d.E) * d.H * 2, cudaMemcpyHostToDevice,
+                                            stream.s));
+            GPTOSS_TRY(bf16_to_f32(raw.get(), d.E * d.H, false, layers_[l].dn_b, stream.s));
+            GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream.s));  // raw is reused by the next layer
+        }
+    }
     GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream.s));
+    return GPTOSS_OK;
+}
+
+OffloadSizes CudaBackend::offload_sizes(uint32_t fit_context) {
+    OffloadSizes z;
+    z.n_layers = config_.n_layers;
+    const uint32_t keep = n_host_;
+    n_host_ = 0;
+    const size_t all = layout(nullptr);
+    n_host_ = config_.n_layers;
+    const size_t none = layout(nullptr);
+    n_host_ = keep;
+    z.streaming = HostExperts::streaming_bytes(config_);
+    z.fixed = none >= z.streaming ? none - z.streaming : none;
+    z.expert_layer = z.n_layers ? (all - z.fixed) / z.n_layers : 0;
+    CudaSession probe(*this, dims_.V, fit_context ? fit_context : kDefaultFitContext, default_max_batch());
+    size_t sample_bytes = 0;
+    if (sample_scratch_bytes(dims_.V, &sample_bytes) != GPTOSS_OK) sample_bytes = 0;
+    z.session = probe.layout(nullptr) + sample_bytes + 256;
+    return z;
+}
+
+gptoss_status CudaBackend::plan_host_layers(const OffloadRequest& request) {
+    size_t free_b = 0, total_b = 0;
+    GPTOSS_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+    const uint64_t budget = offload_budget(request, free_b);
+    budget_ = request.gpu_memory_budget;
+    const OffloadSizes sizes = offload_sizes(request.fit_context);
+    uint32_t n = 0;
+    const char* name = config_.n_layers == 36 ? "gpt-oss-120b" : config_.n_layers == 24 ? "gpt-oss-20b" : "the model";
+    GPTOSS_TRY(plan_offload(sizes, request, budget, name, &n));
+    n_host_ = n;
+    GPTOSS_TRY(host_.init(config_, n));
+    if (n > 0 || request.gpu_memory_budget != 0)
+        log(GPTOSS_LOG_INFO,
+            "CUDA backend: experts of layers 0..%d in host memory (%s%s), layers %u..%u on device %d; device: %s of "
+            "weights and streaming buffers + %s per session of %u tokens, budget %s",
+            int(n) - 1, gigabytes(host_.bytes()).c_str(), n > 0 ? "" : ", none", n, config_.n_layers - 1, device_,
+            gigabytes(offload_weight_bytes(sizes, n)).c_str(), gigabytes(sizes.session).c_str(),
+            request.fit_context ? request.fit_context : kDefaultFitContext, gigabytes(budget).c_str());
+    return GPTOSS_OK;
+}
+
+gptoss_status CudaBackend::reserve_session_bytes(size_t bytes) {
+    if (budget_ == 0) {
+        session_bytes_ += bytes;
+        return GPTOSS_OK;
+    }
+    const uint64_t used = arena_.bytes() + session_bytes_.load();
+    if (used + bytes > budget_)
+        return fail(GPTOSS_ERR_OUT_OF_MEMORY,
+                    "CUDA session: KV cache and scratch need %s, but the model's weights and sessions already hold %s "
+                    "of its GPU memory budget (params.gpu_memory_budget) of %s",
+                    gigabytes(bytes).c_str(), gigabytes(used).c_str(), gigabytes(budget_).c_str());
+    session_bytes_ += bytes;
     return GPTOSS_OK;
 }
 
@@ -500,6 +621,8 @@ gptoss_status CudaBackend::synthesize(uint64_t seed) {
 // Session implementation
 
 CudaSession::~CudaSession() {
+    if (arena_bytes_) be_.release_session_bytes(arena_bytes_);
+    if (stream_ == nullptr && arena_.get() == nullptr) return;  // never initialised (offload_sizes' probe)
     DeviceGuard guard(device_);
     if (stream_) cudaStreamSynchronize(stream_);
     if (graph_) cudaGraphExecDestroy(graph_);
@@ -515,53 +638,55 @@ gptoss_status CudaSession::checked(gptoss_status s) {
     return s;
 }
 
-gptoss_status CudaSession::init() {
-    device_ = be_.device_;
+size_t CudaSession::layout(char* base) {
     const Dims& d = be_.dims_;
     const Config& c = be_.config_;
     const uint32_t T = max_batch_;
     max_splits_ = ceil_div(max_context_, kAttentionSplit) + 1;
     max_tiles_ = route_max_tiles(T, d.E, d.K, 8);
+    Carver cv(base);
+    step_ = cv.take<StepInfo>(sizeof(StepInfo));
+    tokens_ = cv.take<int32_t>(T * 4);
+    x_ = cv.take<float>(size_t(T) * d.H * 4);
+    x_alt_ = cv.take<float>(size_t(d.H) * 4);
+    xn_ = cv.take<uint16_t>(size_t(T) * d.H * 2);
+    qkv_ = cv.take<float>(size_t(T) * d.QKV * 4);
+    q_ = cv.take<float>(size_t(T) * d.QD * 4);
+    k_new_ = cv.take<uint16_t>(size_t(T) * d.G * d.D * 2);
+    v_new_ = cv.take<uint16_t>(size_t(T) * d.G * d.D * 2);
+    attn_ = cv.take<uint16_t>(size_t(T) * d.QD * 2);
+    rlogits_ = cv.take<float>(size_t(T) * d.E * 4);
+    experts_ = cv.take<int32_t>(size_t(T) * d.K * 4);
+    weights_ = cv.take<float>(size_t(T) * d.K * 4);
+    tiles_ = cv.take<int32_t>((1 + 3 * size_t(max_tiles_)) * 4);
+    pairs_ = cv.take<int32_t>(size_t(T) * d.K * 4);
+    act_ = cv.take<uint16_t>(size_t(T) * d.K * d.I * 2);
+    part_ = cv.take<float>(size_t(T) * d.K * d.H * 4);
+    logits_ = cv.take<float>(std::max<size_t>(d.V, size_t(be_.lm_rows()) * be_.rank_.n_ranks) * 4);
+    partial_ = cv.take<float>(size_t(d.Q) * max_splits_ * (d.D + 2) * 4);
+    argmax_ = cv.take<int32_t>(8);
+    token_ = cv.take<int32_t>(4);
+    sample_scratch_ = cv.take<void>(sample_bytes_);
+    counters_ = cv.take<int>(size_t(d.G + 1) * 4);  // attention's G, then the router's
+    kv_.assign(c.n_layers, LayerKv{});
+    for (uint32_t l = 0; l < c.n_layers; ++l) {
+        LayerKv& kv = kv_[l];
+        kv.slots = c.layer_sliding[l] ? std::min(c.sliding_window, max_context_) : max_context_;
+        const size_t bytes = size_t(kv.slots) * d.G * d.D * 2;
+        kv.k = cv.take<uint16_t>(bytes);
+        kv.v = cv.take<uint16_t>(bytes);
+        kv.snap_k = c.layer_sliding[l] ? cv.take<uint16_t>(bytes) : nullptr;
+        kv.snap_v = c.layer_sliding[l] ? cv.take<uint16_t>(bytes) : nullptr;
+    }
+    return cv.used();
+}
+
+gptoss_status CudaSession::init() {
+    device_ = be_.device_;
+    const Dims& d = be_.dims_;
     const char* pg = std::getenv("GPTOSS_GEMM_PREFILL");
     prefill_gemm_ = !(pg && std::strcmp(pg, "0") == 0);
     GPTOSS_TRY(checked(sample_scratch_bytes(d.V, &sample_bytes_)));
-    auto layout = [&](char* base) {
-        Carver cv(base);
-        step_ = cv.take<StepInfo>(sizeof(StepInfo));
-        tokens_ = cv.take<int32_t>(T * 4);
-        x_ = cv.take<float>(size_t(T) * d.H * 4);
-        x_alt_ = cv.take<float>(size_t(d.H) * 4);
-        xn_ = cv.take<uint16_t>(size_t(T) * d.H * 2);
-        qkv_ = cv.take<float>(size_t(T) * d.QKV * 4);
-        q_ = cv.take<float>(size_t(T) * d.QD * 4);
-        k_new_ = cv.take<uint16_t>(size_t(T) * d.G * d.D * 2);
-        v_new_ = cv.take<uint16_t>(size_t(T) * d.G * d.D * 2);
-        attn_ = cv.take<uint16_t>(size_t(T) * d.QD * 2);
-        rlogits_ = cv.take<float>(size_t(T) * d.E * 4);
-        experts_ = cv.take<int32_t>(size_t(T) * d.K * 4);
-        weights_ = cv.take<float>(size_t(T) * d.K * 4);
-        tiles_ = cv.take<int32_t>((1 + 3 * size_t(max_tiles_)) * 4);
-        pairs_ = cv.take<int32_t>(size_t(T) * d.K * 4);
-        act_ = cv.take<uint16_t>(size_t(T) * d.K * d.I * 2);
-        part_ = cv.take<float>(size_t(T) * d.K * d.H * 4);
-        logits_ = cv.take<float>(std::max<size_t>(d.V, size_t(be_.lm_rows()) * be_.rank_.n_ranks) * 4);
-        partial_ = cv.take<float>(size_t(d.Q) * max_splits_ * (d.D + 2) * 4);
-        argmax_ = cv.take<int32_t>(8);
-        token_ = cv.take<int32_t>(4);
-        sample_scratch_ = cv.take<void>(sample_bytes_);
-        counters_ = cv.take<int>(size_t(d.G + 1) * 4);  // attention's G, then the router's
-        kv_.assign(c.n_layers, LayerKv{});
-        for (uint32_t l = 0; l < c.n_layers; ++l) {
-            LayerKv& kv = kv_[l];
-            kv.slots = c.layer_sliding[l] ? std::min(c.sliding_window, max_context_) : max_context_;
-            const size_t bytes = size_t(kv.slots) * d.G * d.D * 2;
-            kv.k = cv.take<uint16_t>(bytes);
-            kv.v = cv.take<uint16_t>(bytes);
-            kv.snap_k = c.layer_sliding[l] ? cv.take<uint16_t>(bytes) : nullptr;
-            kv.snap_v = c.layer_sliding[l] ? cv.take<uint16_t>(bytes) : nullptr;
-        }
-        return cv.used();
-    };
     const size_t bytes = layout(nullptr);
     size_t free_b = 0, total_b = 0;
     GPTOSS_TRY(checked(cuda_status(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo", __FILE__, __LINE__)));
@@ -570,6 +695,8 @@ gptoss_status CudaSession::init() {
                     "CUDA session: KV cache and scratch need %zu bytes (max_context %u, max_batch %u) on device %d, "
                     "only %zu bytes free",
                     bytes, max_context_, max_batch_, device_, free_b);
+    GPTOSS_TRY(be_.reserve_session_bytes(bytes));
+    arena_bytes_ = bytes;
     GPTOSS_TRY(arena_.alloc(bytes, "session KV cache and scratch"));
     layout(arena_.as<char>());
     GPTOSS_TRY(checked(cuda_status(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate",
@@ -578,6 +705,7 @@ gptoss_status CudaSession::init() {
     GPTOSS_TRY(checked(cuda_status(cudaMemsetAsync(arena_.get(), 0, arena_.bytes(), stream_), "cudaMemsetAsync",
                                    __FILE__, __LINE__)));
     logits_host_.resize(d.V);
+    if (be_.n_host_ > 0) GPTOSS_TRY(host_moe_.init(&be_.host_, be_.config_));
     return GPTOSS_OK;
 }
 
@@ -697,14 +825,18 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
         }
         GemmRoute r1;
         r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = d.K; r1.max_tiles = max_tiles; r1.tile_tokens = tile_tokens;
-        GPTOSS_TRY(project(decode, b.experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H), xn_, n, &r1, Epilogue::kSwiglu,
-                           nullptr, act_, d.I, c.swiglu_limit));
-        GPTOSS_TRY(mark("moe gate_up + swiglu"));
         GemmRoute r2 = r1;
         r2.in_div = 1;
-        GPTOSS_TRY(project(decode, b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I), act_, n * d.K, &r2, Epilogue::kStore,
-                           part_, nullptr, d.H, 0, /*route_ready=*/true));
-        GPTOSS_TRY(mark("moe down"));
+        if (l < b.n_host_) {
+            GPTOSS_TRY(host_moe(l, n, decode, r1, r2));
+        } else {
+            GPTOSS_TRY(project(decode, b.experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H), xn_, n, &r1,
+                               Epilogue::kSwiglu, nullptr, act_, d.I, c.swiglu_limit));
+            GPTOSS_TRY(mark("moe gate_up + swiglu"));
+            GPTOSS_TRY(project(decode, b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I), act_, n * d.K, &r2,
+                               Epilogue::kStore, part_, nullptr, d.H, 0, /*route_ready=*/true));
+            GPTOSS_TRY(mark("moe down"));
+        }
         ResidualArgs moe;
         moe.mode = ResidualMode::kMoeAdd;
         moe.part = part_;
@@ -746,6 +878,26 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
     return GPTOSS_OK;
 }
 
+gptoss_status CudaSession::host_moe(uint32_t l, uint32_t n, bool decode, const GemmRoute& r1, const GemmRoute& r2) {
+    CudaBackend& b = be_;
+    const Dims& d = b.dims_;
+    const LayerDev& L = b.layers_[l];
+    if (n <= host_moe_.max_tokens()) {
+        GPTOSS_TRY(host_moe_.enqueue(l, n, step_, xn_, experts_, part_, stream_));
+        return mark("moe experts on the CPU (host layers)");
+    }
+    // forward() holds the slot's mutex until the stream has finished with it.
+    const LayerDev& S = b.slot_;
+    GPTOSS_TRY(b.host_.stream_layer(l, b.stream_raw_, S.gu_w, S.gu_s, S.dn_w, S.dn_s, b.bad_scale_, stream_));
+    GPTOSS_TRY(mark("moe experts streamed to the GPU (host layers)"));
+    GPTOSS_TRY(project(decode, b.experts(S.gu_w, S.gu_s, L.gu_b, 2 * d.I, d.H), xn_, n, &r1, Epilogue::kSwiglu,
+                       nullptr, act_, d.I, b.config_.swiglu_limit));
+    GPTOSS_TRY(mark("moe gate_up + swiglu"));
+    GPTOSS_TRY(project(decode, b.experts(S.dn_w, S.dn_s, L.dn_b, d.H, d.I), act_, n * d.K, &r2, Epilogue::kStore,
+                       part_, nullptr, d.H, 0, /*route_ready=*/true));
+    return mark("moe down");
+}
+
 gptoss_status CudaSession::upload_step(const int32_t* tokens, uint32_t n, uint32_t pos) {
     const uint32_t V = be_.dims_.V;
     for (uint32_t i = 0; i < n; ++i)
@@ -777,7 +929,15 @@ gptoss_status CudaSession::forward(const int32_t* tokens, uint32_t n, uint32_t p
     DeviceGuard guard(device_);
     have_logits_ = false;
     GPTOSS_TRY(checked(upload_step(tokens, n, pos)));
-    GPTOSS_TRY(checked(enqueue(n, false, max_splits_)));
+    if (be_.n_host_ > 0 && n > host_moe_.max_tokens()) {
+        // Streams host layers through the backend's one slot: no other session may use it
+        // until this chunk's kernels are done with it.
+        std::lock_guard<std::mutex> lock(be_.host_.slot_mutex());
+        GPTOSS_TRY(checked(enqueue(n, false, max_splits_)));
+        GPTOSS_TRY(sync());
+    } else {
+        GPTOSS_TRY(checked(enqueue(n, false, max_splits_)));
+    }
     have_logits_ = true;
     return GPTOSS_OK;
 }
@@ -908,6 +1068,8 @@ gptoss_status CudaSession::profile(const int32_t* tokens, uint32_t n, uint32_t p
     if (n == 0 || n > max_batch_ || uint64_t(pos) + n > max_context_ || (decode && n != 1))
         return fail(GPTOSS_ERR_INVALID_ARGUMENT, "CUDA profile: %u tokens at %u do not fit", n, pos);
     DeviceGuard guard(device_);
+    std::unique_lock<std::mutex> slot_lock;  // host layers may stream through the backend's slot
+    if (be_.n_host_ > 0) slot_lock = std::unique_lock<std::mutex>(be_.host_.slot_mutex());
     GPTOSS_TRY(checked(upload_step(tokens, n, pos)));
     profiling_ = true;
     const gptoss_status st = enqueue(n, decode, max_splits_);
@@ -939,6 +1101,20 @@ gptoss_status CudaSession::profile(const int32_t* tokens, uint32_t n, uint32_t p
 gptoss_status create_synthetic_backend(const Config& config, int32_t device, uint64_t seed,
                                        std::unique_ptr<Backend>* out) {
     return create_synthetic_rank_backend(config, device, seed, RankInfo(), out);
+}
+
+gptoss_status create_synthetic_backend(const Config& config, int32_t device, uint64_t seed,
+                                       const OffloadRequest& request, std::unique_ptr<Backend>* out) {
+    GPTOSS_TRY(check_config(config));
+    const int n = cuda_device_count();
+    if (device < 0 || device >= n)
+        return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA backend: device %d requested, %d CUDA devices present", device, n);
+    DeviceGuard guard(device);
+    auto b = std::make_unique<CudaBackend>(config, device);
+    GPTOSS_TRY(b->plan_host_layers(request));
+    GPTOSS_TRY(b->synthesize(seed));
+    *out = std::move(b);
+    return GPTOSS_OK;
 }
 
 bool decode_replays(const BackendSession* session, uint32_t pos) {
@@ -986,8 +1162,14 @@ gptoss_status create_cuda_backend(const Checkpoint& checkpoint, int32_t device, 
     return cuda::create_rank_backend(checkpoint, device, cuda::RankInfo(), progress, out);
 }
 
+gptoss_status create_cuda_backend(const Checkpoint& checkpoint, int32_t device, const OffloadRequest& request,
+                                  const ProgressFn& progress, std::unique_ptr<Backend>* out) {
+    return cuda::create_rank_backend(checkpoint, device, cuda::RankInfo(), progress, out, &request);
+}
+
 gptoss_status cuda::create_rank_backend(const Checkpoint& checkpoint, int32_t device, const RankInfo& rank,
-                                        const ProgressFn& progress, std::unique_ptr<Backend>* out) {
+                                        const ProgressFn& progress, std::unique_ptr<Backend>* out,
+                                        const OffloadRequest* request) {
     GPTOSS_TRY(cuda::check_config(checkpoint.config));
     const int n = cuda_device_count();
     if (n == 0) return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA backend: no CUDA device is present");
@@ -996,11 +1178,14 @@ gptoss_status cuda::create_rank_backend(const Checkpoint& checkpoint, int32_t de
                     n - 1);
     cuda::DeviceGuard guard(device);
     auto b = std::make_unique<cuda::CudaBackend>(checkpoint.config, device, rank);
+    if (request != nullptr) GPTOSS_TRY(b->plan_host_layers(*request));
     const auto t0 = std::chrono::steady_clock::now();
     GPTOSS_TRY(b->load(checkpoint, progress));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    log(GPTOSS_LOG_INFO, "CUDA backend: loaded %.2f GB of weights on device %d in %.2f s (%.2f GB/s)",
-        double(b->weight_bytes()) / 1e9, device, s, double(checkpoint.total_bytes) / 1e9 / s);
+    log(GPTOSS_LOG_INFO, "CUDA backend: loaded %.2f GB of weights on device %d%s in %.2f s (%.2f GB/s)",
+        double(b->weight_bytes()) / 1e9, device,
+        b->n_cpu_moe() ? (" and " + gigabytes(b->host_weight_bytes()) + " of experts in host memory").c_str() : "", s,
+        double(checkpoint.total_bytes) / 1e9 / s);
     *out = std::move(b);
     return GPTOSS_OK;
 }

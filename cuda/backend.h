@@ -6,6 +6,7 @@
 #pragma once
 
 #include "gptoss-internal.h"
+#include "gptoss-offload.h"
 
 #include <memory>
 #include <string>
@@ -28,6 +29,12 @@ namespace cuda {
                                             uint32_t pos, bool decode,
                                             std::vector<std::pair<std::string, double>>* ms_by_op);
 
+// create_synthetic_backend with the experts of some layers in host memory (issue 16,
+// gptoss-offload.h): `request` as gptoss_model_params' n_cpu_moe / gpu_memory_budget /
+// fit_context; the host layers' experts are random bytes in host memory.
+[[nodiscard]] gptoss_status create_synthetic_backend(const Config& config, int32_t device, uint64_t seed,
+                                                     const OffloadRequest& request, std::unique_ptr<Backend>* out);
+
 // One rank of a model split over several GPUs (gptoss-shard.h says what each rank holds;
 // cuda/multi_gpu.cu builds the ranks and owns their NCCL communicators).
 struct RankInfo {
@@ -38,8 +45,10 @@ struct RankInfo {
 // create_cuda_backend / create_synthetic_backend for one rank: `checkpoint` / `config` are the
 // rank's (make_shard_checkpoint / shard_config). Its sessions run as the single-GPU path until
 // set_session_comm() gives them a communicator.
+// `request` (single GPU only): experts in host memory, as create_cuda_backend's.
 [[nodiscard]] gptoss_status create_rank_backend(const Checkpoint& checkpoint, int32_t device, const RankInfo& rank,
-                                                const ProgressFn& progress, std::unique_ptr<Backend>* out);
+                                                const ProgressFn& progress, std::unique_ptr<Backend>* out,
+                                                const OffloadRequest* request = nullptr);
 [[nodiscard]] gptoss_status create_synthetic_rank_backend(const Config& config, int32_t device, uint64_t seed,
                                                           const RankInfo& rank, std::unique_ptr<Backend>* out);
 // Gives a session of a rank backend its ncclComm_t (borrowed; it must outlive the session's

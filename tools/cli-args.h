@@ -64,4 +64,29 @@ inline bool parse_device(const std::string& s, int32_t* out) {
     return true;
 }
 
+// "auto" or a layer count 0..1024 → gptoss_model_params.n_cpu_moe (the model checks the count).
+inline bool parse_cpu_moe(const std::string& s, int32_t* out) {
+    if (s == "auto") { *out = GPTOSS_CPU_MOE_AUTO; return true; }
+    uint32_t n = 0;
+    if (!parse_u32(s, &n) || n > 1024) return false;
+    *out = int32_t(n);
+    return true;
+}
+
+// Bytes: digits with an optional binary suffix K, M, G or T (24G = 24 GiB) → *out.
+inline bool parse_bytes(const std::string& s, uint64_t* out) {
+    if (s.empty()) return false;
+    int shift = 0;
+    std::string digits = s;
+    const char last = s.back();
+    if (last == 'K' || last == 'M' || last == 'G' || last == 'T') {
+        shift = last == 'K' ? 10 : last == 'M' ? 20 : last == 'G' ? 30 : 40;
+        digits.pop_back();
+    }
+    uint64_t v = 0;
+    if (!parse_u64(digits, &v) || (shift > 0 && v > (UINT64_MAX >> shift))) return false;
+    *out = v << shift;
+    return true;
+}
+
 }  // namespace gptoss::cli

@@ -18,9 +18,16 @@
 // --no-collectives the split model skips its collectives (timing only: what free communication
 // would give).
 // the ceilings are the first GPU's, so the decode floor and %-of-floor are one GPU's.
+// --n-cpu-moe N|auto [--gpu-memory SIZE] keeps the experts of the first N layers in host memory
+// (issue 16; random host weights with --synthetic); the decode floor is then the GPU part at the
+// copy bandwidth plus the host layers' chosen experts at the host-memory streaming-read rate
+// measured in the same run with the same threads (cpu::measure_host_read_gbps).
 #include "gptoss-internal.h"
+#include "gptoss-offload.h"
+#include "cpu/host_experts.h"
 #include "tools/bench-concurrency.h"
 #include "tools/bench-host-moe.h"
+#include "tools/cli-args.h"
 #include "tokenizer/grammar-mask.h"
 #include "tokenizer/json-schema.h"
 #include "tokenizer/tokenizer.h"
@@ -97,6 +104,13 @@ double decode_bytes(const gptoss::Config& c, uint32_t pos) {
         bytes += keys * KV * 2 * 2;
     }
     return bytes;
+}
+
+// Bytes of the MXFP4 experts (blocks, scales, biases) one decoded token reads in host memory
+// when the first n_host layers keep their experts there.
+double host_decode_bytes(const gptoss::Config& c, uint32_t n_host) {
+    const double H = c.hidden, I = c.intermediate, K = c.n_experts_per_token;
+    return n_host * K * ((2 * I * H + H * I) * (0.5 + 1.0 / 32) + 2.0 * (2 * I + H));
 }
 
 // Tokens per forward when filling the context to a depth: the largest pp size, or 512 when
@@ -374,6 +388,7 @@ int main(int argc, char** argv) {
     uint32_t decode_batch = 0;
     uint32_t tg = 128, reps = 3, layers = 0;
     bool json = false, profile = false, gemm_probe = true, no_collectives = false;
+    gptoss::OffloadRequest offload;  // --n-cpu-moe, --gpu-memory
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto value = [&]() -> const char* {
@@ -405,12 +420,18 @@ int main(int argc, char** argv) {
         else if (a == "--json-schema") schema_file = value();
         else if (a == "--tokenizer") tokenizer_dir = value();
         else if (a == "--host-moe") host_moe = value();  // CPU experts of issue 16 (tools/bench-host-moe.h)
+        else if (a == "--n-cpu-moe") {
+            if (!gptoss::cli::parse_cpu_moe(value(), &offload.n_cpu_moe)) die("--n-cpu-moe: expected N or auto");
+        }
+        else if (a == "--gpu-memory") {
+            if (!gptoss::cli::parse_bytes(value(), &offload.gpu_memory_budget)) die("--gpu-memory: expected e.g. 24G");
+        }
         else if (a == "-h" || a == "--help") {
             std::printf(
                 "usage: gptoss-bench (--model DIR | --synthetic 20b|120b) [--device N|cpu] [--devices 0,1] [-p 512,2048] [-n 128]\n"
                 "                    [-d 0,8192] [-r REPS] [--layers N] [--ttft 8192,32768,131000] [--profile] [--json]\n"
                 "                    [--no-gemm-probe] [--json-schema FILE --tokenizer DIR] [--no-collectives]\n"
-                "                    [--concurrency 1,8,32,64 [--decode-batch N]]\n"
+                "                    [--concurrency 1,8,32,64 [--decode-batch N]] [--n-cpu-moe N|auto [--gpu-memory 24G]]\n"
                 "       gptoss-bench --host-moe 20b|120b [--json]   (CPU only: host MXFP4 experts vs the host read floor)\n"
                 "Prints pp (prefill) and tg (decode) throughput at each context depth, with GB/s and %% of the\n"
                 "bandwidth floor (decode) or TFLOP/s and %% of the measured bf16 tensor-core rate (prefill).\n"
@@ -444,6 +465,13 @@ int main(int argc, char** argv) {
     std::unique_ptr<Backend> backend;
     Config config;
     double load_s = 0, load_gb = 0;
+    const bool offloading = offload.n_cpu_moe != 0 || offload.gpu_memory_budget != 0;
+    if (offloading && devices.size() > 1) die("--n-cpu-moe / --gpu-memory take one GPU");
+    {
+        const uint32_t max_pp0 = pp.empty() ? 0 : *std::max_element(pp.begin(), pp.end());
+        const uint32_t max_depth0 = depths.empty() ? 0 : *std::max_element(depths.begin(), depths.end());
+        offload.fit_context = max_depth0 + std::max(max_pp0, tg) + 16;  // the session below
+    }
     if (!synthetic.empty()) {
         config = preset(synthetic);
         if (layers) {
@@ -454,6 +482,8 @@ int main(int argc, char** argv) {
         if (devices.size() > 1)
             check(cuda::create_sharded_synthetic_backend(config, devices.data(), devices.size(), 1, &backend),
                   "building the synthetic model over several GPUs");
+        else if (offloading)
+            check(cuda::create_synthetic_backend(config, device, 1, offload, &backend), "building the synthetic model");
         else
             check(cuda::create_synthetic_backend(config, device, 1, &backend), "building the synthetic model");
         load_s = (now_ms() - t0) / 1e3;
@@ -464,6 +494,8 @@ int main(int argc, char** argv) {
         if (devices.size() > 1)
             check(create_sharded_cuda_backend(*ck, devices.data(), devices.size(), {}, &backend),
                   "uploading the weights to several GPUs");
+        else if (offloading)
+            check(create_cuda_backend(*ck, device, offload, {}, &backend), "uploading the weights");
         else
             check(create_cuda_backend(*ck, device, {}, &backend), "uploading the weights");
         load_s = (now_ms() - t1) / 1e3;
@@ -472,6 +504,9 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "mapped in %.2f s; uploaded %.2f GB in %.2f s (%.2f GB/s)\n", (t1 - t0) / 1e3, load_gb,
                      load_s, load_gb / load_s);
     }
+    // Experts in host memory: the host's streaming-read rate with the same threads, for the floor.
+    const uint32_t n_host = backend->n_cpu_moe();
+    const double host_gbps = n_host ? cpu::measure_host_read_gbps(size_t(4) << 30) : 0.0;
     const uint32_t max_pp = *std::max_element(pp.begin(), pp.end());
     const uint32_t fill = fill_chunk(max_pp);
     const uint32_t max_depth = *std::max_element(depths.begin(), depths.end());
@@ -531,6 +566,11 @@ int main(int argc, char** argv) {
             Result res{"tg" + std::to_string(tg), depth, tg, ms / tg, tg / (ms / 1e3), 0, 0, 0, 0};
             res.gbps = bytes / (ms / 1e3) / 1e9;
             res.pct_floor = 100.0 * res.gbps / ceil.copy_gbps;
+            if (n_host > 0) {  // the floor: the GPU part at the copy rate + the host part at the host read rate
+                const double hb = host_decode_bytes(config, n_host) * tg;
+                const double floor_ms = ((bytes - hb) / (ceil.copy_gbps * 1e9) + hb / (host_gbps * 1e9)) * 1e3;
+                res.pct_floor = 100.0 * floor_ms / ms;
+            }
             std::fprintf(stderr, "%s @ %u: %.1f tok/s\n", res.test.c_str(), depth, res.tok_s);
             results.push_back(res);
             if (sb.grammar) {
@@ -624,6 +664,16 @@ int main(int argc, char** argv) {
     const double floor_ms = decode_bytes(config, 0) / (ceil.copy_gbps * 1e9) * 1e3;
     std::printf("decode floor at depth 0: %.3f GB/token / %.0f GB/s = %.3f ms/token = %.0f tok/s\n",
                 decode_bytes(config, 0) / 1e9, ceil.copy_gbps, floor_ms, 1e3 / floor_ms);
+    if (n_host > 0) {
+        const double hb = host_decode_bytes(config, n_host);
+        const double off_ms = ((decode_bytes(config, 0) - hb) / (ceil.copy_gbps * 1e9) + hb / (host_gbps * 1e9)) * 1e3;
+        std::printf("experts of %u of %u layers in host memory (%.2f GB; device weights %.2f GB): host streaming read "
+                    "%.1f GB/s (%u hardware threads); decode floor %.3f GB/token on the GPU + %.3f GB/token from host "
+                    "memory = %.3f ms/token = %.1f tok/s (%% floor of tg lines is against this)\n",
+                    n_host, config.n_layers, double(backend->host_weight_bytes()) / 1e9,
+                    double(backend->weight_bytes()) / 1e9, host_gbps, std::thread::hardware_concurrency(),
+                    (decode_bytes(config, 0) - hb) / 1e9, hb / 1e9, off_ms, 1e3 / off_ms);
+    }
     if (load_gb > 0) std::printf("load: %.2f GB in %.2f s = %.2f GB/s\n", load_gb, load_s, load_gb / load_s);
     else std::printf("synthetic weights built on the device in %.2f s\n", load_s);
     if (sb.grammar)

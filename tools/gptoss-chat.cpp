@@ -66,6 +66,8 @@ struct Options {
     std::string model_dir;              // empty: the default tiny model
     int32_t device = GPTOSS_DEVICE_AUTO;
     std::vector<int32_t> devices;       // --devices: the GPUs to split the model over
+    int32_t n_cpu_moe = 0;              // --n-cpu-moe: layers whose experts stay in host memory
+    uint64_t gpu_memory = 0;            // --gpu-memory: the GPU memory budget in bytes (0: free memory)
     gptoss_reasoning_effort effort = GPTOSS_REASONING_MEDIUM;
     bool effort_given = false;
     std::optional<std::string> system;  // developer instructions
@@ -100,6 +102,10 @@ void usage(FILE* out) {
         "                           *.safetensors); default $GPTOSS_MODEL, else the tiny model\n"
         "      --device cpu|auto|N  CPU reference backend, first GPU if any (default), or GPU N\n"
         "      --devices N,M,...    split the model over these GPUs (NCCL)\n"
+        "      --n-cpu-moe N|auto   keep the MoE experts of the first N layers in host memory (the CPU\n"
+        "                           runs them at decode), or auto: as few as fit --gpu-memory with\n"
+        "                           room for --ctx tokens (default 32768 with auto)\n"
+        "      --gpu-memory SIZE    GPU memory the model may use, e.g. 24G (default: what is free)\n"
         "      --ctx N              context length in tokens (default: the model's maximum)\n"
         "chat:\n"
         "  -r, --reasoning LEVEL    reasoning effort: low, medium (default) or high\n"
@@ -211,6 +217,16 @@ Options parse_args(int argc, char** argv) {
                 o.devices.push_back(int32_t(n));
                 start = comma + 1;
             }
+        }
+        else if (arg == "--n-cpu-moe") {
+            std::string v = next();
+            if (!parse_cpu_moe(v, &o.n_cpu_moe))
+                usage_error(kProgram, "--n-cpu-moe: expected a number of layers or auto, found \"%s\"", v.c_str());
+        }
+        else if (arg == "--gpu-memory") {
+            std::string v = next();
+            if (!parse_bytes(v, &o.gpu_memory) || o.gpu_memory == 0)
+                usage_error(kProgram, "--gpu-memory: expected a size such as 24G or 8192M, found \"%s\"", v.c_str());
         }
         else if (arg == "--ctx") {
             std::string v = next();
@@ -1216,7 +1232,7 @@ void load_hint(gptoss_status st, const std::string& dir, int32_t device) {
         case GPTOSS_ERR_OUT_OF_MEMORY:
             std::fprintf(stderr, "hint: not enough %s memory. gpt-oss-20b needs about 14 GB of GPU memory and "
                                  "gpt-oss-120b about 65 GB; close other GPU programs, pick another GPU with --device N, "
-                                 "or lower --ctx\n", device == GPTOSS_DEVICE_CPU ? "host" : "GPU");
+                                 "lower --ctx, or keep experts in host memory with --n-cpu-moe auto\n", device == GPTOSS_DEVICE_CPU ? "host" : "GPU");
             break;
         case GPTOSS_ERR_UNSUPPORTED:
             std::fprintf(stderr, "hint: this build or this GPU cannot run the model; --device cpu runs the (slow) CPU "
@@ -1389,6 +1405,10 @@ int main(int argc, char** argv) {
     mp.device = o.device;
     mp.devices = o.devices.empty() ? nullptr : o.devices.data();
     mp.n_devices = o.devices.size();
+    mp.n_cpu_moe = o.n_cpu_moe;
+    mp.gpu_memory_budget = o.gpu_memory;
+    if (o.n_cpu_moe == GPTOSS_CPU_MOE_AUTO && o.ctx == 0) o.ctx = 32768;  // what auto fits by default
+    mp.fit_context = o.ctx;
     mp.progress = on_progress;
     mp.progress_user_data = &progress;
     gptoss_model* model = nullptr;
@@ -1415,9 +1435,13 @@ int main(int argc, char** argv) {
         std::memset(&info, 0, sizeof info);
         info.struct_size = sizeof info;
         if (gptoss_model_get_info(model, &info) == GPTOSS_OK)
-            std::printf("%s %s on %s, %u layers, context %u\n", kProgram, info.name ? info.name : "?",
+            std::printf("%s %s on %s, %u layers%s, context %u\n", kProgram, info.name ? info.name : "?",
                         info.device == GPTOSS_DEVICE_CPU ? "the CPU" : ("GPU " + std::to_string(info.device)).c_str(),
-                        info.n_layers, o.ctx ? o.ctx : info.max_context);
+                        info.n_layers,
+                        info.n_cpu_moe ? (" (the experts of " + std::to_string(info.n_cpu_moe) + " in host memory, " +
+                                          std::to_string(info.host_weight_bytes / 1000000) + " MB)").c_str()
+                                       : "",
+                        o.ctx ? o.ctx : info.max_context);
     }
 
     int rc = 0;

@@ -55,6 +55,9 @@ int main(int argc, char** argv) {
     FIELD(gptoss_model_params, max_decode_batch);
     FIELD(gptoss_model_params, devices);
     FIELD(gptoss_model_params, n_devices);
+    FIELD(gptoss_model_params, n_cpu_moe);
+    FIELD(gptoss_model_params, gpu_memory_budget);
+    FIELD(gptoss_model_params, fit_context);
     end();
 
     BEGIN(gptoss_model_info);
@@ -67,6 +70,8 @@ int main(int argc, char** argv) {
     FIELD(gptoss_model_info, max_context);
     FIELD(gptoss_model_info, weight_bytes);
     FIELD(gptoss_model_info, device);
+    FIELD(gptoss_model_info, n_cpu_moe);
+    FIELD(gptoss_model_info, host_weight_bytes);
     end();
 
     BEGIN(gptoss_session_params);

@@ -29,14 +29,17 @@ func structLayouts() map[string]uintptr {
 		"struct_size": unsafe.Offsetof(mp.struct_size), "device": unsafe.Offsetof(mp.device),
 		"progress": unsafe.Offsetof(mp.progress), "progress_user_data": unsafe.Offsetof(mp.progress_user_data),
 		"max_decode_batch": unsafe.Offsetof(mp.max_decode_batch),
-		"devices": unsafe.Offsetof(mp.devices), "n_devices": unsafe.Offsetof(mp.n_devices)})
+		"devices": unsafe.Offsetof(mp.devices), "n_devices": unsafe.Offsetof(mp.n_devices),
+		"n_cpu_moe": unsafe.Offsetof(mp.n_cpu_moe), "gpu_memory_budget": unsafe.Offsetof(mp.gpu_memory_budget),
+		"fit_context": unsafe.Offsetof(mp.fit_context)})
 	var mi C.gptoss_model_info
 	add("gptoss_model_info", unsafe.Sizeof(mi), unsafe.Alignof(mi), map[string]uintptr{
 		"struct_size": unsafe.Offsetof(mi.struct_size), "name": unsafe.Offsetof(mi.name),
 		"n_layers": unsafe.Offsetof(mi.n_layers), "n_experts": unsafe.Offsetof(mi.n_experts),
 		"n_experts_per_token": unsafe.Offsetof(mi.n_experts_per_token), "n_vocab": unsafe.Offsetof(mi.n_vocab),
 		"max_context": unsafe.Offsetof(mi.max_context), "weight_bytes": unsafe.Offsetof(mi.weight_bytes),
-		"device": unsafe.Offsetof(mi.device)})
+		"device": unsafe.Offsetof(mi.device), "n_cpu_moe": unsafe.Offsetof(mi.n_cpu_moe),
+		"host_weight_bytes": unsafe.Offsetof(mi.host_weight_bytes)})
 	var sp C.gptoss_session_params
 	add("gptoss_session_params", unsafe.Sizeof(sp), unsafe.Alignof(sp), map[string]uintptr{
 		"struct_size": unsafe.Offsetof(sp.struct_size), "max_context": unsafe.Offsetof(sp.max_context),

@@ -235,11 +235,30 @@ type ModelInfo struct {
 	MaxContext       uint32 // tokens
 	WeightBytes      uint64
 	Device           Device
+	NCPUMoE          uint32 // layers whose MoE experts are in host memory (the first ones)
+	HostWeightBytes  uint64 // host memory those experts hold
 }
 
+// CPUMoEAuto for WithCPUMoE: the fewest layers that fit the GPU memory budget.
+const CPUMoEAuto = -1
+
 type loadOptions struct {
-	device   Device
-	progress func(fraction float32) bool
+	device          Device
+	progress        func(fraction float32) bool
+	nCPUMoE         int32
+	gpuMemoryBudget uint64
+	fitContext      uint32
+}
+
+// WithCPUMoE keeps the MoE experts of the first n layers in host memory (CPUMoEAuto: as few as
+// fit the budget), for GPUs smaller than the model (gptoss_model_params.n_cpu_moe).
+func WithCPUMoE(n int32) LoadOption { return func(o *loadOptions) { o.nCPUMoE = n } }
+
+// WithGPUMemoryBudget caps the GPU memory of the model and its sessions at bytes (0: the
+// device's free memory); fitContext is the KV cache, in tokens, CPUMoEAuto leaves room for
+// (0: 32768).
+func WithGPUMemoryBudget(bytes uint64, fitContext uint32) LoadOption {
+	return func(o *loadOptions) { o.gpuMemoryBudget = bytes; o.fitContext = fitContext }
 }
 
 // LoadOption configures Load.
@@ -278,7 +297,8 @@ func Load(dir string, opts ...LoadOption) (*Model, error) {
 	}
 	var ptr *C.gptoss_model
 	var msg *C.char
-	status := C.gogptoss_load(cdir, C.int32_t(o.device), C.uintptr_t(handle), &ptr, &msg)
+	status := C.gogptoss_load(cdir, C.int32_t(o.device), C.uintptr_t(handle), C.int32_t(o.nCPUMoE),
+		C.uint64_t(o.gpuMemoryBudget), C.uint32_t(o.fitContext), &ptr, &msg)
 	err = takeError(status, msg)
 	if state != nil && state.panic != nil {
 		if ptr != nil {
@@ -329,7 +349,7 @@ func (m *Model) Info() (ModelInfo, error) {
 		}
 		info = ModelInfo{C.GoString(ci.name), uint32(ci.n_layers), uint32(ci.n_experts),
 			uint32(ci.n_experts_per_token), uint32(ci.n_vocab), uint32(ci.max_context),
-			uint64(ci.weight_bytes), Device(ci.device)}
+			uint64(ci.weight_bytes), Device(ci.device), uint32(ci.n_cpu_moe), uint64(ci.host_weight_bytes)}
 		return nil
 	})
 	return info, err

@@ -160,6 +160,26 @@ func TestOnlyTheSameMajorAndMinorVersionIsAccepted(t *testing.T) {
 	}
 }
 
+func TestCPUMoEIsCheckedAgainstTheModelAndReported(t *testing.T) {
+	dir := env(t, "GPTOSS_TINY_MODEL")
+	_, err := Load(dir, WithDevice(DeviceCPU), WithCPUMoE(99))
+	if err == nil || !strings.Contains(err.Error(), "params.n_cpu_moe: 99") {
+		t.Fatalf("n_cpu_moe 99 on a 4-layer model: %v", err)
+	}
+	m, err := Load(dir, WithDevice(DeviceCPU), WithCPUMoE(CPUMoEAuto), WithGPUMemoryBudget(1<<30, 4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	info, err := m.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NCPUMoE != 0 || info.HostWeightBytes != 0 { // the CPU backend: all in host memory
+		t.Fatalf("info %+v", info)
+	}
+}
+
 func TestBadModelDirectoryReturnsTheCMessage(t *testing.T) {
 	bad := filepath.Join(os.TempDir(), "gptoss-no-such-model")
 	_, err := Load(bad, WithDevice(DeviceCPU))

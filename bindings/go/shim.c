@@ -19,11 +19,15 @@ static bool event_trampoline(void* user_data, const gptoss_event* event) {
     return goEvent((uintptr_t)user_data, (gptoss_event*)event);
 }
 
-gptoss_status gogptoss_load(const char* model_dir, int32_t device, uintptr_t progress, gptoss_model** model_out,
+gptoss_status gogptoss_load(const char* model_dir, int32_t device, uintptr_t progress, int32_t n_cpu_moe,
+                            uint64_t gpu_memory_budget, uint32_t fit_context, gptoss_model** model_out,
                             char** error_out) {
     gptoss_model_params params;
     gptoss_model_params_init(&params, sizeof params);
     params.device = device;
+    params.n_cpu_moe = n_cpu_moe;
+    params.gpu_memory_budget = gpu_memory_budget;
+    params.fit_context = fit_context;
     if (progress != 0) {
         params.progress = progress_trampoline;
         params.progress_user_data = (void*)progress;

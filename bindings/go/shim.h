@@ -11,7 +11,8 @@
 
 #include "gptoss.h"
 
-gptoss_status gogptoss_load(const char* model_dir, int32_t device, uintptr_t progress, gptoss_model** model_out,
+gptoss_status gogptoss_load(const char* model_dir, int32_t device, uintptr_t progress, int32_t n_cpu_moe,
+                            uint64_t gpu_memory_budget, uint32_t fit_context, gptoss_model** model_out,
                             char** error_out);
 gptoss_status gogptoss_model_get_info(const gptoss_model* model, gptoss_model_info* info, char** error_out);
 gptoss_status gogptoss_tokenize(const gptoss_model* model, const char* text, size_t text_len, bool allow_special,

@@ -24,7 +24,7 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Opti
                     Union)
 
 from . import _ffi
-from ._ffi import DEVICE_AUTO, DEVICE_CPU, SEED_RANDOM, LibraryNotFound, VersionMismatch, library_path
+from ._ffi import CPU_MOE_AUTO, DEVICE_AUTO, DEVICE_CPU, SEED_RANDOM, LibraryNotFound, VersionMismatch, library_path
 
 __version__ = f"{_ffi.VERSION_MAJOR}.{_ffi.VERSION_MINOR}.{_ffi.VERSION_PATCH}"
 
@@ -34,7 +34,7 @@ __all__ = [
     "GptossError", "InvalidArgumentError", "GptossIOError", "FormatError", "UnsupportedError",
     "OutOfMemoryError", "DeviceError", "ContextFullError", "BufferTooSmallError", "CancelledError",
     "InternalError", "LibraryNotFound", "VersionMismatch", "library_version", "library_path",
-    "set_log_callback", "DEVICE_CPU", "DEVICE_AUTO", "SEED_RANDOM",
+    "set_log_callback", "DEVICE_CPU", "DEVICE_AUTO", "SEED_RANDOM", "CPU_MOE_AUTO",
 ]
 
 
@@ -236,6 +236,8 @@ class ModelInfo:
     max_context: int        # tokens
     weight_bytes: int       # device (or host, on the CPU backend) memory held by the weights
     device: int             # CUDA ordinal, or DEVICE_CPU
+    n_cpu_moe: int = 0      # layers whose MoE experts are in host memory (the first ones)
+    host_weight_bytes: int = 0  # host memory those experts hold
 
 
 @dataclass(frozen=True)
@@ -485,15 +487,28 @@ class Model:
     the underlying C model alive, so closing order does not matter."""
 
     def __init__(self, path: str, device: Union[str, int] = "auto",
-                 progress: Optional[Callable[[float], Optional[bool]]] = None):
+                 progress: Optional[Callable[[float], Optional[bool]]] = None,
+                 n_cpu_moe: Union[int, str] = 0, gpu_memory_budget: int = 0, fit_context: int = 0):
         """Loads the checkpoint directory `path` (config.json, tokenizer.json, safetensors).
         `device` is "auto" (GPU 0 if present, else CPU), "cpu", "cuda", "cuda:N" or an ordinal.
-        `progress(fraction)` may return False to cancel (raises CancelledError)."""
+        `progress(fraction)` may return False to cancel (raises CancelledError).
+        `n_cpu_moe`: layers (the first N) whose MoE experts stay in host memory, or "auto" to
+        fit `gpu_memory_budget` bytes (0: the GPU's free memory) with room for a session of
+        `fit_context` tokens (0: 32768); see gptoss_model_params in gptoss.h."""
         lib = _lib()
         self._handle: Optional[int] = None
         params = _ffi.ModelParams()
         lib.gptoss_model_params_init(ctypes.byref(params), ctypes.sizeof(params))
         params.device = self._device(device)
+        if n_cpu_moe == "auto":
+            params.n_cpu_moe = _ffi.CPU_MOE_AUTO
+        elif isinstance(n_cpu_moe, int) and not isinstance(n_cpu_moe, bool):
+            params.n_cpu_moe = n_cpu_moe
+        else:
+            raise InvalidArgumentError(Status.INVALID_ARGUMENT,
+                                       f"n_cpu_moe: expected a number of layers or \"auto\", found {n_cpu_moe!r}")
+        params.gpu_memory_budget = gpu_memory_budget
+        params.fit_context = fit_context
         error: List[BaseException] = []
         if progress is not None:
             def thunk(_user: Any, fraction: float) -> bool:
@@ -554,7 +569,8 @@ class Model:
         info.struct_size = ctypes.sizeof(info)
         _check(_lib().gptoss_model_get_info(self.handle, ctypes.byref(info)))
         return ModelInfo(_str(info.name) or "", info.n_layers, info.n_experts, info.n_experts_per_token,
-                         info.n_vocab, info.max_context, info.weight_bytes, info.device)
+                         info.n_vocab, info.max_context, info.weight_bytes, info.device, info.n_cpu_moe,
+                         info.host_weight_bytes)
 
     def tokenize(self, text: str, allow_special: bool = False) -> List[int]:
         """Token ids of `text`. Text spelling a special token ("<|start|>") becomes that token

@@ -22,6 +22,7 @@ VERSION_PATCH = 0
 
 DEVICE_CPU = -1
 DEVICE_AUTO = -2
+CPU_MOE_AUTO = -1
 SEED_RANDOM = 2**64 - 1
 
 PROGRESS_FN = CFUNCTYPE(c_bool, c_void_p, c_float)
@@ -31,13 +32,15 @@ LOG_FN = CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 class ModelParams(Structure):
     _fields_ = [("struct_size", c_uint32), ("device", c_int32), ("progress", PROGRESS_FN),
                 ("progress_user_data", c_void_p), ("max_decode_batch", c_uint32),
-                ("devices", POINTER(c_int32)), ("n_devices", c_size_t)]
+                ("devices", POINTER(c_int32)), ("n_devices", c_size_t),
+                ("n_cpu_moe", c_int32), ("gpu_memory_budget", c_uint64), ("fit_context", c_uint32)]
 
 
 class ModelInfo(Structure):
     _fields_ = [("struct_size", c_uint32), ("name", c_char_p), ("n_layers", c_uint32),
                 ("n_experts", c_uint32), ("n_experts_per_token", c_uint32), ("n_vocab", c_uint32),
-                ("max_context", c_uint32), ("weight_bytes", c_uint64), ("device", c_int32)]
+                ("max_context", c_uint32), ("weight_bytes", c_uint64), ("device", c_int32),
+                ("n_cpu_moe", c_uint32), ("host_weight_bytes", c_uint64)]
 
 
 class SessionParams(Structure):

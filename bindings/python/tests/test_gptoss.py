@@ -147,6 +147,17 @@ class ModelTest(unittest.TestCase):
             gptoss.Model(MODEL, device="cpu", progress=lambda f: False)
         self.assertEqual(caught.exception.status, gptoss.Status.CANCELLED)
 
+    def test_n_cpu_moe_is_checked_against_the_model_and_reported(self) -> None:
+        with self.assertRaises(gptoss.InvalidArgumentError) as caught:
+            gptoss.Model(MODEL, device="cpu", n_cpu_moe=99)  # the tiny model has 4 layers
+        self.assertIn("params.n_cpu_moe: 99", caught.exception.message)
+        with self.assertRaises(gptoss.InvalidArgumentError):
+            gptoss.Model(MODEL, device="cpu", n_cpu_moe="some")  # type: ignore[arg-type]
+        with gptoss.Model(MODEL, device="cpu", n_cpu_moe="auto", gpu_memory_budget=1 << 30) as m:
+            info = m.info
+            self.assertEqual(info.n_cpu_moe, 0)  # the CPU backend holds everything in host memory
+            self.assertEqual(info.host_weight_bytes, 0)
+
     def test_log_callback_receives_lines_until_silenced(self) -> None:
         # The library logs every recorded error at DEBUG, so a failed load produces a line.
         bad = os.path.join(tempfile.gettempdir(), "gptoss-no-such-model")

@@ -365,6 +365,39 @@ pub struct ModelInfo {
     pub weight_bytes: u64,
     /// The device it runs on.
     pub device: Device,
+    /// Layers whose MoE experts are in host memory (the first ones), and the host bytes they hold.
+    pub n_cpu_moe: u32,
+    pub host_weight_bytes: u64,
+}
+
+/// Where the MoE experts go ([`LoadOptions::n_cpu_moe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuMoe {
+    /// Every expert on the GPU.
+    #[default]
+    None,
+    /// The experts of the first N layers in host memory.
+    Layers(u32),
+    /// The fewest layers that fit the GPU memory budget.
+    Auto,
+}
+
+/// What [`Model::load_with_options`] takes (gptoss_model_params in gptoss.h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOptions {
+    pub device: Device,
+    /// MoE experts in host memory, for GPUs smaller than the model.
+    pub n_cpu_moe: CpuMoe,
+    /// Bytes of GPU memory the model and its sessions may use; 0: the device's free memory.
+    pub gpu_memory_budget: u64,
+    /// [`CpuMoe::Auto`]: tokens of KV cache the budget keeps room for; 0: 32768.
+    pub fit_context: u32,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { device: Device::Auto, n_cpu_moe: CpuMoe::None, gpu_memory_budget: 0, fit_context: 0 }
+    }
 }
 
 /// The weights and tokenizer of one checkpoint. Immutable once loaded, so it is `Send + Sync`:
@@ -410,7 +443,12 @@ impl Model {
     /// Fails with the library's message, naming the file or tensor, if anything is wrong, and
     /// with [`Status::Unsupported`] if libgptoss.so is not the version this crate mirrors.
     pub fn load(path: impl AsRef<Path>, device: Device) -> Result<Model> {
-        Self::load_impl(path.as_ref(), device, None)
+        Self::load_impl(path.as_ref(), &LoadOptions { device, ..LoadOptions::default() }, None)
+    }
+
+    /// As [`Model::load`], with every option of [`LoadOptions`] (experts in host memory).
+    pub fn load_with_options(path: impl AsRef<Path>, options: &LoadOptions) -> Result<Model> {
+        Self::load_impl(path.as_ref(), options, None)
     }
 
     /// As [`Model::load`], calling `progress(fraction)` as loading proceeds; returning false
@@ -420,10 +458,10 @@ impl Model {
         device: Device,
         mut progress: impl FnMut(f32) -> bool,
     ) -> Result<Model> {
-        Self::load_impl(path.as_ref(), device, Some(&mut progress))
+        Self::load_impl(path.as_ref(), &LoadOptions { device, ..LoadOptions::default() }, Some(&mut progress))
     }
 
-    fn load_impl(path: &Path, device: Device, progress: Option<&mut dyn FnMut(f32) -> bool>) -> Result<Model> {
+    fn load_impl(path: &Path, options: &LoadOptions, progress: Option<&mut dyn FnMut(f32) -> bool>) -> Result<Model> {
         check_version()?;
         let path = path.to_str().ok_or_else(|| {
             Error::new(Status::InvalidArgument, format!("model_dir: {} is not UTF-8", path.display()))
@@ -434,7 +472,14 @@ impl Model {
             sys::gptoss_model_params_init(params.as_mut_ptr(), std::mem::size_of::<sys::gptoss_model_params>());
             params.assume_init()
         };
-        params.device = device.raw();
+        params.device = options.device.raw();
+        params.n_cpu_moe = match options.n_cpu_moe {
+            CpuMoe::None => 0,
+            CpuMoe::Layers(n) => i32::try_from(n).unwrap_or(i32::MAX),
+            CpuMoe::Auto => sys::GPTOSS_CPU_MOE_AUTO,
+        };
+        params.gpu_memory_budget = options.gpu_memory_budget;
+        params.fit_context = options.fit_context;
         let mut state = progress.map(|f| ProgressState { f, panic: None });
         if let Some(state) = state.as_mut() {
             params.progress = Some(progress_trampoline);
@@ -473,6 +518,8 @@ impl Model {
             max_context: info.max_context,
             weight_bytes: info.weight_bytes,
             device: if info.device < 0 { Device::Cpu } else { Device::Cuda(info.device as u32) },
+            n_cpu_moe: info.n_cpu_moe,
+            host_weight_bytes: info.host_weight_bytes,
         })
     }
 

@@ -98,7 +98,13 @@ pub struct gptoss_model_params {
     pub max_decode_batch: u32,
     pub devices: *const i32,
     pub n_devices: usize,
+    pub n_cpu_moe: i32,
+    pub gpu_memory_budget: u64,
+    pub fit_context: u32,
 }
+
+/// `gptoss_model_params.n_cpu_moe`: choose the split from the GPU memory budget.
+pub const GPTOSS_CPU_MOE_AUTO: i32 = -1;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -112,6 +118,8 @@ pub struct gptoss_model_info {
     pub max_context: u32,
     pub weight_bytes: u64,
     pub device: i32,
+    pub n_cpu_moe: u32,
+    pub host_weight_bytes: u64,
 }
 
 #[repr(C)]

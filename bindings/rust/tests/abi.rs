@@ -34,7 +34,21 @@ fn every_struct_mirror_matches_the_c_layout() {
         .collect();
 
     let mut rust = BTreeMap::new();
-    layout!(rust, gptoss_model_params { struct_size, device, progress, progress_user_data, max_decode_batch, devices, n_devices });
+    layout!(
+        rust,
+        gptoss_model_params {
+            struct_size,
+            device,
+            progress,
+            progress_user_data,
+            max_decode_batch,
+            devices,
+            n_devices,
+            n_cpu_moe,
+            gpu_memory_budget,
+            fit_context
+        }
+    );
     layout!(
         rust,
         gptoss_model_info {
@@ -46,7 +60,9 @@ fn every_struct_mirror_matches_the_c_layout() {
             n_vocab,
             max_context,
             weight_bytes,
-            device
+            device,
+            n_cpu_moe,
+            host_weight_bytes
         }
     );
     layout!(rust, gptoss_session_params { struct_size, max_context, max_batch });

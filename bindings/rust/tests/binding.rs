@@ -37,6 +37,20 @@ fn loaded_library_is_the_version_mirrored() {
 }
 
 #[test]
+fn n_cpu_moe_is_checked_against_the_model_and_reported() {
+    let dir = common::env("GPTOSS_TINY_MODEL");
+    let options = gptoss::LoadOptions { device: Device::Cpu, n_cpu_moe: gptoss::CpuMoe::Layers(99), ..Default::default() };
+    let err = match Model::load_with_options(&dir, &options) {
+        Err(e) => e,
+        Ok(_) => panic!("n_cpu_moe 99 on a 4-layer model loaded"),
+    };
+    assert!(err.message.contains("params.n_cpu_moe: 99"), "{}", err.message);
+    let options = gptoss::LoadOptions { device: Device::Cpu, n_cpu_moe: gptoss::CpuMoe::Auto, ..Default::default() };
+    let info = Model::load_with_options(&dir, &options).unwrap().info().unwrap();
+    assert_eq!((info.n_cpu_moe, info.host_weight_bytes), (0, 0)); // the CPU backend: all in host memory
+}
+
+#[test]
 fn bad_model_directory_is_an_error_carrying_the_c_message() {
     let bad = std::env::temp_dir().join("gptoss-no-such-model");
     let err = match Model::load(&bad, Device::Cpu) {

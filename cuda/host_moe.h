@@ -1,0 +1,113 @@
+// cuda/host_moe.h - the CUDA backend's MoE experts in host memory (issue 16, gptoss-offload.h).
+// HostExperts holds the MXFP4 experts of the first n_host layers in host RAM, in the
+// checkpoint's layout (pinned when the system allows, so streaming copies run at full PCIe
+// speed), and streams one layer at a time to the GPU for long prefill chunks (one H2D copy of
+// the layer's blocks and scales into a raw buffer, then repack_mxfp4 into the GPU layout of a
+// one-layer slot). HostMoeSession is a session's part: for decode and short chunks it enqueues,
+// per host layer, the copies of the normed activations and the chosen experts to pinned host
+// buffers, a host callback (cudaLaunchHostFunc; capturable into the decode graph) that runs
+// cpu::host_moe_experts on the worker pool, and the copy of the experts' outputs back into the
+// GPU's `part` buffer, where the usual combine kernel weights and adds them.
+#pragma once
+
+#include "cpu/reference.h"
+#include "cuda/kernels.h"
+#include "gptoss-internal.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace gptoss {
+namespace cuda {
+
+// Chunks of more tokens than this stream the host layers' experts to the GPU; decode and
+// chunks up to it run them on the CPU. GPTOSS_HOST_MOE_STREAM_MIN overrides (1..4096).
+uint32_t host_moe_stream_min();
+
+class HostExperts {
+public:
+    HostExperts() = default;
+    ~HostExperts();
+    HostExperts(const HostExperts&) = delete;
+    HostExperts& operator=(const HostExperts&) = delete;
+
+    // Reserves host memory for the experts of layers [0, n_host) of `config` (pinned if
+    // cudaHostAlloc succeeds, else pageable, with a warning). OUT_OF_MEMORY naming the bytes.
+    [[nodiscard]] gptoss_status init(const Config& config, uint32_t n_host);
+    // Copies layer l's expert tensors (blocks, scales, biases) from the checkpoint mapping.
+    // UNSUPPORTED if a scale byte exceeds 128 (the GPU dequantizer's limit, as for GPU layers).
+    [[nodiscard]] gptoss_status copy_layer(uint32_t l, const LayerWeights& w);
+    // Synthetic weights (bench): random nibbles, scales 118..122, biases ~0.01, deterministic in seed.
+    void fill_random(uint64_t seed);
+
+    uint32_t n_host() const { return n_host_; }
+    uint64_t bytes() const { return bytes_; }
+    cpu::MoeWeights layer(uint32_t l) const;   // views into the host store, checkpoint layout
+    // Device bytes of the streaming buffers (raw layer + repacked slot), 0 when n_host is 0.
+    static uint64_t streaming_bytes(const Config& config);
+
+    // Streams layer l's experts into the device slot (gu_w/gu_s/dn_w/dn_s, each holding E
+    // experts in the GPU layout of CudaBackend) through `raw` (streaming_raw_bytes()), on `stream`.
+    [[nodiscard]] gptoss_status stream_layer(uint32_t l, void* raw, void* gu_w, uint16_t* gu_s, void* dn_w,
+                                             uint16_t* dn_s, int* bad_scale, cudaStream_t stream) const;
+    static uint64_t streaming_raw_bytes(const Config& config);
+    // Held by a session for the whole of a streaming forward: the slot is the backend's.
+    std::mutex& slot_mutex() { return slot_mutex_; }
+
+private:
+    struct Layout {  // byte offsets inside one layer's block of the store
+        size_t gu_blocks, gu_scales, dn_blocks, dn_scales, gu_bias, dn_bias, mxfp4_bytes, layer_bytes;
+    };
+    static Layout layout_of(const Config& c);
+
+    Config config_;
+    uint32_t n_host_ = 0;
+    Layout lay_{};
+    uint8_t* store_ = nullptr;
+    uint64_t bytes_ = 0;
+    bool pinned_ = false;
+    std::unique_ptr<cpu::PoolHold> pool_;  // the CPU threads live as long as the host experts
+    std::mutex slot_mutex_;
+};
+
+class HostMoeSession {
+public:
+    HostMoeSession() = default;
+    ~HostMoeSession();
+    HostMoeSession(const HostMoeSession&) = delete;
+    HostMoeSession& operator=(const HostMoeSession&) = delete;
+
+    // Pinned buffers for chunks of up to host_moe_stream_min() tokens.
+    [[nodiscard]] gptoss_status init(const HostExperts* experts, const Config& config);
+    uint32_t max_tokens() const { return max_tokens_; }
+    // Enqueues on `stream` the CPU MoE of host layer l for the n tokens of this step (n also
+    // in step->n_tokens, which the callback reads, so a captured graph needs nothing of the
+    // host at replay): xn bf16 [n, H] and experts [n, K] (device) → part fp32 [n, K, H]
+    // (device), unweighted. n ≤ max_tokens().
+    [[nodiscard]] gptoss_status enqueue(uint32_t l, uint32_t n, const StepInfo* step, const uint16_t* xn,
+                                        const int32_t* experts, float* part, cudaStream_t stream);
+
+private:
+    struct Call {
+        const HostMoeSession* self;
+        uint32_t layer;
+    };
+    static void CUDART_CB run(void* call);
+
+    const HostExperts* experts_ = nullptr;
+    uint32_t H_ = 0, I_ = 0, K_ = 0, max_tokens_ = 0;
+    float swiglu_limit_ = 0;
+    // Pinned: the step info, xn [max, H] bf16, experts [max, K], part [max, K, H] fp32.
+    StepInfo* step_host_ = nullptr;
+    uint16_t* xn_host_ = nullptr;
+    int32_t* experts_host_ = nullptr;
+    float* part_host_ = nullptr;
+    std::vector<Call> calls_;  // one per host layer; their addresses go to the callbacks
+};
+
+}  // namespace cuda
+}  // namespace gptoss

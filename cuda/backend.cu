@@ -147,6 +147,7 @@ private:
                           uint32_t ldo, float swiglu_limit, bool route_ready = false);
     gptoss_status mark(const char* label);
     gptoss_status checked(gptoss_status s);
+    gptoss_status host_moe_failed();  // OUT_OF_MEMORY if a host-expert callback failed
     // The MoE experts of host layer l (issue 16): on the CPU for decode and short chunks, else
     // streamed into the backend's slot and run by the usual GEMMs.
     gptoss_status host_moe(uint32_t l, uint32_t n, bool decode, const GemmRoute& r1, const GemmRoute& r2);
@@ -978,7 +979,15 @@ gptoss_status CudaSession::decode(int32_t token, uint32_t pos) {
 
 gptoss_status CudaSession::sync() {
     DeviceGuard guard(device_);
-    return checked(cuda_status(cudaStreamSynchronize(stream_), "forward pass", __FILE__, __LINE__));
+    GPTOSS_TRY(checked(cuda_status(cudaStreamSynchronize(stream_), "forward pass", __FILE__, __LINE__)));
+    return host_moe_failed();
+}
+
+gptoss_status CudaSession::host_moe_failed() {
+    if (!host_moe_.take_failure()) return GPTOSS_OK;
+    have_logits_ = false;
+    return fail(GPTOSS_ERR_OUT_OF_MEMORY, "CUDA session: the CPU could not compute a host layer's experts (host "
+                                          "memory for its scratch ran out); this step's results are lost");
 }
 
 gptoss_status CudaSession::get_logits(const float** logits_out) {

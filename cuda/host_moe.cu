@@ -229,8 +229,10 @@ gptoss_status HostMoeSession::init(const HostExperts* experts, const Config& con
     max_tokens_ = host_moe_stream_min();
     GPTOSS_CUDA_TRY(cudaMallocHost(&step_host_, sizeof(StepInfo)));
     GPTOSS_CUDA_TRY(cudaMallocHost(&xn_host_, size_t(max_tokens_) * H_ * 2));
+    xn_natural_.resize(size_t(max_tokens_) * H_);
     GPTOSS_CUDA_TRY(cudaMallocHost(&experts_host_, size_t(max_tokens_) * K_ * 4));
     GPTOSS_CUDA_TRY(cudaMallocHost(&part_host_, size_t(max_tokens_) * K_ * H_ * 4));
+    cpu::host_moe_reserve(max_tokens_, K_, H_, I_);  // the callbacks then never allocate
     calls_.resize(experts->n_host());
     for (uint32_t l = 0; l < experts->n_host(); ++l) calls_[l] = Call{this, l};
     return GPTOSS_OK;
@@ -241,8 +243,20 @@ void CUDART_CB HostMoeSession::run(void* p) {
     const HostMoeSession& s = *call.self;
     const uint32_t n = uint32_t(s.step_host_->n_tokens);
     if (n == 0 || n > s.max_tokens_) return;  // enqueue() checked it; never read past the buffers
-    cpu::host_moe_experts(s.xn_host_, n, s.H_, s.I_, s.experts_->layer(call.layer), s.experts_host_, s.K_,
-                          s.swiglu_limit_, s.part_host_);
+    // The GPU keeps GEMM inputs in the fragment-permuted order (permuted_k, cuda/common.cuh);
+    // the CPU kernel reads rows in natural order.
+    uint16_t* natural = s.xn_natural_.data();
+    for (uint32_t t = 0; t < n; ++t) {
+        const uint16_t* src = s.xn_host_ + size_t(t) * s.H_;
+        uint16_t* dst = natural + size_t(t) * s.H_;
+        for (uint32_t k = 0; k < s.H_; ++k) dst[k] = src[permuted_k(k)];
+    }
+    try {  // nothing may unwind into the driver's thread; init() reserved the scratch, so unlikely
+        cpu::host_moe_experts(natural, n, s.H_, s.I_, s.experts_->layer(call.layer), s.experts_host_, s.K_,
+                              s.swiglu_limit_, s.part_host_);
+    } catch (...) {
+        s.failed_.store(true);
+    }
 }
 
 gptoss_status HostMoeSession::enqueue(uint32_t l, uint32_t n, const StepInfo* step, const uint16_t* xn,

@@ -4,8 +4,9 @@
 // speed), and streams one layer at a time to the GPU for long prefill chunks (one H2D copy of
 // the layer's blocks and scales into a raw buffer, then repack_mxfp4 into the GPU layout of a
 // one-layer slot). HostMoeSession is a session's part: for decode and short chunks it enqueues,
-// per host layer, the copies of the normed activations and the chosen experts to pinned host
-// buffers, a host callback (cudaLaunchHostFunc; capturable into the decode graph) that runs
+// per host layer, the copies of the normed activations (bf16, in the GEMMs' permuted_k order,
+// put back in natural order on the host) and the chosen experts to pinned host buffers, a host
+// callback (cudaLaunchHostFunc; capturable into the decode graph) that runs
 // cpu::host_moe_experts on the worker pool, and the copy of the experts' outputs back into the
 // GPU's `part` buffer, where the usual combine kernel weights and adds them.
 #pragma once
@@ -16,6 +17,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -84,6 +86,9 @@ public:
     // Pinned buffers for chunks of up to host_moe_stream_min() tokens.
     [[nodiscard]] gptoss_status init(const HostExperts* experts, const Config& config);
     uint32_t max_tokens() const { return max_tokens_; }
+    // True (once) if a callback failed (its host scratch could not grow): the step's results
+    // are wrong, and the session reports OUT_OF_MEMORY after its next synchronization.
+    bool take_failure() { return failed_.exchange(false); }
     // Enqueues on `stream` the CPU MoE of host layer l for the n tokens of this step (n also
     // in step->n_tokens, which the callback reads, so a captured graph needs nothing of the
     // host at replay): xn bf16 [n, H] and experts [n, K] (device) → part fp32 [n, K, H]
@@ -107,6 +112,8 @@ private:
     int32_t* experts_host_ = nullptr;
     float* part_host_ = nullptr;
     std::vector<Call> calls_;  // one per host layer; their addresses go to the callbacks
+    mutable std::vector<uint16_t> xn_natural_;  // xn in natural k order (the GPU's is permuted_k)
+    mutable std::atomic<bool> failed_{false};
 };
 
 }  // namespace cuda

@@ -108,7 +108,7 @@ double decode_bytes(const gptoss::Config& c, uint32_t pos) {
 
 // Bytes of the MXFP4 experts (blocks, scales, biases) one decoded token reads in host memory
 // when the first n_host layers keep their experts there.
-double host_decode_bytes(const gptoss::Config& c, uint32_t n_host) {
+[[maybe_unused]] double host_decode_bytes(const gptoss::Config& c, uint32_t n_host) {
     const double H = c.hidden, I = c.intermediate, K = c.n_experts_per_token;
     return n_host * K * ((2 * I * H + H * I) * (0.5 + 1.0 / 32) + 2.0 * (2 * I + H));
 }

@@ -176,9 +176,7 @@ void HostExperts::fill_random(uint64_t seed) {
                     // bf16 pairs: little-endian, even byte low; ~U(-0.01, 0.01) as the GPU synth's biases
                     if (i % 2 == 0) {
                         const float v = (float((r & 0xffff)) / 65535.0f * 2.0f - 1.0f) * 0.01f;
-                        uint32_t u;
-                        std::memcpy(&u, &v, 4);
-                        const uint16_t b = uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+                        const uint16_t b = f32_to_bf16(v);
                         bytes[i] = uint8_t(b & 0xff);
                         bytes[i + 1] = uint8_t(b >> 8);
                     }

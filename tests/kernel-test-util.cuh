@@ -189,6 +189,45 @@ struct ExpertsW {
     }
 };
 
+// --- whole-backend comparisons (test-kernels, test-kernels-offload) ---
+
+// n ordinary-text token ids (below the special range), the same for the same seed.
+inline std::vector<int32_t> prompt(size_t n, uint64_t seed) {
+    Rng rng(seed);
+    std::vector<int32_t> p(n);
+    for (int32_t& t : p) t = int32_t(rng.next_u64() % 199998);
+    return p;
+}
+
+inline std::vector<float> logits_of(BackendSession* s) {
+    const float* l = nullptr;
+    OK(s->get_logits(&l));
+    return std::vector<float>(l, l + 201088);
+}
+
+// Compares GPU and CPU logits of one position: relative L2 error and the top token where the
+// CPU's top-2 gap is well above the error.
+inline void expect_logits_close(const std::vector<float>& gpu, const std::vector<float>& cpu_l, const std::string& what) {
+    double num = 0, den = 0, max_err = 0;
+    for (size_t i = 0; i < cpu_l.size(); ++i) {
+        const double d = double(gpu[i]) - cpu_l[i];
+        num += d * d;
+        den += double(cpu_l[i]) * cpu_l[i];
+        max_err = std::max(max_err, std::fabs(d));
+    }
+    const double rel = std::sqrt(num / std::max(den, 1e-30));
+    const size_t top = size_t(std::max_element(cpu_l.begin(), cpu_l.end()) - cpu_l.begin());
+    float second = -INFINITY;
+    for (size_t i = 0; i < cpu_l.size(); ++i)
+        if (i != top) second = std::max(second, cpu_l[i]);
+    INFO(what << ": relative L2 error " << rel << ", max |err| " << max_err << ", top-2 gap " << cpu_l[top] - second);
+    CHECK(rel < 2e-2);
+    if (cpu_l[top] - second > 4 * max_err) {
+        const size_t gtop = size_t(std::max_element(gpu.begin(), gpu.end()) - gpu.begin());
+        CHECK(gtop == top);
+    }
+}
+
 // The whole executable's main(): without a CUDA device, say so and exit 77 (ctest: Skipped).
 inline int run_kernel_tests(int argc, char** argv, const char* what) {
     int n = 0;

@@ -467,11 +467,11 @@ int main(int argc, char** argv) {
     double load_s = 0, load_gb = 0;
     const bool offloading = offload.n_cpu_moe != 0 || offload.gpu_memory_budget != 0;
     if (offloading && devices.size() > 1) die("--n-cpu-moe / --gpu-memory take one GPU");
-    {
-        const uint32_t max_pp0 = pp.empty() ? 0 : *std::max_element(pp.begin(), pp.end());
-        const uint32_t max_depth0 = depths.empty() ? 0 : *std::max_element(depths.begin(), depths.end());
-        offload.fit_context = max_depth0 + std::max(max_pp0, tg) + 16;  // the session below
-    }
+    const uint32_t max_pp = *std::max_element(pp.begin(), pp.end());
+    const uint32_t fill = fill_chunk(max_pp);
+    const uint32_t max_depth = *std::max_element(depths.begin(), depths.end());
+    const uint32_t max_context = max_depth + std::max(max_pp, tg) + 16;
+    offload.fit_context = max_context;  // the session below
     if (!synthetic.empty()) {
         config = preset(synthetic);
         if (layers) {
@@ -507,10 +507,6 @@ int main(int argc, char** argv) {
     // Experts in host memory: the host's streaming-read rate with the same threads, for the floor.
     const uint32_t n_host = backend->n_cpu_moe();
     const double host_gbps = n_host ? cpu::measure_host_read_gbps(size_t(4) << 30) : 0.0;
-    const uint32_t max_pp = *std::max_element(pp.begin(), pp.end());
-    const uint32_t fill = fill_chunk(max_pp);
-    const uint32_t max_depth = *std::max_element(depths.begin(), depths.end());
-    const uint32_t max_context = max_depth + std::max(max_pp, tg) + 16;
     std::unique_ptr<BackendSession> session;
     check(backend->create_session(max_context, fill, &session), "creating the session");
 

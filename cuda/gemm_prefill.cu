@@ -16,9 +16,7 @@
 // k16 step 0..3 within a chunk) in one accumulator, whatever TN, the tile or the chunk size, so
 // a token's output is bit-identical however the prompt is chunked or the experts are tiled.
 // A second kernel, same tile and epilogues, issues wgmma on sm_90a (opt-in, see its comment).
-#include "cuda/common.cuh"
-#include "cuda/gemm.cuh"
-#include "cuda/kernels.h"
+#include "cuda/gemm_prefill.cuh"
 
 #include <atomic>
 #include <cstdlib>
@@ -29,77 +27,9 @@ namespace cuda {
 namespace {
 using namespace gemm_detail;
 
-constexpr int kThreads = 256;  // 8 warps: 4 over rows × 2 over tokens
 constexpr int kStages = 4;     // cp.async ring depth (64-k chunks in flight)
-constexpr int kSlabs = 8;      // 16-row fragment slabs per CTA: 128 rows
-
-// Bytes of one ring stage: weights (+ scales) then TN token rows of 128 bytes.
-template <bool kFp4> constexpr uint32_t a_bytes() { return kFp4 ? kSlabs * 512 : kSlabs * 2048; }
-template <bool kFp4> constexpr uint32_t s_bytes() { return kFp4 ? kSlabs * 64 : 0; }
 template <bool kFp4, int TN> constexpr uint32_t stage_bytes() { return a_bytes<kFp4>() + s_bytes<kFp4>() + TN * 128; }
 template <bool kFp4, int TN> constexpr uint32_t smem_bytes() { return kStages * stage_bytes<kFp4, TN>(); }
-
-__device__ __forceinline__ void cp_async16_zfill(uint32_t saddr, const void* gmem, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr), "l"(gmem), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-// The token tile a CTA owns. Routed: tile blockIdx.x of the route (its expert, its pairs);
-// false when the route has fewer tiles (the CTA exits). Dense: token block blockIdx.x.
-// Routed callers must have waited for the router (pdl_wait) first.
-struct PrefillTile {
-    int expert = 0;
-    uint32_t col_base = 0, n_cols = 0;
-    const int32_t* pairs = nullptr;
-};
-template <int TN> __device__ __forceinline__ bool prefill_tile(const KernelArgs& args, PrefillTile* t) {
-    if (args.routed) {
-        const int32_t n_tiles = args.route.tiles[0];
-        if (int32_t(blockIdx.x) >= n_tiles) return false;
-        const int32_t* ti = args.route.tiles + 1 + 3 * blockIdx.x;
-        t->expert = ti[0];
-        t->col_base = uint32_t(ti[1]);
-        t->n_cols = min(uint32_t(ti[2]), uint32_t(TN));
-        t->pairs = args.route.pairs + t->col_base;
-    } else {
-        t->col_base = blockIdx.x * uint32_t(TN);
-        t->n_cols = min(uint32_t(TN), args.n_rows - t->col_base);
-    }
-    return true;
-}
-
-// cp.async of weight chunk c (64 k) of this CTA's slabs [slab0, slab0 + kSlabs) into shared
-// memory at sa: bf16 4 units of 16 B per thread (unit u = tid + 256 r: slab u / 128); MXFP4 one
-// unit (slab tid / 32) and, for tid < 32, one scale unit (slab tid / 4) at sa + a_bytes.
-// Slabs past n_slabs are skipped (their rows are never stored).
-template <bool kFp4>
-__device__ __forceinline__ void load_weight_chunk(uint32_t sa, const char* wsrc, const char* ssrc, uint32_t slab0,
-                                                  uint32_t n_slabs, uint32_t n_chunks, uint32_t c, int tid) {
-    if constexpr (kFp4) {
-        const uint32_t slab = slab0 + uint32_t(tid >> 5);
-        if (slab < n_slabs)
-            cp_async16_zfill(sa + uint32_t(tid) * 16, wsrc + (size_t(slab) * n_chunks + c) * 512 + uint32_t(tid & 31) * 16,
-                             true);
-        if (tid < 32) {
-            const uint32_t sslab = slab0 + uint32_t(tid >> 2);
-            if (sslab < n_slabs)
-                cp_async16_zfill(sa + a_bytes<kFp4>() + uint32_t(tid) * 16,
-                                 ssrc + (size_t(sslab) * n_chunks + c) * 64 + uint32_t(tid & 3) * 16, true);
-        }
-    } else {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const uint32_t u = uint32_t(tid + kThreads * r);
-            const uint32_t slab = slab0 + (u >> 7);
-            if (slab < n_slabs)
-                cp_async16_zfill(sa + u * 16, wsrc + (size_t(slab) * n_chunks + c) * 2048 + (u & 127) * 16, true);
-        }
-    }
-}
 
 template <bool kFp4, int TN>
 __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_kernel(const KernelArgs args) {
@@ -286,9 +216,6 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_kerne
 // Opt-in (GPTOSS_GEMM_WGMMA=1): measured on an H100 it is slower than the mma.sync kernel (dense
 // 156 vs 281 TFLOP/s, MoE 201 vs 208; bench/NOTES.md v12) — per 64-k chunk each warpgroup issues
 // only 4 wgmmas between two CTA barriers, and the 4-byte B copies cost 16 LSU ops per thread.
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define GPTOSS_SM90A 1
-#endif
 
 constexpr int kWStages = 5;
 template <bool kFp4, int TN> constexpr uint32_t wg_smem_bytes() {
@@ -331,20 +258,6 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const uint32_t (
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void acc_fence(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 1024 bytes between 8-row groups.
-__device__ __forceinline__ uint64_t b_desc(uint32_t saddr) {
-    return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 template <int TN> __device__ __forceinline__ void wgmma_tile(float (&d)[TN / 2], const uint32_t (&a)[4], uint64_t desc) {
     if constexpr (TN == 128) wgmma_m64n128k16(d, a, desc);
@@ -462,7 +375,7 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_wgmma
         wgmma_fence();
         const uint32_t sb = b_base + st * kBst;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) wgmma_tile<TN>(acc, a[j], b_desc(sb + 32u * uint32_t(j)));
+        for (int j = 0; j < 4; ++j) wgmma_tile<TN>(acc, a[j], sw128_desc(sb + 32u * uint32_t(j)));
         wgmma_commit();
         acc_fence(acc);
         wgmma_wait<1>();
@@ -477,38 +390,9 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_wgmma
     acc_fence(acc);
     cp_async_wait<0>();
 
-    // Epilogue: warp i holds slab i: rows g / g+8, columns 8n + 2t / 2t+1 of each n8 block n.
-    const float* bias = args.w.bias ? args.w.bias + size_t(expert) * args.w.bias_expert_stride : nullptr;
+    // Epilogue: warp i holds slab i.
     const uint32_t slab = slab0 + uint32_t(warp);
-    if (slab >= n_slabs) return;
-    const uint32_t r_lo = slab * 16 + uint32_t(g), r_hi = r_lo + 8;
-    const float b_lo = bias && r_lo < N ? bias[r_lo] : 0.0f;
-    const float b_hi = bias && r_hi < N ? bias[r_hi] : 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < TN / 8; ++nt) {
-#pragma unroll
-        for (int ci = 0; ci < 2; ++ci) {
-            const uint32_t col = uint32_t(nt * 8 + 2 * t + ci);
-            if (col >= n_cols) continue;
-            const uint32_t out_row = uint32_t(out_rows[col]);
-            const float lo = acc[4 * nt + ci], hi = acc[4 * nt + 2 + ci];
-            if (args.epilogue == int(Epilogue::kSwiglu)) {
-                float gate = lo + b_lo;
-                float up = hi + b_hi;
-                gate = fminf(gate, args.limit);
-                up = fminf(fmaxf(up, -args.limit), args.limit);
-                const float sig = 1.0f / (1.0f + expf(-1.702f * gate));
-                const float y = (up + 1.0f) * (gate * sig);
-                const uint32_t j = slab * 8 + uint32_t(g);
-                args.out_bf16[size_t(out_row) * args.ldo + permuted_k(j)] = f32_to_bf16_bits(y);
-            } else {
-                float* o = args.out_f32 + size_t(out_row) * args.ldo;
-                const bool add = args.epilogue == int(Epilogue::kAdd);
-                if (r_lo < N) o[r_lo] = add ? o[r_lo] + (lo + b_lo) : lo + b_lo;
-                if (r_hi < N) o[r_hi] = add ? o[r_hi] + (hi + b_hi) : hi + b_hi;
-            }
-        }
-    }
+    if (slab < n_slabs) store_wg_tile<TN>(args, expert, slab, acc, n_cols, out_rows, g, t);
 #endif
 }
 
@@ -570,6 +454,25 @@ bool gemm_prefill_wgmma_supported() {
     return known[dev].load() == 2;
 }
 
+namespace {
+// kAuto's kernel for a weight type: the same for every chunk, tile and route (chunk invariance).
+// GPTOSS_GEMM_SM90 = 0 / 1 / 2: the sm_90a shared-memory wgmma kernel for no / the MXFP4 / all
+// GEMMs (default kSm90Default); else GPTOSS_GEMM_WGMMA=1: the register-A wgmma kernel; else mma.sync.
+constexpr int kSm90Default = 0;
+PrefillKernel auto_kernel(bool mxfp4) {
+    static const int sm90 = [] {
+        const char* e = std::getenv("GPTOSS_GEMM_SM90");
+        return e && e[0] >= '0' && e[0] <= '2' && !e[1] ? e[0] - '0' : kSm90Default;
+    }();
+    static const bool wgmma_env = [] {
+        const char* e = std::getenv("GPTOSS_GEMM_WGMMA");
+        return e && std::strcmp(e, "1") == 0;
+    }();
+    if (sm90 >= (mxfp4 ? 1 : 2) && gemm_prefill_wgmma_supported()) return PrefillKernel::kSm90;
+    return wgmma_env && gemm_prefill_wgmma_supported() ? PrefillKernel::kWgmma : PrefillKernel::kMmaSync;
+}
+}  // namespace
+
 uint32_t gemm_prefill_tile_tokens(uint32_t n_pairs, uint32_t n_experts) {
     return n_experts > 0 && n_pairs / n_experts >= 128 ? 128u : 64u;
 }
@@ -589,17 +492,9 @@ gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_r
         return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: route tiles of %u pairs, expected 64 or 128",
                     route->tile_tokens);
     if (route && route->in_div == 0) return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: route in_div is 0");
-    bool wgmma = kernel == PrefillKernel::kWgmma;
-    if (kernel == PrefillKernel::kAuto) {
-        // mma.sync by default: on the H100 the wgmma kernel was slower (bench/NOTES.md, v12).
-        static const bool env_on = [] {
-            const char* e = std::getenv("GPTOSS_GEMM_WGMMA");
-            return e && std::strcmp(e, "1") == 0;
-        }();
-        wgmma = env_on && gemm_prefill_wgmma_supported();
-    }
-    if (wgmma && !gemm_prefill_wgmma_supported())
-        return fail(GPTOSS_ERR_UNSUPPORTED, "gemm_prefill: the wgmma kernel needs an sm_90 device and sm_90a code");
+    if (kernel == PrefillKernel::kAuto) kernel = auto_kernel(w.mxfp4);
+    if ((kernel == PrefillKernel::kWgmma || kernel == PrefillKernel::kSm90) && !gemm_prefill_wgmma_supported())
+        return fail(GPTOSS_ERR_UNSUPPORTED, "gemm_prefill: the wgmma kernels need an sm_90 device and sm_90a code");
     const KernelArgs a = kernel_args(w, x, n_rows, route, epilogue, out_f32, out_bf16, ldo, swiglu_limit);
     const uint32_t tn = route ? route->tile_tokens : (n_rows >= 1024 ? 128u : 64u);
     const uint32_t tiles = route ? route->max_tiles : ceil_div(n_rows, tn);
@@ -607,9 +502,14 @@ gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_r
     const uint32_t row_tiles = ceil_div(ceil_div(w.N, 16), kSlabs);
     if (row_tiles > 65535) return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: %u row tiles exceed the grid limit", row_tiles);
     const dim3 grid(tiles, row_tiles);
-    const cudaError_t err = wgmma ? launch_any<true>(a, w.mxfp4, tn, grid, stream)
-                                  : launch_any<false>(a, w.mxfp4, tn, grid, stream);
-    GPTOSS_TRY(cuda_status(err, wgmma ? "gemm_prefill_wgmma_kernel" : "gemm_prefill_kernel", __FILE__, __LINE__));
+    const cudaError_t err = kernel == PrefillKernel::kSm90  ? launch_prefill_sm90(a, w.mxfp4, tn, grid, stream)
+                            : kernel == PrefillKernel::kWgmma ? launch_any<true>(a, w.mxfp4, tn, grid, stream)
+                                                              : launch_any<false>(a, w.mxfp4, tn, grid, stream);
+    GPTOSS_TRY(cuda_status(err,
+                           kernel == PrefillKernel::kSm90    ? "gemm_prefill_sm90_kernel"
+                           : kernel == PrefillKernel::kWgmma ? "gemm_prefill_wgmma_kernel"
+                                                             : "gemm_prefill_kernel",
+                           __FILE__, __LINE__));
     return GPTOSS_OK;
 }
 

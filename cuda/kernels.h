@@ -112,10 +112,13 @@ struct GemmRoute {
 // Every output sums its K in one fixed order (64-k chunks in order, k16 steps in order), so a
 // token's result never depends on the chunk, the tile or its neighbours; it differs from gemm()
 // in the last bits. route->tile_tokens must be 64 or 128 (tiles of at most that many pairs).
-// kernel: kAuto = mma.sync, or wgmma on sm_90a with GPTOSS_GEMM_WGMMA=1 (slower today); the
-// two round differently. Errors: INTERNAL for K % 64 != 0, N == 0, a missing output, SwiGLU with
-// N % 128 != 0; UNSUPPORTED for kWgmma where gemm_prefill_wgmma_supported() is false.
-enum class PrefillKernel : int { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
+// kernel: kAuto = mma.sync, or on sm_90a the shared-memory wgmma kernel (gemm_prefill_sm90.cu)
+// as GPTOSS_GEMM_SM90 says (0 none, 1 MXFP4 GEMMs, 2 all; default in gemm_prefill.cu), or the
+// register-A wgmma kernel with GPTOSS_GEMM_WGMMA=1 (slower); kAuto's choice depends only on the
+// weight type, never on the chunk. The kernels round differently. Errors: INTERNAL for
+// K % 64 != 0, N == 0, a missing output, SwiGLU with N % 128 != 0; UNSUPPORTED for kWgmma /
+// kSm90 where gemm_prefill_wgmma_supported() is false.
+enum class PrefillKernel : int { kAuto = 0, kMmaSync = 1, kWgmma = 2, kSm90 = 3 };
 [[nodiscard]] gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
                                          const GemmRoute* route, Epilogue epilogue, float* out_f32,
                                          uint16_t* out_bf16, uint32_t ldo, float swiglu_limit,

@@ -1,4 +1,5 @@
 // tests/test-kernels-gemm.cu - the prefill GEMM (cuda::gemm_prefill, cuda/gemm_prefill.cu)
+// (all three kernels: mma.sync, and on sm_90a the register-A wgmma and gemm_prefill_sm90.cu's)
 // against the CPU reference ops (cpu::matmul_bf16, cpu::matmul_mxfp4, cpu::swiglu) on seeded
 // random inputs: dense bf16 with N not a multiple of the 128-row tile, 1 to 1030 tokens (both
 // token tile widths), K of one chunk and of many; grouped MXFP4 experts with 0, 1, many and
@@ -47,11 +48,17 @@ struct HostRoute {
 cuda::PrefillKernel g_kern = cuda::PrefillKernel::kMmaSync;
 void for_each_kernel(void (*body)()) {
     std::vector<cuda::PrefillKernel> ks{cuda::PrefillKernel::kMmaSync};
-    if (cuda::gemm_prefill_wgmma_supported()) ks.push_back(cuda::PrefillKernel::kWgmma);
-    else MESSAGE("no sm_90a device: the wgmma kernel is not tested");
+    if (cuda::gemm_prefill_wgmma_supported()) {
+        ks.push_back(cuda::PrefillKernel::kWgmma);
+        ks.push_back(cuda::PrefillKernel::kSm90);
+    } else {
+        MESSAGE("no sm_90a device: the wgmma kernels are not tested");
+    }
     for (cuda::PrefillKernel k : ks) {
         g_kern = k;
-        INFO("kernel " << (k == cuda::PrefillKernel::kWgmma ? "wgmma" : "mma.sync"));
+        INFO("kernel " << (k == cuda::PrefillKernel::kSm90    ? "sm90 (A and B in shared memory)"
+                           : k == cuda::PrefillKernel::kWgmma ? "wgmma (A in registers)"
+                                                              : "mma.sync"));
         body();
     }
 }
@@ -259,6 +266,8 @@ TEST_CASE("gemm_prefill_tile_tokens and the argument checks") {
     if (!cuda::gemm_prefill_wgmma_supported()) {
         CHECK(cuda::gemm_prefill(w, nullptr, 1, nullptr, cuda::Epilogue::kStore, &out, nullptr, 16, 0, nullptr,
                                  cuda::PrefillKernel::kWgmma) == GPTOSS_ERR_UNSUPPORTED);
+        CHECK(cuda::gemm_prefill(w, nullptr, 1, nullptr, cuda::Epilogue::kStore, &out, nullptr, 16, 0, nullptr,
+                                 cuda::PrefillKernel::kSm90) == GPTOSS_ERR_UNSUPPORTED);
     }
 }
 

@@ -1,0 +1,157 @@
+// cuda/gemm_prefill.cuh - the device pieces the prefill GEMM kernels share (gemm_prefill.cu: the
+// mma.sync and register-A wgmma kernels; gemm_prefill_sm90.cu: the shared-memory-A wgmma kernel):
+// the CTA tile geometry (256 threads, 8 fragment slabs = 128 weight rows), the cp.async helpers,
+// the token tile a CTA owns, the cp.async of one 64-k weight chunk in repack.cu's fragment
+// layout, the sm_90a wgmma helpers and the epilogue of a warpgroup accumulator tile (bias,
+// residual add, SwiGLU with clamp into the permuted activations, per-pair output rows).
+#pragma once
+
+#include "cuda/common.cuh"
+#include "cuda/gemm.cuh"
+#include "cuda/kernels.h"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GPTOSS_SM90A 1
+#endif
+
+namespace gptoss {
+namespace cuda {
+namespace gemm_detail {
+
+constexpr int kThreads = 256;  // 8 warps: 4 over rows × 2 over tokens
+constexpr int kSlabs = 8;      // 16-row fragment slabs per CTA: 128 rows
+
+// Bytes of one 64-k chunk of the CTA's weights (8 slabs) and of their MXFP4 scales.
+template <bool kFp4> constexpr uint32_t a_bytes() { return kFp4 ? kSlabs * 512 : kSlabs * 2048; }
+template <bool kFp4> constexpr uint32_t s_bytes() { return kFp4 ? kSlabs * 64 : 0; }
+
+__device__ __forceinline__ void cp_async16_zfill(uint32_t saddr, const void* gmem, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr), "l"(gmem), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// The token tile a CTA owns. Routed: tile blockIdx.x of the route (its expert, its pairs);
+// false when the route has fewer tiles (the CTA exits). Dense: token block blockIdx.x.
+// Routed callers must have waited for the router (pdl_wait) first.
+struct PrefillTile {
+    int expert = 0;
+    uint32_t col_base = 0, n_cols = 0;
+    const int32_t* pairs = nullptr;
+};
+template <int TN> __device__ __forceinline__ bool prefill_tile(const KernelArgs& args, PrefillTile* t) {
+    if (args.routed) {
+        const int32_t n_tiles = args.route.tiles[0];
+        if (int32_t(blockIdx.x) >= n_tiles) return false;
+        const int32_t* ti = args.route.tiles + 1 + 3 * blockIdx.x;
+        t->expert = ti[0];
+        t->col_base = uint32_t(ti[1]);
+        t->n_cols = min(uint32_t(ti[2]), uint32_t(TN));
+        t->pairs = args.route.pairs + t->col_base;
+    } else {
+        t->col_base = blockIdx.x * uint32_t(TN);
+        t->n_cols = min(uint32_t(TN), args.n_rows - t->col_base);
+    }
+    return true;
+}
+
+// cp.async of weight chunk c (64 k) of this CTA's slabs [slab0, slab0 + kSlabs) into shared
+// memory at sa: bf16 4 units of 16 B per thread (unit u = tid + 256 r: slab u / 128); MXFP4 one
+// unit (slab tid / 32) and, for tid < 32, one scale unit (slab tid / 4) at sa + a_bytes.
+// Slabs past n_slabs are skipped (their rows are never stored).
+template <bool kFp4>
+__device__ __forceinline__ void load_weight_chunk(uint32_t sa, const char* wsrc, const char* ssrc, uint32_t slab0,
+                                                  uint32_t n_slabs, uint32_t n_chunks, uint32_t c, int tid) {
+    if constexpr (kFp4) {
+        const uint32_t slab = slab0 + uint32_t(tid >> 5);
+        if (slab < n_slabs)
+            cp_async16_zfill(sa + uint32_t(tid) * 16, wsrc + (size_t(slab) * n_chunks + c) * 512 + uint32_t(tid & 31) * 16,
+                             true);
+        if (tid < 32) {
+            const uint32_t sslab = slab0 + uint32_t(tid >> 2);
+            if (sslab < n_slabs)
+                cp_async16_zfill(sa + a_bytes<kFp4>() + uint32_t(tid) * 16,
+                                 ssrc + (size_t(sslab) * n_chunks + c) * 64 + uint32_t(tid & 3) * 16, true);
+        }
+    } else {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const uint32_t u = uint32_t(tid + kThreads * r);
+            const uint32_t slab = slab0 + (u >> 7);
+            if (slab < n_slabs)
+                cp_async16_zfill(sa + u * 16, wsrc + (size_t(slab) * n_chunks + c) * 2048 + (u & 127) * 16, true);
+        }
+    }
+}
+
+#ifdef GPTOSS_SM90A
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the
+// async proxy (wgmma operand reads); a barrier must follow before another thread's wgmma.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Keeps the compiler from moving accumulator reads/writes across an asynchronous wgmma.
+template <int N> __device__ __forceinline__ void acc_fence(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle (16-byte unit u of row r at
+// u XOR (r & 7), 1 KB-aligned atoms of 8 rows), 1024 bytes between 8-row groups; saddr advanced
+// by 32 bytes per k16 step inside the 128-byte row.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
+    return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+#endif
+
+// Epilogue of one warp's part of a wgmma accumulator tile m64nTN: the warp holds fragment slab
+// `slab` (global index): rows slab·16 + g and + 8, columns 8n + 2t and + 1 of each n8 block n
+// (acc[4n + ci] row g, acc[4n + 2 + ci] row g + 8). Columns >= n_cols are skipped; column col
+// writes output row out_rows[col].
+template <int TN>
+__device__ __forceinline__ void store_wg_tile(const KernelArgs& args, int expert, uint32_t slab, const float (&acc)[TN / 2],
+                                              uint32_t n_cols, const int32_t* out_rows, int g, int t) {
+    const uint32_t N = args.w.N;
+    const float* bias = args.w.bias ? args.w.bias + size_t(expert) * args.w.bias_expert_stride : nullptr;
+    const uint32_t r_lo = slab * 16 + uint32_t(g), r_hi = r_lo + 8;
+    const float b_lo = bias && r_lo < N ? bias[r_lo] : 0.0f;
+    const float b_hi = bias && r_hi < N ? bias[r_hi] : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < TN / 8; ++nt) {
+#pragma unroll
+        for (int ci = 0; ci < 2; ++ci) {
+            const uint32_t col = uint32_t(nt * 8 + 2 * t + ci);
+            if (col >= n_cols) continue;
+            const uint32_t out_row = uint32_t(out_rows[col]);
+            const float lo = acc[4 * nt + ci], hi = acc[4 * nt + 2 + ci];
+            if (args.epilogue == int(Epilogue::kSwiglu)) {
+                float gate = lo + b_lo;
+                float up = hi + b_hi;
+                gate = fminf(gate, args.limit);
+                up = fminf(fmaxf(up, -args.limit), args.limit);
+                const float sig = 1.0f / (1.0f + expf(-1.702f * gate));
+                const float y = (up + 1.0f) * (gate * sig);
+                const uint32_t j = slab * 8 + uint32_t(g);
+                args.out_bf16[size_t(out_row) * args.ldo + permuted_k(j)] = f32_to_bf16_bits(y);
+            } else {
+                float* o = args.out_f32 + size_t(out_row) * args.ldo;
+                const bool add = args.epilogue == int(Epilogue::kAdd);
+                if (r_lo < N) o[r_lo] = add ? o[r_lo] + (lo + b_lo) : lo + b_lo;
+                if (r_hi < N) o[r_hi] = add ? o[r_hi] + (hi + b_hi) : hi + b_hi;
+            }
+        }
+    }
+}
+
+// Launches gemm_prefill_sm90.cu's kernel (MXFP4 when fp4, else bf16; tn = 64 or 128 tokens per
+// tile) on grid (token tiles, row tiles); gemm_prefill() checked the arguments. Needs sm_90a code.
+cudaError_t launch_prefill_sm90(const KernelArgs& a, bool fp4, uint32_t tn, dim3 grid, cudaStream_t stream);
+
+}  // namespace gemm_detail
+}  // namespace cuda
+}  // namespace gptoss

@@ -1,0 +1,242 @@
+// cuda/gemm_prefill_sm90.cu - the prefill GEMM on sm_90a with both wgmma operands in shared
+// memory: the same product, tile (128 weight rows × TN = 64 or 128 tokens, 256 threads), tile
+// scheduler and epilogues as gemm_prefill.cu's kernels, for the grouped MXFP4 expert GEMMs and
+// (optionally) the dense bf16 projections.
+// Pipeline: an S-deep cp.async ring of 64-k chunks, each stage the TN token rows (128 bytes in
+// the activations' permuted k order, 16-byte units XOR-swizzled by row = the 128-byte-swizzle
+// K-major layout wgmma reads) and the CTA's 8 weight slabs in repack.cu's fragment layout. Per
+// chunk, warp i turns slab i into bf16 ONCE (MXFP4 dequantized with gemm.cuh fragment(), bf16
+// copied) and stores it into a double-buffered A tile of 128 rows × 64 k in the same permuted k
+// order and the same swizzle: lane (g, t)'s four k16 fragments are exactly permuted positions
+// 16t..16t+15 of rows g and g+8 (two 16-byte stores per row, conflict-free). Both operands then
+// agree on the k order, so the sum over k is complete; only its order differs from the mma.sync
+// kernel's. Warpgroup w (warps 4w..4w+3, which wrote rows 64w..64w+63) syncs on its own named
+// barrier and issues 4 wgmma m64nTNk16 (A and B by descriptor), keeping one group in flight
+// while the next chunk is dequantized; a stage is refilled two chunks after its use.
+// Chunk invariance: each output accumulates chunk by chunk, k16 step by step in one accumulator,
+// for TN = 64 and 128 alike, so a token's bits do not depend on the chunk, tile or pair order —
+// as long as every prefill GEMM of a kind uses this kernel (gemm_prefill's switch is global).
+#include "cuda/gemm_prefill.cuh"
+
+#include <atomic>
+
+namespace gptoss {
+namespace cuda {
+namespace gemm_detail {
+namespace {
+
+constexpr uint32_t kABuf = kSlabs * 16 * 128;  // bf16 A tile of one chunk: 128 rows × 64 k
+// Ring depth: as deep as 227 KB (TN = 128, 1 CTA/SM) or half of the SM (TN = 64, 2 CTAs) allow.
+template <bool kFp4, int TN> constexpr int sm90_stages() { return kFp4 ? (TN == 128 ? 8 : 6) : (TN == 128 ? 5 : 3); }
+// One stage: token rows first (1 KB-aligned swizzle atoms), then weights and scales; 1 KB-padded.
+template <bool kFp4, int TN> constexpr uint32_t sm90_stage_bytes() {
+    return (TN * 128 + a_bytes<kFp4>() + s_bytes<kFp4>() + 1023u) & ~1023u;
+}
+template <bool kFp4, int TN> constexpr uint32_t sm90_smem_bytes() {
+    return 1024 + 2 * kABuf + sm90_stages<kFp4, TN>() * sm90_stage_bytes<kFp4, TN>() + TN * 4;
+}
+static_assert(sm90_smem_bytes<true, 128>() <= 232448 && sm90_smem_bytes<false, 128>() <= 232448, "smem");
+static_assert(sm90_smem_bytes<true, 64>() + 1024 <= 233472 / 2 && sm90_smem_bytes<false, 64>() + 1024 <= 233472 / 2,
+              "TN = 64 runs 2 CTAs per SM");
+
+#ifdef GPTOSS_SM90A
+__device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t adesc, uint64_t bdesc, uint32_t acc_in) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(adesc), "l"(bdesc), "r"(acc_in));
+}
+__device__ __forceinline__ void wgmma_ss_m64n64k16(float (&d)[32], uint64_t adesc, uint64_t bdesc, uint32_t acc_in) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(adesc), "l"(bdesc), "r"(acc_in));
+}
+// d = A·B (+ d when acc_in != 0).
+template <int TN>
+__device__ __forceinline__ void wgmma_ss(float (&d)[TN / 2], uint64_t adesc, uint64_t bdesc, uint32_t acc_in) {
+    if constexpr (TN == 128) wgmma_ss_m64n128k16(d, adesc, bdesc, acc_in);
+    else wgmma_ss_m64n64k16(d, adesc, bdesc, acc_in);
+}
+#endif
+
+template <bool kFp4, int TN>
+__global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_sm90_kernel(const KernelArgs args) {
+#ifdef GPTOSS_SM90A
+    extern __shared__ unsigned char smem_raw[];
+    constexpr int S = sm90_stages<kFp4, TN>();
+    constexpr uint32_t kA = a_bytes<kFp4>(), kBst = TN * 128, kStage = sm90_stage_bytes<kFp4, TN>();
+    constexpr int kBUnits = TN / 32;  // 16-byte token units per thread per chunk
+    const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int g = lane >> 2, t = lane & 3;
+    const uint32_t K = args.w.K, N = args.w.N, n_chunks = K >> 6;
+    const uint32_t n_slabs = (N + 15) >> 4, slab0 = blockIdx.y * kSlabs;
+    const uint32_t raw_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+    const uint32_t base = (raw_base + 1023u) & ~1023u;  // the swizzle atoms are 1 KB aligned
+    unsigned char* smem = smem_raw + (base - raw_base);
+    const uint32_t st_base = base + 2 * kABuf;
+    int32_t* out_rows = reinterpret_cast<int32_t*>(smem + 2 * kABuf + S * kStage);
+
+    if (args.routed) pdl_wait();
+    PrefillTile tile;
+    if (!prefill_tile<TN>(args, &tile)) return;
+    const int expert = tile.expert;
+    const uint32_t col_base = tile.col_base, n_cols = tile.n_cols;
+    const int32_t* pairs = tile.pairs;
+
+    const char* wsrc = static_cast<const char*>(args.w.w) + size_t(expert) * args.w.w_expert_stride;
+    const char* ssrc = kFp4 ? reinterpret_cast<const char*>(args.w.scales + size_t(expert) * args.w.s_expert_stride)
+                            : nullptr;
+    auto load_a = [&](uint32_t stage, uint32_t c) {
+        load_weight_chunk<kFp4>(st_base + stage * kStage + kBst, wsrc, ssrc, slab0, n_slabs, n_chunks, c, tid);
+    };
+    if (!args.routed) {
+#pragma unroll
+        for (int s = 0; s < S - 2; ++s)
+            if (uint32_t(s) < n_chunks) load_a(uint32_t(s), uint32_t(s));
+        pdl_wait();
+    }
+
+    // Token rows: this thread copies unit (tid & 7) of rows tid / 8 + 32 i; columns past n_cols
+    // are zero-filled.
+    if (tid < TN) out_rows[tid] = tid < int(n_cols) ? (args.routed ? pairs[tid] : int32_t(col_base) + tid) : 0;
+    const uint16_t* bsrc[kBUnits];
+    bool bvalid[kBUnits];
+    uint32_t bdst[kBUnits];
+#pragma unroll
+    for (int i = 0; i < kBUnits; ++i) {
+        const uint32_t row = uint32_t(tid >> 3) + 32u * i, u = uint32_t(tid & 7);
+        bvalid[i] = row < n_cols;
+        uint32_t src_row = 0;
+        if (bvalid[i]) src_row = args.routed ? uint32_t(pairs[row]) / args.route.in_div : col_base + row;
+        bsrc[i] = bvalid[i] ? args.x + size_t(src_row) * K + u * 8 : args.x;
+        bdst[i] = row * 128 + ((u ^ (row & 7)) * 16);
+    }
+    auto load_b = [&](uint32_t stage, uint32_t c) {
+        const uint32_t sb = st_base + stage * kStage;
+#pragma unroll
+        for (int i = 0; i < kBUnits; ++i)
+            cp_async16_zfill(sb + bdst[i], bvalid[i] ? bsrc[i] + size_t(c) * 64 : bsrc[i], bvalid[i]);
+    };
+    if (args.routed) {
+#pragma unroll
+        for (int s = 0; s < S - 2; ++s)
+            if (uint32_t(s) < n_chunks) load_a(uint32_t(s), uint32_t(s));
+    }
+#pragma unroll
+    for (int s = 0; s < S - 2; ++s) {
+        if (uint32_t(s) < n_chunks) load_b(uint32_t(s), uint32_t(s));
+        cp_async_commit();
+    }
+    pdl_launch_dependents();
+
+    float acc[TN / 2];  // the first wgmma overwrites it
+    // This lane's rows of the A tile: row (16·warp + g) and + 8, units 2t and 2t + 1 (swizzled).
+    const uint32_t a_lo = uint32_t(warp * 16 + g) * 128, a_hi = a_lo + 8 * 128;
+    const uint32_t u0 = (uint32_t(2 * t) ^ uint32_t(g)) * 16, u1 = (uint32_t(2 * t + 1) ^ uint32_t(g)) * 16;
+    uint32_t st = 0, st_fill = S - 2;  // ring stages of chunk c and of chunk c + S - 2
+    for (uint32_t c = 0; c < n_chunks; ++c) {
+        cp_async_wait<S - 3>();
+        fence_proxy_async();  // the token rows this thread copied → visible to wgmma
+        __syncthreads();      // chunk c landed for all; groups of chunk c - 2 are complete
+        if (c + S - 2 < n_chunks) {
+            load_a(st_fill, c + S - 2);
+            load_b(st_fill, c + S - 2);
+        }
+        cp_async_commit();
+
+        // Warp i: slab i of chunk c → bf16 A rows 16i..16i+15, permuted k order.
+        const unsigned char* sa = smem + 2 * kABuf + st * kStage + kBst;
+        uint32_t a[4][4];
+        if constexpr (kFp4) {
+            Chunk ch;
+            ch.v[0] = *reinterpret_cast<const uint4*>(sa + warp * 512 + lane * 16);
+            const uint2 s = *reinterpret_cast<const uint2*>(sa + kA + warp * 64 + g * 8);
+            ch.v[1].x = s.x;
+            ch.v[1].y = s.y;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) fragment<true>(ch, j, a[j]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const uint4 v = *reinterpret_cast<const uint4*>(sa + warp * 2048 + j * 512 + lane * 16);
+                a[j][0] = v.x; a[j][1] = v.y; a[j][2] = v.z; a[j][3] = v.w;
+            }
+        }
+        // Fragment regs 0 / 2 are row g at k 2t.. / 2t+8.. of k16 step j: permuted positions
+        // 16t + 4j + {0,1} / {2,3}; regs 1 / 3 the same for row g + 8.
+        unsigned char* ab = smem + (c & 1) * kABuf;
+        *reinterpret_cast<uint4*>(ab + a_lo + u0) = make_uint4(a[0][0], a[0][2], a[1][0], a[1][2]);
+        *reinterpret_cast<uint4*>(ab + a_lo + u1) = make_uint4(a[2][0], a[2][2], a[3][0], a[3][2]);
+        *reinterpret_cast<uint4*>(ab + a_hi + u0) = make_uint4(a[0][1], a[0][3], a[1][1], a[1][3]);
+        *reinterpret_cast<uint4*>(ab + a_hi + u1) = make_uint4(a[2][1], a[2][3], a[3][1], a[3][3]);
+        fence_proxy_async();
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");  // this warpgroup's 64 A rows written
+
+        acc_fence(acc);
+        wgmma_fence();
+        const uint32_t ad = base + (c & 1) * kABuf + uint32_t(wg) * (kABuf / 2), bd = st_base + st * kStage;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wgmma_ss<TN>(acc, sw128_desc(ad + 32u * j), sw128_desc(bd + 32u * j), c > 0 || j > 0);
+        wgmma_commit();
+        wgmma_wait<1>();
+        acc_fence(acc);
+        st = st + 1 == S ? 0 : st + 1;
+        st_fill = st_fill + 1 == S ? 0 : st_fill + 1;
+    }
+    wgmma_wait<0>();
+    acc_fence(acc);
+    cp_async_wait<0>();
+
+    const uint32_t slab = slab0 + uint32_t(warp);
+    if (slab < n_slabs) store_wg_tile<TN>(args, expert, slab, acc, n_cols, out_rows, g, t);
+#endif
+}
+
+template <bool kFp4, int TN> cudaError_t launch_sm90(const KernelArgs& a, dim3 grid, cudaStream_t stream) {
+    static std::atomic<uint64_t> configured{0};
+    auto* kernel = gemm_prefill_sm90_kernel<kFp4, TN>;
+    constexpr uint32_t bytes = sm90_smem_bytes<kFp4, TN>();
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
+    if (!bit || !(configured.load() & bit)) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+        if (err != cudaSuccess) return err;
+        configured.fetch_or(bit);
+    }
+    return launch_pdl(kernel, grid, kThreads, bytes, stream, a);
+}
+
+}  // namespace
+
+cudaError_t launch_prefill_sm90(const KernelArgs& a, bool fp4, uint32_t tn, dim3 grid, cudaStream_t stream) {
+    if (fp4) return tn == 128 ? launch_sm90<true, 128>(a, grid, stream) : launch_sm90<true, 64>(a, grid, stream);
+    return tn == 128 ? launch_sm90<false, 128>(a, grid, stream) : launch_sm90<false, 64>(a, grid, stream);
+}
+
+}  // namespace gemm_detail
+}  // namespace cuda
+}  // namespace gptoss

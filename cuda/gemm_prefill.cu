@@ -457,8 +457,9 @@ bool gemm_prefill_wgmma_supported() {
 namespace {
 // kAuto's kernel for a weight type: the same for every chunk, tile and route (chunk invariance).
 // GPTOSS_GEMM_SM90 = 0 / 1 / 2: the sm_90a shared-memory wgmma kernel for no / the MXFP4 / all
-// GEMMs (default kSm90Default); else GPTOSS_GEMM_WGMMA=1: the register-A wgmma kernel; else mma.sync.
-constexpr int kSm90Default = 0;
+// GEMMs (default kSm90Default: all, faster on the H200, bench/NOTES.md v13); else
+// GPTOSS_GEMM_WGMMA=1: the register-A wgmma kernel; else mma.sync (and on every other device).
+constexpr int kSm90Default = 2;
 PrefillKernel auto_kernel(bool mxfp4) {
     static const int sm90 = [] {
         const char* e = std::getenv("GPTOSS_GEMM_SM90");
@@ -502,7 +503,7 @@ gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_r
     const uint32_t row_tiles = ceil_div(ceil_div(w.N, 16), kSlabs);
     if (row_tiles > 65535) return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: %u row tiles exceed the grid limit", row_tiles);
     const dim3 grid(tiles, row_tiles);
-    const cudaError_t err = kernel == PrefillKernel::kSm90  ? launch_prefill_sm90(a, w.mxfp4, tn, grid, stream)
+    const cudaError_t err = kernel == PrefillKernel::kSm90  ? launch_prefill_sm90(a, w.mxfp4, tn, tiles, stream)
                             : kernel == PrefillKernel::kWgmma ? launch_any<true>(a, w.mxfp4, tn, grid, stream)
                                                               : launch_any<false>(a, w.mxfp4, tn, grid, stream);
     GPTOSS_TRY(cuda_status(err,

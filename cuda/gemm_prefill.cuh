@@ -149,8 +149,8 @@ __device__ __forceinline__ void store_wg_tile(const KernelArgs& args, int expert
 }
 
 // Launches gemm_prefill_sm90.cu's kernel (MXFP4 when fp4, else bf16; tn = 64 or 128 tokens per
-// tile) on grid (token tiles, row tiles); gemm_prefill() checked the arguments. Needs sm_90a code.
-cudaError_t launch_prefill_sm90(const KernelArgs& a, bool fp4, uint32_t tn, dim3 grid, cudaStream_t stream);
+// tile) over token_tiles × its own row tiles; gemm_prefill() checked the arguments. Needs sm_90a.
+cudaError_t launch_prefill_sm90(const KernelArgs& a, bool fp4, uint32_t tn, uint32_t token_tiles, cudaStream_t stream);
 
 }  // namespace gemm_detail
 }  // namespace cuda

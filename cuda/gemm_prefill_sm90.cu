@@ -19,25 +19,67 @@
 #include "cuda/gemm_prefill.cuh"
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 namespace gptoss {
 namespace cuda {
 namespace gemm_detail {
 namespace {
 
-constexpr uint32_t kABuf = kSlabs * 16 * 128;  // bf16 A tile of one chunk: 128 rows × 64 k
-// Ring depth: as deep as 227 KB (TN = 128, 1 CTA/SM) or half of the SM (TN = 64, 2 CTAs) allow.
-template <bool kFp4, int TN> constexpr int sm90_stages() { return kFp4 ? (TN == 128 ? 8 : 6) : (TN == 128 ? 5 : 3); }
+// kM = m64 sub-tiles per warpgroup: the CTA covers 128·kM weight rows (8·kM fragment slabs).
+template <int kM> constexpr uint32_t abuf_bytes() { return kM * kSlabs * 16 * 128; }  // bf16 A tile of a chunk
+template <bool kFp4, int kM> constexpr uint32_t raw_bytes() { return kM * (a_bytes<kFp4>() + s_bytes<kFp4>()); }
 // One stage: token rows first (1 KB-aligned swizzle atoms), then weights and scales; 1 KB-padded.
-template <bool kFp4, int TN> constexpr uint32_t sm90_stage_bytes() {
-    return (TN * 128 + a_bytes<kFp4>() + s_bytes<kFp4>() + 1023u) & ~1023u;
+template <bool kFp4, int TN, int kM> constexpr uint32_t sm90_stage_bytes() {
+    return (TN * 128 + raw_bytes<kFp4, kM>() + 1023u) & ~1023u;
 }
-template <bool kFp4, int TN> constexpr uint32_t sm90_smem_bytes() {
-    return 1024 + 2 * kABuf + sm90_stages<kFp4, TN>() * sm90_stage_bytes<kFp4, TN>() + TN * 4;
+// Ring depth: as deep as 227 KB (1 CTA/SM) or half of the SM (kM = 1, TN = 64: 2 CTAs) allow.
+template <bool kFp4, int TN, int kM> constexpr int sm90_stages() {
+    if constexpr (kM == 1) return kFp4 ? (TN == 128 ? 8 : 6) : (TN == 128 ? 5 : 3);
+    constexpr int fit = int((232448u - 1024u - 2 * abuf_bytes<kM>() - TN * 4) / sm90_stage_bytes<kFp4, TN, kM>());
+    return fit < 8 ? fit : 8;
 }
-static_assert(sm90_smem_bytes<true, 128>() <= 232448 && sm90_smem_bytes<false, 128>() <= 232448, "smem");
-static_assert(sm90_smem_bytes<true, 64>() + 1024 <= 233472 / 2 && sm90_smem_bytes<false, 64>() + 1024 <= 233472 / 2,
-              "TN = 64 runs 2 CTAs per SM");
+template <bool kFp4, int TN, int kM> constexpr uint32_t sm90_smem_bytes() {
+    return 1024 + 2 * abuf_bytes<kM>() + sm90_stages<kFp4, TN, kM>() * sm90_stage_bytes<kFp4, TN, kM>() + TN * 4;
+}
+template <bool kFp4, int TN, int kM> constexpr int sm90_ctas() { return kM == 1 && TN == 64 ? 2 : 1; }
+template <bool kFp4, int TN, int kM> constexpr bool sm90_fits() {
+    return sm90_stages<kFp4, TN, kM>() >= 3 &&
+           (sm90_smem_bytes<kFp4, TN, kM>() + 1024) * sm90_ctas<kFp4, TN, kM>() <= 233472 &&
+           sm90_smem_bytes<kFp4, TN, kM>() <= 232448;
+}
+static_assert(sm90_fits<true, 128, 1>() && sm90_fits<true, 64, 1>() && sm90_fits<false, 128, 1>() &&
+              sm90_fits<false, 64, 1>() && sm90_fits<true, 128, 2>() && sm90_fits<true, 64, 2>(), "shared memory");
+
+// cp.async of weight chunk c of slabs [slab0, slab0 + 8·kM) into sa (layout as load_weight_chunk:
+// slab i's 512 / 2048 bytes at i·512 / i·2048, MXFP4 scales (64 bytes a slab) after all slabs).
+template <bool kFp4, int kM>
+__device__ __forceinline__ void load_weights_m(uint32_t sa, const char* wsrc, const char* ssrc, uint32_t slab0,
+                                               uint32_t n_slabs, uint32_t n_chunks, uint32_t c, int tid) {
+    if constexpr (kM == 1) {
+        load_weight_chunk<kFp4>(sa, wsrc, ssrc, slab0, n_slabs, n_chunks, c, tid);
+    } else if constexpr (kFp4) {
+#pragma unroll
+        for (int r = 0; r < kM; ++r) {
+            const uint32_t u = uint32_t(tid + kThreads * r), slab = slab0 + (u >> 5);
+            if (slab < n_slabs) cp_async16_zfill(sa + u * 16, wsrc + (size_t(slab) * n_chunks + c) * 512 + (u & 31) * 16, true);
+        }
+        if (tid < 32 * kM) {
+            const uint32_t sslab = slab0 + uint32_t(tid >> 2);
+            if (sslab < n_slabs)
+                cp_async16_zfill(sa + kM * a_bytes<kFp4>() + uint32_t(tid) * 16,
+                                 ssrc + (size_t(sslab) * n_chunks + c) * 64 + uint32_t(tid & 3) * 16, true);
+        }
+    } else {
+#pragma unroll
+        for (int r = 0; r < 4 * kM; ++r) {
+            const uint32_t u = uint32_t(tid + kThreads * r), slab = slab0 + (u >> 7);
+            if (slab < n_slabs)
+                cp_async16_zfill(sa + u * 16, wsrc + (size_t(slab) * n_chunks + c) * 2048 + (u & 127) * 16, true);
+        }
+    }
+}
 
 #ifdef GPTOSS_SM90A
 __device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t adesc, uint64_t bdesc, uint32_t acc_in) {
@@ -80,17 +122,18 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[TN / 2], uint64_t adesc, uin
 }
 #endif
 
-template <bool kFp4, int TN>
-__global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_sm90_kernel(const KernelArgs args) {
+template <bool kFp4, int TN, int kM>
+__global__ __launch_bounds__(kThreads, (sm90_ctas<kFp4, TN, kM>())) void gemm_prefill_sm90_kernel(const KernelArgs args) {
 #ifdef GPTOSS_SM90A
     extern __shared__ unsigned char smem_raw[];
-    constexpr int S = sm90_stages<kFp4, TN>();
-    constexpr uint32_t kA = a_bytes<kFp4>(), kBst = TN * 128, kStage = sm90_stage_bytes<kFp4, TN>();
+    constexpr int S = sm90_stages<kFp4, TN, kM>();
+    constexpr uint32_t kA = kM * a_bytes<kFp4>(), kBst = TN * 128, kStage = sm90_stage_bytes<kFp4, TN, kM>();
+    constexpr uint32_t kABuf = abuf_bytes<kM>();
     constexpr int kBUnits = TN / 32;  // 16-byte token units per thread per chunk
     const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int g = lane >> 2, t = lane & 3;
     const uint32_t K = args.w.K, N = args.w.N, n_chunks = K >> 6;
-    const uint32_t n_slabs = (N + 15) >> 4, slab0 = blockIdx.y * kSlabs;
+    const uint32_t n_slabs = (N + 15) >> 4, slab0 = blockIdx.y * (kSlabs * kM);
     const uint32_t raw_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
     const uint32_t base = (raw_base + 1023u) & ~1023u;  // the swizzle atoms are 1 KB aligned
     unsigned char* smem = smem_raw + (base - raw_base);
@@ -108,7 +151,7 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_sm90_
     const char* ssrc = kFp4 ? reinterpret_cast<const char*>(args.w.scales + size_t(expert) * args.w.s_expert_stride)
                             : nullptr;
     auto load_a = [&](uint32_t stage, uint32_t c) {
-        load_weight_chunk<kFp4>(st_base + stage * kStage + kBst, wsrc, ssrc, slab0, n_slabs, n_chunks, c, tid);
+        load_weights_m<kFp4, kM>(st_base + stage * kStage + kBst, wsrc, ssrc, slab0, n_slabs, n_chunks, c, tid);
     };
     if (!args.routed) {
 #pragma unroll
@@ -150,9 +193,8 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_sm90_
     }
     pdl_launch_dependents();
 
-    float acc[TN / 2];  // the first wgmma overwrites it
-    // This lane's rows of the A tile: row (16·warp + g) and + 8, units 2t and 2t + 1 (swizzled).
-    const uint32_t a_lo = uint32_t(warp * 16 + g) * 128, a_hi = a_lo + 8 * 128;
+    float acc[kM][TN / 2];  // the first wgmma overwrites it
+    // This lane's A rows in slab (warp·kM + m): 16·slab + g and + 8, units 2t and 2t + 1 (swizzled).
     const uint32_t u0 = (uint32_t(2 * t) ^ uint32_t(g)) * 16, u1 = (uint32_t(2 * t + 1) ^ uint32_t(g)) * 16;
     uint32_t st = 0, st_fill = S - 2;  // ring stages of chunk c and of chunk c + S - 2
     for (uint32_t c = 0; c < n_chunks; ++c) {
@@ -165,59 +207,75 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_sm90_
         }
         cp_async_commit();
 
-        // Warp i: slab i of chunk c → bf16 A rows 16i..16i+15, permuted k order.
+        // Warp i: slabs i·kM .. i·kM + kM - 1 of chunk c → bf16 A rows, permuted k order. Fragment
+        // regs 0 / 2 are row g at k 2t.. / 2t+8.. of k16 step j: permuted positions 16t + 4j +
+        // {0,1} / {2,3}; regs 1 / 3 the same for row g + 8.
         const unsigned char* sa = smem + 2 * kABuf + st * kStage + kBst;
-        uint32_t a[4][4];
-        if constexpr (kFp4) {
-            Chunk ch;
-            ch.v[0] = *reinterpret_cast<const uint4*>(sa + warp * 512 + lane * 16);
-            const uint2 s = *reinterpret_cast<const uint2*>(sa + kA + warp * 64 + g * 8);
-            ch.v[1].x = s.x;
-            ch.v[1].y = s.y;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) fragment<true>(ch, j, a[j]);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const uint4 v = *reinterpret_cast<const uint4*>(sa + warp * 2048 + j * 512 + lane * 16);
-                a[j][0] = v.x; a[j][1] = v.y; a[j][2] = v.z; a[j][3] = v.w;
-            }
-        }
-        // Fragment regs 0 / 2 are row g at k 2t.. / 2t+8.. of k16 step j: permuted positions
-        // 16t + 4j + {0,1} / {2,3}; regs 1 / 3 the same for row g + 8.
         unsigned char* ab = smem + (c & 1) * kABuf;
-        *reinterpret_cast<uint4*>(ab + a_lo + u0) = make_uint4(a[0][0], a[0][2], a[1][0], a[1][2]);
-        *reinterpret_cast<uint4*>(ab + a_lo + u1) = make_uint4(a[2][0], a[2][2], a[3][0], a[3][2]);
-        *reinterpret_cast<uint4*>(ab + a_hi + u0) = make_uint4(a[0][1], a[0][3], a[1][1], a[1][3]);
-        *reinterpret_cast<uint4*>(ab + a_hi + u1) = make_uint4(a[2][1], a[2][3], a[3][1], a[3][3]);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+            const int sl = warp * kM + m;
+            uint32_t a[4][4];
+            if constexpr (kFp4) {
+                Chunk ch;
+                ch.v[0] = *reinterpret_cast<const uint4*>(sa + sl * 512 + lane * 16);
+                const uint2 s = *reinterpret_cast<const uint2*>(sa + kA + sl * 64 + g * 8);
+                ch.v[1].x = s.x;
+                ch.v[1].y = s.y;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) fragment<true>(ch, j, a[j]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const uint4 v = *reinterpret_cast<const uint4*>(sa + sl * 2048 + j * 512 + lane * 16);
+                    a[j][0] = v.x; a[j][1] = v.y; a[j][2] = v.z; a[j][3] = v.w;
+                }
+            }
+            const uint32_t a_lo = uint32_t(sl * 16 + g) * 128, a_hi = a_lo + 8 * 128;
+            *reinterpret_cast<uint4*>(ab + a_lo + u0) = make_uint4(a[0][0], a[0][2], a[1][0], a[1][2]);
+            *reinterpret_cast<uint4*>(ab + a_lo + u1) = make_uint4(a[2][0], a[2][2], a[3][0], a[3][2]);
+            *reinterpret_cast<uint4*>(ab + a_hi + u0) = make_uint4(a[0][1], a[0][3], a[1][1], a[1][3]);
+            *reinterpret_cast<uint4*>(ab + a_hi + u1) = make_uint4(a[2][1], a[2][3], a[3][1], a[3][3]);
+        }
         fence_proxy_async();
         asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");  // this warpgroup's 64 A rows written
 
-        acc_fence(acc);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) acc_fence(acc[m]);
         wgmma_fence();
+        // Warpgroup wg: A rows 64·kM·wg + 64m .. + 63 (sub-tile m), 8 KB each.
         const uint32_t ad = base + (c & 1) * kABuf + uint32_t(wg) * (kABuf / 2), bd = st_base + st * kStage;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            wgmma_ss<TN>(acc, sw128_desc(ad + 32u * j), sw128_desc(bd + 32u * j), c > 0 || j > 0);
+#pragma unroll
+            for (int m = 0; m < kM; ++m)
+                wgmma_ss<TN>(acc[m], sw128_desc(ad + 8192u * m + 32u * j), sw128_desc(bd + 32u * j), c > 0 || j > 0);
         wgmma_commit();
         wgmma_wait<1>();
-        acc_fence(acc);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) acc_fence(acc[m]);
         st = st + 1 == S ? 0 : st + 1;
         st_fill = st_fill + 1 == S ? 0 : st_fill + 1;
     }
     wgmma_wait<0>();
-    acc_fence(acc);
+#pragma unroll
+    for (int m = 0; m < kM; ++m) acc_fence(acc[m]);
     cp_async_wait<0>();
 
-    const uint32_t slab = slab0 + uint32_t(warp);
-    if (slab < n_slabs) store_wg_tile<TN>(args, expert, slab, acc, n_cols, out_rows, g, t);
+    // Sub-tile m of warpgroup wg: warp i (of the warpgroup) holds slab 4·kM·wg + 4m + i.
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+        const uint32_t slab = slab0 + uint32_t(4 * kM * wg + 4 * m + (warp & 3));
+        if (slab < n_slabs) store_wg_tile<TN>(args, expert, slab, acc[m], n_cols, out_rows, g, t);
+    }
 #endif
 }
 
-template <bool kFp4, int TN> cudaError_t launch_sm90(const KernelArgs& a, dim3 grid, cudaStream_t stream) {
+template <bool kFp4, int TN, int kM>
+cudaError_t launch_sm90(const KernelArgs& a, uint32_t token_tiles, cudaStream_t stream) {
     static std::atomic<uint64_t> configured{0};
-    auto* kernel = gemm_prefill_sm90_kernel<kFp4, TN>;
-    constexpr uint32_t bytes = sm90_smem_bytes<kFp4, TN>();
+    auto* kernel = gemm_prefill_sm90_kernel<kFp4, TN, kM>;
+    constexpr uint32_t bytes = sm90_smem_bytes<kFp4, TN, kM>();
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
@@ -227,14 +285,27 @@ template <bool kFp4, int TN> cudaError_t launch_sm90(const KernelArgs& a, dim3 g
         if (err != cudaSuccess) return err;
         configured.fetch_or(bit);
     }
+    const dim3 grid(token_tiles, ceil_div(ceil_div(a.w.N, 16), uint32_t(kSlabs * kM)));
     return launch_pdl(kernel, grid, kThreads, bytes, stream, a);
+}
+
+// MXFP4 CTAs of 256 weight rows (kM = 2: half the token-row traffic per FLOP) unless
+// GPTOSS_SM90_TALL=0; one choice per process, so every chunk and tile width gets the same bits.
+bool tall_fp4() {
+    static const bool tall = [] {
+        const char* e = std::getenv("GPTOSS_SM90_TALL");
+        return !(e && std::strcmp(e, "0") == 0);
+    }();
+    return tall;
 }
 
 }  // namespace
 
-cudaError_t launch_prefill_sm90(const KernelArgs& a, bool fp4, uint32_t tn, dim3 grid, cudaStream_t stream) {
-    if (fp4) return tn == 128 ? launch_sm90<true, 128>(a, grid, stream) : launch_sm90<true, 64>(a, grid, stream);
-    return tn == 128 ? launch_sm90<false, 128>(a, grid, stream) : launch_sm90<false, 64>(a, grid, stream);
+cudaError_t launch_prefill_sm90(const KernelArgs& a, bool fp4, uint32_t tn, uint32_t token_tiles, cudaStream_t stream) {
+    if (fp4 && tall_fp4())
+        return tn == 128 ? launch_sm90<true, 128, 2>(a, token_tiles, stream) : launch_sm90<true, 64, 2>(a, token_tiles, stream);
+    if (fp4) return tn == 128 ? launch_sm90<true, 128, 1>(a, token_tiles, stream) : launch_sm90<true, 64, 1>(a, token_tiles, stream);
+    return tn == 128 ? launch_sm90<false, 128, 1>(a, token_tiles, stream) : launch_sm90<false, 64, 1>(a, token_tiles, stream);
 }
 
 }  // namespace gemm_detail

@@ -112,8 +112,8 @@ struct GemmRoute {
 // Every output sums its K in one fixed order (64-k chunks in order, k16 steps in order), so a
 // token's result never depends on the chunk, the tile or its neighbours; it differs from gemm()
 // in the last bits. route->tile_tokens must be 64 or 128 (tiles of at most that many pairs).
-// kernel: kAuto = mma.sync, or on sm_90a the shared-memory wgmma kernel (gemm_prefill_sm90.cu)
-// as GPTOSS_GEMM_SM90 says (0 none, 1 MXFP4 GEMMs, 2 all; default in gemm_prefill.cu), or the
+// kernel: kAuto = on sm_90a the shared-memory wgmma kernel (gemm_prefill_sm90.cu) as
+// GPTOSS_GEMM_SM90 says (0 none, 1 MXFP4 GEMMs, 2 all = the default), else mma.sync, or the
 // register-A wgmma kernel with GPTOSS_GEMM_WGMMA=1 (slower); kAuto's choice depends only on the
 // weight type, never on the chunk. The kernels round differently. Errors: INTERNAL for
 // K % 64 != 0, N == 0, a missing output, SwiGLU with N % 128 != 0; UNSUPPORTED for kWgmma /

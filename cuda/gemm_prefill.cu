@@ -15,7 +15,8 @@
 // Chunk invariance: every output element accumulates its k in one fixed order (chunk 0, 1, ...,
 // k16 step 0..3 within a chunk) in one accumulator, whatever TN, the tile or the chunk size, so
 // a token's output is bit-identical however the prompt is chunked or the experts are tiled.
-// A second kernel, same tile and epilogues, issues wgmma on sm_90a (opt-in, see its comment).
+// A second kernel, same tile and epilogues, issues wgmma on sm_90a with A from registers (opt-in,
+// see its comment); on sm_90a the default is gemm_prefill_sm90.cu's (A and B in shared memory).
 #include "cuda/gemm_prefill.cuh"
 
 #include <atomic>
@@ -213,7 +214,7 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_kerne
 // are prepared (two register buffers), so a stage is refilled two chunks after its last use.
 // Accumulation order per output: chunk by chunk, k16 step by step, one accumulator — the same
 // order for TN = 64 and 128, hence chunk-invariant like the mma.sync kernel (whose bits differ).
-// Opt-in (GPTOSS_GEMM_WGMMA=1): measured on an H100 it is slower than the mma.sync kernel (dense
+// Opt-in (GPTOSS_GEMM_SM90=0 GPTOSS_GEMM_WGMMA=1): measured on an H100 it is slower than the mma.sync kernel (dense
 // 156 vs 281 TFLOP/s, MoE 201 vs 208; bench/NOTES.md v12) — per 64-k chunk each warpgroup issues
 // only 4 wgmmas between two CTA barriers, and the 4-byte B copies cost 16 LSU ops per thread.
 

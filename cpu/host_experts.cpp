@@ -13,6 +13,7 @@
 // grouping or the thread count. Rows holding a scale ≥ 253 take the reference's exact order.
 #include "cpu/host_experts.h"
 
+#include "cpu/host_experts_q8.h"
 #include "gptoss-internal.h"
 
 #include <algorithm>
@@ -54,11 +55,7 @@ constexpr uint8_t kExactScale = 253;     // from here on, e2m1 · 2^(s-127) can 
 constexpr float kAvx2MaxInput = 0x1p90f; // the avx2 path's inputs stay below (its weights carry 2^25)
 
 // One expert's MXFP4 matrix: rows of nb blocks (16 bytes + 1 scale byte each).
-struct Mat {
-    const uint8_t* blocks;  // [N, nb, 16]
-    const uint8_t* scales;  // [N, nb]
-    uint32_t nb;
-};
+using Mat = host_q8::Mat;
 
 // Rows [r0, r1) of m times the n (1..kTile) permuted inputs xs[j] (nb·32 floats each):
 // outs[j][r - r0] = dot (no bias).
@@ -384,6 +381,7 @@ struct Group {
 struct Scratch {
     std::vector<float> xp;        // [T, H] permuted fp32 activations
     std::vector<float> yp;        // [T·K, I] permuted bf16-rounded swiglu outputs
+    std::vector<uint8_t> xq, yq;  // the int8 path: xp and yp quantized (host_q8::row_bytes per row)
     std::vector<uint64_t> keys;   // (expert << 32 | pair), sorted: the pairs grouped by expert
     std::vector<uint32_t> order;  // pair ids grouped by expert
     std::vector<Group> groups;
@@ -407,9 +405,26 @@ void group_pairs(const int32_t* experts, uint32_t pairs, Scratch& s) {
     }
 }
 
+// The kernels of one call: the float rows, or the int8 ones (q8 non-null, inputs quantized).
+struct Kernels {
+    RowsFn rows;
+    host_q8::RowsFn q8;
+};
+
+// Rows [r0, r1) of m times the n inputs xs (float) / xq (int8, when k.q8): the int8 kernel sends
+// the rows it cannot take to the reference-order exact_row.
+void rows_any(const Kernels& k, const Mat& m, uint32_t r0, uint32_t r1, const float* const* xs, const uint8_t* const* xq,
+              uint32_t n, float* const* outs) {
+    if (!k.q8) return k.rows(m, r0, r1, xs, n, outs);
+    uint32_t exact[kRowBlock], n_exact = 0;
+    k.q8(m, r0, r1, xq, n, outs, exact, &n_exact);
+    for (uint32_t i = 0; i < n_exact; i++)
+        for (uint32_t j = 0; j < n; j++) outs[j][exact[i] - r0] = exact_row(m, exact[i], xs[j]);
+}
+
 // Gate_up rows [r0, r1) of one group's expert for all its pairs: + bias, swiglu, bf16 rounding,
 // into the permuted y of each pair.
-void gate_up_item(RowsFn rows, const MoeWeights& w, const Scratch& s, const Group& g, uint32_t r0, uint32_t r1,
+void gate_up_item(const Kernels& kern, const MoeWeights& w, const Scratch& s, const Group& g, uint32_t r0, uint32_t r1,
                   uint32_t K, uint32_t H, uint32_t I, float limit, float* yp) {
     const size_t n_rows = 2 * size_t(I);
     const Mat m{w.gate_up_blocks + size_t(g.expert) * n_rows * (H / 32) * 16,
@@ -420,12 +435,15 @@ void gate_up_item(RowsFn rows, const MoeWeights& w, const Scratch& s, const Grou
     for (uint32_t j0 = 0; j0 < g.count; j0 += kTile) {
         const uint32_t n = std::min(kTile, g.count - j0);
         const float* xs[kTile];
+        const uint8_t* xq[kTile];
         float* outs[kTile];
         for (uint32_t j = 0; j < n; j++) {
-            xs[j] = s.xp.data() + size_t(s.order[g.first + j0 + j] / K) * H;
+            const size_t t = s.order[g.first + j0 + j] / K;
+            xs[j] = s.xp.data() + t * H;
+            xq[j] = kern.q8 ? s.xq.data() + t * host_q8::row_bytes(H) : nullptr;
             outs[j] = gbuf[j];
         }
-        rows(m, r0, r1, xs, n, outs);
+        rows_any(kern, m, r0, r1, xs, xq, n, outs);
         for (uint32_t j = 0; j < n; j++) {
             for (uint32_t r = r0; r < r1; r++) gbuf[j][r - r0] += bf16_to_f32(bias[r]);
             swiglu(gbuf[j], 1, (r1 - r0) / 2, limit, ybuf);
@@ -436,7 +454,7 @@ void gate_up_item(RowsFn rows, const MoeWeights& w, const Scratch& s, const Grou
 }
 
 // Down rows [r0, r1) of one group's expert for all its pairs, + bias, into out [pairs, H].
-void down_item(RowsFn rows, const MoeWeights& w, const Scratch& s, const Group& g, uint32_t r0, uint32_t r1,
+void down_item(const Kernels& kern, const MoeWeights& w, const Scratch& s, const Group& g, uint32_t r0, uint32_t r1,
                uint32_t H, uint32_t I, float* out) {
     const Mat m{w.down_blocks + size_t(g.expert) * H * (I / 32) * 16,
                 w.down_scales + size_t(g.expert) * H * (I / 32), I / 32};
@@ -444,13 +462,15 @@ void down_item(RowsFn rows, const MoeWeights& w, const Scratch& s, const Group& 
     for (uint32_t j0 = 0; j0 < g.count; j0 += kTile) {
         const uint32_t n = std::min(kTile, g.count - j0);
         const float* xs[kTile];
+        const uint8_t* xq[kTile];
         float* outs[kTile];
         for (uint32_t j = 0; j < n; j++) {
             const uint32_t pair = s.order[g.first + j0 + j];
             xs[j] = s.yp.data() + size_t(pair) * I;
+            xq[j] = kern.q8 ? s.yq.data() + size_t(pair) * host_q8::row_bytes(I) : nullptr;
             outs[j] = out + size_t(pair) * H + r0;
         }
-        rows(m, r0, r1, xs, n, outs);
+        rows_any(kern, m, r0, r1, xs, xq, n, outs);
         for (uint32_t j = 0; j < n; j++)
             for (uint32_t r = r0; r < r1; r++) outs[j][r - r0] += bf16_to_f32(bias[r]);
     }
@@ -501,11 +521,28 @@ HostSimd host_simd_selected() {
     return selected;
 }
 
-void host_moe_experts_simd(HostSimd simd, const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I,
-                           const MoeWeights& w, const int32_t* experts, uint32_t K, float swiglu_limit,
-                           float* out) {
+namespace {
+
+// Quantizes n_rows rows of k permuted floats at src into dst (host_q8::row_bytes(k) each), all
+// (row, group) pieces on the pool. False when a value is not finite.
+bool quantize_rows(const float* src, uint32_t n_rows, uint32_t k, std::vector<uint8_t>& dst) {
+    const uint32_t ng = (k / 32 + host_q8::kGroupBlocks - 1) / host_q8::kGroupBlocks;
+    const size_t rb = host_q8::row_bytes(k);
+    dst.resize(size_t(n_rows) * rb);
+    std::vector<uint8_t> ok(size_t(n_rows) * ng, 1);
+    parallel(ok.size(), [&](size_t item) {
+        const size_t r = item / ng;
+        ok[item] = host_q8::quantize_group(src + r * k, k, uint32_t(item % ng), dst.data() + r * rb) ? 1 : 0;
+    });
+    return std::all_of(ok.begin(), ok.end(), [](uint8_t v) { return v != 0; });
+}
+
+// One call with the float kernel `rows` or, when q8_kernel is non-null and the activations x are
+// finite, the int8 kernel (exact_row takes the rows it declines; a non-finite swiglu output
+// sends the down projection back to `rows`).
+void run_experts(RowsFn rows, host_q8::RowsFn q8_kernel, const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I,
+                 const MoeWeights& w, const int32_t* experts, uint32_t K, float swiglu_limit, float* out) {
     assert(H % 32 == 0 && I % 32 == 0 && T >= 1 && K >= 1);
-    const RowsFn rows = rows_fn(best_supported(simd));
     std::lock_guard<std::mutex> lock(g_scratch_mutex);
     Scratch& s = g_scratch;
     const uint32_t pairs = T * K;
@@ -520,21 +557,60 @@ void host_moe_experts_simd(HostSimd simd, const uint16_t* x_bf16, uint32_t T, ui
     for (size_t i = 0; i < s.xp.size() && x_in_range; i++) x_in_range = std::fabs(s.xp[i]) < kAvx2MaxInput;
     const bool y_in_range = std::fabs(swiglu_limit) < 1e12f;
     const bool avx2 = rows == rows_fn(HostSimd::avx2) && rows != rows_fn(HostSimd::scalar);
-    const RowsFn rows_gu = avx2 && !x_in_range ? rows_scalar : rows;
-    const RowsFn rows_down = avx2 && !y_in_range ? rows_scalar : rows;
+    Kernels gu{avx2 && !x_in_range ? rows_scalar : rows, nullptr};
+    Kernels dn{avx2 && !y_in_range ? rows_scalar : rows, nullptr};
+    // A non-finite activation sends the whole call to the float kernels.
+    const host_q8::RowsFn q8 = q8_kernel && quantize_rows(s.xp.data(), T, H, s.xq) ? q8_kernel : nullptr;
+    gu.q8 = q8;
 
     const uint32_t gu_items = (2 * I + kRowBlock - 1) / kRowBlock;
     float* yp = s.yp.data();
     parallel(s.groups.size() * gu_items, [&](size_t item) {
         const uint32_t r0 = uint32_t(item % gu_items) * kRowBlock;
-        gate_up_item(rows_gu, w, s, s.groups[item / gu_items], r0, std::min(2 * I, r0 + kRowBlock), K, H, I,
+        gate_up_item(gu, w, s, s.groups[item / gu_items], r0, std::min(2 * I, r0 + kRowBlock), K, H, I,
                      swiglu_limit, yp);
     });
+    if (q8 && quantize_rows(s.yp.data(), pairs, I, s.yq)) dn.q8 = q8;
     const uint32_t down_items = (H + kRowBlock - 1) / kRowBlock;
     parallel(s.groups.size() * down_items, [&](size_t item) {
         const uint32_t r0 = uint32_t(item % down_items) * kRowBlock;
-        down_item(rows_down, w, s, s.groups[item / down_items], r0, std::min(H, r0 + kRowBlock), H, I, out);
+        down_item(dn, w, s, s.groups[item / down_items], r0, std::min(H, r0 + kRowBlock), H, I, out);
     });
+}
+
+// The int8 kernel host_moe_experts uses: on unless GPTOSS_HOST_MOE_Q8=0, the AVX-512 one when the
+// float path selected is avx512, none when it is scalar (GPTOSS_HOST_SIMD=scalar, or no AVX2).
+host_q8::RowsFn q8_selected() {
+    static const host_q8::RowsFn selected = []() -> host_q8::RowsFn {
+        const char* env = std::getenv("GPTOSS_HOST_MOE_Q8");
+        if (env && std::strcmp(env, "0") == 0) return nullptr;
+        const HostSimd simd = host_simd_selected();
+        return simd == HostSimd::scalar ? nullptr : host_q8::rows_fn(simd == HostSimd::avx512);
+    }();
+    return selected;
+}
+
+}  // namespace
+
+void host_moe_experts_simd(HostSimd simd, const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I,
+                           const MoeWeights& w, const int32_t* experts, uint32_t K, float swiglu_limit,
+                           float* out) {
+    run_experts(rows_fn(best_supported(simd)), nullptr, x_bf16, T, H, I, w, experts, K, swiglu_limit, out);
+}
+
+bool host_moe_experts_q8(const char* kernel, const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I,
+                         const MoeWeights& w, const int32_t* experts, uint32_t K, float swiglu_limit, float* out) {
+    const host_q8::RowsFn q8 = host_q8::rows_fn_named(kernel);
+    if (!q8) return false;
+    run_experts(rows_fn(host_simd_selected()), q8, x_bf16, T, H, I, w, experts, K, swiglu_limit, out);
+    return true;
+}
+
+const char* host_moe_path_name() {
+    const host_q8::RowsFn q8 = q8_selected();
+    if (q8 && q8 == host_q8::rows_fn_named("avx512-vnni")) return "avx512-vnni int8";
+    if (q8) return "avx2 int8";
+    return host_simd_name(host_simd_selected());
 }
 
 void host_moe_reserve(uint32_t T, uint32_t K, uint32_t H, uint32_t I) {
@@ -550,7 +626,7 @@ void host_moe_reserve(uint32_t T, uint32_t K, uint32_t H, uint32_t I) {
 
 void host_moe_experts(const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I, const MoeWeights& w,
                       const int32_t* experts, uint32_t K, float swiglu_limit, float* out) {
-    host_moe_experts_simd(host_simd_selected(), x_bf16, T, H, I, w, experts, K, swiglu_limit, out);
+    run_experts(rows_fn(host_simd_selected()), q8_selected(), x_bf16, T, H, I, w, experts, K, swiglu_limit, out);
 }
 
 double measure_host_read_gbps(size_t bytes) {

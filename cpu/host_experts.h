@@ -5,7 +5,9 @@
 // scalar loop, chosen at run time), each chosen expert's weight bytes are read once per call, and
 // all threads of cpu::parallel_for's pool stream the weights of all chosen experts at once. The
 // results match cpu::moe's composition of cpu::matmul_mxfp4 + cpu::swiglu (cpu/reference.h, the
-// oracle) up to fp32 summation order, and are bit-identical whatever the thread count.
+// oracle) up to fp32 summation order, and are bit-identical whatever the thread count. By
+// default (where the CPU has AVX2) the activations are first quantized to int8 per 32-element
+// block (cpu/host_experts_q8.h), which adds that rounding; GPTOSS_HOST_MOE_Q8=0 turns it off.
 #pragma once
 
 #include "cpu/reference.h"
@@ -66,6 +68,17 @@ HostSimd host_simd_selected();
 void host_moe_experts_simd(HostSimd simd, const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I,
                            const MoeWeights& w, const int32_t* experts, uint32_t K, float swiglu_limit,
                            float* out);
+
+// The int8-activation path (cpu/host_experts_q8.h: activations quantized per 32-element block,
+// error ≤ half a quantization step per element) with kernel "avx512-vnni" or "avx2"; otherwise
+// as host_moe_experts. Returns false, computing nothing, when this CPU or build lacks the kernel.
+bool host_moe_experts_q8(const char* kernel, const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I,
+                         const MoeWeights& w, const int32_t* experts, uint32_t K, float swiglu_limit, float* out);
+
+// What host_moe_experts runs: "avx512-vnni int8" or "avx2 int8" (the default where the CPU has
+// AVX-512 VNNI / AVX2), else the float path's host_simd_name — with GPTOSS_HOST_MOE_Q8=0, with
+// GPTOSS_HOST_SIMD=scalar, or without AVX2. Decided once per process.
+const char* host_moe_path_name();
 
 }  // namespace cpu
 }  // namespace gptoss

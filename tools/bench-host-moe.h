@@ -3,7 +3,8 @@
 // shape (E = 32 or 128, H = I = 2880) filled with random bytes (scales drawn from 2^-9..2^3 as in
 // real checkpoints, so no row takes the exact inf/NaN path), measures the streaming read of
 // 1 GiB of host memory with the pool's threads (cpu::measure_host_read_gbps: the floor), then
-// times cpu::host_moe_experts at T = 1, K = 4 (then T = 4 and 16): each token takes 4 distinct
+// times the float kernels (cpu::host_moe_experts_simd, the selected SIMD path) and then the int8
+// path host_moe_experts uses by default (cpu::host_moe_experts_q8), at T = 1, K = 4 (then T = 4 and 16): each token takes 4 distinct
 // experts among the less recently used half (so an expert comes back only after ≥ E/8 tokens,
 // E/8 · 53 MB of other weights in between: the cache does not serve it). Reports ms per layer,
 // GB/s of the bytes of the distinct experts a call reads (blocks + scales + biases), % of the
@@ -68,6 +69,12 @@ inline int run_host_moe(const std::string& shape, bool json) {
     std::vector<int32_t> chosen(size_t(16) * K);
     std::vector<float> out(size_t(16) * K * H);
     cpu::host_moe_reserve(16, K, H, I);
+    // The paths timed: the float kernels, then the int8 one (cpu/host_experts_q8.h) where present.
+    const cpu::HostSimd simd_sel = cpu::host_simd_selected();
+    const char* q8_kernel = simd_sel == cpu::HostSimd::avx512 && std::strstr(cpu::host_moe_path_name(), "avx512")
+                                ? "avx512-vnni"
+                                : "avx2";
+    bool use_q8 = false;
     // One call of T tokens, each with K distinct experts among the less recently used half;
     // returns the bytes of the distinct experts the call reads.
     auto step = [&](uint32_t T) {
@@ -83,7 +90,8 @@ inline int run_host_moe(const std::string& shape, bool json) {
                 distinct += used[size_t(e)] ? 0 : 1;
                 used[size_t(e)] = true;
             }
-        cpu::host_moe_experts(xs.data(), T, H, I, w, chosen.data(), K, 7.0f, out.data());
+        if (!use_q8 || !cpu::host_moe_experts_q8(q8_kernel, xs.data(), T, H, I, w, chosen.data(), K, 7.0f, out.data()))
+            cpu::host_moe_experts_simd(simd_sel, xs.data(), T, H, I, w, chosen.data(), K, 7.0f, out.data());
         return distinct * expert_bytes;
     };
     auto cpu_s = [] {
@@ -91,10 +99,14 @@ inline int run_host_moe(const std::string& shape, bool json) {
         getrusage(RUSAGE_SELF, &u);
         return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
     };
-    const char* simd = cpu::host_simd_name(cpu::host_simd_selected());
+    const std::string q8_name = std::string(q8_kernel) + " int8";
+    const bool have_q8 = simd_sel != cpu::HostSimd::scalar && std::strstr(cpu::host_moe_path_name(), "int8");
     // T = 1 is the decode step; 4 and 16 (batched decode, small chunks) show how the CPU path
     // scales against streaming the layer's weights to the GPU instead.
+    for (int path = 0; path < (have_q8 ? 2 : 1); path++)
     for (uint32_t T : {1u, 4u, 16u}) {
+        use_q8 = path == 1;
+        const char* simd = use_q8 ? q8_name.c_str() : cpu::host_simd_name(simd_sel);
         for (int i = 0; i < 3; i++) step(T);
         uint32_t iters = 0;
         double bytes = 0, s = 0;

@@ -14,6 +14,7 @@
 // prefill-written K/V is ever reused).
 // Floor: K/V bytes, 2·G·D·2 = 2 KB per visible key per layer.
 #include "cuda/common.cuh"
+#include "cuda/batch_decode.h"
 #include "cuda/kernels.h"
 
 #include <cmath>
@@ -232,20 +233,19 @@ __device__ __forceinline__ void decode_rope(const AttentionArgs& a, int g, int h
     }
 }
 
-__global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const AttentionArgs a, float* partial,
-                                                                   int* counters, uint32_t max_splits) {
+// The decode CTA (split blockIdx.x, kv head blockIdx.y) of one query at position pos0; shared
+// by the one-token kernel and the batched one (cuda/batch_decode.h), so both compute the same bits.
+__device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int pos0, float* partial, int* counters,
+                                                     uint32_t max_splits) {
     __shared__ int is_last;
     extern __shared__ float smem[];
     float* qs = smem;
     uint32_t* ks = reinterpret_cast<uint32_t*>(qs + kMaxHeads * kD);
     uint32_t* vs = ks + kBlock * kRowWords;
     float* ps_all = reinterpret_cast<float*>(vs + kBlock * kRowWords);
-    pdl_wait();
-    pdl_launch_dependents();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = blockIdx.y;
     const int hpg = int(a.Q / a.G);
-    const int pos0 = a.step->pos0;
     const int p = pos0, lo = visible_lo(p, a.window);
     const int s_rel = blockIdx.x, s = lo / int(kAttentionSplit) + s_rel;
     const int s_begin = s * int(kAttentionSplit), s_end = s_begin + int(kAttentionSplit) - 1;
@@ -332,6 +332,33 @@ __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const Attent
     a.out[permuted_k(uint32_t(head) * kD + 2 * lane + 1)] = f32_to_bf16_bits(__fdiv_rn(O1, L));
 }
 
+__global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const AttentionArgs a, float* partial,
+                                                                   int* counters, uint32_t max_splits) {
+    pdl_wait();
+    pdl_launch_dependents();
+    attention_decode_cta(a, a.step->pos0, partial, counters, max_splits);
+}
+
+// Batched decode: item blockIdx.z is one session's query, with its own cache, position and rows
+// of qkv / out / partial / counters (attention_decode_batch).
+__global__ __launch_bounds__(256) void bf16_attention_decode_batch_kernel(const AttentionArgs a,
+                                                                         const BatchAttentionItem* items,
+                                                                         float* partial, int* counters,
+                                                                         uint32_t max_splits) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const uint32_t i = blockIdx.z;
+    const BatchAttentionItem it = items[i];
+    AttentionArgs b = a;
+    b.k_cache = it.k_cache;
+    b.v_cache = it.v_cache;
+    b.slots = it.slots;
+    b.qkv = a.qkv + size_t(i) * (a.Q + 2 * a.G) * kD;
+    b.out = a.out + size_t(i) * a.Q * kD;
+    attention_decode_cta(b, it.pos, partial + size_t(i) * a.Q * max_splits * (kD + 2), counters + size_t(i) * a.G,
+                         max_splits);
+}
+
 __global__ void bf16_kv_commit_kernel(const uint16_t* __restrict__ k_new, const uint16_t* __restrict__ v_new,
                                       uint16_t* __restrict__ k_cache, uint16_t* __restrict__ v_cache,
                                       uint32_t slots, const StepInfo* step, uint32_t T, uint32_t GD) {
@@ -362,6 +389,19 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* coun
     if (a.T != 1) return fail(GPTOSS_ERR_INTERNAL, "attention_decode: T=%u, expected 1", a.T);
     const dim3 grid(max_splits, a.G);
     GPTOSS_LAUNCH(bf16_attention_decode_kernel, grid, 256, kDecodeSmem, stream, a, partial, counters, max_splits);
+    return GPTOSS_OK;
+}
+
+gptoss_status attention_decode_batch(const AttentionArgs& a, const BatchAttentionItem* items, uint32_t n_items,
+                                    float* partial, int* counters, uint32_t max_splits, cudaStream_t stream) {
+    GPTOSS_TRY(check(a));
+    if (!a.qkv || !a.inv_freq || !a.out || !items)
+        return fail(GPTOSS_ERR_INTERNAL, "attention_decode_batch: qkv, inv_freq, out and items are required");
+    if (n_items == 0) return GPTOSS_OK;
+    if (n_items > 65535) return fail(GPTOSS_ERR_INTERNAL, "attention_decode_batch: %u items exceed the grid", n_items);
+    const dim3 grid(max_splits, a.G, n_items);
+    GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel, grid, 256, kDecodeSmem, stream, a, items, partial, counters,
+                  max_splits);
     return GPTOSS_OK;
 }
 

@@ -6,6 +6,7 @@
 // Faults: every CUDA failure becomes GPTOSS_ERR_DEVICE (and poisons this backend: later
 // calls fail too) or OUT_OF_MEMORY; the caller's current device is restored after each call.
 #include "cuda/backend.h"
+#include "cuda/batch_decode.h"
 #include "cuda/common.cuh"
 #include "cuda/host_moe.h"
 #include "cuda/kernels.h"
@@ -133,6 +134,9 @@ public:
     // Whether decode(token, pos) replays the captured graph (no capture, hence no host-side
     // NCCL calls for a split model's rank).
     bool decode_replays(uint32_t pos) const { return graph_ && pos / kAttentionSplit + 1 <= graph_splits_; }
+    // CudaBackend::decode_batch: checks a decode token at pos and describes it for the step.
+    gptoss_status batch_slot(int32_t token, uint32_t pos, BatchSlot* out);
+    void batch_done(bool ok) { have_logits_ = ok; }
 
 private:
     gptoss_status upload_step(const int32_t* tokens, uint32_t n, uint32_t pos);
@@ -201,6 +205,7 @@ private:
     uint32_t* mask_host_ = nullptr;   // and their pinned staging copy (allocated on first use)
     struct LayerKv { uint16_t* k; uint16_t* v; uint32_t slots; uint16_t* snap_k; uint16_t* snap_v; };
     std::vector<LayerKv> kv_;
+    std::vector<BatchAttentionItem> batch_layers_;  // kv_ as the batched step takes it
     // host side
     std::vector<float> logits_host_;
     std::vector<int32_t> tokens_host_;
@@ -245,6 +250,10 @@ public:
     int32_t device() const override { return device_; }
     // 2048: the prefill GEMM tiles fill (20b: 256 pairs per expert); +137 MB of 120b scratch.
     uint32_t default_max_batch() const override { return 2048; }
+    // Batched decode (cuda/batch_decode.h) when GPTOSS_CUDA_DECODE_BATCH=1; single-GPU models
+    // with every expert on the device; otherwise the default (each item's decode() in turn).
+    void decode_batch(DecodeItem* const* items, uint32_t n) override;
+    const BatchModel& batch_model();
 
     // Layout of every weight in one allocation; with base == nullptr only measures.
     size_t layout(char* base) {
@@ -356,6 +365,8 @@ public:
     LayerDev slot_;
     uint64_t budget_ = 0;  // the caller's gpu_memory_budget (0: none, only the device's free memory)
     std::atomic<uint64_t> session_bytes_{0};
+    BatchModel batch_model_;
+    BatchDecoder batch_;
 };
 
 // Host → device through two pinned staging buffers: the CPU copies (page-faults the mapping)
@@ -679,6 +690,8 @@ size_t CudaSession::layout(char* base) {
         kv.snap_k = c.layer_sliding[l] ? cv.take<uint16_t>(bytes) : nullptr;
         kv.snap_v = c.layer_sliding[l] ? cv.take<uint16_t>(bytes) : nullptr;
     }
+    batch_layers_.clear();
+    for (const LayerKv& kv : kv_) batch_layers_.push_back(BatchAttentionItem{kv.k, kv.v, kv.slots, 0});
     return cv.used();
 }
 
@@ -975,6 +988,73 @@ gptoss_status CudaSession::decode(int32_t token, uint32_t pos) {
     GPTOSS_TRY(checked(cuda_status(cudaGraphLaunch(graph_, stream_), "cudaGraphLaunch", __FILE__, __LINE__)));
     have_logits_ = true;
     return GPTOSS_OK;
+}
+
+gptoss_status CudaSession::batch_slot(int32_t token, uint32_t pos, BatchSlot* out) {
+    GPTOSS_TRY(check_step(1, pos));
+    if (token < 0 || uint32_t(token) >= be_.dims_.V)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "CUDA decode: token %d is outside [0, %u)", token, be_.dims_.V);
+    have_logits_ = false;
+    out->layers = batch_layers_.data();
+    out->pos = pos;
+    out->token = token;
+    out->logits = logits_;
+    out->stream = stream_;
+    return GPTOSS_OK;
+}
+
+const BatchModel& CudaBackend::batch_model() {
+    BatchModel& m = batch_model_;
+    if (!m.layers.empty()) return m;
+    const Dims& d = dims_;
+    m.H = d.H; m.I = d.I; m.E = d.E; m.K = d.K; m.Q = d.Q; m.G = d.G; m.D = d.D; m.V = d.V;
+    m.sliding_window = config_.sliding_window;
+    m.rms_norm_eps = config_.rms_norm_eps; m.swiglu_limit = config_.swiglu_limit; m.rope_scale = rope_scale_;
+    m.embed = embed_; m.final_norm = final_norm_; m.inv_freq = inv_freq_;
+    m.lm_head = dense(lm_head_, nullptr, d.V, d.H);
+    for (const LayerDev& L : layers_) {
+        BatchLayer b;
+        b.sliding = L.sliding; b.attn_norm = L.attn_norm; b.mlp_norm = L.mlp_norm; b.sinks = L.sinks;
+        b.qkv = dense(L.qkv_w, L.qkv_b, d.QKV, d.H);
+        b.o = dense(L.o_w, L.o_b, d.H, d.QD);
+        b.router = dense(L.router_w, L.router_b, d.E, d.H);
+        b.gate_up = experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H);
+        b.down = experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I);
+        m.layers.push_back(b);
+    }
+    return m;
+}
+
+void CudaBackend::decode_batch(DecodeItem* const* items, uint32_t n) {
+    if (!batch_decode_enabled() || n_host_ > 0 || rank_.n_ranks > 1 || lm_rows() != dims_.V) return Backend::decode_batch(items, n);
+    DeviceGuard guard(device_);
+    std::vector<DecodeItem*> batched;
+    std::vector<BatchSlot> slots;
+    for (uint32_t i = 0; i < n; ++i) {
+        DecodeItem& item = *items[i];
+        if (item.prefill) {  // a prompt chunk: the session's own forward()
+            Backend::decode_batch(&items[i], 1);
+            continue;
+        }
+        BatchSlot slot;
+        item.status = static_cast<CudaSession*>(item.session)->batch_slot(item.tokens[0], item.pos, &slot);
+        if (item.status != GPTOSS_OK) {
+            item.error = gptoss_last_error();
+            continue;
+        }
+        batched.push_back(&item);
+        slots.push_back(slot);
+    }
+    if (batched.empty()) return;
+    gptoss_status st = poisoned_ ? fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable")
+                                 : batch_.step(batch_model(), slots.data(), uint32_t(slots.size()));
+    if (st == GPTOSS_ERR_DEVICE) poisoned_ = true;
+    const std::string error = st == GPTOSS_OK ? std::string() : std::string(gptoss_last_error());
+    for (DecodeItem* item : batched) {
+        item->status = st;
+        item->error = error;
+        static_cast<CudaSession*>(item->session)->batch_done(st == GPTOSS_OK);
+    }
 }
 
 gptoss_status CudaSession::sync() {

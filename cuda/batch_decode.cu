@@ -1,0 +1,218 @@
+// cuda/batch_decode.cu - one batched decode step on the GPU (issue 13, part 1; the design is
+// bench/NOTES.md "Continuous batching"). N sessions' tokens go through the forward pass as the
+// N rows of one step: gemm.cu's tensor-core kernel for every projection (QKV, O + residual,
+// router, lm_head: one CTA per 16-row weight slab × 8·NB token columns, so the weights stream
+// once per step for up to 64 tokens; the MoE experts grouped by expert through router_route's
+// tiles, each expert's weights read once for its tokens), residual_rmsnorm per row, and the
+// decode attention kernel indexed by item (attention_decode_batch: each item its own cache,
+// position and window). The K split and reduction order of every kernel are functions of the
+// shape only, never of N or of which tokens share a tile, so a session's logits are bit-identical
+// whatever the batch (batch invariance; tests/test-kernels-batch.cu). The [N, V] logits are then
+// copied row by row into the sessions' own logits buffers, on the step's stream, and each
+// session's stream waits for the step before its sampler runs.
+#include "cuda/batch_decode.h"
+#include "cuda/common.cuh"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+namespace gptoss {
+namespace cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
+
+// 8-column tiles per CTA of the dense projections: nb = 8 (one CTA per slab carries up to 64
+// tokens) above 8 tokens, else 1 (the decode ring). GPTOSS_DECODE_BATCH_NB = 1 | 8 forces one
+// (A/B runs); the results are the same bits either way (gemm.cu).
+int dense_nb(uint32_t n) {
+    static const int forced = [] {
+        const char* e = std::getenv("GPTOSS_DECODE_BATCH_NB");
+        return e ? std::atoi(e) : 0;
+    }();
+    if (forced == 1 || forced == 8) return forced;
+    return n > 8 ? 8 : 1;
+}
+// MoE: route tiles of 8 pairs with nb = 1 (a typical expert gets ≤ 8 of a 64-token step's 256
+// pairs), or GPTOSS_DECODE_BATCH_MOE_NB = 8: tiles of 64 pairs with nb = 8. Same bits.
+int moe_nb() {
+    static const int nb = [] {
+        const char* e = std::getenv("GPTOSS_DECODE_BATCH_MOE_NB");
+        return e && std::atoi(e) == 8 ? 8 : 1;
+    }();
+    return nb;
+}
+
+}  // namespace
+
+bool batch_decode_enabled() {
+    static const bool enabled = [] {
+        const char* e = std::getenv("GPTOSS_CUDA_DECODE_BATCH");
+        return e && std::strcmp(e, "1") == 0;
+    }();
+    return enabled;
+}
+
+BatchDecoder::~BatchDecoder() {
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (arena_) cudaFree(arena_);
+    for (cudaEvent_t e : ready_) cudaEventDestroy(e);
+    if (done_) cudaEventDestroy(done_);
+    if (stream_) cudaStreamDestroy(stream_);
+}
+
+// Sizes the scratch for n items and `splits` attention splits (grown to powers of two).
+gptoss_status BatchDecoder::reserve(const BatchModel& m, uint32_t n, uint32_t splits) {
+    if (!stream_) {
+        GPTOSS_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    }
+    while (ready_.size() < n) {
+        cudaEvent_t e = nullptr;
+        GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        ready_.push_back(e);
+    }
+    if (n <= cap_items_ && splits <= cap_splits_) return GPTOSS_OK;
+    uint32_t items = std::max(cap_items_, 8u), sp = std::max(cap_splits_, 16u);
+    while (items < n) items *= 2;
+    while (sp < splits) sp *= 2;
+    const uint32_t L = uint32_t(m.layers.size()), QKV = (m.Q + 2 * m.G) * m.D, QD = m.Q * m.D;
+    const uint32_t max_tiles = route_max_tiles(items, m.E, m.K, 8);
+    size_t off = 0;
+    auto take = [&](size_t bytes) {
+        const size_t at = off;
+        off += align_up(bytes);
+        return at;
+    };
+    const size_t o_tokens = take(size_t(items) * 4), o_items = take(size_t(L) * items * sizeof(BatchAttentionItem));
+    const size_t o_x = take(size_t(items) * m.H * 4), o_xn = take(size_t(items) * m.H * 2);
+    const size_t o_qkv = take(size_t(items) * QKV * 4), o_attn = take(size_t(items) * QD * 2);
+    const size_t o_rl = take(size_t(items) * m.E * 4), o_ex = take(size_t(items) * m.K * 4);
+    const size_t o_w = take(size_t(items) * m.K * 4), o_tiles = take((1 + 3 * size_t(max_tiles)) * 4);
+    const size_t o_pairs = take(size_t(items) * m.K * 4), o_act = take(size_t(items) * m.K * m.I * 2);
+    const size_t o_part = take(size_t(items) * m.K * m.H * 4), o_logits = take(size_t(items) * m.V * 4);
+    const size_t o_partial = take(size_t(items) * m.Q * sp * (m.D + 2) * 4);
+    const size_t o_counters = take(size_t(items) * m.G * 4);
+    GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
+    if (arena_) {
+        GPTOSS_CUDA_TRY(cudaFree(arena_));
+        arena_ = nullptr;
+        cap_items_ = cap_splits_ = 0;
+    }
+    const cudaError_t err = cudaMalloc(&arena_, off);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        arena_ = nullptr;
+        return fail(GPTOSS_ERR_OUT_OF_MEMORY,
+                    "CUDA decode_batch: the scratch of a step of %u tokens with %u attention splits needs %zu bytes",
+                    items, sp, off);
+    }
+    // Zeroed: the attention counters must start at 0, and nothing reads uninitialized memory.
+    GPTOSS_CUDA_TRY(cudaMemsetAsync(arena_, 0, off, stream_));
+    char* b = static_cast<char*>(arena_);
+    tokens_ = reinterpret_cast<int32_t*>(b + o_tokens);
+    items_ = reinterpret_cast<BatchAttentionItem*>(b + o_items);
+    x_ = reinterpret_cast<float*>(b + o_x);
+    xn_ = reinterpret_cast<uint16_t*>(b + o_xn);
+    qkv_ = reinterpret_cast<float*>(b + o_qkv);
+    attn_ = reinterpret_cast<uint16_t*>(b + o_attn);
+    rlogits_ = reinterpret_cast<float*>(b + o_rl);
+    experts_ = reinterpret_cast<int32_t*>(b + o_ex);
+    weights_ = reinterpret_cast<float*>(b + o_w);
+    tiles_ = reinterpret_cast<int32_t*>(b + o_tiles);
+    pairs_ = reinterpret_cast<int32_t*>(b + o_pairs);
+    act_ = reinterpret_cast<uint16_t*>(b + o_act);
+    part_ = reinterpret_cast<float*>(b + o_part);
+    logits_ = reinterpret_cast<float*>(b + o_logits);
+    partial_ = reinterpret_cast<float*>(b + o_partial);
+    counters_ = reinterpret_cast<int*>(b + o_counters);
+    cap_items_ = items;
+    cap_splits_ = sp;
+    return GPTOSS_OK;
+}
+
+gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, uint32_t n) {
+    if (n == 0) return GPTOSS_OK;
+    if (n > 65535) return fail(GPTOSS_ERR_INTERNAL, "CUDA decode_batch: %u items in one step", n);
+    const uint32_t L = uint32_t(m.layers.size());
+    uint32_t full_splits = 2;  // the sliding layers' (a 128-key window spans at most 2 splits)
+    for (uint32_t i = 0; i < n; ++i) full_splits = std::max(full_splits, slots[i].pos / kAttentionSplit + 1);
+    GPTOSS_TRY(reserve(m, n, full_splits));
+    items_host_.resize(size_t(L) * cap_items_);
+    tokens_host_.assign(n, 0);
+    for (uint32_t i = 0; i < n; ++i) {
+        tokens_host_[i] = slots[i].token;
+        for (uint32_t l = 0; l < L; ++l) {
+            BatchAttentionItem it = slots[i].layers[l];
+            it.pos = int32_t(slots[i].pos);
+            items_host_[size_t(l) * cap_items_ + i] = it;
+        }
+        // The session's earlier work (its prefill, its last sampler) comes first.
+        GPTOSS_CUDA_TRY(cudaEventRecord(ready_[i], slots[i].stream));
+        GPTOSS_CUDA_TRY(cudaStreamWaitEvent(stream_, ready_[i], 0));
+    }
+    // Pageable sources: staged before cudaMemcpyAsync returns, so the host vectors may change.
+    GPTOSS_CUDA_TRY(cudaMemcpyAsync(tokens_, tokens_host_.data(), n * 4, cudaMemcpyHostToDevice, stream_));
+    GPTOSS_CUDA_TRY(cudaMemcpyAsync(items_, items_host_.data(), items_host_.size() * sizeof(BatchAttentionItem),
+                                    cudaMemcpyHostToDevice, stream_));
+    GPTOSS_TRY(enqueue(m, n, full_splits));
+    for (uint32_t i = 0; i < n; ++i)
+        GPTOSS_CUDA_TRY(cudaMemcpyAsync(slots[i].logits, logits_ + size_t(i) * m.V, size_t(m.V) * 4,
+                                        cudaMemcpyDeviceToDevice, stream_));
+    GPTOSS_CUDA_TRY(cudaEventRecord(done_, stream_));
+    for (uint32_t i = 0; i < n; ++i) GPTOSS_CUDA_TRY(cudaStreamWaitEvent(slots[i].stream, done_, 0));
+    return GPTOSS_OK;
+}
+
+// The forward pass of n rows on stream_ (MODEL.md §Forward pass; the prefill path's op order).
+gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t full_splits) {
+    cudaStream_t s = stream_;
+    const uint32_t QKV = (m.Q + 2 * m.G) * m.D;
+    const int nb = dense_nb(n), mnb = moe_nb();
+    const uint32_t tile_tokens = mnb == 8 ? 64u : 8u;
+    ResidualArgs embed;
+    embed.mode = ResidualMode::kEmbed;
+    embed.embed = m.embed;
+    embed.tokens = tokens_;
+    GPTOSS_TRY(residual_rmsnorm(embed, x_, m.layers[0].attn_norm, m.rms_norm_eps, xn_, n, m.H, s));
+    for (size_t l = 0; l < m.layers.size(); ++l) {
+        const BatchLayer& L = m.layers[l];
+        GPTOSS_TRY(gemm(L.qkv, xn_, n, nullptr, Epilogue::kStore, qkv_, nullptr, QKV, 0, nb, s));
+        AttentionArgs aa;
+        aa.window = L.sliding ? m.sliding_window : 0;
+        aa.sinks = L.sinks;
+        aa.T = 1; aa.Q = m.Q; aa.G = m.G; aa.D = m.D;
+        aa.out = attn_;
+        aa.qkv = qkv_;
+        aa.inv_freq = m.inv_freq;
+        aa.rope_scale = m.rope_scale;
+        const uint32_t splits =
+            L.sliding ? std::min(full_splits, ceil_div(m.sliding_window, kAttentionSplit) + 1) : full_splits;
+        GPTOSS_TRY(attention_decode_batch(aa, items_ + l * cap_items_, n, partial_, counters_, splits, s));
+        GPTOSS_TRY(gemm(L.o, attn_, n, nullptr, Epilogue::kAdd, x_, nullptr, m.H, 0, nb, s));
+        ResidualArgs none;
+        GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, m.rms_norm_eps, xn_, n, m.H, s));
+        GPTOSS_TRY(gemm(L.router, xn_, n, nullptr, Epilogue::kStore, rlogits_, nullptr, m.E, 0, nb, s));
+        GPTOSS_TRY(router_route(rlogits_, n, m.E, m.K, experts_, weights_, tiles_, pairs_, tile_tokens, s));
+        GemmRoute r1;
+        r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = m.K; r1.tile_tokens = tile_tokens;
+        r1.max_tiles = route_max_tiles(n, m.E, m.K, tile_tokens);
+        GemmRoute r2 = r1;
+        r2.in_div = 1;
+        GPTOSS_TRY(gemm(L.gate_up, xn_, n, &r1, Epilogue::kSwiglu, nullptr, act_, m.I, m.swiglu_limit, mnb, s));
+        GPTOSS_TRY(gemm(L.down, act_, n * m.K, &r2, Epilogue::kStore, part_, nullptr, m.H, 0, mnb, s));
+        ResidualArgs moe;
+        moe.mode = ResidualMode::kMoeAdd;
+        moe.part = part_;
+        moe.weights = weights_;
+        moe.K = m.K;
+        const float* next_norm = l + 1 < m.layers.size() ? m.layers[l + 1].attn_norm : m.final_norm;
+        GPTOSS_TRY(residual_rmsnorm(moe, x_, next_norm, m.rms_norm_eps, xn_, n, m.H, s));
+    }
+    return gemm(m.lm_head, xn_, n, nullptr, Epilogue::kStore, logits_, nullptr, m.V, 0, nb, s);
+}
+
+}  // namespace cuda
+}  // namespace gptoss

@@ -1,0 +1,117 @@
+// cuda/batch_decode.h - batched decode on the GPU (issue 13, part 1): one forward step over N
+// sessions' decode tokens, each at its own position with its own KV cache, for
+// CudaBackend::decode_batch. Every kernel of the step computes a token's outputs in an order
+// that depends only on that token's own row (gemm.cu's 16-row slab × 8-column tiles with the K
+// split fixed by the shape; router/RMSNorm per row; the MoE combine in slot order; attention per
+// item), so a session's logits are bit-identical alone (N = 1 through this path) or batched.
+// They differ from the one-token decode graph (gemm_decode's split-K) in the last bits, as
+// decode() may differ from forward(); a model uses one path or the other.
+#pragma once
+
+#include "cuda/kernels.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace gptoss {
+namespace cuda {
+
+// Whether CudaBackend::decode_batch takes this path: GPTOSS_CUDA_DECODE_BATCH=1 (read once per
+// process). Otherwise it runs each item's decode() in turn (Backend's default).
+bool batch_decode_enabled();
+
+// One item's KV cache of one layer (device pointers [slots, G, D] bf16) and its position.
+struct BatchAttentionItem {
+    uint16_t* k_cache;
+    uint16_t* v_cache;
+    uint32_t slots;
+    int32_t pos;
+};
+
+// Decode attention (fused RoPE, cache write) for n_items queries: item i's qkv row is
+// a.qkv + i·(Q + 2G)·D, its output row a.out + i·Q·D (bf16 permuted), its cache and position
+// items[i] (device array). a.window / sinks / Q / G / D / inv_freq / rope_scale are shared;
+// a.step, a.k_cache, a.v_cache, a.slots are ignored. partial: fp32 [n_items, Q, max_splits, D + 2];
+// counters: int [n_items, G], zero before the first call (re-armed by the kernel). max_splits
+// must cover every item's visible keys. Item i's bits equal attention_decode's for that query.
+[[nodiscard]] gptoss_status attention_decode_batch(const AttentionArgs& a, const BatchAttentionItem* items,
+                                                   uint32_t n_items, float* partial, int* counters,
+                                                   uint32_t max_splits, cudaStream_t stream);
+
+// The weights of one layer, as the CUDA backend holds them (GemmWeights of kernels.h).
+struct BatchLayer {
+    bool sliding = false;
+    const float* attn_norm = nullptr;
+    const float* mlp_norm = nullptr;
+    const float* sinks = nullptr;
+    GemmWeights qkv, o, router, gate_up, down;
+};
+
+struct BatchModel {
+    uint32_t H = 0, I = 0, E = 0, K = 0, Q = 0, G = 0, D = 0, V = 0;
+    uint32_t sliding_window = 0;
+    float rms_norm_eps = 0.0f, swiglu_limit = 0.0f, rope_scale = 1.0f;
+    const uint16_t* embed = nullptr;   // bf16 [V, H]
+    const float* final_norm = nullptr;
+    const float* inv_freq = nullptr;   // fp32 [D/2]
+    GemmWeights lm_head;
+    std::vector<BatchLayer> layers;
+};
+
+// One session's token in a step: its caches per layer (n_layers entries), position, token id,
+// and where its logits (fp32 [V], device) go; `stream` is the session's stream (the step waits
+// for its earlier work, and its later work waits for the step).
+struct BatchSlot {
+    const BatchAttentionItem* layers = nullptr;  // host array [n_layers]; .pos is ignored
+    uint32_t pos = 0;
+    int32_t token = 0;
+    float* logits = nullptr;
+    cudaStream_t stream = nullptr;
+};
+
+// The scratch and stream of batched steps, one step at a time (the model's DecodeBatcher
+// guarantees that). Grows its scratch on demand (more items, longer contexts).
+class BatchDecoder {
+public:
+    BatchDecoder() = default;
+    ~BatchDecoder();
+    BatchDecoder(const BatchDecoder&) = delete;
+    BatchDecoder& operator=(const BatchDecoder&) = delete;
+    // Runs one step over slots[0..n) (1 <= n <= 65535, distinct sessions, valid tokens and
+    // positions: the caller checked them) and returns once every item's logits are in place
+    // (the sessions' streams are ordered after the step). DEVICE / OUT_OF_MEMORY on failure.
+    [[nodiscard]] gptoss_status step(const BatchModel& m, const BatchSlot* slots, uint32_t n);
+
+private:
+    gptoss_status reserve(const BatchModel& m, uint32_t n, uint32_t splits);
+    gptoss_status enqueue(const BatchModel& m, uint32_t n, uint32_t full_splits);
+    cudaStream_t stream_ = nullptr;
+    cudaEvent_t done_ = nullptr;
+    std::vector<cudaEvent_t> ready_;  // one per slot index: the session's stream before the step
+    uint32_t cap_items_ = 0, cap_splits_ = 0;
+    void* arena_ = nullptr;
+    // scratch carved from arena_
+    int32_t* tokens_ = nullptr;
+    BatchAttentionItem* items_ = nullptr;  // [n_layers, cap_items_]
+    float* x_ = nullptr;
+    uint16_t* xn_ = nullptr;
+    float* qkv_ = nullptr;
+    uint16_t* attn_ = nullptr;
+    float* rlogits_ = nullptr;
+    int32_t* experts_ = nullptr;
+    float* weights_ = nullptr;
+    int32_t* tiles_ = nullptr;
+    int32_t* pairs_ = nullptr;
+    uint16_t* act_ = nullptr;
+    float* part_ = nullptr;
+    float* logits_ = nullptr;
+    float* partial_ = nullptr;
+    int* counters_ = nullptr;
+    std::vector<BatchAttentionItem> items_host_;
+    std::vector<int32_t> tokens_host_;
+};
+
+}  // namespace cuda
+}  // namespace gptoss

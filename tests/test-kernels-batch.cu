@@ -1,0 +1,206 @@
+// tests/test-kernels-batch.cu - batched decode on the GPU (cuda/batch_decode.h, issue 13): one
+// CudaBackend::decode_batch step over N sessions, each at its own position (some past the
+// 128-key sliding window, some past 2048 keys), against (a) the same item run alone through
+// decode_batch (N = 1): bit for bit, for N = 1, 3, 8, 17, 64, in another order too, and over
+// several consecutive steps (K/V written by batched steps read by later ones); (b) the CPU
+// reference backend (the oracle), within the bf16 tolerance, on the tiny checkpoint with router
+// biases that keep the top-4 away from near-ties. Also: bad items fail alone with their own
+// message, and a prompt chunk in the batch equals forward() alone. Sets GPTOSS_CUDA_DECODE_BATCH=1.
+#include "tests/kernel-test-util.cuh"
+
+#include "cuda/batch_decode.h"
+
+#include <cstdlib>
+#include <memory>
+
+namespace {
+
+constexpr uint32_t kV = 201088;
+
+std::unique_ptr<Checkpoint> load_tiny() {
+    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
+    REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
+    std::unique_ptr<Checkpoint> ck;
+    OK(load_checkpoint(dir, {}, &ck));
+    return ck;
+}
+
+Backend& gpu() {
+    static std::unique_ptr<Checkpoint> ck = load_tiny();
+    static std::unique_ptr<Backend> b = [] {
+        std::unique_ptr<Backend> out;
+        OK(create_cuda_backend(*ck, 0, {}, &out));
+        return out;
+    }();
+    return *b;
+}
+
+// Mixed positions: 0, inside the first window, at and past 128 (sliding ring wraps), past 2048.
+uint32_t position_of(uint32_t i) {
+    static const uint32_t kPos[] = {0, 1, 5, 127, 128, 129, 200, 300, 64, 2047, 2048, 2100, 17, 250};
+    return kPos[i % (sizeof(kPos) / sizeof(kPos[0]))];
+}
+
+struct Stream {
+    std::unique_ptr<BackendSession> s;
+    std::vector<int32_t> toks;
+    uint32_t pos = 0;
+};
+
+// A session holding the K/V of toks[0, pos) (prefilled in chunks of at most 256).
+Stream make_stream(Backend& b, uint32_t pos, uint64_t seed) {
+    Stream st;
+    OK(b.create_session(2304, 256, &st.s));
+    st.toks = prompt(pos + 16, seed);
+    for (uint32_t p = 0; p < pos; p += 256) OK(st.s->forward(st.toks.data() + p, std::min(256u, pos - p), p));
+    st.pos = pos;
+    return st;
+}
+
+DecodeItem item_of(Stream& st) {
+    DecodeItem it;
+    it.session = st.s.get();
+    it.tokens = st.toks.data() + st.pos;
+    it.n = 1;
+    it.pos = st.pos;
+    return it;
+}
+
+// Runs one step over the streams in `order`; every item must succeed. Returns the logits by stream.
+std::vector<std::vector<float>> step(Backend& b, std::vector<Stream>& streams, const std::vector<uint32_t>& order) {
+    std::vector<DecodeItem> items;
+    for (uint32_t i : order) items.push_back(item_of(streams[i]));
+    std::vector<DecodeItem*> ptrs;
+    for (DecodeItem& it : items) ptrs.push_back(&it);
+    b.decode_batch(ptrs.data(), uint32_t(ptrs.size()));
+    for (const DecodeItem& it : items) {
+        INFO(it.error);
+        REQUIRE(it.status == GPTOSS_OK);
+    }
+    std::vector<std::vector<float>> out(streams.size());
+    for (uint32_t i : order) out[i] = logits_of(streams[i].s.get());
+    return out;
+}
+
+std::vector<uint32_t> iota(uint32_t n) {
+    std::vector<uint32_t> v(n);
+    for (uint32_t i = 0; i < n; ++i) v[i] = i;
+    return v;
+}
+
+}  // namespace
+
+TEST_CASE("a batched step's logits per item equal the item alone, bit for bit, N = 1, 3, 8, 17, 64") {
+    REQUIRE(cuda::batch_decode_enabled());
+    Backend& b = gpu();
+    for (uint32_t n : {1u, 3u, 8u, 17u, 64u}) {
+        CAPTURE(n);
+        std::vector<Stream> streams;
+        for (uint32_t i = 0; i < n; ++i) streams.push_back(make_stream(b, position_of(i * 7 + n), 100 + i));
+        const auto batched = step(b, streams, iota(n));
+        for (uint32_t i = 0; i < n; ++i) {
+            CAPTURE(i);
+            CAPTURE(streams[i].pos);
+            const auto alone = step(b, streams, {i});
+            CHECK(std::memcmp(alone[i].data(), batched[i].data(), kV * 4) == 0);
+        }
+        if (n >= 3) {  // another order: the same bits
+            std::vector<uint32_t> rev = iota(n);
+            std::reverse(rev.begin(), rev.end());
+            const auto reversed = step(b, streams, rev);
+            for (uint32_t i = 0; i < n; ++i) CHECK(std::memcmp(reversed[i].data(), batched[i].data(), kV * 4) == 0);
+        }
+    }
+}
+
+TEST_CASE("consecutive batched steps equal the same sessions stepped alone (K/V of batched steps reused)") {
+    Backend& b = gpu();
+    const uint32_t n = 8;
+    std::vector<Stream> together, apart;
+    for (uint32_t i = 0; i < n; ++i) {
+        together.push_back(make_stream(b, position_of(i + 3), 300 + i));
+        apart.push_back(make_stream(b, position_of(i + 3), 300 + i));
+    }
+    for (int s = 0; s < 6; ++s) {
+        CAPTURE(s);
+        const auto t = step(b, together, iota(n));
+        for (uint32_t i = 0; i < n; ++i) {
+            const auto a = step(b, apart, {i});
+            CHECK(std::memcmp(a[i].data(), t[i].data(), kV * 4) == 0);
+            ++together[i].pos;
+            ++apart[i].pos;
+        }
+    }
+}
+
+TEST_CASE("batched decode matches the CPU backend within bf16 tolerance") {
+    // Router biases put experts 0..3 far ahead for every token (as test-kernels-offload does):
+    // a random router's near-ties would make the comparison measure coin flips.
+    std::unique_ptr<Checkpoint> ck = load_tiny();
+    const uint32_t E = ck->config.n_experts;
+    std::vector<std::vector<uint16_t>> biases(ck->config.n_layers, std::vector<uint16_t>(E));
+    for (uint32_t l = 0; l < ck->config.n_layers; ++l) {
+        for (uint32_t e = 0; e < E; ++e) biases[l][e] = f32_to_bf16(e < 4 ? 12.0f - 3.0f * float(e) : -20.0f);
+        ck->weights.layers[l].router_bias.data = biases[l].data();
+    }
+    std::unique_ptr<Backend> g, c;
+    OK(create_cuda_backend(*ck, 0, {}, &g));
+    OK(create_cpu_backend(*ck, &c));
+    const uint32_t n = 5;
+    const uint32_t pos[n] = {0, 129, 300, 2048, 2100};
+    std::vector<Stream> gs, cs;
+    for (uint32_t i = 0; i < n; ++i) {
+        gs.push_back(make_stream(*g, pos[i], 500 + i));
+        cs.push_back(make_stream(*c, pos[i], 500 + i));
+    }
+    for (int s = 0; s < 2; ++s) {
+        const auto gl = step(*g, gs, iota(n));
+        const auto cl = step(*c, cs, iota(n));
+        for (uint32_t i = 0; i < n; ++i) {
+            expect_logits_close(gl[i], cl[i], "position " + std::to_string(gs[i].pos));
+            ++gs[i].pos;
+            ++cs[i].pos;
+        }
+    }
+}
+
+TEST_CASE("a bad item fails alone with its own message; a prompt chunk in the step equals forward() alone") {
+    Backend& b = gpu();
+    std::vector<Stream> streams;
+    for (uint32_t i = 0; i < 4; ++i) streams.push_back(make_stream(b, position_of(i + 5), 700 + i));
+    const auto alone = [&] {
+        std::vector<std::vector<float>> out(4);
+        for (uint32_t i : {0u, 3u}) out[i] = step(b, streams, {i})[i];
+        return out;
+    }();
+    Stream chunk_a = make_stream(b, 40, 800), chunk_b = make_stream(b, 40, 800);
+    OK(chunk_b.s->forward(chunk_b.toks.data() + 40, 9, 40));
+    const auto chunk_ref = logits_of(chunk_b.s.get());
+
+    std::vector<DecodeItem> items{item_of(streams[0]), item_of(streams[1]), item_of(streams[2]), item_of(streams[3])};
+    const int32_t bad_token = -5;
+    items[1].tokens = &bad_token;
+    items[2].pos = 2304;  // the session's max_context
+    DecodeItem chunk = item_of(chunk_a);
+    chunk.prefill = true;
+    chunk.n = 9;
+    items.push_back(chunk);
+    std::vector<DecodeItem*> ptrs;
+    for (DecodeItem& it : items) ptrs.push_back(&it);
+    b.decode_batch(ptrs.data(), uint32_t(ptrs.size()));
+    CHECK(items[0].status == GPTOSS_OK);
+    CHECK(items[3].status == GPTOSS_OK);
+    CHECK(items[4].status == GPTOSS_OK);
+    CHECK(items[1].status == GPTOSS_ERR_INVALID_ARGUMENT);
+    CHECK(items[1].error.find("-5") != std::string::npos);
+    CHECK(items[2].status == GPTOSS_ERR_CONTEXT_FULL);
+    CHECK(items[2].error.find("max_context") != std::string::npos);
+    for (uint32_t i : {0u, 3u})
+        CHECK(std::memcmp(logits_of(streams[i].s.get()).data(), alone[i].data(), kV * 4) == 0);
+    CHECK(std::memcmp(logits_of(chunk_a.s.get()).data(), chunk_ref.data(), kV * 4) == 0);
+}
+
+int main(int argc, char** argv) {
+    setenv("GPTOSS_CUDA_DECODE_BATCH", "1", 1);
+    return run_kernel_tests(argc, argv, "the batched decode tests (test-kernels-batch)");
+}

@@ -25,7 +25,15 @@ namespace gptoss {
 
 // How long a ready caller waits for the other sessions in a decode loop to submit their tokens
 // before it runs a smaller step anyway (a session may be busy in a slow streaming callback).
-static constexpr std::chrono::microseconds kGatherWindow{2000};
+// GPTOSS_DECODE_BATCH_GATHER_US overrides it (tuning runs; read once per process).
+static std::chrono::microseconds gather_window() {
+    static const std::chrono::microseconds window = [] {
+        const char* e = std::getenv("GPTOSS_DECODE_BATCH_GATHER_US");
+        const long us = e && *e ? std::strtol(e, nullptr, 10) : 2000;
+        return std::chrono::microseconds(us > 0 && us <= 1000000 ? us : 2000);
+    }();
+    return window;
+}
 
 void Backend::decode_batch(DecodeItem* const* items, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
@@ -91,7 +99,7 @@ gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens,
     request.item.n = n;
     request.item.pos = pos;
     request.item.prefill = prefill;
-    const auto deadline = std::chrono::steady_clock::now() + kGatherWindow;
+    const auto deadline = std::chrono::steady_clock::now() + gather_window();
     bool led = false;
     std::unique_lock<std::mutex> lock(s.mutex);
     s.pending.push_back(&request);

@@ -14,6 +14,8 @@
 #include "cuda/common.cuh"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -55,8 +57,21 @@ bool batch_decode_enabled() {
     return enabled;
 }
 
+static bool env_on(const char* name, bool fallback) {
+    const char* e = std::getenv(name);
+    return e && *e ? std::strcmp(e, "0") != 0 : fallback;
+}
+
 BatchDecoder::~BatchDecoder() {
     if (stream_) cudaStreamSynchronize(stream_);
+    drop_graphs();
+    if (!trace_.empty()) {
+        std::fprintf(stderr, "decode_batch steps (GPTOSS_DECODE_BATCH_TRACE):");
+        for (const auto& [n, t] : trace_)
+            std::fprintf(stderr, " n=%u: %llu x %.3f ms;", n, static_cast<unsigned long long>(t.first),
+                         t.second / double(t.first));
+        std::fprintf(stderr, "\n");
+    }
     if (arena_) cudaFree(arena_);
     for (cudaEvent_t e : ready_) cudaEventDestroy(e);
     if (done_) cudaEventDestroy(done_);
@@ -96,6 +111,7 @@ gptoss_status BatchDecoder::reserve(const BatchModel& m, uint32_t n, uint32_t sp
     const size_t o_partial = take(size_t(items) * m.Q * sp * (m.D + 2) * 4);
     const size_t o_counters = take(size_t(items) * m.G * 4);
     GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
+    drop_graphs();  // they hold the old scratch pointers
     if (arena_) {
         GPTOSS_CUDA_TRY(cudaFree(arena_));
         arena_ = nullptr;
@@ -137,8 +153,12 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
     if (n == 0) return GPTOSS_OK;
     if (n > 65535) return fail(GPTOSS_ERR_INTERNAL, "CUDA decode_batch: %u items in one step", n);
     const uint32_t L = uint32_t(m.layers.size());
-    uint32_t full_splits = 2;  // the sliding layers' (a 128-key window spans at most 2 splits)
-    for (uint32_t i = 0; i < n; ++i) full_splits = std::max(full_splits, slots[i].pos / kAttentionSplit + 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    // Splits of the full layers: a power of two >= 16 covering every item (CTAs past an item's
+    // position exit at once; an item's bits do not depend on the count), so graphs are few.
+    uint32_t needed = 0, full_splits = 16;
+    for (uint32_t i = 0; i < n; ++i) needed = std::max(needed, slots[i].pos / kAttentionSplit + 1);
+    while (full_splits < needed) full_splits *= 2;
     GPTOSS_TRY(reserve(m, n, full_splits));
     items_host_.resize(size_t(L) * cap_items_);
     tokens_host_.assign(n, 0);
@@ -157,12 +177,48 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
     GPTOSS_CUDA_TRY(cudaMemcpyAsync(tokens_, tokens_host_.data(), n * 4, cudaMemcpyHostToDevice, stream_));
     GPTOSS_CUDA_TRY(cudaMemcpyAsync(items_, items_host_.data(), items_host_.size() * sizeof(BatchAttentionItem),
                                     cudaMemcpyHostToDevice, stream_));
-    GPTOSS_TRY(enqueue(m, n, full_splits));
+    GPTOSS_TRY(launch(m, n, full_splits));
     for (uint32_t i = 0; i < n; ++i)
         GPTOSS_CUDA_TRY(cudaMemcpyAsync(slots[i].logits, logits_ + size_t(i) * m.V, size_t(m.V) * 4,
                                         cudaMemcpyDeviceToDevice, stream_));
     GPTOSS_CUDA_TRY(cudaEventRecord(done_, stream_));
     for (uint32_t i = 0; i < n; ++i) GPTOSS_CUDA_TRY(cudaStreamWaitEvent(slots[i].stream, done_, 0));
+    static const bool trace = env_on("GPTOSS_DECODE_BATCH_TRACE", false);
+    if (trace) {
+        GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
+        auto& t = trace_[n];
+        t.first++;
+        t.second += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
+    return GPTOSS_OK;
+}
+
+void BatchDecoder::drop_graphs() {
+    for (auto& g : graphs_) cudaGraphExecDestroy(g.second);
+    graphs_.clear();
+}
+
+gptoss_status BatchDecoder::launch(const BatchModel& m, uint32_t n, uint32_t splits) {
+    static const bool use_graphs = env_on("GPTOSS_DECODE_BATCH_GRAPH", true);
+    if (!use_graphs) return enqueue(m, n, splits);
+    auto it = graphs_.find({n, splits});
+    if (it == graphs_.end()) {
+        GPTOSS_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+        const gptoss_status st = enqueue(m, n, splits);
+        cudaGraph_t graph = nullptr;
+        const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+        if (st != GPTOSS_OK) {
+            if (graph) cudaGraphDestroy(graph);
+            return st;
+        }
+        GPTOSS_CUDA_TRY(end);
+        cudaGraphExec_t exec = nullptr;
+        const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+        cudaGraphDestroy(graph);
+        GPTOSS_CUDA_TRY(inst);
+        it = graphs_.emplace(std::make_pair(n, splits), exec).first;
+    }
+    GPTOSS_CUDA_TRY(cudaGraphLaunch(it->second, stream_));
     return GPTOSS_OK;
 }
 

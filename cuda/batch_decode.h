@@ -13,6 +13,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <utility>
 #include <vector>
 
 namespace gptoss {
@@ -87,7 +89,16 @@ public:
 private:
     gptoss_status reserve(const BatchModel& m, uint32_t n, uint32_t splits);
     gptoss_status enqueue(const BatchModel& m, uint32_t n, uint32_t full_splits);
+    // The step's kernels as a CUDA graph per (n, splits), captured on first use (they read the
+    // tokens and caches from tokens_ / items_, so one graph serves every step of that shape);
+    // GPTOSS_DECODE_BATCH_GRAPH=0 launches them directly.
+    gptoss_status launch(const BatchModel& m, uint32_t n, uint32_t splits);
+    void drop_graphs();
     cudaStream_t stream_ = nullptr;
+    std::map<std::pair<uint32_t, uint32_t>, cudaGraphExec_t> graphs_;
+    // GPTOSS_DECODE_BATCH_TRACE=1: each step waits for the device; steps and wall ms per n are
+    // printed to stderr when the decoder is destroyed.
+    std::map<uint32_t, std::pair<uint64_t, double>> trace_;
     cudaEvent_t done_ = nullptr;
     std::vector<cudaEvent_t> ready_;  // one per slot index: the session's stream before the step
     uint32_t cap_items_ = 0, cap_splits_ = 0;

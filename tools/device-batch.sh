@@ -5,6 +5,8 @@
 # the synthetic 20b with the batched GPU step (--decode-batch 64, GPTOSS_CUDA_DECODE_BATCH=1) and
 # without batching (--decode-batch 1). Everything lands in $OUT.
 # Usage: tools/device-batch.sh --deps DIR/.deps --tokenizer DIR/.tokenizer [--variants]
+# --variants: instead of test-kernels, two more 64-stream runs (20 ms gather window, with and
+# without the step graphs) with per-step timings (GPTOSS_DECODE_BATCH_TRACE).
 set -uo pipefail
 DEPS="" TOK="" VARIANTS=0
 while [ $# -gt 0 ]; do
@@ -35,19 +37,22 @@ timeout 120 $B/test-kernels-batch > "$OUT/test-kernels-batch.log" 2>&1
 log "test-kernels-batch rc=$? $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/test-kernels-batch.log" | tr '\n' ' ')"
 GPTOSS_TEST_BATCH_DEVICE=0 GPTOSS_CUDA_DECODE_BATCH=1 timeout 120 $B/test-batch > "$OUT/test-batch-gpu.log" 2>&1
 log "test-batch on the GPU rc=$? $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/test-batch-gpu.log" | tr '\n' ' ')"
-timeout 120 $B/test-kernels > "$OUT/test-kernels.log" 2>&1
-log "test-kernels rc=$? $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/test-kernels.log" | tr '\n' ' ')"
+if [ $VARIANTS -eq 0 ]; then
+  timeout 120 $B/test-kernels > "$OUT/test-kernels.log" 2>&1
+  log "test-kernels rc=$? $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/test-kernels.log" | tr '\n' ' ')"
+fi
 BENCH="$B/gptoss-bench --synthetic 20b --concurrency 1,8,32,64 -p 512 -n 256"
 GPTOSS_CUDA_DECODE_BATCH=1 timeout 120 $BENCH --decode-batch 64 > "$OUT/bench-batch64.txt" 2>&1
 log "bench --decode-batch 64 (GPU batched step) rc=$?"
 timeout 120 $BENCH --decode-batch 1 > "$OUT/bench-batch1.txt" 2>&1
 log "bench --decode-batch 1 rc=$?"
-if [ $VARIANTS -eq 1 ]; then
-  GPTOSS_CUDA_DECODE_BATCH=1 GPTOSS_DECODE_BATCH_NB=1 timeout 60 $B/gptoss-bench --synthetic 20b --concurrency 64 \
-    -p 512 -n 256 --decode-batch 64 > "$OUT/bench-batch64-nb1.txt" 2>&1
-  log "bench 64 dense nb=1 rc=$?"
-  GPTOSS_CUDA_DECODE_BATCH=1 GPTOSS_DECODE_BATCH_MOE_NB=8 timeout 60 $B/gptoss-bench --synthetic 20b --concurrency 64 \
-    -p 512 -n 256 --decode-batch 64 > "$OUT/bench-batch64-moe8.txt" 2>&1
-  log "bench 64 moe nb=8 rc=$?"
+if [ $VARIANTS -eq 1 ]; then  # the gather window and the step graphs, with per-step timings
+  GPTOSS_CUDA_DECODE_BATCH=1 GPTOSS_DECODE_BATCH_GATHER_US=20000 GPTOSS_DECODE_BATCH_TRACE=1 timeout 90 $BENCH \
+    --decode-batch 64 > "$OUT/bench-batch64-gather20ms.txt" 2>&1
+  log "bench 64, gather window 20 ms, traced rc=$?"
+  GPTOSS_CUDA_DECODE_BATCH=1 GPTOSS_DECODE_BATCH_GATHER_US=20000 GPTOSS_DECODE_BATCH_TRACE=1 \
+    GPTOSS_DECODE_BATCH_GRAPH=0 timeout 60 $B/gptoss-bench --synthetic 20b --concurrency 64 -p 512 -n 256 \
+    --decode-batch 64 > "$OUT/bench-batch64-gather20ms-nograph.txt" 2>&1
+  log "bench 64, gather window 20 ms, no graphs, traced rc=$?"
 fi
 log "done"

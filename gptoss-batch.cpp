@@ -25,12 +25,17 @@ namespace gptoss {
 
 // How long a ready caller waits for the other sessions in a decode loop to submit their tokens
 // before it runs a smaller step anyway (a session may be busy in a slow streaming callback).
+// 20 ms: after a GPU step every session samples on its own (one device sampler launch each,
+// which run one after another), so with 64 streams the last ones submit a few ms after the
+// first; a 2 ms window split the streams into steps of ~4-19 tokens (H200, bench/NOTES.md "v13
+// GPU batched decode": 64 streams 1686 tok/s at 2 ms, 4021 at 20 ms). The window only runs while
+// a session in a decode loop has not submitted, so a lone session never waits.
 // GPTOSS_DECODE_BATCH_GATHER_US overrides it (tuning runs; read once per process).
 static std::chrono::microseconds gather_window() {
     static const std::chrono::microseconds window = [] {
         const char* e = std::getenv("GPTOSS_DECODE_BATCH_GATHER_US");
-        const long us = e && *e ? std::strtol(e, nullptr, 10) : 2000;
-        return std::chrono::microseconds(us > 0 && us <= 1000000 ? us : 2000);
+        const long us = e && *e ? std::strtol(e, nullptr, 10) : 20000;
+        return std::chrono::microseconds(us > 0 && us <= 1000000 ? us : 20000);
     }();
     return window;
 }

@@ -250,7 +250,7 @@ public:
     int32_t device() const override { return device_; }
     // 2048: the prefill GEMM tiles fill (20b: 256 pairs per expert); +137 MB of 120b scratch.
     uint32_t default_max_batch() const override { return 2048; }
-    // Batched decode (cuda/batch_decode.h) when GPTOSS_CUDA_DECODE_BATCH=1; single-GPU models
+    // Batched decode (cuda/batch_decode.h) unless GPTOSS_CUDA_DECODE_BATCH=0; single-GPU models
     // with every expert on the device; otherwise the default (each item's decode() in turn).
     void decode_batch(DecodeItem* const* items, uint32_t n) override;
     const BatchModel& batch_model();

@@ -52,7 +52,7 @@ int moe_nb() {
 bool batch_decode_enabled() {
     static const bool enabled = [] {
         const char* e = std::getenv("GPTOSS_CUDA_DECODE_BATCH");
-        return e && std::strcmp(e, "1") == 0;
+        return !(e && std::strcmp(e, "0") == 0);
     }();
     return enabled;
 }

@@ -20,8 +20,8 @@
 namespace gptoss {
 namespace cuda {
 
-// Whether CudaBackend::decode_batch takes this path: GPTOSS_CUDA_DECODE_BATCH=1 (read once per
-// process). Otherwise it runs each item's decode() in turn (Backend's default).
+// Whether CudaBackend::decode_batch takes this path: yes unless GPTOSS_CUDA_DECODE_BATCH=0 (read
+// once per process), which runs each item's decode() in turn (Backend's default) instead.
 bool batch_decode_enabled();
 
 // One item's KV cache of one layer (device pointers [slots, G, D] bf16) and its position.

@@ -24,8 +24,8 @@ namespace {
 
 using gptoss::test::prompt_of;
 
-// GPTOSS_TEST_BATCH_DEVICE=N runs the engine tests on CUDA device N instead of the CPU (the
-// batched GPU step needs GPTOSS_CUDA_DECODE_BATCH=1 too; tools/device-batch.sh does both).
+// GPTOSS_TEST_BATCH_DEVICE=N runs the engine tests on CUDA device N instead of the CPU
+// (tools/device-batch.sh does, with the batched GPU step of cuda/batch_decode.h).
 int32_t test_device() {
     const char* d = std::getenv("GPTOSS_TEST_BATCH_DEVICE");
     return d && *d ? int32_t(std::atoi(d)) : GPTOSS_DEVICE_CPU;

@@ -5,7 +5,8 @@
 // several consecutive steps (K/V written by batched steps read by later ones); (b) the CPU
 // reference backend (the oracle), within the bf16 tolerance, on the tiny checkpoint with router
 // biases that keep the top-4 away from near-ties. Also: bad items fail alone with their own
-// message, and a prompt chunk in the batch equals forward() alone. Sets GPTOSS_CUDA_DECODE_BATCH=1.
+// message, and a prompt chunk in the batch equals forward() alone. Sets GPTOSS_CUDA_DECODE_BATCH=1
+// (the default) in case the environment turned it off.
 #include "tests/kernel-test-util.cuh"
 
 #include "cuda/batch_decode.h"

@@ -9,6 +9,7 @@
 #include "cuda/batch_decode.h"
 #include "cuda/common.cuh"
 #include "cuda/host_moe.h"
+#include "cuda/moe_decode.h"
 #include "cuda/kernels.h"
 #include "cuda/multi_gpu.h"
 #include "cpu/reference.h"
@@ -679,7 +680,7 @@ size_t CudaSession::layout(char* base) {
     argmax_ = cv.take<int32_t>(8);
     token_ = cv.take<int32_t>(4);
     sample_scratch_ = cv.take<void>(sample_bytes_);
-    counters_ = cv.take<int>(size_t(d.G + 1) * 4);  // attention's G, then the router's
+    counters_ = cv.take<int>(size_t(d.G + 1 + kMoeDecodeCounters) * 4);  // attention's G, the router's, moe_decode's
     kv_.assign(c.n_layers, LayerKv{});
     for (uint32_t l = 0; l < c.n_layers; ++l) {
         LayerKv& kv = kv_[l];
@@ -841,8 +842,14 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
         r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = d.K; r1.max_tiles = max_tiles; r1.tile_tokens = tile_tokens;
         GemmRoute r2 = r1;
         r2.in_div = 1;
+        MoeDecodeArgs ma;  // decode: the persistent MoE kernel (moe_decode.h) when switched on
+        ma.gate_up = b.experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H); ma.down = b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I);
+        ma.x = xn_; ma.route = r1; ma.act = act_; ma.part = part_; ma.swiglu_limit = c.swiglu_limit; ma.counters = counters_ + d.G + 1;
         if (l < b.n_host_) {
             GPTOSS_TRY(host_moe(l, n, decode, r1, r2));
+        } else if (decode && !dt.legacy && moe_decode_enabled(ma, dt.fp4)) {
+            GPTOSS_TRY(moe_decode(ma, dt.fp4, s));
+            GPTOSS_TRY(mark("moe gate_up + swiglu + down (persistent)"));
         } else {
             GPTOSS_TRY(project(decode, b.experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H), xn_, n, &r1,
                                Epilogue::kSwiglu, nullptr, act_, d.I, c.swiglu_limit));

@@ -470,7 +470,11 @@ PrefillKernel auto_kernel(bool mxfp4) {
         const char* e = std::getenv("GPTOSS_GEMM_WGMMA");
         return e && std::strcmp(e, "1") == 0;
     }();
-    if (sm90 >= (mxfp4 ? 1 : 2) && gemm_prefill_wgmma_supported()) return PrefillKernel::kSm90;
+    static const bool ws = [] {  // GPTOSS_SM90_WS=1: the warp-specialized variant (same bits)
+        const char* e = std::getenv("GPTOSS_SM90_WS");
+        return e && std::strcmp(e, "1") == 0;
+    }();
+    if (sm90 >= (mxfp4 ? 1 : 2) && gemm_prefill_wgmma_supported()) return ws ? PrefillKernel::kSm90Ws : PrefillKernel::kSm90;
     return wgmma_env && gemm_prefill_wgmma_supported() ? PrefillKernel::kWgmma : PrefillKernel::kMmaSync;
 }
 }  // namespace
@@ -495,7 +499,8 @@ gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_r
                     route->tile_tokens);
     if (route && route->in_div == 0) return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: route in_div is 0");
     if (kernel == PrefillKernel::kAuto) kernel = auto_kernel(w.mxfp4);
-    if ((kernel == PrefillKernel::kWgmma || kernel == PrefillKernel::kSm90) && !gemm_prefill_wgmma_supported())
+    if ((kernel == PrefillKernel::kWgmma || kernel == PrefillKernel::kSm90 || kernel == PrefillKernel::kSm90Ws) &&
+        !gemm_prefill_wgmma_supported())
         return fail(GPTOSS_ERR_UNSUPPORTED, "gemm_prefill: the wgmma kernels need an sm_90 device and sm_90a code");
     const KernelArgs a = kernel_args(w, x, n_rows, route, epilogue, out_f32, out_bf16, ldo, swiglu_limit);
     const uint32_t tn = route ? route->tile_tokens : (n_rows >= 1024 ? 128u : 64u);
@@ -504,11 +509,13 @@ gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_r
     const uint32_t row_tiles = ceil_div(ceil_div(w.N, 16), kSlabs);
     if (row_tiles > 65535) return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: %u row tiles exceed the grid limit", row_tiles);
     const dim3 grid(tiles, row_tiles);
-    const cudaError_t err = kernel == PrefillKernel::kSm90  ? launch_prefill_sm90(a, w.mxfp4, tn, tiles, stream)
-                            : kernel == PrefillKernel::kWgmma ? launch_any<true>(a, w.mxfp4, tn, grid, stream)
-                                                              : launch_any<false>(a, w.mxfp4, tn, grid, stream);
+    const cudaError_t err = kernel == PrefillKernel::kSm90     ? launch_prefill_sm90(a, w.mxfp4, tn, tiles, stream)
+                            : kernel == PrefillKernel::kSm90Ws ? launch_prefill_ws(a, w.mxfp4, tn, tiles, stream)
+                            : kernel == PrefillKernel::kWgmma  ? launch_any<true>(a, w.mxfp4, tn, grid, stream)
+                                                               : launch_any<false>(a, w.mxfp4, tn, grid, stream);
     GPTOSS_TRY(cuda_status(err,
-                           kernel == PrefillKernel::kSm90    ? "gemm_prefill_sm90_kernel"
+                           kernel == PrefillKernel::kSm90      ? "gemm_prefill_sm90_kernel"
+                           : kernel == PrefillKernel::kSm90Ws  ? "gemm_prefill_ws_kernel"
                            : kernel == PrefillKernel::kWgmma ? "gemm_prefill_wgmma_kernel"
                                                              : "gemm_prefill_kernel",
                            __FILE__, __LINE__));

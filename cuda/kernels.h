@@ -117,8 +117,9 @@ struct GemmRoute {
 // register-A wgmma kernel with GPTOSS_GEMM_WGMMA=1 (slower); kAuto's choice depends only on the
 // weight type, never on the chunk. The kernels round differently. Errors: INTERNAL for
 // K % 64 != 0, N == 0, a missing output, SwiGLU with N % 128 != 0; UNSUPPORTED for kWgmma /
-// kSm90 where gemm_prefill_wgmma_supported() is false.
-enum class PrefillKernel : int { kAuto = 0, kMmaSync = 1, kWgmma = 2, kSm90 = 3 };
+// kSm90 / kSm90Ws where gemm_prefill_wgmma_supported() is false.
+// kSm90Ws: gemm_prefill_ws.cu (warp-specialized, same bits as kSm90).
+enum class PrefillKernel : int { kAuto = 0, kMmaSync = 1, kWgmma = 2, kSm90 = 3, kSm90Ws = 4 };
 [[nodiscard]] gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
                                          const GemmRoute* route, Epilogue epilogue, float* out_f32,
                                          uint16_t* out_bf16, uint32_t ldo, float swiglu_limit,

@@ -51,12 +51,14 @@ void for_each_kernel(void (*body)()) {
     if (cuda::gemm_prefill_wgmma_supported()) {
         ks.push_back(cuda::PrefillKernel::kWgmma);
         ks.push_back(cuda::PrefillKernel::kSm90);
+        ks.push_back(cuda::PrefillKernel::kSm90Ws);
     } else {
         MESSAGE("no sm_90a device: the wgmma kernels are not tested");
     }
     for (cuda::PrefillKernel k : ks) {
         g_kern = k;
-        INFO("kernel " << (k == cuda::PrefillKernel::kSm90    ? "sm90 (A and B in shared memory)"
+        INFO("kernel " << (k == cuda::PrefillKernel::kSm90Ws  ? "sm90 warp-specialized"
+                           : k == cuda::PrefillKernel::kSm90  ? "sm90 (A and B in shared memory)"
                            : k == cuda::PrefillKernel::kWgmma ? "wgmma (A in registers)"
                                                               : "mma.sync"));
         body();
@@ -268,6 +270,8 @@ TEST_CASE("gemm_prefill_tile_tokens and the argument checks") {
                                  cuda::PrefillKernel::kWgmma) == GPTOSS_ERR_UNSUPPORTED);
         CHECK(cuda::gemm_prefill(w, nullptr, 1, nullptr, cuda::Epilogue::kStore, &out, nullptr, 16, 0, nullptr,
                                  cuda::PrefillKernel::kSm90) == GPTOSS_ERR_UNSUPPORTED);
+        CHECK(cuda::gemm_prefill(w, nullptr, 1, nullptr, cuda::Epilogue::kStore, &out, nullptr, 16, 0, nullptr,
+                                 cuda::PrefillKernel::kSm90Ws) == GPTOSS_ERR_UNSUPPORTED);
     }
 }
 

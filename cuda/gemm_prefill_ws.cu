@@ -1,0 +1,282 @@
+// cuda/gemm_prefill_ws.cu - the warp-specialized sm_90a prefill GEMM: the same product, tile
+// (128 weight rows × TN = 64 or 128 tokens), tile scheduler, operand layouts and epilogues as
+// gemm_prefill_sm90.cu's kernel, with its 8 lock-step warps split into roles (384 threads).
+// Warpgroup 0 is the producer: warp p loads, for every 64-k chunk, the weights and MXFP4 scales
+// of its own two fragment slabs (2p, 2p + 1) and a 1/128 share of the TN token rows (16-byte
+// cp.async, 128B-swizzled K-major) into an R-deep raw ring; when chunk c has landed it turns its
+// slabs into the bf16 A tile of chunk c (an SA-deep ring of 128 rows × 64 k in the activations'
+// permuted k order, exactly as gemm_prefill_sm90.cu does), fences the async proxy and arrives on
+// full[c % SA]; then it issues chunk c + R - 1 into the raw stage that chunk c - 1 used, once
+// empty[] says the consumers are done with it. Warpgroups 1 and 2 are the consumers (A rows
+// 0..63 and 64..127): they wait on full, issue 4 wgmma m64nTNk16 (A and B by descriptor), keep
+// two groups in flight (wait_group 1) and arrive on the empty barriers of the chunk before. No
+// CTA barrier in the main loop. Chunk invariance: every output accumulates chunk by chunk, k16
+// step by step in one accumulator, in the same order as gemm_prefill_sm90.cu's kernel (same
+// operands, same bits), whatever the tile width, chunk or pair order. Selected with
+// GPTOSS_SM90_WS (gemm_prefill.cu) or PrefillKernel::kSm90Ws.
+#include "cuda/gemm_prefill.cuh"
+
+#include <atomic>
+
+namespace gptoss {
+namespace cuda {
+namespace gemm_detail {
+namespace {
+
+constexpr int kWsThreads = 384;           // producer warpgroup + 2 consumer warpgroups
+constexpr uint32_t kABytes = 128 * 128;   // bf16 A tile of one chunk: 128 rows × 64 k
+template <bool kFp4, int TN> constexpr uint32_t ws_raw_bytes() {  // token rows, weights, scales; 1 KB-padded
+    return (TN * 128 + a_bytes<kFp4>() + s_bytes<kFp4>() + 1023u) & ~1023u;
+}
+template <bool kFp4, int TN> constexpr int ws_ctas() { return TN == 64 ? 2 : 1; }
+template <bool kFp4, int TN> constexpr int ws_a_stages() { return kFp4 && TN == 128 ? 3 : 2; }
+// Shared memory one CTA may use (alignment slack, out_rows and barriers counted separately).
+template <bool kFp4, int TN> constexpr uint32_t ws_budget() {
+    return (ws_ctas<kFp4, TN>() == 2 ? 233472u / 2 - 1024u : 232448u) - 1024u - TN * 4 - 256;
+}
+template <bool kFp4, int TN> constexpr int ws_raw_stages() {
+    constexpr int fit = int((ws_budget<kFp4, TN>() - ws_a_stages<kFp4, TN>() * kABytes) / ws_raw_bytes<kFp4, TN>());
+    return fit < 8 ? fit : 8;
+}
+template <bool kFp4, int TN> constexpr uint32_t ws_smem_bytes() {
+    return 1024 + ws_a_stages<kFp4, TN>() * kABytes + ws_raw_stages<kFp4, TN>() * ws_raw_bytes<kFp4, TN>() + TN * 4 + 256;
+}
+static_assert(ws_raw_stages<true, 128>() >= 3 && ws_raw_stages<true, 64>() >= 3 && ws_raw_stages<false, 128>() >= 3 &&
+                  ws_raw_stages<false, 64>() >= 3,
+              "shared memory");
+
+#ifdef GPTOSS_SM90A
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nLAB_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra LAB_WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+#endif
+
+template <bool kFp4, int TN>
+__global__ __launch_bounds__(kWsThreads, (ws_ctas<kFp4, TN>())) void gemm_prefill_ws_kernel(const KernelArgs args) {
+#ifdef GPTOSS_SM90A
+    extern __shared__ unsigned char smem_raw[];
+    constexpr int R = ws_raw_stages<kFp4, TN>(), SA = ws_a_stages<kFp4, TN>(), L = R - 1;
+    constexpr uint32_t kRaw = ws_raw_bytes<kFp4, TN>(), kBst = TN * 128, kA = a_bytes<kFp4>();
+    const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int g = lane >> 2, t = lane & 3;
+    const uint32_t K = args.w.K, N = args.w.N, n_chunks = K >> 6;
+    const uint32_t n_slabs = (N + 15) >> 4, slab0 = blockIdx.y * kSlabs;
+    const uint32_t raw_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+    const uint32_t base = (raw_base + 1023u) & ~1023u;  // the swizzle atoms are 1 KB aligned
+    unsigned char* smem = smem_raw + (base - raw_base);
+    const uint32_t ring = base + SA * kABytes;  // raw stage s at ring + s·kRaw: token rows, weights, scales
+    int32_t* out_rows = reinterpret_cast<int32_t*>(smem + SA * kABytes + R * kRaw);
+    const uint32_t bars = base + SA * kABytes + R * kRaw + TN * 4;  // full[SA], empty_a[SA], empty_r[R]
+    auto full = [&](uint32_t s) { return bars + 8 * s; };
+    auto empty_a = [&](uint32_t s) { return bars + 8 * (SA + s); };
+    auto empty_r = [&](uint32_t s) { return bars + 8 * (2 * SA + s); };
+    if (tid == 0) {
+        for (int s = 0; s < SA; ++s) {
+            mbar_init(full(s), 128);
+            mbar_init(empty_a(s), 256);
+        }
+        for (int s = 0; s < R; ++s) mbar_init(empty_r(s), 256);
+    }
+
+    if (args.routed) pdl_wait();
+    PrefillTile tile;
+    if (!prefill_tile<TN>(args, &tile)) return;
+    const int expert = tile.expert;
+    const uint32_t col_base = tile.col_base, n_cols = tile.n_cols;
+    const int32_t* pairs = tile.pairs;
+
+    const char* wsrc = static_cast<const char*>(args.w.w) + size_t(expert) * args.w.w_expert_stride;
+    const char* ssrc = kFp4 ? reinterpret_cast<const char*>(args.w.scales + size_t(expert) * args.w.s_expert_stride)
+                            : nullptr;
+    // Producer warp `warp` (0..3): slabs 2·warp and 2·warp + 1 of the CTA (weights by every lane,
+    // MXFP4 scales by lanes 0..7), so the lanes that dequantize a slab loaded it themselves.
+    auto load_a = [&](uint32_t stage, uint32_t c) {
+        const uint32_t sa = ring + stage * kRaw + kBst;
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+            const uint32_t sl = uint32_t(2 * warp + m), slab = slab0 + sl;
+            if (slab >= n_slabs) continue;
+            if constexpr (kFp4) {
+                cp_async16_zfill(sa + sl * 512 + uint32_t(lane) * 16,
+                                 wsrc + (size_t(slab) * n_chunks + c) * 512 + uint32_t(lane) * 16, true);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    cp_async16_zfill(sa + sl * 2048 + uint32_t(j * 512 + lane * 16),
+                                     wsrc + (size_t(slab) * n_chunks + c) * 2048 + j * 512 + lane * 16, true);
+            }
+        }
+        if constexpr (kFp4) {
+            if (lane < 8) {
+                const uint32_t sl = uint32_t(2 * warp + (lane >> 2)), slab = slab0 + sl;
+                if (slab < n_slabs)
+                    cp_async16_zfill(sa + kA + sl * 64 + uint32_t(lane & 3) * 16,
+                                     ssrc + (size_t(slab) * n_chunks + c) * 64 + uint32_t(lane & 3) * 16, true);
+            }
+        }
+    };
+    const bool producer = wg == 0;
+    if (producer && !args.routed) {
+        for (int s = 0; s < L; ++s)
+            if (uint32_t(s) < n_chunks) load_a(uint32_t(s), uint32_t(s));
+    }
+    if (!args.routed) pdl_wait();
+    if (tid < TN) out_rows[tid] = tid < int(n_cols) ? (args.routed ? pairs[tid] : int32_t(col_base) + tid) : 0;
+    __syncthreads();  // barriers initialized, out_rows written
+    pdl_launch_dependents();
+
+    if (producer) {
+        // Token rows: this thread copies unit (tid & 7) of rows tid / 8 + 16 i; columns past
+        // n_cols are zero-filled.
+        constexpr int kBUnits = TN / 16;
+        const uint16_t* bsrc[kBUnits];
+        uint32_t bdst[kBUnits];
+        uint32_t bvalid = 0;
+#pragma unroll
+        for (int i = 0; i < kBUnits; ++i) {
+            const uint32_t row = uint32_t(tid >> 3) + 16u * i, u = uint32_t(tid & 7);
+            const bool v = row < n_cols;
+            uint32_t src_row = 0;
+            if (v) src_row = args.routed ? uint32_t(pairs[row]) / args.route.in_div : col_base + row;
+            bsrc[i] = v ? args.x + size_t(src_row) * K + u * 8 : args.x;
+            bdst[i] = row * 128 + ((u ^ (row & 7)) * 16);
+            bvalid |= v ? 1u << i : 0u;
+        }
+        auto load_b = [&](uint32_t stage, uint32_t c) {
+            const uint32_t sb = ring + stage * kRaw;
+#pragma unroll
+            for (int i = 0; i < kBUnits; ++i) {
+                const bool v = (bvalid >> i) & 1u;
+                cp_async16_zfill(sb + bdst[i], v ? bsrc[i] + size_t(c) * 64 : bsrc[i], v);
+            }
+        };
+        if (args.routed) {
+            for (int s = 0; s < L; ++s)
+                if (uint32_t(s) < n_chunks) load_a(uint32_t(s), uint32_t(s));
+        }
+        for (int s = 0; s < L; ++s) {
+            if (uint32_t(s) < n_chunks) load_b(uint32_t(s), uint32_t(s));
+            cp_async_commit();
+        }
+        // This lane's A rows in slab sl: 16·sl + g and + 8, units 2t and 2t + 1 (swizzled).
+        const uint32_t u0 = (uint32_t(2 * t) ^ uint32_t(g)) * 16, u1 = (uint32_t(2 * t + 1) ^ uint32_t(g)) * 16;
+        uint32_t st = 0, sa_i = 0;  // raw stage and A stage of chunk c
+        for (uint32_t c = 0; c < n_chunks; ++c) {
+            cp_async_wait<L - 1>();  // this thread's copies of chunk c landed
+            __syncwarp();            // and its warp's (the scales of a slab come from 4 lanes)
+            if (c >= uint32_t(SA)) mbar_wait(empty_a(sa_i), ((c / SA) & 1u) ^ 1u);
+            const unsigned char* sa = smem + SA * kABytes + st * kRaw + kBst;
+            unsigned char* ab = smem + sa_i * kABytes;
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+                const int sl = 2 * warp + m;
+                uint32_t a[4][4];
+                if constexpr (kFp4) {
+                    Chunk ch;
+                    ch.v[0] = *reinterpret_cast<const uint4*>(sa + sl * 512 + lane * 16);
+                    const uint2 s = *reinterpret_cast<const uint2*>(sa + kA + sl * 64 + g * 8);
+                    ch.v[1].x = s.x;
+                    ch.v[1].y = s.y;
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) fragment<true>(ch, j, a[j]);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const uint4 v = *reinterpret_cast<const uint4*>(sa + sl * 2048 + j * 512 + lane * 16);
+                        a[j][0] = v.x; a[j][1] = v.y; a[j][2] = v.z; a[j][3] = v.w;
+                    }
+                }
+                const uint32_t a_lo = uint32_t(sl * 16 + g) * 128, a_hi = a_lo + 8 * 128;
+                *reinterpret_cast<uint4*>(ab + a_lo + u0) = make_uint4(a[0][0], a[0][2], a[1][0], a[1][2]);
+                *reinterpret_cast<uint4*>(ab + a_lo + u1) = make_uint4(a[2][0], a[2][2], a[3][0], a[3][2]);
+                *reinterpret_cast<uint4*>(ab + a_hi + u0) = make_uint4(a[0][1], a[0][3], a[1][1], a[1][3]);
+                *reinterpret_cast<uint4*>(ab + a_hi + u1) = make_uint4(a[2][1], a[2][3], a[3][1], a[3][3]);
+            }
+            fence_proxy_async();  // this thread's A stores and token copies → visible to wgmma
+            mbar_arrive(full(sa_i));
+            // Chunk c + L goes into the raw stage of chunk c - 1 once the consumers are done with it.
+            const uint32_t cn = c + L;
+            if (cn < n_chunks) {
+                const uint32_t sn = st == 0 ? R - 1 : st - 1;
+                if (cn >= uint32_t(R)) mbar_wait(empty_r(sn), ((cn / R) & 1u) ^ 1u);
+                load_a(sn, cn);
+                load_b(sn, cn);
+            }
+            cp_async_commit();
+            st = st + 1 == R ? 0 : st + 1;
+            sa_i = sa_i + 1 == SA ? 0 : sa_i + 1;
+        }
+        cp_async_wait<0>();
+        return;
+    }
+
+    // Consumers: warpgroup cw = wg - 1 owns A rows 64·cw .. 64·cw + 63.
+    const int cw = wg - 1;
+    float acc[TN / 2];  // the first wgmma overwrites it
+    uint32_t st = 0, sa_i = 0, st_prev = 0, sa_prev = 0;
+    for (uint32_t c = 0; c < n_chunks; ++c) {
+        mbar_wait(full(sa_i), (c / SA) & 1u);
+        acc_fence(acc);
+        wgmma_fence();
+        const uint32_t ad = base + sa_i * kABytes + uint32_t(cw) * (kABytes / 2), bd = ring + st * kRaw;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) wgmma_ss<TN>(acc, sw128_desc(ad + 32u * j), sw128_desc(bd + 32u * j), c > 0 || j > 0);
+        wgmma_commit();
+        wgmma_wait<1>();  // chunk c - 1's group is complete: its stages are free
+        acc_fence(acc);
+        if (c > 0) {
+            mbar_arrive(empty_a(sa_prev));
+            mbar_arrive(empty_r(st_prev));
+        }
+        st_prev = st;
+        sa_prev = sa_i;
+        st = st + 1 == R ? 0 : st + 1;
+        sa_i = sa_i + 1 == SA ? 0 : sa_i + 1;
+    }
+    wgmma_wait<0>();
+    acc_fence(acc);
+    const uint32_t slab = slab0 + uint32_t(4 * cw + (warp & 3));
+    if (slab < n_slabs) store_wg_tile<TN>(args, expert, slab, acc, n_cols, out_rows, g, t);
+#endif
+}
+
+template <bool kFp4, int TN>
+cudaError_t launch_ws(const KernelArgs& a, uint32_t token_tiles, cudaStream_t stream) {
+    static std::atomic<uint64_t> configured{0};
+    auto* kernel = gemm_prefill_ws_kernel<kFp4, TN>;
+    constexpr uint32_t bytes = ws_smem_bytes<kFp4, TN>();
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
+    if (!bit || !(configured.load() & bit)) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+        if (err != cudaSuccess) return err;
+        configured.fetch_or(bit);
+    }
+    const dim3 grid(token_tiles, ceil_div(ceil_div(a.w.N, 16), uint32_t(kSlabs)));
+    return launch_pdl(kernel, grid, kWsThreads, bytes, stream, a);
+}
+
+}  // namespace
+
+cudaError_t launch_prefill_ws(const KernelArgs& a, bool fp4, uint32_t tn, uint32_t token_tiles, cudaStream_t stream) {
+    if (fp4) return tn == 128 ? launch_ws<true, 128>(a, token_tiles, stream) : launch_ws<true, 64>(a, token_tiles, stream);
+    return tn == 128 ? launch_ws<false, 128>(a, token_tiles, stream) : launch_ws<false, 64>(a, token_tiles, stream);
+}
+
+}  // namespace gemm_detail
+}  // namespace cuda
+}  // namespace gptoss

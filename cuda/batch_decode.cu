@@ -199,8 +199,9 @@ void BatchDecoder::drop_graphs() {
 }
 
 gptoss_status BatchDecoder::launch(const BatchModel& m, uint32_t n, uint32_t splits) {
+    // Graphs up to 64 items (at most 64 × a few split buckets of them); larger steps launch directly.
     static const bool use_graphs = env_on("GPTOSS_DECODE_BATCH_GRAPH", true);
-    if (!use_graphs) return enqueue(m, n, splits);
+    if (!use_graphs || n > 64) return enqueue(m, n, splits);
     auto it = graphs_.find({n, splits});
     if (it == graphs_.end()) {
         GPTOSS_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));

@@ -89,9 +89,9 @@ public:
 private:
     gptoss_status reserve(const BatchModel& m, uint32_t n, uint32_t splits);
     gptoss_status enqueue(const BatchModel& m, uint32_t n, uint32_t full_splits);
-    // The step's kernels as a CUDA graph per (n, splits), captured on first use (they read the
-    // tokens and caches from tokens_ / items_, so one graph serves every step of that shape);
-    // GPTOSS_DECODE_BATCH_GRAPH=0 launches them directly.
+    // The step's kernels as a CUDA graph per (n, splits) for n <= 64, captured on first use (they
+    // read the tokens and caches from tokens_ / items_, so one graph serves every step of that
+    // shape); GPTOSS_DECODE_BATCH_GRAPH=0 launches them directly.
     gptoss_status launch(const BatchModel& m, uint32_t n, uint32_t splits);
     void drop_graphs();
     cudaStream_t stream_ = nullptr;

@@ -17,6 +17,7 @@
 #include "gptoss-internal.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <chrono>
 #include <cmath>
@@ -50,6 +51,7 @@ namespace {
 #define GPTOSS_UNROLL _Pragma("GCC unroll 4")
 
 constexpr uint32_t kRowBlock = 32;       // output rows per work item (even: gate/up pairs stay together)
+constexpr uint32_t kRowBlockQ8 = 64;     // gate_up rows per item on the int8 path: one block of 32 y
 constexpr uint32_t kTile = 4;            // (token, slot) pairs sharing one dequantized block
 constexpr uint8_t kExactScale = 253;     // from here on, e2m1 · 2^(s-127) can overflow fp32
 constexpr float kAvx2MaxInput = 0x1p90f; // the avx2 path's inputs stay below (its weights carry 2^25)
@@ -416,7 +418,7 @@ struct Kernels {
 void rows_any(const Kernels& k, const Mat& m, uint32_t r0, uint32_t r1, const float* const* xs, const uint8_t* const* xq,
               uint32_t n, float* const* outs) {
     if (!k.q8) return k.rows(m, r0, r1, xs, n, outs);
-    uint32_t exact[kRowBlock], n_exact = 0;
+    uint32_t exact[kRowBlockQ8], n_exact = 0;
     k.q8(m, r0, r1, xq, n, outs, exact, &n_exact);
     for (uint32_t i = 0; i < n_exact; i++)
         for (uint32_t j = 0; j < n; j++) outs[j][exact[i] - r0] = exact_row(m, exact[i], xs[j]);
@@ -424,14 +426,16 @@ void rows_any(const Kernels& k, const Mat& m, uint32_t r0, uint32_t r1, const fl
 
 // Gate_up rows [r0, r1) of one group's expert for all its pairs: + bias, swiglu, bf16 rounding,
 // into the permuted y of each pair.
+// With yq (the int8 path; r0 a multiple of 64, r1 = r0 + 64) each pair's y block is quantized
+// into yq too; a non-finite y clears *y_ok.
 void gate_up_item(const Kernels& kern, const MoeWeights& w, const Scratch& s, const Group& g, uint32_t r0, uint32_t r1,
-                  uint32_t K, uint32_t H, uint32_t I, float limit, float* yp) {
+                  uint32_t K, uint32_t H, uint32_t I, float limit, float* yp, uint8_t* yq, std::atomic<int>* y_ok) {
     const size_t n_rows = 2 * size_t(I);
     const Mat m{w.gate_up_blocks + size_t(g.expert) * n_rows * (H / 32) * 16,
                 w.gate_up_scales + size_t(g.expert) * n_rows * (H / 32), H / 32};
     const uint16_t* bias = w.gate_up_bias + size_t(g.expert) * n_rows;
-    float gbuf[kTile][kRowBlock];
-    float ybuf[kRowBlock / 2];
+    float gbuf[kTile][kRowBlockQ8];
+    float ybuf[kRowBlockQ8 / 2];
     for (uint32_t j0 = 0; j0 < g.count; j0 += kTile) {
         const uint32_t n = std::min(kTile, g.count - j0);
         const float* xs[kTile];
@@ -447,8 +451,12 @@ void gate_up_item(const Kernels& kern, const MoeWeights& w, const Scratch& s, co
         for (uint32_t j = 0; j < n; j++) {
             for (uint32_t r = r0; r < r1; r++) gbuf[j][r - r0] += bf16_to_f32(bias[r]);
             swiglu(gbuf[j], 1, (r1 - r0) / 2, limit, ybuf);
-            float* y = yp + size_t(s.order[g.first + j0 + j]) * I;
+            const uint32_t pair = s.order[g.first + j0 + j];
+            float* y = yp + size_t(pair) * I;
             for (uint32_t i = 0; i < (r1 - r0) / 2; i++) y[perm(r0 / 2 + i)] = bf16_to_f32(f32_to_bf16(ybuf[i]));
+            // The int8 path's items are 64 rows: exactly block r0 / 64 of y, quantized here.
+            if (yq && !host_q8::quantize_block(y, r0 / kRowBlockQ8, yq + size_t(pair) * host_q8::row_bytes(I)))
+                *y_ok = 0;
         }
     }
 }
@@ -559,18 +567,33 @@ void run_experts(RowsFn rows, host_q8::RowsFn q8_kernel, const uint16_t* x_bf16,
     const bool avx2 = rows == rows_fn(HostSimd::avx2) && rows != rows_fn(HostSimd::scalar);
     Kernels gu{avx2 && !x_in_range ? rows_scalar : rows, nullptr};
     Kernels dn{avx2 && !y_in_range ? rows_scalar : rows, nullptr};
-    // A non-finite activation sends the whole call to the float kernels.
-    const host_q8::RowsFn q8 = q8_kernel && quantize_rows(s.xp.data(), T, H, s.xq) ? q8_kernel : nullptr;
+    // A non-finite activation sends the whole call to the float kernels. x is quantized on this
+    // thread for a few tokens (a parallel_for costs more than 2880 elements), else on the pool.
+    bool x_ok = q8_kernel != nullptr;
+    if (x_ok && T <= 4) {
+        s.xq.resize(size_t(T) * host_q8::row_bytes(H));
+        for (uint32_t t = 0; t < T && x_ok; t++) x_ok = host_q8::quantize_row(s.xp.data() + size_t(t) * H, H, s.xq.data() + size_t(t) * host_q8::row_bytes(H));
+    } else if (x_ok) {
+        x_ok = quantize_rows(s.xp.data(), T, H, s.xq);
+    }
+    const host_q8::RowsFn q8 = x_ok ? q8_kernel : nullptr;
     gu.q8 = q8;
+    std::atomic<int> y_ok{1};
+    uint8_t* yq = nullptr;
+    if (q8) {
+        s.yq.assign(size_t(pairs) * host_q8::row_bytes(I), 0);
+        yq = s.yq.data();
+    }
 
-    const uint32_t gu_items = (2 * I + kRowBlock - 1) / kRowBlock;
+    const uint32_t gu_rows = q8 ? kRowBlockQ8 : kRowBlock;
+    const uint32_t gu_items = (2 * I + gu_rows - 1) / gu_rows;
     float* yp = s.yp.data();
     parallel(s.groups.size() * gu_items, [&](size_t item) {
-        const uint32_t r0 = uint32_t(item % gu_items) * kRowBlock;
-        gate_up_item(gu, w, s, s.groups[item / gu_items], r0, std::min(2 * I, r0 + kRowBlock), K, H, I,
-                     swiglu_limit, yp);
+        const uint32_t r0 = uint32_t(item % gu_items) * gu_rows;
+        gate_up_item(gu, w, s, s.groups[item / gu_items], r0, std::min(2 * I, r0 + gu_rows), K, H, I,
+                     swiglu_limit, yp, yq, &y_ok);
     });
-    if (q8 && quantize_rows(s.yp.data(), pairs, I, s.yq)) dn.q8 = q8;
+    if (q8 && y_ok.load()) dn.q8 = q8;
     const uint32_t down_items = (H + kRowBlock - 1) / kRowBlock;
     parallel(s.groups.size() * down_items, [&](size_t item) {
         const uint32_t r0 = uint32_t(item % down_items) * kRowBlock;
@@ -619,6 +642,8 @@ void host_moe_reserve(uint32_t T, uint32_t K, uint32_t H, uint32_t I) {
     const size_t pairs = size_t(T) * K;
     s.xp.reserve(size_t(T) * H);
     s.yp.reserve(pairs * I);
+    s.xq.reserve(size_t(T) * host_q8::row_bytes(H));
+    s.yq.reserve(pairs * host_q8::row_bytes(I));
     s.keys.reserve(pairs);
     s.order.reserve(pairs);
     s.groups.reserve(pairs);

@@ -52,32 +52,36 @@ bool row_needs_exact_scalar(const uint8_t* sc, uint32_t nb) {
 
 }  // namespace
 
+bool quantize_block(const float* xp, uint32_t block, uint8_t* dst) {
+    const float* x = xp + size_t(block) * 32;
+    float amax = 0.0f;
+    for (uint32_t i = 0; i < 32; i++) {
+        if (!std::isfinite(x[i])) return false;
+        amax = std::max(amax, std::fabs(x[i]));
+    }
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    uint8_t* g = dst + size_t(block / kGroupBlocks) * kGroupBytes;
+    const uint32_t lane = lane_of(block % kGroupBlocks);
+    int32_t sum = 0;
+    for (uint32_t e = 0; e < 32; e++) {
+        const float v = std::nearbyint(x[perm_in_block(e)] * inv);
+        const int32_t q = int32_t(std::min(127.0f, std::max(-127.0f, v)));
+        g[layout_offset(lane, e)] = uint8_t(int8_t(q));
+        sum += q;
+    }
+    const int32_t corr = 12 * sum;
+    const float half_d = amax / 127.0f * 0.5f;
+    std::memcpy(g + 256 + lane * 4, &corr, 4);
+    std::memcpy(g + 288 + lane * 4, &half_d, 4);
+    return true;
+}
+
 bool quantize_group(const float* xp, uint32_t k, uint32_t group, uint8_t* dst) {
     const uint32_t nb = k / 32, b0 = group * kGroupBlocks, b1 = std::min(nb, b0 + kGroupBlocks);
-    uint8_t* g = dst + size_t(group) * kGroupBytes;
-    std::memset(g, 0, kGroupBytes);
-    for (uint32_t b = b0; b < b1; b++) {
-        const float* x = xp + size_t(b) * 32;
-        float amax = 0.0f;
-        for (uint32_t i = 0; i < 32; i++) {
-            if (!std::isfinite(x[i])) return false;
-            amax = std::max(amax, std::fabs(x[i]));
-        }
-        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        const uint32_t lane = lane_of(b % kGroupBlocks);
-        int32_t sum = 0;
-        for (uint32_t e = 0; e < 32; e++) {
-            const float v = std::nearbyint(x[perm_in_block(e)] * inv);
-            const int32_t q = int32_t(std::min(127.0f, std::max(-127.0f, v)));
-            g[layout_offset(lane, e)] = uint8_t(int8_t(q));
-            sum += q;
-        }
-        const int32_t corr = 12 * sum;
-        const float half_d = amax / 127.0f * 0.5f;
-        std::memcpy(g + 256 + lane * 4, &corr, 4);
-        std::memcpy(g + 288 + lane * 4, &half_d, 4);
-    }
-    return true;
+    std::memset(dst + size_t(group) * kGroupBytes, 0, kGroupBytes);
+    bool ok = true;
+    for (uint32_t b = b0; b < b1; b++) ok = quantize_block(xp, b, dst) && ok;
+    return ok;
 }
 
 bool quantize_row(const float* xp, uint32_t k, uint8_t* dst) {
@@ -170,6 +174,8 @@ GPTOSS_TARGET("avx2,fma") void rows_avx2_t(const Mat& m, uint32_t r0, uint32_t r
             const __m256i t0 = _mm256_unpacklo_epi32(y0, y1), t1 = _mm256_unpackhi_epi32(y0, y1);
             const __m256i t2 = _mm256_unpacklo_epi32(y2, y3), t3 = _mm256_unpackhi_epi32(y2, y3);
             __m256i sum[NT];
+            GPTOSS_Q8_UNROLL
+            for (uint32_t j = 0; j < NT; j++) sum[j] = _mm256_setzero_si256();
             // Units (0, 1) then (2, 3), one unit's weights live at a time (16 ymm registers): the
             // int16 pair sums of 4 maddubs stay ≤ 4 · 6096, then one vpmaddwd widens them.
             for (int half = 0; half < 2; half++) {
@@ -193,7 +199,7 @@ GPTOSS_TARGET("avx2,fma") void rows_avx2_t(const Mat& m, uint32_t r0, uint32_t r
                     p[j] = _mm256_add_epi16(p[j], _mm256_maddubs_epi16(wbl, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32))));
                     p[j] = _mm256_add_epi16(p[j], _mm256_maddubs_epi16(wbh, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 96))));
                     const __m256i wide = _mm256_madd_epi16(p[j], ones);
-                    sum[j] = half == 0 ? wide : _mm256_add_epi32(sum[j], wide);
+                    sum[j] = _mm256_add_epi32(sum[j], wide);
                 }
             }
             const __m256 ws = lane_scales(src.s);

@@ -51,6 +51,9 @@ bool quantize_row(const float* xp, uint32_t k, uint8_t* dst);
 // The same for group `group` (blocks 8·group .. +8) of the row only: its kGroupBytes at
 // dst + group · kGroupBytes (so that threads can quantize one row's groups in parallel).
 bool quantize_group(const float* xp, uint32_t k, uint32_t group, uint8_t* dst);
+// Block `block` only (its q bytes, 12·Σq and d/2 in its group of dst; nothing else written), for
+// the gate_up work items that produce exactly one block of y each. False if a value is not finite.
+bool quantize_block(const float* xp, uint32_t block, uint8_t* dst);
 
 // Rows [r0, r1) of m times the n (1..4) quantized inputs xq[j]: outs[j][r - r0] = the dot (no
 // bias). A row holding a scale byte 0 or ≥ 253 is not computed here: its index goes to

@@ -28,13 +28,22 @@ namespace cpu {
 
 namespace {
 
-// Spins up to kSpinMicros for ready() before the caller blocks on a condition variable: a
-// decode step calls parallel_for every few hundred microseconds (the host experts: twice per
-// layer), and waking 15 sleeping threads through futexes costs tens of microseconds each time.
-constexpr int kSpinMicros = 200;
+// Spins up to spin_micros() for ready() before the caller blocks on a condition variable: a
+// decode step with host experts calls parallel_for twice per layer, and waking 15 sleeping
+// threads through futexes costs tens of microseconds each time. Only pools of ≥ 8 threads spin
+// (200 µs; GPTOSS_SPIN_US overrides, 0 = never): with few cores, a spinning thread takes time
+// from the ones working (and from other processes, e.g. tests run in parallel).
+int spin_micros(size_t pool_threads) {
+    static const int env = [] {
+        const char* v = std::getenv("GPTOSS_SPIN_US");
+        return v && *v ? std::max(0, std::min(100000, std::atoi(v))) : -1;
+    }();
+    return env >= 0 ? env : pool_threads >= 8 ? 200 : 0;
+}
 template <typename Ready>
-void spin_until(const Ready& ready) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+void spin_until(int micros, const Ready& ready) {
+    if (micros <= 0) return;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(micros);
     for (int i = 0; !ready(); i++) {
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
@@ -63,6 +72,7 @@ struct Pool {
     // workers still running it. Both also change under `mutex` as the condition variables need.
     std::atomic<uint64_t> published{0};
     std::atomic<int> running{0};
+    size_t n_threads = 1;  // workers + the caller; set before the workers start
 
     void run_chunks() {
         for (;;) {
@@ -78,7 +88,7 @@ struct Pool {
         std::unique_lock<std::mutex> lock(mutex);
         for (;;) {
             lock.unlock();
-            spin_until([&] { return published.load(std::memory_order_acquire) != seen; });
+            spin_until(spin_micros(n_threads), [&] { return published.load(std::memory_order_acquire) != seen; });
             lock.lock();
             wake.wait(lock, [&] { return stop || generation != seen; });
             if (stop) return;
@@ -113,6 +123,7 @@ PoolHold::PoolHold() {
     if (g_pool_holds++ == 0) {
         g_pool = new Pool();
         const unsigned n = pool_threads();
+        g_pool->n_threads = n;
         for (unsigned i = 1; i < n; i++) g_pool->workers.emplace_back([] { g_pool->worker_loop(); });
     }
 }
@@ -154,7 +165,7 @@ void parallel_for(size_t n, void (*fn)(void* ctx, size_t i), void* ctx) {
     }
     pool->wake.notify_all();
     pool->run_chunks();
-    spin_until([&] { return pool->running.load(std::memory_order_acquire) == 0; });
+    spin_until(spin_micros(pool->n_threads), [&] { return pool->running.load(std::memory_order_acquire) == 0; });
     std::unique_lock<std::mutex> lock(pool->mutex);
     pool->done.wait(lock, [&] { return pool->busy == 0; });
 }

@@ -2,7 +2,9 @@
 // the routed MXFP4 gate_up + SwiGLU and down GEMVs of one token over work items (tile, 16-row
 // slab): first every gate_up item of every tile (route order), then every down item. CTAs take
 // items in that order from a global counter (the first item of each CTA is its blockIdx.x, the
-// next one is requested while the current one runs), so no grid-wide co-residency is needed:
+// next one is requested while the current one runs, and its first weight chunks as soon as the
+// current item's mma chain ends; the route is read once per CTA into shared memory), so no
+// grid-wide co-residency is needed beyond the first items:
 // gate_up items never wait, and by the time a down item is handed out every gate_up item is
 // held by a running CTA. A down item of tile t requests its weight chunks at once and waits only
 // for tile t's gate_up items (a per-tile ready counter: writers fence, then one atomicAdd per
@@ -43,98 +45,68 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
     return v;
 }
 
-// One 16-row slab of expert `expert` times the bf16 row xrow (permuted) — gemm_decode.cu's
-// per-CTA mma chain: warp w sums chunks w, w + NW, ... in order; the column-0 results land in
-// red[w][0..16). wait (down items): the weight ring is filled first, then thread 0 waits until
-// *wait >= target and the CTA reads xrow (written by other CTAs of this launch: L2 loads).
-// Ends with a __syncthreads (red complete).
-template <int NW, int kDepth, bool kShfl>
-__device__ __forceinline__ void slab_gemv(const GemmWeights& w, int expert, uint32_t slab, const uint16_t* xrow,
-                                          const int* wait, int target, float (&red)[NW][16]) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    const uint32_t n_chunks = w.K >> 6;
+// The weights of item `item`: gate_up slab (item < n_gu) or down slab, its expert from the
+// CTA's copy of the route. Sets where the item's weight chunks start for this lane.
+struct ItemPtrs {
     const uint4* wp;
     const uint2* sp;
-    slab_pointers<true>(w, expert, slab, n_chunks, lane, &wp, &sp);
-    Chunk ring[kDepth];
+    uint32_t n_chunks;
+};
+
+template <int NW, int kDepth>
+__device__ __forceinline__ ItemPtrs issue_item(const MoeKernelArgs& a, const int* s_expert, uint32_t item,
+                                               uint32_t n_gu, uint32_t s_gu, uint32_t s_dn, Chunk (&ring)[kDepth]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool gu = item < n_gu;
+    const uint32_t tile = gu ? item / s_gu : (item - n_gu) / s_dn;
+    const uint32_t slab = gu ? item % s_gu : (item - n_gu) % s_dn;
+    const GemmWeights w = gu ? a.gu : a.dn;
+    ItemPtrs p;
+    p.n_chunks = w.K >> 6;
+    slab_pointers<true>(w, s_expert[tile], slab, p.n_chunks, lane, &p.wp, &p.sp);
 #pragma unroll
     for (int i = 0; i < kDepth; ++i) {
         const uint32_t cc = uint32_t(warp) + uint32_t(NW) * i;
-        if (cc < n_chunks) load_chunk<true>(ring[i], wp, sp, cc);
+        if (cc < p.n_chunks) load_chunk<true>(ring[i], p.wp, p.sp, cc);
     }
-    if (wait) {
-        if (threadIdx.x == 0)
-            while (ld_acquire(wait) < target) __nanosleep(20);
-        __syncthreads();
-    }
-    const uint32_t* xw = reinterpret_cast<const uint32_t*>(xrow) + lane;
-    const uint4* xf = reinterpret_cast<const uint4*>(xrow + t * 16);
-    uint32_t xs[kShfl ? kDepth : 1];
-    uint4 xb[kShfl ? 1 : kDepth][2];
-    auto load_x = [&](int i, uint32_t c) {
-        if constexpr (kShfl) {
-            xs[i] = __ldcg(xw + size_t(c) * 32);
-        } else if (g == 0) {
-            xb[i][0] = __ldcg(xf + size_t(c) * 8);
-            xb[i][1] = __ldcg(xf + size_t(c) * 8 + 1);
-        } else {
-            xb[i][0] = xb[i][1] = make_uint4(0, 0, 0, 0);
-        }
-    };
-#pragma unroll
-    for (int i = 0; i < kDepth; ++i) {
-        const uint32_t cc = uint32_t(warp) + uint32_t(NW) * i;
-        if (cc < n_chunks) load_x(i, cc);
-    }
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (uint32_t base = uint32_t(warp); base < n_chunks; base += uint32_t(NW * kDepth)) {
-#pragma unroll
-        for (int i = 0; i < kDepth; ++i) {
-            const uint32_t c = base + uint32_t(NW) * i;
-            if (c >= n_chunks) break;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                uint32_t a[4];
-                fragment<true>(ring[i], j, a);
-                uint32_t b0, b1;
-                if constexpr (kShfl) {
-                    b0 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j);
-                    b1 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j + 1);
-                } else {
-                    const uint4 b = xb[i][j >> 1];
-                    b0 = (j & 1) ? b.z : b.x;
-                    b1 = (j & 1) ? b.w : b.y;
-                }
-                mma(acc, a, b0, b1);
-            }
-            const uint32_t cn = c + uint32_t(NW * kDepth);
-            if (cn < n_chunks) {
-                load_chunk<true>(ring[i], wp, sp, cn);
-                load_x(i, cn);
-            }
-        }
-    }
-    if (t == 0) {
-        red[warp][g] = acc[0];
-        red[warp][g + 8] = acc[2];
-    }
-    __syncthreads();
+    return p;
 }
 
+// Mapping: a CTA of NW warps runs items one after another; an item = gemm_decode.cu's per-CTA
+// mma chain for one 16-row slab (warp w sums chunks w, w + NW, ... in order; column-0 results
+// reduced over warps in warp order). The next item's first kDepth weight chunks are requested
+// as soon as the current item's mma chain ends (before its epilogue, fence and counter atomics),
+// and a down item requests its chunks before waiting on its tile's ready counter.
+constexpr int kMinCtas = 6;  // resident CTAs per SM the register budget is held to (80 registers at 4 warps)
+
 template <int NW, int kDepth, bool kShfl>
-__global__ __launch_bounds__(NW * 32) void moe_decode_kernel(const MoeKernelArgs a) {
+__global__ __launch_bounds__(NW * 32, kMinCtas) void moe_decode_kernel(const MoeKernelArgs a) {
     __shared__ float red[NW][16];
     __shared__ int next_item[2];
+    __shared__ int s_expert[kMoeDecodeMaxTiles], s_pidx[kMoeDecodeMaxTiles];
+    __shared__ uint32_t s_pair[kMoeDecodeMaxTiles];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
     pdl_wait();  // the route (router_decode) and x are the previous kernel's
     pdl_launch_dependents();
     int* const next = a.counters;
     int* const done = a.counters + 2;
+    // The route, once per CTA: tile count, experts and pair indices in one round trip.
     const uint32_t n_tiles = min(uint32_t(__ldcg(a.route.tiles)), a.route.max_tiles);
+    if (threadIdx.x < a.route.max_tiles) {
+        s_expert[threadIdx.x] = __ldcg(a.route.tiles + 1 + 3 * threadIdx.x);
+        s_pidx[threadIdx.x] = __ldcg(a.route.tiles + 2 + 3 * threadIdx.x);
+    }
+    __syncthreads();
     const uint32_t s_gu = a.gu.N / 16, s_dn = (a.dn.N + 15) / 16;
     const uint32_t n_gu = n_tiles * s_gu, total = n_gu + n_tiles * s_dn;
     const uint32_t I = a.gu.N / 2, H = a.dn.N;
     uint32_t item = blockIdx.x;
+    Chunk ring[kDepth];
+    ItemPtrs ptr{};
+    if (item < total) ptr = issue_item<NW, kDepth>(a, s_expert, item, n_gu, s_gu, s_dn, ring);
+    if (threadIdx.x < n_tiles) s_pair[threadIdx.x] = uint32_t(__ldcg(a.route.pairs + s_pidx[threadIdx.x]));
+    __syncthreads();
     int buf = 0;
     while (item < total) {
         int nxt = 0;
@@ -142,12 +114,71 @@ __global__ __launch_bounds__(NW * 32) void moe_decode_kernel(const MoeKernelArgs
         const bool is_gu = item < n_gu;
         const uint32_t tile = is_gu ? item / s_gu : (item - n_gu) / s_dn;
         const uint32_t slab = is_gu ? item % s_gu : (item - n_gu) % s_dn;
-        const int32_t* ti = a.route.tiles + 1 + 3 * tile;
-        const int expert = __ldcg(ti);
-        const uint32_t pair = uint32_t(__ldcg(a.route.pairs + __ldcg(ti + 1)));
+        const int expert = s_expert[tile];
+        const uint32_t pair = s_pair[tile];
+        const uint16_t* xrow = is_gu ? a.x + size_t(pair / a.route.in_div) * a.gu.K : a.act + size_t(pair) * a.dn.K;
+        if (!is_gu) {  // tile's gate_up items all published (writers fenced before counting)
+            if (threadIdx.x == 0)
+                while (ld_acquire(done + tile) < int(s_gu)) __nanosleep(20);
+            __syncthreads();
+        }
+        const uint32_t* xw = reinterpret_cast<const uint32_t*>(xrow) + lane;
+        const uint4* xf = reinterpret_cast<const uint4*>(xrow + t * 16);
+        uint32_t xs[kShfl ? kDepth : 1];
+        uint4 xb[kShfl ? 1 : kDepth][2];
+        auto load_x = [&](int i, uint32_t c) {
+            if constexpr (kShfl) {
+                xs[i] = __ldcg(xw + size_t(c) * 32);
+            } else if (g == 0) {
+                xb[i][0] = __ldcg(xf + size_t(c) * 8);
+                xb[i][1] = __ldcg(xf + size_t(c) * 8 + 1);
+            } else {
+                xb[i][0] = xb[i][1] = make_uint4(0, 0, 0, 0);
+            }
+        };
+        const uint32_t n_chunks = ptr.n_chunks;
+#pragma unroll
+        for (int i = 0; i < kDepth; ++i) {
+            const uint32_t cc = uint32_t(warp) + uint32_t(NW) * i;
+            if (cc < n_chunks) load_x(i, cc);
+        }
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (uint32_t base = uint32_t(warp); base < n_chunks; base += uint32_t(NW * kDepth)) {
+#pragma unroll
+            for (int i = 0; i < kDepth; ++i) {
+                const uint32_t c = base + uint32_t(NW) * i;
+                if (c >= n_chunks) break;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    uint32_t af[4];
+                    fragment<true>(ring[i], j, af);
+                    uint32_t b0, b1;
+                    if constexpr (kShfl) {
+                        b0 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j);
+                        b1 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j + 1);
+                    } else {
+                        const uint4 b = xb[i][j >> 1];
+                        b0 = (j & 1) ? b.z : b.x;
+                        b1 = (j & 1) ? b.w : b.y;
+                    }
+                    mma(acc, af, b0, b1);
+                }
+                const uint32_t cn = c + uint32_t(NW * kDepth);
+                if (cn < n_chunks) {
+                    load_chunk<true>(ring[i], ptr.wp, ptr.sp, cn);
+                    load_x(i, cn);
+                }
+            }
+        }
+        if (t == 0) {
+            red[warp][g] = acc[0];
+            red[warp][g + 8] = acc[2];
+        }
+        if (threadIdx.x == 0) next_item[buf] = nxt;
+        __syncthreads();
+        const uint32_t nitem = uint32_t(next_item[buf]);
+        if (nitem < total) ptr = issue_item<NW, kDepth>(a, s_expert, nitem, n_gu, s_gu, s_dn, ring);
         if (is_gu) {
-            slab_gemv<NW, kDepth, kShfl>(a.gu, expert, slab, a.x + size_t(pair / a.route.in_div) * a.gu.K, nullptr, 0,
-                                         red);
             // SwiGLU epilogue (gemm_decode's kSwiglu, bit for bit), then publish: fence, count.
             if (threadIdx.x < 8) {
                 const int r = threadIdx.x;
@@ -168,25 +199,20 @@ __global__ __launch_bounds__(NW * 32) void moe_decode_kernel(const MoeKernelArgs
                 a.act[size_t(pair) * I + permuted_k(slab * 8 + r)] = f32_to_bf16_bits(y);
                 __threadfence();
             }
-        } else {
-            slab_gemv<NW, kDepth, kShfl>(a.dn, expert, slab, a.act + size_t(pair) * a.dn.K, done + tile, int(s_gu),
-                                         red);
-            if (threadIdx.x < 16) {
-                const int r = threadIdx.x;
-                const uint32_t row = slab * 16 + r;
-                if (row < H) {
-                    float s = red[0][r];
+        } else if (threadIdx.x < 16) {
+            const int r = threadIdx.x;
+            const uint32_t row = slab * 16 + r;
+            if (row < H) {
+                float s = red[0][r];
 #pragma unroll
-                    for (int w = 1; w < NW; ++w) s = __fadd_rn(s, red[w][r]);
-                    const float* bias = a.dn.bias ? a.dn.bias + size_t(expert) * a.dn.bias_expert_stride : nullptr;
-                    a.part[size_t(pair) * H + row] = s + (bias ? bias[row] : 0.0f);
-                }
+                for (int w = 1; w < NW; ++w) s = __fadd_rn(s, red[w][r]);
+                const float* bias = a.dn.bias ? a.dn.bias + size_t(expert) * a.dn.bias_expert_stride : nullptr;
+                a.part[size_t(pair) * H + row] = s + (bias ? bias[row] : 0.0f);
             }
         }
-        if (threadIdx.x == 0) next_item[buf] = nxt;
-        __syncthreads();  // the act writes are fenced; red and next_item[buf] are settled
+        __syncthreads();  // the act writes are fenced; red is free again
         if (is_gu && threadIdx.x == 0) atomicAdd(done + tile, 1);
-        item = uint32_t(next_item[buf]);
+        item = nitem;
         buf ^= 1;
     }
     // The last CTA out re-arms the counters (every other CTA has taken its last item).

@@ -45,5 +45,6 @@ run "20b on" "GPTOSS_DECODE_MOE=1" "$a20"
 for v in "$@"; do run "20b variant" "GPTOSS_DECODE_MOE=1 $v" "$a20"; done
 run "120b off" "GPTOSS_DECODE_MOE=0" "$a120"
 run "120b on" "GPTOSS_DECODE_MOE=1" "$a120"
+run "20b off, per-op profile" "GPTOSS_DECODE_MOE=0" "--synthetic 20b --no-gemm-probe -p 16 -n 32 -d 0 -r 1 --profile"
 run "20b on, per-op profile" "GPTOSS_DECODE_MOE=1" "--synthetic 20b --no-gemm-probe -p 16 -n 32 -d 0 -r 1 --profile"
 grep -E "^== |^\| tg|rc=[1-9]|rror" "$B" | tee -a "$S"

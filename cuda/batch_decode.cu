@@ -72,6 +72,13 @@ BatchDecoder::~BatchDecoder() {
                          t.second / double(t.first));
         std::fprintf(stderr, "\n");
     }
+    for (const auto& [n, p] : profile_) {
+        std::fprintf(stderr, "decode_batch profile (GPTOSS_DECODE_BATCH_PROFILE) n=%u, %llu steps, ms per step:", n,
+                     static_cast<unsigned long long>(p.steps));
+        for (const auto& [label, ms] : p.ms) std::fprintf(stderr, " %s %.3f;", label, ms / double(p.steps));
+        std::fprintf(stderr, "\n");
+    }
+    for (auto& e : events_) cudaEventDestroy(e.first);
     if (arena_) cudaFree(arena_);
     for (cudaEvent_t e : ready_) cudaEventDestroy(e);
     if (done_) cudaEventDestroy(done_);
@@ -160,6 +167,8 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
     for (uint32_t i = 0; i < n; ++i) needed = std::max(needed, slots[i].pos / kAttentionSplit + 1);
     while (full_splits < needed) full_splits *= 2;
     GPTOSS_TRY(reserve(m, n, full_splits));
+    static const bool profile = env_on("GPTOSS_DECODE_BATCH_PROFILE", false);
+    profiling_ = profile;
     items_host_.resize(size_t(L) * cap_items_);
     tokens_host_.assign(n, 0);
     for (uint32_t i = 0; i < n; ++i) {
@@ -184,8 +193,9 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
     GPTOSS_CUDA_TRY(cudaEventRecord(done_, stream_));
     for (uint32_t i = 0; i < n; ++i) GPTOSS_CUDA_TRY(cudaStreamWaitEvent(slots[i].stream, done_, 0));
     static const bool trace = env_on("GPTOSS_DECODE_BATCH_TRACE", false);
-    if (trace) {
+    if (trace || profiling_) {
         GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
+        if (profiling_) GPTOSS_TRY(collect_profile(n));
         auto& t = trace_[n];
         t.first++;
         t.second += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -201,7 +211,7 @@ void BatchDecoder::drop_graphs() {
 gptoss_status BatchDecoder::launch(const BatchModel& m, uint32_t n, uint32_t splits) {
     // Graphs up to 64 items (at most 64 × a few split buckets of them); larger steps launch directly.
     static const bool use_graphs = env_on("GPTOSS_DECODE_BATCH_GRAPH", true);
-    if (!use_graphs || n > 64) return enqueue(m, n, splits);
+    if (!use_graphs || n > 64 || profiling_) return enqueue(m, n, splits);
     auto it = graphs_.find({n, splits});
     if (it == graphs_.end()) {
         GPTOSS_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -233,10 +243,13 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
     embed.mode = ResidualMode::kEmbed;
     embed.embed = m.embed;
     embed.tokens = tokens_;
+    GPTOSS_TRY(mark("start"));
     GPTOSS_TRY(residual_rmsnorm(embed, x_, m.layers[0].attn_norm, m.rms_norm_eps, xn_, n, m.H, s));
+    GPTOSS_TRY(mark("embed + rmsnorm"));
     for (size_t l = 0; l < m.layers.size(); ++l) {
         const BatchLayer& L = m.layers[l];
         GPTOSS_TRY(gemm(L.qkv, xn_, n, nullptr, Epilogue::kStore, qkv_, nullptr, QKV, 0, nb, s));
+        GPTOSS_TRY(mark("qkv gemm"));
         AttentionArgs aa;
         aa.window = L.sliding ? m.sliding_window : 0;
         aa.sinks = L.sinks;
@@ -248,18 +261,23 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
         const uint32_t splits =
             L.sliding ? std::min(full_splits, ceil_div(m.sliding_window, kAttentionSplit) + 1) : full_splits;
         GPTOSS_TRY(attention_decode_batch(aa, items_ + l * cap_items_, n, partial_, counters_, splits, s));
+        GPTOSS_TRY(mark(L.sliding ? "rope + attention (sliding)" : "rope + attention (full)"));
         GPTOSS_TRY(gemm(L.o, attn_, n, nullptr, Epilogue::kAdd, x_, nullptr, m.H, 0, nb, s));
+        GPTOSS_TRY(mark("o gemm + residual"));
         ResidualArgs none;
         GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, m.rms_norm_eps, xn_, n, m.H, s));
         GPTOSS_TRY(gemm(L.router, xn_, n, nullptr, Epilogue::kStore, rlogits_, nullptr, m.E, 0, nb, s));
         GPTOSS_TRY(router_route(rlogits_, n, m.E, m.K, experts_, weights_, tiles_, pairs_, tile_tokens, s));
+        GPTOSS_TRY(mark("rmsnorm + router + route"));
         GemmRoute r1;
         r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = m.K; r1.tile_tokens = tile_tokens;
         r1.max_tiles = route_max_tiles(n, m.E, m.K, tile_tokens);
         GemmRoute r2 = r1;
         r2.in_div = 1;
         GPTOSS_TRY(gemm(L.gate_up, xn_, n, &r1, Epilogue::kSwiglu, nullptr, act_, m.I, m.swiglu_limit, mnb, s));
+        GPTOSS_TRY(mark("moe gate_up + swiglu"));
         GPTOSS_TRY(gemm(L.down, act_, n * m.K, &r2, Epilogue::kStore, part_, nullptr, m.H, 0, mnb, s));
+        GPTOSS_TRY(mark("moe down"));
         ResidualArgs moe;
         moe.mode = ResidualMode::kMoeAdd;
         moe.part = part_;
@@ -267,8 +285,35 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
         moe.K = m.K;
         const float* next_norm = l + 1 < m.layers.size() ? m.layers[l + 1].attn_norm : m.final_norm;
         GPTOSS_TRY(residual_rmsnorm(moe, x_, next_norm, m.rms_norm_eps, xn_, n, m.H, s));
+        GPTOSS_TRY(mark("moe combine + rmsnorm"));
     }
-    return gemm(m.lm_head, xn_, n, nullptr, Epilogue::kStore, logits_, nullptr, m.V, 0, nb, s);
+    GPTOSS_TRY(gemm(m.lm_head, xn_, n, nullptr, Epilogue::kStore, logits_, nullptr, m.V, 0, nb, s));
+    return mark("lm_head");
+}
+
+gptoss_status BatchDecoder::mark(const char* label) {
+    if (!profiling_) return GPTOSS_OK;
+    cudaEvent_t e = nullptr;
+    GPTOSS_CUDA_TRY(cudaEventCreate(&e));
+    events_.emplace_back(e, label);
+    GPTOSS_CUDA_TRY(cudaEventRecord(e, stream_));
+    return GPTOSS_OK;
+}
+
+// Sums the marked intervals of the step just synchronised into profile_[n].
+gptoss_status BatchDecoder::collect_profile(uint32_t n) {
+    Profile& p = profile_[n];
+    p.steps++;
+    for (size_t i = 1; i < events_.size(); ++i) {
+        float ms = 0;
+        GPTOSS_CUDA_TRY(cudaEventElapsedTime(&ms, events_[i - 1].first, events_[i].first));
+        auto it = std::find_if(p.ms.begin(), p.ms.end(), [&](const auto& e) { return e.first == events_[i].second; });
+        if (it == p.ms.end()) p.ms.emplace_back(events_[i].second, double(ms));
+        else it->second += double(ms);
+    }
+    for (auto& e : events_) cudaEventDestroy(e.first);
+    events_.clear();
+    return GPTOSS_OK;
 }
 
 }  // namespace cuda

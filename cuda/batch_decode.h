@@ -99,6 +99,17 @@ private:
     // GPTOSS_DECODE_BATCH_TRACE=1: each step waits for the device; steps and wall ms per n are
     // printed to stderr when the decoder is destroyed.
     std::map<uint32_t, std::pair<uint64_t, double>> trace_;
+    // GPTOSS_DECODE_BATCH_PROFILE=1: no graphs, events between the ops of each step (mark), each
+    // step waits for the device; ms per op and step for each n go to stderr at destruction.
+    struct Profile {
+        uint64_t steps = 0;
+        std::vector<std::pair<const char*, double>> ms;  // label (a literal) → ms summed over steps
+    };
+    gptoss_status mark(const char* label);
+    gptoss_status collect_profile(uint32_t n);
+    bool profiling_ = false;
+    std::vector<std::pair<cudaEvent_t, const char*>> events_;
+    std::map<uint32_t, Profile> profile_;
     cudaEvent_t done_ = nullptr;
     std::vector<cudaEvent_t> ready_;  // one per slot index: the session's stream before the step
     uint32_t cap_items_ = 0, cap_splits_ = 0;

@@ -63,7 +63,9 @@ static bool env_on(const char* name, bool fallback) {
 }
 
 BatchDecoder::~BatchDecoder() {
-    if (stream_) cudaStreamSynchronize(stream_);
+    if (!stream_) return;  // never stepped: nothing allocated
+    DeviceGuard guard(device_);
+    cudaStreamSynchronize(stream_);
     drop_graphs();
     if (!trace_.empty()) {
         std::fprintf(stderr, "decode_batch steps (GPTOSS_DECODE_BATCH_TRACE):");
@@ -88,6 +90,7 @@ BatchDecoder::~BatchDecoder() {
 // Sizes the scratch for n items and `splits` attention splits (grown to powers of two).
 gptoss_status BatchDecoder::reserve(const BatchModel& m, uint32_t n, uint32_t splits) {
     if (!stream_) {
+        GPTOSS_CUDA_TRY(cudaGetDevice(&device_));  // the caller's DeviceGuard chose the backend's
         GPTOSS_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
     }

@@ -94,6 +94,7 @@ private:
     // shape); GPTOSS_DECODE_BATCH_GRAPH=0 launches them directly.
     gptoss_status launch(const BatchModel& m, uint32_t n, uint32_t splits);
     void drop_graphs();
+    int device_ = 0;  // where stream_ and the scratch live (the destructor switches to it)
     cudaStream_t stream_ = nullptr;
     std::map<std::pair<uint32_t, uint32_t>, cudaGraphExec_t> graphs_;
     // GPTOSS_DECODE_BATCH_TRACE=1: each step waits for the device; steps and wall ms per n are

@@ -17,13 +17,15 @@
 #include "cuda/gemm_prefill.cuh"
 
 #include <atomic>
+#include <cstdlib>
 
 namespace gptoss {
 namespace cuda {
 namespace gemm_detail {
 namespace {
 
-constexpr int kWsThreads = 384;           // producer warpgroup + 2 consumer warpgroups
+// kP producer warps (4 or 8) + 2 consumer warpgroups.
+template <int kP> constexpr int ws_threads() { return 32 * kP + 256; }
 constexpr uint32_t kABytes = 128 * 128;   // bf16 A tile of one chunk: 128 rows × 64 k
 template <bool kFp4, int TN> constexpr uint32_t ws_raw_bytes() {  // token rows, weights, scales; 1 KB-padded
     return (TN * 128 + a_bytes<kFp4>() + s_bytes<kFp4>() + 1023u) & ~1023u;
@@ -63,13 +65,16 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 }
 #endif
 
-template <bool kFp4, int TN>
-__global__ __launch_bounds__(kWsThreads, (ws_ctas<kFp4, TN>())) void gemm_prefill_ws_kernel(const KernelArgs args) {
+// kEarly: chunk c + R - 2 is issued (into chunk c - 2's raw stage) before chunk c is dequantized,
+// so the producer never waits for the consumers' latest group; else chunk c + R - 1 after it.
+template <bool kFp4, int TN, int kP, bool kEarly>
+__global__ __launch_bounds__(ws_threads<kP>(), (ws_ctas<kFp4, TN>())) void gemm_prefill_ws_kernel(const KernelArgs args) {
 #ifdef GPTOSS_SM90A
     extern __shared__ unsigned char smem_raw[];
-    constexpr int R = ws_raw_stages<kFp4, TN>(), SA = ws_a_stages<kFp4, TN>(), L = R - 1;
+    constexpr int R = ws_raw_stages<kFp4, TN>(), SA = ws_a_stages<kFp4, TN>(), L = kEarly ? R - 2 : R - 1;
+    constexpr int kSpw = kSlabs / kP;  // slabs per producer warp
     constexpr uint32_t kRaw = ws_raw_bytes<kFp4, TN>(), kBst = TN * 128, kA = a_bytes<kFp4>();
-    const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const uint32_t K = args.w.K, N = args.w.N, n_chunks = K >> 6;
     const uint32_t n_slabs = (N + 15) >> 4, slab0 = blockIdx.y * kSlabs;
@@ -84,7 +89,7 @@ __global__ __launch_bounds__(kWsThreads, (ws_ctas<kFp4, TN>())) void gemm_prefil
     auto empty_r = [&](uint32_t s) { return bars + 8 * (2 * SA + s); };
     if (tid == 0) {
         for (int s = 0; s < SA; ++s) {
-            mbar_init(full(s), 128);
+            mbar_init(full(s), 32 * kP);
             mbar_init(empty_a(s), 256);
         }
         for (int s = 0; s < R; ++s) mbar_init(empty_r(s), 256);
@@ -100,13 +105,13 @@ __global__ __launch_bounds__(kWsThreads, (ws_ctas<kFp4, TN>())) void gemm_prefil
     const char* wsrc = static_cast<const char*>(args.w.w) + size_t(expert) * args.w.w_expert_stride;
     const char* ssrc = kFp4 ? reinterpret_cast<const char*>(args.w.scales + size_t(expert) * args.w.s_expert_stride)
                             : nullptr;
-    // Producer warp `warp` (0..3): slabs 2·warp and 2·warp + 1 of the CTA (weights by every lane,
-    // MXFP4 scales by lanes 0..7), so the lanes that dequantize a slab loaded it themselves.
+    // Producer warp `warp` (0..kP-1): slabs kSpw·warp .. + kSpw - 1 of the CTA (weights by every
+    // lane, MXFP4 scales by lanes 0..4·kSpw-1), so the lanes that dequantize a slab loaded it.
     auto load_a = [&](uint32_t stage, uint32_t c) {
         const uint32_t sa = ring + stage * kRaw + kBst;
 #pragma unroll
-        for (int m = 0; m < 2; ++m) {
-            const uint32_t sl = uint32_t(2 * warp + m), slab = slab0 + sl;
+        for (int m = 0; m < kSpw; ++m) {
+            const uint32_t sl = uint32_t(kSpw * warp + m), slab = slab0 + sl;
             if (slab >= n_slabs) continue;
             if constexpr (kFp4) {
                 cp_async16_zfill(sa + sl * 512 + uint32_t(lane) * 16,
@@ -119,15 +124,15 @@ __global__ __launch_bounds__(kWsThreads, (ws_ctas<kFp4, TN>())) void gemm_prefil
             }
         }
         if constexpr (kFp4) {
-            if (lane < 8) {
-                const uint32_t sl = uint32_t(2 * warp + (lane >> 2)), slab = slab0 + sl;
+            if (lane < 4 * kSpw) {
+                const uint32_t sl = uint32_t(kSpw * warp + (lane >> 2)), slab = slab0 + sl;
                 if (slab < n_slabs)
                     cp_async16_zfill(sa + kA + sl * 64 + uint32_t(lane & 3) * 16,
                                      ssrc + (size_t(slab) * n_chunks + c) * 64 + uint32_t(lane & 3) * 16, true);
             }
         }
     };
-    const bool producer = wg == 0;
+    const bool producer = warp < kP;
     if (producer && !args.routed) {
         for (int s = 0; s < L; ++s)
             if (uint32_t(s) < n_chunks) load_a(uint32_t(s), uint32_t(s));
@@ -138,15 +143,15 @@ __global__ __launch_bounds__(kWsThreads, (ws_ctas<kFp4, TN>())) void gemm_prefil
     pdl_launch_dependents();
 
     if (producer) {
-        // Token rows: this thread copies unit (tid & 7) of rows tid / 8 + 16 i; columns past
+        // Token rows: this thread copies unit (tid & 7) of rows tid / 8 + 4·kP·i; columns past
         // n_cols are zero-filled.
-        constexpr int kBUnits = TN / 16;
+        constexpr int kBUnits = TN / (4 * kP);
         const uint16_t* bsrc[kBUnits];
         uint32_t bdst[kBUnits];
         uint32_t bvalid = 0;
 #pragma unroll
         for (int i = 0; i < kBUnits; ++i) {
-            const uint32_t row = uint32_t(tid >> 3) + 16u * i, u = uint32_t(tid & 7);
+            const uint32_t row = uint32_t(tid >> 3) + uint32_t(4 * kP * i), u = uint32_t(tid & 7);
             const bool v = row < n_cols;
             uint32_t src_row = 0;
             if (v) src_row = args.routed ? uint32_t(pairs[row]) / args.route.in_div : col_base + row;
@@ -173,15 +178,27 @@ __global__ __launch_bounds__(kWsThreads, (ws_ctas<kFp4, TN>())) void gemm_prefil
         // This lane's A rows in slab sl: 16·sl + g and + 8, units 2t and 2t + 1 (swizzled).
         const uint32_t u0 = (uint32_t(2 * t) ^ uint32_t(g)) * 16, u1 = (uint32_t(2 * t + 1) ^ uint32_t(g)) * 16;
         uint32_t st = 0, sa_i = 0;  // raw stage and A stage of chunk c
+        // Chunk c + L goes into the raw stage of chunk c + L - R once the consumers are done with it.
+        auto refill = [&](uint32_t c, uint32_t st) {
+            const uint32_t cn = c + L;
+            if (cn < n_chunks) {
+                const uint32_t sn = st + L >= uint32_t(R) ? st + L - R : st + L;
+                if (cn >= uint32_t(R)) mbar_wait(empty_r(sn), ((cn / R) & 1u) ^ 1u);
+                load_a(sn, cn);
+                load_b(sn, cn);
+            }
+            cp_async_commit();
+        };
         for (uint32_t c = 0; c < n_chunks; ++c) {
-            cp_async_wait<L - 1>();  // this thread's copies of chunk c landed
+            if constexpr (kEarly) refill(c, st);
+            cp_async_wait<kEarly ? L : L - 1>();  // this thread's copies of chunk c landed
             __syncwarp();            // and its warp's (the scales of a slab come from 4 lanes)
             if (c >= uint32_t(SA)) mbar_wait(empty_a(sa_i), ((c / SA) & 1u) ^ 1u);
             const unsigned char* sa = smem + SA * kABytes + st * kRaw + kBst;
             unsigned char* ab = smem + sa_i * kABytes;
 #pragma unroll
-            for (int m = 0; m < 2; ++m) {
-                const int sl = 2 * warp + m;
+            for (int m = 0; m < kSpw; ++m) {
+                const int sl = kSpw * warp + m;
                 uint32_t a[4][4];
                 if constexpr (kFp4) {
                     Chunk ch;
@@ -206,15 +223,7 @@ __global__ __launch_bounds__(kWsThreads, (ws_ctas<kFp4, TN>())) void gemm_prefil
             }
             fence_proxy_async();  // this thread's A stores and token copies → visible to wgmma
             mbar_arrive(full(sa_i));
-            // Chunk c + L goes into the raw stage of chunk c - 1 once the consumers are done with it.
-            const uint32_t cn = c + L;
-            if (cn < n_chunks) {
-                const uint32_t sn = st == 0 ? R - 1 : st - 1;
-                if (cn >= uint32_t(R)) mbar_wait(empty_r(sn), ((cn / R) & 1u) ^ 1u);
-                load_a(sn, cn);
-                load_b(sn, cn);
-            }
-            cp_async_commit();
+            if constexpr (!kEarly) refill(c, st);
             st = st + 1 == R ? 0 : st + 1;
             sa_i = sa_i + 1 == SA ? 0 : sa_i + 1;
         }
@@ -222,8 +231,8 @@ __global__ __launch_bounds__(kWsThreads, (ws_ctas<kFp4, TN>())) void gemm_prefil
         return;
     }
 
-    // Consumers: warpgroup cw = wg - 1 owns A rows 64·cw .. 64·cw + 63.
-    const int cw = wg - 1;
+    // Consumers: warpgroup cw owns A rows 64·cw .. 64·cw + 63.
+    const int cw = (warp - kP) >> 2;
     float acc[TN / 2];  // the first wgmma overwrites it
     uint32_t st = 0, sa_i = 0, st_prev = 0, sa_prev = 0;
     for (uint32_t c = 0; c < n_chunks; ++c) {
@@ -252,10 +261,10 @@ __global__ __launch_bounds__(kWsThreads, (ws_ctas<kFp4, TN>())) void gemm_prefil
 #endif
 }
 
-template <bool kFp4, int TN>
+template <bool kFp4, int TN, int kP, bool kEarly>
 cudaError_t launch_ws(const KernelArgs& a, uint32_t token_tiles, cudaStream_t stream) {
     static std::atomic<uint64_t> configured{0};
-    auto* kernel = gemm_prefill_ws_kernel<kFp4, TN>;
+    auto* kernel = gemm_prefill_ws_kernel<kFp4, TN, kP, kEarly>;
     constexpr uint32_t bytes = ws_smem_bytes<kFp4, TN>();
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
@@ -267,14 +276,34 @@ cudaError_t launch_ws(const KernelArgs& a, uint32_t token_tiles, cudaStream_t st
         configured.fetch_or(bit);
     }
     const dim3 grid(token_tiles, ceil_div(ceil_div(a.w.N, 16), uint32_t(kSlabs)));
-    return launch_pdl(kernel, grid, kWsThreads, bytes, stream, a);
+    return launch_pdl(kernel, grid, ws_threads<kP>(), bytes, stream, a);
+}
+
+// Variant (GPTOSS_SM90_WS_VARIANT, one per process): 1 = 4 producer warps, refill after the
+// dequantization; 2 = refill first (kEarly); 3 = kEarly with 8 producer warps at 128 tokens.
+int ws_variant() {
+    static const int v = [] {
+        const char* e = std::getenv("GPTOSS_SM90_WS_VARIANT");
+        return e && e[0] >= '1' && e[0] <= '3' && !e[1] ? e[0] - '0' : 2;
+    }();
+    return v;
+}
+template <bool kFp4>
+cudaError_t launch_ws_v(const KernelArgs& a, uint32_t tn, uint32_t token_tiles, cudaStream_t stream) {
+    const int v = ws_variant();
+    if (tn == 128) {
+        return v == 1   ? launch_ws<kFp4, 128, 4, false>(a, token_tiles, stream)
+               : v == 2 ? launch_ws<kFp4, 128, 4, true>(a, token_tiles, stream)
+                        : launch_ws<kFp4, 128, 8, true>(a, token_tiles, stream);
+    }
+    return v == 1 ? launch_ws<kFp4, 64, 4, false>(a, token_tiles, stream)
+                  : launch_ws<kFp4, 64, 4, true>(a, token_tiles, stream);
 }
 
 }  // namespace
 
 cudaError_t launch_prefill_ws(const KernelArgs& a, bool fp4, uint32_t tn, uint32_t token_tiles, cudaStream_t stream) {
-    if (fp4) return tn == 128 ? launch_ws<true, 128>(a, token_tiles, stream) : launch_ws<true, 64>(a, token_tiles, stream);
-    return tn == 128 ? launch_ws<false, 128>(a, token_tiles, stream) : launch_ws<false, 64>(a, token_tiles, stream);
+    return fp4 ? launch_ws_v<true>(a, tn, token_tiles, stream) : launch_ws_v<false>(a, tn, token_tiles, stream);
 }
 
 }  // namespace gemm_detail

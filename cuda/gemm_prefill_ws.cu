@@ -30,21 +30,20 @@ constexpr uint32_t kABytes = 128 * 128;   // bf16 A tile of one chunk: 128 rows 
 template <bool kFp4, int TN> constexpr uint32_t ws_raw_bytes() {  // token rows, weights, scales; 1 KB-padded
     return (TN * 128 + a_bytes<kFp4>() + s_bytes<kFp4>() + 1023u) & ~1023u;
 }
-template <bool kFp4, int TN> constexpr int ws_ctas() { return TN == 64 ? 2 : 1; }
-template <bool kFp4, int TN> constexpr int ws_a_stages() { return kFp4 && TN == 128 ? 3 : 2; }
 // Shared memory one CTA may use (alignment slack, out_rows and barriers counted separately).
-template <bool kFp4, int TN> constexpr uint32_t ws_budget() {
-    return (ws_ctas<kFp4, TN>() == 2 ? 233472u / 2 - 1024u : 232448u) - 1024u - TN * 4 - 256;
+template <bool kFp4, int TN, int kC> constexpr uint32_t ws_budget() {
+    return (kC == 2 ? 233472u / 2 - 1024u : 232448u) - 1024u - TN * 4 - 256;
 }
-template <bool kFp4, int TN> constexpr int ws_raw_stages() {
-    constexpr int fit = int((ws_budget<kFp4, TN>() - ws_a_stages<kFp4, TN>() * kABytes) / ws_raw_bytes<kFp4, TN>());
+// kSA: depth of the bf16 A ring; the raw ring takes the rest (at most 8).
+template <bool kFp4, int TN, int kC, int kSA> constexpr int ws_raw_stages() {
+    constexpr int fit = int((ws_budget<kFp4, TN, kC>() - kSA * kABytes) / ws_raw_bytes<kFp4, TN>());
     return fit < 8 ? fit : 8;
 }
-template <bool kFp4, int TN> constexpr uint32_t ws_smem_bytes() {
-    return 1024 + ws_a_stages<kFp4, TN>() * kABytes + ws_raw_stages<kFp4, TN>() * ws_raw_bytes<kFp4, TN>() + TN * 4 + 256;
+template <bool kFp4, int TN, int kC, int kSA> constexpr uint32_t ws_smem_bytes() {
+    return 1024 + kSA * kABytes + ws_raw_stages<kFp4, TN, kC, kSA>() * ws_raw_bytes<kFp4, TN>() + TN * 4 + 256;
 }
-static_assert(ws_raw_stages<true, 128>() >= 3 && ws_raw_stages<true, 64>() >= 3 && ws_raw_stages<false, 128>() >= 3 &&
-                  ws_raw_stages<false, 64>() >= 3,
+static_assert(ws_raw_stages<true, 128, 1, 4>() >= 5 && ws_raw_stages<true, 64, 2, 2>() >= 3 &&
+                  ws_raw_stages<false, 128, 1, 2>() >= 3 && ws_raw_stages<false, 64, 2, 2>() >= 3,
               "shared memory");
 
 #ifdef GPTOSS_SM90A
@@ -65,13 +64,16 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 }
 #endif
 
-// kEarly: chunk c + R - 2 is issued (into chunk c - 2's raw stage) before chunk c is dequantized,
-// so the producer never waits for the consumers' latest group; else chunk c + R - 1 after it.
-template <bool kFp4, int TN, int kP, bool kEarly>
-__global__ __launch_bounds__(ws_threads<kP>(), (ws_ctas<kFp4, TN>())) void gemm_prefill_ws_kernel(const KernelArgs args) {
+// kLag 1: chunk c + R - 1 is issued (into chunk c - 1's raw stage) after chunk c is dequantized;
+// kLag >= 2: chunk c + R - kLag (into chunk c - kLag's stage) before, so the producer does not
+// wait for the consumers' latest groups. kC CTAs per SM, kSA-deep A ring.
+template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA>
+__global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(const KernelArgs args) {
 #ifdef GPTOSS_SM90A
     extern __shared__ unsigned char smem_raw[];
-    constexpr int R = ws_raw_stages<kFp4, TN>(), SA = ws_a_stages<kFp4, TN>(), L = kEarly ? R - 2 : R - 1;
+    constexpr int R = ws_raw_stages<kFp4, TN, kC, kSA>(), SA = kSA, L = R - kLag;
+    constexpr bool kEarly = kLag >= 2;
+    static_assert(L >= 1, "raw ring too shallow");
     constexpr int kSpw = kSlabs / kP;  // slabs per producer warp
     constexpr uint32_t kRaw = ws_raw_bytes<kFp4, TN>(), kBst = TN * 128, kA = a_bytes<kFp4>();
     const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
@@ -261,11 +263,11 @@ __global__ __launch_bounds__(ws_threads<kP>(), (ws_ctas<kFp4, TN>())) void gemm_
 #endif
 }
 
-template <bool kFp4, int TN, int kP, bool kEarly>
+template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA>
 cudaError_t launch_ws(const KernelArgs& a, uint32_t token_tiles, cudaStream_t stream) {
     static std::atomic<uint64_t> configured{0};
-    auto* kernel = gemm_prefill_ws_kernel<kFp4, TN, kP, kEarly>;
-    constexpr uint32_t bytes = ws_smem_bytes<kFp4, TN>();
+    auto* kernel = gemm_prefill_ws_kernel<kFp4, TN, kP, kLag, kC, kSA>;
+    constexpr uint32_t bytes = ws_smem_bytes<kFp4, TN, kC, kSA>();
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
@@ -279,25 +281,32 @@ cudaError_t launch_ws(const KernelArgs& a, uint32_t token_tiles, cudaStream_t st
     return launch_pdl(kernel, grid, ws_threads<kP>(), bytes, stream, a);
 }
 
-// Variant (GPTOSS_SM90_WS_VARIANT, one per process): 1 = 4 producer warps, refill after the
-// dequantization; 2 = refill first (kEarly); 3 = kEarly with 8 producer warps at 128 tokens.
+// Variant (GPTOSS_SM90_WS_VARIANT, one per process), for 128-token tiles: 1 = 4 producer warps,
+// refill after the dequantization (kLag 1); 2 = refill first (kLag 2); 3 = as 2 with 8 producer
+// warps; 5 = as 3; 6 (default) = 8 producer warps, MXFP4 A ring 4 deep, kLag 3. 64-token tiles: 2 CTAs per
+// SM with 4 producer warps (kLag 1 for variant 1, else 2), except 5 and 6: 1 CTA, 8 warps.
+// (128-token tiles at 2 CTAs per SM do not compile: wgmma m64n128 needs >= 90 registers.)
 int ws_variant() {
     static const int v = [] {
         const char* e = std::getenv("GPTOSS_SM90_WS_VARIANT");
-        return e && e[0] >= '1' && e[0] <= '3' && !e[1] ? e[0] - '0' : 2;
+        return e && e[0] >= '1' && e[0] <= '6' && e[0] != '4' && !e[1] ? e[0] - '0' : 6;
     }();
     return v;
 }
 template <bool kFp4>
 cudaError_t launch_ws_v(const KernelArgs& a, uint32_t tn, uint32_t token_tiles, cudaStream_t stream) {
     const int v = ws_variant();
+    constexpr int kSA128 = kFp4 ? 3 : 2;
     if (tn == 128) {
-        return v == 1   ? launch_ws<kFp4, 128, 4, false>(a, token_tiles, stream)
-               : v == 2 ? launch_ws<kFp4, 128, 4, true>(a, token_tiles, stream)
-                        : launch_ws<kFp4, 128, 8, true>(a, token_tiles, stream);
+        if (v == 6) return launch_ws<kFp4, 128, 8, 3, 1, kFp4 ? 4 : 2>(a, token_tiles, stream);
+        return v == 1   ? launch_ws<kFp4, 128, 4, 1, 1, kSA128>(a, token_tiles, stream)
+               : v == 2 ? launch_ws<kFp4, 128, 4, 2, 1, kSA128>(a, token_tiles, stream)
+                        : launch_ws<kFp4, 128, 8, 2, 1, kSA128>(a, token_tiles, stream);
     }
-    return v == 1 ? launch_ws<kFp4, 64, 4, false>(a, token_tiles, stream)
-                  : launch_ws<kFp4, 64, 4, true>(a, token_tiles, stream);
+    if (v == 5) return launch_ws<kFp4, 64, 8, 2, 1, 2>(a, token_tiles, stream);
+    if (v == 6) return launch_ws<kFp4, 64, 8, 3, 1, 4>(a, token_tiles, stream);
+    return v == 1 ? launch_ws<kFp4, 64, 4, 1, 2, 2>(a, token_tiles, stream)
+                  : launch_ws<kFp4, 64, 4, 2, 2, 2>(a, token_tiles, stream);
 }
 
 }  // namespace

@@ -1,19 +1,19 @@
 // cuda/gemm_prefill_ws.cu - the warp-specialized sm_90a prefill GEMM: the same product, tile
 // (128 weight rows × TN = 64 or 128 tokens), tile scheduler, operand layouts and epilogues as
-// gemm_prefill_sm90.cu's kernel, with its 8 lock-step warps split into roles (384 threads).
-// Warpgroup 0 is the producer: warp p loads, for every 64-k chunk, the weights and MXFP4 scales
-// of its own two fragment slabs (2p, 2p + 1) and a 1/128 share of the TN token rows (16-byte
-// cp.async, 128B-swizzled K-major) into an R-deep raw ring; when chunk c has landed it turns its
-// slabs into the bf16 A tile of chunk c (an SA-deep ring of 128 rows × 64 k in the activations'
+// gemm_prefill_sm90.cu's kernel, with its lock-step warps split into roles (32·kP + 256 threads).
+// The kP producer warps (4 or 8): warp p loads, for every 64-k chunk, the weights and MXFP4
+// scales of its own 8/kP fragment slabs and a share of the TN token rows (16-byte cp.async,
+// 128B-swizzled K-major) into an R-deep raw ring; when chunk c has landed it turns its slabs
+// into the bf16 A tile of chunk c (an SA-deep ring of 128 rows × 64 k in the activations'
 // permuted k order, exactly as gemm_prefill_sm90.cu does), fences the async proxy and arrives on
-// full[c % SA]; then it issues chunk c + R - 1 into the raw stage that chunk c - 1 used, once
-// empty[] says the consumers are done with it. Warpgroups 1 and 2 are the consumers (A rows
-// 0..63 and 64..127): they wait on full, issue 4 wgmma m64nTNk16 (A and B by descriptor), keep
-// two groups in flight (wait_group 1) and arrive on the empty barriers of the chunk before. No
-// CTA barrier in the main loop. Chunk invariance: every output accumulates chunk by chunk, k16
-// step by step in one accumulator, in the same order as gemm_prefill_sm90.cu's kernel (same
-// operands, same bits), whatever the tile width, chunk or pair order. Selected with
-// GPTOSS_SM90_WS (gemm_prefill.cu) or PrefillKernel::kSm90Ws.
+// full[c % SA]; it refills the raw stage of chunk c - kLag with chunk c + R - kLag once empty[]
+// says the consumers are done with it. The 2 consumer warpgroups (A rows 0..63 and 64..127)
+// wait on full, issue 4 wgmma m64nTNk16 (A and B by descriptor), keep two groups in flight
+// (wait_group 1) and arrive on the empty barriers of the chunk before. No CTA barrier in the
+// main loop. Chunk invariance: every output accumulates chunk by chunk, k16 step by step in one
+// accumulator, in the same order as gemm_prefill_sm90.cu's kernel (same operands, same bits),
+// whatever the tile width, chunk or pair order. Selected with GPTOSS_SM90_WS=1 (gemm_prefill.cu;
+// off by default) or PrefillKernel::kSm90Ws; variants below.
 #include "cuda/gemm_prefill.cuh"
 
 #include <atomic>
@@ -281,15 +281,17 @@ cudaError_t launch_ws(const KernelArgs& a, uint32_t token_tiles, cudaStream_t st
     return launch_pdl(kernel, grid, ws_threads<kP>(), bytes, stream, a);
 }
 
-// Variant (GPTOSS_SM90_WS_VARIANT, one per process), for 128-token tiles: 1 = 4 producer warps,
-// refill after the dequantization (kLag 1); 2 = refill first (kLag 2); 3 = as 2 with 8 producer
-// warps; 5 = as 3; 6 (default) = 8 producer warps, MXFP4 A ring 4 deep, kLag 3. 64-token tiles: 2 CTAs per
-// SM with 4 producer warps (kLag 1 for variant 1, else 2), except 5 and 6: 1 CTA, 8 warps.
+// Variant (GPTOSS_SM90_WS_VARIANT, one per process; measured in bench/NOTES.md v13b). 128-token
+// tiles: 1 = 4 producer warps, refill after the dequantization (kLag 1); 2 = refill first
+// (kLag 2); 3, 5 = as 2 with 8 producer warps; 6, 7 = 8 producer warps, MXFP4 A ring 4 deep,
+// kLag 3. 64-token tiles: 2 CTAs per SM with 4 producer warps (kLag 1 for variant 1, else 2);
+// 5, 6: 1 CTA, 8 warps; 7 (default): gemm_prefill_sm90.cu's kernel (2 CTAs per SM of 8 lock-step
+// warps, faster there; same operands and wgmma sequence, so the same bits as this kernel).
 // (128-token tiles at 2 CTAs per SM do not compile: wgmma m64n128 needs >= 90 registers.)
 int ws_variant() {
     static const int v = [] {
         const char* e = std::getenv("GPTOSS_SM90_WS_VARIANT");
-        return e && e[0] >= '1' && e[0] <= '6' && e[0] != '4' && !e[1] ? e[0] - '0' : 6;
+        return e && e[0] >= '1' && e[0] <= '7' && e[0] != '4' && !e[1] ? e[0] - '0' : 7;
     }();
     return v;
 }
@@ -298,11 +300,12 @@ cudaError_t launch_ws_v(const KernelArgs& a, uint32_t tn, uint32_t token_tiles, 
     const int v = ws_variant();
     constexpr int kSA128 = kFp4 ? 3 : 2;
     if (tn == 128) {
-        if (v == 6) return launch_ws<kFp4, 128, 8, 3, 1, kFp4 ? 4 : 2>(a, token_tiles, stream);
+        if (v >= 6) return launch_ws<kFp4, 128, 8, 3, 1, kFp4 ? 4 : 2>(a, token_tiles, stream);
         return v == 1   ? launch_ws<kFp4, 128, 4, 1, 1, kSA128>(a, token_tiles, stream)
                : v == 2 ? launch_ws<kFp4, 128, 4, 2, 1, kSA128>(a, token_tiles, stream)
                         : launch_ws<kFp4, 128, 8, 2, 1, kSA128>(a, token_tiles, stream);
     }
+    if (v == 7) return launch_prefill_sm90(a, kFp4, 64, token_tiles, stream);
     if (v == 5) return launch_ws<kFp4, 64, 8, 2, 1, 2>(a, token_tiles, stream);
     if (v == 6) return launch_ws<kFp4, 64, 8, 3, 1, 4>(a, token_tiles, stream);
     return v == 1 ? launch_ws<kFp4, 64, 4, 1, 2, 2>(a, token_tiles, stream)

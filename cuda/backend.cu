@@ -8,6 +8,7 @@
 #include "cuda/backend.h"
 #include "cuda/batch_decode.h"
 #include "cuda/common.cuh"
+#include "cuda/decode_fold.h"
 #include "cuda/host_moe.h"
 #include "cuda/moe_decode.h"
 #include "cuda/kernels.h"
@@ -680,7 +681,7 @@ size_t CudaSession::layout(char* base) {
     argmax_ = cv.take<int32_t>(8);
     token_ = cv.take<int32_t>(4);
     sample_scratch_ = cv.take<void>(sample_bytes_);
-    counters_ = cv.take<int>(size_t(d.G + 1 + kMoeDecodeCounters) * 4);  // attention's G, the router's, moe_decode's
+    counters_ = cv.take<int>(size_t(d.G + 2 + kMoeDecodeCounters) * 4);  // attention's G, the router's, moe_decode's, the fold's
     kv_.assign(c.n_layers, LayerKv{});
     for (uint32_t l = 0; l < c.n_layers; ++l) {
         LayerKv& kv = kv_[l];
@@ -771,6 +772,9 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
     // (gemm_decode_normed); the residual then moves between x_ and x_alt_ each layer.
     const DecodeTuning& dt = decode_tuning();
     const bool fuse_norm = decode && dt.fuse_norm && !dt.legacy && decode_norm_supported(d.H, d.K);
+    // Or fold it into the MoE down GEMV's last CTA (decode_fold.h; single GPU, device experts).
+    const bool fold_norm = decode && !fuse_norm && !dt.legacy && !comm_ && decode_fold_enabled() &&
+                           decode_fold_supported(d.H, d.K, dt.fp4);
     float* x = x_;
     float* x_other = x_alt_;
     for (uint32_t l = 0; l < c.n_layers; ++l) {
@@ -842,6 +846,8 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
         r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = d.K; r1.max_tiles = max_tiles; r1.tile_tokens = tile_tokens;
         GemmRoute r2 = r1;
         r2.in_div = 1;
+        const float* next_norm = l + 1 < c.n_layers ? b.layers_[l + 1].attn_norm : b.final_norm_;
+        bool folded = false;
         MoeDecodeArgs ma;  // decode: the persistent MoE kernel (moe_decode.h) when switched on
         ma.gate_up = b.experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H); ma.down = b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I);
         ma.x = xn_; ma.route = r1; ma.act = act_; ma.part = part_; ma.swiglu_limit = c.swiglu_limit; ma.counters = counters_ + d.G + 1;
@@ -854,16 +860,24 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
             GPTOSS_TRY(project(decode, b.experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H), xn_, n, &r1,
                                Epilogue::kSwiglu, nullptr, act_, d.I, c.swiglu_limit));
             GPTOSS_TRY(mark("moe gate_up + swiglu"));
-            GPTOSS_TRY(project(decode, b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I), act_, n * d.K, &r2,
-                               Epilogue::kStore, part_, nullptr, d.H, 0, /*route_ready=*/true));
-            GPTOSS_TRY(mark("moe down"));
+            if (fold_norm) {
+                int* counter = counters_ + d.G + 1 + kMoeDecodeCounters;
+                const DecodeFold f{x, weights_, d.K, next_norm, c.rms_norm_eps, xn_, counter};
+                GPTOSS_TRY(gemm_decode_folded(b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I), act_, r2, dt.route_ready,
+                                              part_, f, dt.fp4, s));
+                folded = true;
+                GPTOSS_TRY(mark("moe down + combine + rmsnorm (folded)"));
+            } else {
+                GPTOSS_TRY(project(decode, b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I), act_, n * d.K, &r2,
+                                   Epilogue::kStore, part_, nullptr, d.H, 0, /*route_ready=*/true));
+                GPTOSS_TRY(mark("moe down"));
+            }
         }
         ResidualArgs moe;
         moe.mode = ResidualMode::kMoeAdd;
         moe.part = part_;
         moe.weights = weights_;
         moe.K = d.K;
-        const float* next_norm = l + 1 < c.n_layers ? b.layers_[l + 1].attn_norm : b.final_norm_;
         // Split model: each rank's expert outputs are partial sums over its expert columns.
         // Decode all-reduces them (K rows: latency-bound; the combine, fused or not, stays as
         // is); a chunk all-reduces the combined residual instead (K times fewer bytes), rank 0
@@ -873,7 +887,7 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
             GPTOSS_TRY(rank_all_reduce(comm_, part_, size_t(n) * d.K * d.H, s));
             GPTOSS_TRY(mark("all-reduce (moe)"));
         }
-        if (!(fuse_norm && l + 1 < c.n_layers)) {
+        if (!folded && !(fuse_norm && l + 1 < c.n_layers)) {
             if (comm_ && !reduce_parts && b.rank_.rank != 0)  // the residual is rank 0's to add
                 GPTOSS_CUDA_TRY(cudaMemsetAsync(x, 0, size_t(n) * d.H * sizeof(float), s));
             GPTOSS_TRY(residual_rmsnorm(moe, x, next_norm, c.rms_norm_eps, xn_, n, d.H, s));

@@ -19,10 +19,13 @@
 // add + this layer's attention RMSNorm run in every CTA's prologue (bit-identical to
 // residual_rmsnorm kMoeAdd; the residual goes to a second buffer), so the separate combine
 // launch and its kernel boundary disappear; the B fragments then come from shared memory.
+// Folded (MoE down at decode, decode_fold.h): the combine + residual + next RMSNorm run in the
+// tail of the last down CTA to finish (a global counter), so the combine launch disappears.
 // Floor: bytes of W read once (the activation row is an L2 hit); the variants (warps, ring
 // depth, shfl) are picked by decode_tuning(), overridable by environment variables for A/B
 // runs (bench/NOTES.md, "v12 decode").
 #include "cuda/common.cuh"
+#include "cuda/decode_fold.h"
 #include "cuda/gemm.cuh"
 #include "cuda/kernels.h"
 
@@ -46,6 +49,7 @@ struct DecodeArgs {
     uint32_t ldo;
     float limit;
     DecodeNorm norm;  // kNorm only
+    DecodeFold fold;  // kFold only
 };
 
 constexpr uint32_t kNormMaxK = 4096;  // the normed row lives in shared memory
@@ -92,8 +96,88 @@ __device__ __forceinline__ void normed_row(const DecodeNorm& nm, uint32_t H, con
     __syncthreads();
 }
 
-template <bool kFp4, int NW, int kDepth, bool kShfl, bool kNorm>
-__global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs args) {
+constexpr uint32_t kFoldSlots = 4;  // MoE slots the fold combines (gpt-oss: 4)
+constexpr uint32_t kFoldBatch = 2;  // float4 groups per thread with their loads in flight at once
+
+// The fold (decode_fold.h), run by every thread of a down CTA after its output rows are
+// stored: count this CTA; the last of `target` CTAs combines the K partial rows of `part`
+// ([K, H], written by the CTAs of this grid, so read from L2) into x, normalizes, writes xn.
+// Per element the arithmetic is residual_rmsnorm kMoeAdd's (sum = fma chain over the slots in
+// order, v = x + sum, bf16(v · inv · w)); the sum of squares goes through rmsnorm_inv<R> (the
+// 1024-thread reduction order), so the bits are the same. smem: dynamic, 2·H floats.
+template <uint32_t R>
+__device__ __forceinline__ void fold_tail(const DecodeFold& f, uint32_t H, const float* part, int target) {
+    __shared__ int s_last;
+    __shared__ float npart[kNormThreads / 32];
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const bool last = atomicAdd(f.counter, 1) == target - 1;
+        if (last) *f.counter = 0;
+        s_last = last;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    extern __shared__ float4 fold_smem[];
+    const uint32_t H4 = H / 4;
+    float4* vs = fold_smem;       // v = x + Σ w·part, [H]
+    float4* ws = fold_smem + H4;  // the norm weight, [H]
+    float4* x4 = reinterpret_cast<float4*>(f.x);
+    const float4* p4 = reinterpret_cast<const float4*>(part);
+    const float4* n4 = reinterpret_cast<const float4*>(f.norm_w);
+    float wt[kFoldSlots];
+#pragma unroll
+    for (uint32_t s = 0; s < kFoldSlots; ++s) wt[s] = s < f.K ? __ldg(f.weights + s) : 0.0f;
+    for (uint32_t base = threadIdx.x; base < H4; base += kFoldBatch * R) {
+        float4 xv[kFoldBatch], wv[kFoldBatch], pv[kFoldBatch][kFoldSlots];
+#pragma unroll
+        for (uint32_t b = 0; b < kFoldBatch; ++b) {
+            const uint32_t i4 = base + b * R;
+            const bool in = i4 < H4;
+            xv[b] = in ? __ldcg(x4 + i4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            wv[b] = in ? __ldg(n4 + i4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (uint32_t s = 0; s < kFoldSlots; ++s)
+                pv[b][s] = (in && s < f.K) ? __ldcg(p4 + size_t(s) * H4 + i4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (uint32_t b = 0; b < kFoldBatch; ++b) {
+            const uint32_t i4 = base + b * R;
+            if (i4 >= H4) continue;
+            float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (uint32_t s = 0; s < kFoldSlots; ++s) {
+                if (s >= f.K) continue;
+                sum.x = __fmaf_rn(wt[s], pv[b][s].x, sum.x);
+                sum.y = __fmaf_rn(wt[s], pv[b][s].y, sum.y);
+                sum.z = __fmaf_rn(wt[s], pv[b][s].z, sum.z);
+                sum.w = __fmaf_rn(wt[s], pv[b][s].w, sum.w);
+            }
+            const float4 v = make_float4(xv[b].x + sum.x, xv[b].y + sum.y, xv[b].z + sum.z, xv[b].w + sum.w);
+            vs[i4] = v;
+            ws[i4] = wv[b];
+            x4[i4] = v;
+        }
+    }
+    __syncthreads();
+    const float* vf = reinterpret_cast<const float*>(vs);
+    const float inv = rmsnorm_inv<R>(
+        [&](uint32_t q, uint32_t j) {
+            const uint32_t i = threadIdx.x + R * q + kNormThreads * j;
+            return i < H ? vf[i] : 0.0f;
+        },
+        H, f.eps, npart);
+    const float2* v2 = reinterpret_cast<const float2*>(vs);
+    const float2* w2 = reinterpret_cast<const float2*>(ws);
+    for (uint32_t i2 = threadIdx.x; i2 < H / 2; i2 += R) {
+        const float2 v = v2[i2], w = w2[i2];
+        *reinterpret_cast<uint32_t*>(f.xn + permuted_k(2 * i2)) = pack_bf16x2(v.x * inv * w.x, v.y * inv * w.y);
+    }
+}
+
+template <bool kFp4, int NW, int kDepth, bool kShfl, bool kNorm, bool kFold>
+__device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
     constexpr uint32_t R = NW * 32, Q = kNorm ? kNormThreads / R : 1;
     __shared__ float red[NW][16];
     __shared__ __align__(16) uint16_t xsm[kNorm ? kNormMaxK : 2];  // kNorm: the normed row, permuted
@@ -104,12 +188,13 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
     const uint32_t K = args.w.K, N = args.w.N, n_chunks = K >> 6;
 
     // The tile: expert and the one pair of a T = 1 route (dense: expert 0, row 0).
-    int expert = 0;
+    int expert = 0, n_tiles = 1;
     uint32_t in_row = 0, out_row = 0;
     if (args.routed) {
         if (!args.route_ready) pdl_wait();
         // L2 loads: the route may have been written while this grid was already resident.
-        if (int(blockIdx.y) >= __ldcg(args.route.tiles)) return;
+        n_tiles = __ldcg(args.route.tiles);
+        if (int(blockIdx.y) >= n_tiles) return;
         const int32_t* ti = args.route.tiles + 1 + 3 * blockIdx.y;
         expert = __ldcg(ti);
         const uint32_t pair = uint32_t(__ldcg(args.route.pairs + __ldcg(ti + 1)));
@@ -227,17 +312,29 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
         const float y = (up + 1.0f) * (gate * sig);
         args.out_bf16[size_t(out_row) * args.ldo + permuted_k(slab * 8 + r)] = f32_to_bf16_bits(y);
     } else {
-        if (threadIdx.x >= 16) return;
         const int r = threadIdx.x;
         const uint32_t row = slab * 16 + r;
-        if (row >= N) return;
-        float s = red[0][r];
+        if (r < 16 && row < N) {
+            float s = red[0][r];
 #pragma unroll
-        for (int w = 1; w < NW; ++w) s = __fadd_rn(s, red[w][r]);
-        const float v = s + (bias ? bias[row] : 0.0f);
-        float* o = args.out_f32 + size_t(out_row) * args.ldo + row;
-        if (args.epilogue == int(Epilogue::kAdd)) *o += v; else *o = v;
+            for (int w = 1; w < NW; ++w) s = __fadd_rn(s, red[w][r]);
+            const float v = s + (bias ? bias[row] : 0.0f);
+            float* o = args.out_f32 + size_t(out_row) * args.ldo + row;
+            if (args.epilogue == int(Epilogue::kAdd)) *o += v; else *o = v;
+        }
+        if constexpr (kFold) fold_tail<NW * 32>(args.fold, N, args.out_f32, int(gridDim.x) * n_tiles);
     }
+}
+
+template <bool kFp4, int NW, int kDepth, bool kShfl, bool kNorm>
+__global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs args) {
+    gemv_decode_body<kFp4, NW, kDepth, kShfl, kNorm, false>(args);
+}
+// The folded MXFP4 down GEMV: registers held to what the plain variants use (79 / 63: 6 / 8
+// CTAs per SM), so the fold's tail costs no occupancy.
+template <int NW, int kDepth, bool kShfl>
+__global__ __launch_bounds__(NW * 32, kShfl ? 8 : 6) void gemv_decode_fold_kernel(const DecodeArgs args) {
+    gemv_decode_body<true, NW, kDepth, kShfl, false, true>(args);
 }
 
 using KernelFn = void (*)(const DecodeArgs);
@@ -247,19 +344,24 @@ struct Instance {
     DecodeGemv v;
     KernelFn fn;
     KernelFn normed;  // bf16 with the combine + RMSNorm prologue (the activation comes from it)
+    KernelFn folded;  // MXFP4 down with the combine + RMSNorm tail (decode_fold.h), where compiled
 };
 
 #define GPTOSS_GEMV(FP4, NW, D, SH)                                                                 \
     Instance{FP4, DecodeGemv{NW, D, SH}, gemv_decode_kernel<FP4, NW, D, SH, false>,                 \
-             FP4 ? nullptr : gemv_decode_kernel<false, NW, D, false, true>}
+             FP4 ? nullptr : gemv_decode_kernel<false, NW, D, false, true>, nullptr}
+#define GPTOSS_GEMV_FOLD(NW, D, SH)                                                                 \
+    Instance{true, DecodeGemv{NW, D, SH}, gemv_decode_kernel<true, NW, D, SH, false>, nullptr,      \
+             gemv_decode_fold_kernel<NW, D, SH>}
 // The variants compiled in (decode_gemv_variants lists them; the tests run every one).
 const Instance kInstances[] = {
     GPTOSS_GEMV(false, 4, 4, false), GPTOSS_GEMV(false, 8, 4, false), GPTOSS_GEMV(false, 16, 4, false),
-    GPTOSS_GEMV(false, 8, 4, true),  GPTOSS_GEMV(false, 16, 4, true), GPTOSS_GEMV(true, 4, 4, false),
-    GPTOSS_GEMV(true, 4, 4, true),   GPTOSS_GEMV(true, 4, 6, true),   GPTOSS_GEMV(true, 4, 8, true),
+    GPTOSS_GEMV(false, 8, 4, true),  GPTOSS_GEMV(false, 16, 4, true), GPTOSS_GEMV_FOLD(4, 4, false),
+    GPTOSS_GEMV_FOLD(4, 4, true),    GPTOSS_GEMV(true, 4, 6, true),   GPTOSS_GEMV(true, 4, 8, true),
     GPTOSS_GEMV(true, 8, 4, true),   GPTOSS_GEMV(true, 8, 4, false),
 };
 #undef GPTOSS_GEMV
+#undef GPTOSS_GEMV_FOLD
 
 const Instance* find_instance(bool fp4, const DecodeGemv& v) {
     for (const Instance& in : kInstances)
@@ -360,6 +462,46 @@ gptoss_status gemm_decode_normed(const GemmWeights& w, const DecodeNorm& norm, f
     a.norm = norm;
     GPTOSS_TRY(cuda_status(launch_pdl(in->normed, dim3(ceil_div(w.N, 16)), dim3(variant.warps * 32), 0, stream, a),
                            "gemv_decode_kernel (normed)", __FILE__, __LINE__));
+    return GPTOSS_OK;
+}
+
+bool decode_fold_enabled() {
+    static const bool on = env_flag("GPTOSS_DECODE_FOLD_NORM", false);
+    return on;
+}
+
+bool decode_fold_supported(uint32_t H, uint32_t K, const DecodeGemv& variant) {
+    const Instance* in = find_instance(true, variant);
+    return H % 64 == 0 && H <= kNormMaxK && K <= kFoldSlots && in && in->folded;
+}
+
+gptoss_status gemm_decode_folded(const GemmWeights& w, const uint16_t* act, const GemmRoute& route, bool route_ready,
+                                 float* part, const DecodeFold& fold, const DecodeGemv& variant, cudaStream_t stream) {
+    if (!w.mxfp4 || !decode_fold_supported(w.N, fold.K, variant) || w.K == 0 || w.K % 64 != 0 || !act || !part ||
+        !fold.x || !fold.weights || !fold.norm_w || !fold.xn || !fold.counter || route.in_div != 1)
+        return fail(GPTOSS_ERR_INTERNAL,
+                    "gemm_decode_folded: needs MXFP4 weights with N=%u a multiple of 64 up to %u, K=%u a multiple "
+                    "of 64, at most %u MoE slots (%u), a route with in_div 1, every operand, and an MXFP4 variant "
+                    "with the fold (%u warps, ring depth %u, shfl %d)",
+                    w.N, kNormMaxK, w.K, kFoldSlots, fold.K, variant.warps, variant.depth, int(variant.shfl_x));
+    const Instance* in = find_instance(true, variant);
+    DecodeArgs a{};
+    a.w = w;
+    a.x = act;
+    a.routed = 1;
+    a.route_ready = route_ready;
+    a.route = route;
+    a.epilogue = int(Epilogue::kStore);
+    a.out_f32 = part;
+    a.ldo = w.N;
+    a.fold = fold;
+    if (route.max_tiles == 0) return GPTOSS_OK;
+    if (route.max_tiles > 65535)
+        return fail(GPTOSS_ERR_INTERNAL, "gemm_decode_folded: %u tiles exceed the grid limit", route.max_tiles);
+    const dim3 grid(ceil_div(w.N, 16), route.max_tiles);
+    GPTOSS_TRY(cuda_status(launch_pdl(in->folded, grid, dim3(variant.warps * 32), size_t(w.N) * 2 * sizeof(float),
+                                      stream, a),
+                           "gemv_decode_kernel (folded)", __FILE__, __LINE__));
     return GPTOSS_OK;
 }
 

@@ -43,7 +43,7 @@ run "20b on, per-op profile" "GPTOSS_DECODE_FOLD_NORM=1" "--synthetic 20b --no-g
 "$bin/gptoss-synth" --preset tiny --seed 1 --out /tmp/tiny > /dev/null 2>&1
 {
   echo "== test-kernels (whole-backend decode tests), GPTOSS_DECODE_FOLD_NORM=1"
-  GPTOSS_DECODE_FOLD_NORM=1 GPTOSS_TINY_MODEL=/tmp/tiny timeout 150 "$bin/test-kernels" \
+  GPTOSS_DECODE_FOLD_NORM=1 GPTOSS_TINY_MODEL=/tmp/tiny timeout 80 "$bin/test-kernels" \
     -tc='*CUDA backend matches*,*reused == fresh*,*decode past 2048*,*greedy sampling on the GPU*,*sliding snapshot*,*gptoss_generate on the GPU*,*transformers goldens*'
   echo "rc=$?"
 } >> "$T" 2>&1

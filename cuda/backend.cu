@@ -773,7 +773,7 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
     const DecodeTuning& dt = decode_tuning();
     const bool fuse_norm = decode && dt.fuse_norm && !dt.legacy && decode_norm_supported(d.H, d.K);
     // Or fold it into the MoE down GEMV's last CTA (decode_fold.h; single GPU, device experts).
-    const bool fold_norm = decode && !fuse_norm && !dt.legacy && !comm_ && decode_fold_enabled() &&
+    const bool fold_norm = decode && !fuse_norm && !dt.legacy && !comm_ && decode_fold_mode() != 0 &&
                            decode_fold_supported(d.H, d.K, dt.fp4);
     float* x = x_;
     float* x_other = x_alt_;
@@ -862,7 +862,7 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
             GPTOSS_TRY(mark("moe gate_up + swiglu"));
             if (fold_norm) {
                 int* counter = counters_ + d.G + 1 + kMoeDecodeCounters;
-                const DecodeFold f{x, weights_, d.K, next_norm, c.rms_norm_eps, xn_, counter};
+                const DecodeFold f{x, weights_, d.K, next_norm, c.rms_norm_eps, xn_, counter, decode_fold_mode()};
                 GPTOSS_TRY(gemm_decode_folded(b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I), act_, r2, dt.route_ready,
                                               part_, f, dt.fp4, s));
                 folded = true;

@@ -6,7 +6,7 @@
 // rmsnorm_inv reduction order: bit-identical), then re-arms the counter. The separate
 // combine + RMSNorm launch disappears, so the next layer's QKV GEMV depends on the down kernel
 // directly (PDL). Implemented in gemm_decode.cu (the down kernel with a kFold template flag).
-// Switch: GPTOSS_DECODE_FOLD_NORM = 0|1 (bench/NOTES.md, "v13 decode").
+// Switch: GPTOSS_DECODE_FOLD_NORM = 0|1|2 (bench/NOTES.md, "v13 decode").
 #pragma once
 
 #include "cuda/kernels.h"
@@ -27,10 +27,15 @@ struct DecodeFold {
     float eps = 0.0f;
     uint16_t* xn = nullptr;
     int* counter = nullptr;
+    // 1: the last CTA stages the row and the norm weight in dynamic shared memory (2·H floats
+    // per CTA of the grid); 2: it uses none (re-reads x and the norm weight), so the kernel's
+    // shared-memory footprint, and the SM's carve-out, stay those of the plain down GEMV.
+    int tail = 1;
 };
 
-// GPTOSS_DECODE_FOLD_NORM = 0|1, read once per process; default off.
-bool decode_fold_enabled();
+// GPTOSS_DECODE_FOLD_NORM = 0 (off, the default) | 1 | 2 (the DecodeFold::tail to use), read
+// once per process.
+int decode_fold_mode();
 // H % 64 == 0, H <= 4096, K <= 4 and `variant` is an MXFP4 variant compiled with the fold.
 bool decode_fold_supported(uint32_t H, uint32_t K, const DecodeGemv& variant);
 // The routed MXFP4 down GEMV of gemm_decode (kStore into part: fp32 [K, H], ldo = H; route: a

@@ -104,8 +104,10 @@ constexpr uint32_t kFoldBatch = 2;  // float4 groups per thread with their loads
 // ([K, H], written by the CTAs of this grid, so read from L2) into x, normalizes, writes xn.
 // Per element the arithmetic is residual_rmsnorm kMoeAdd's (sum = fma chain over the slots in
 // order, v = x + sum, bf16(v · inv · w)); the sum of squares goes through rmsnorm_inv<R> (the
-// 1024-thread reduction order), so the bits are the same. smem: dynamic, 2·H floats.
-template <uint32_t R>
+// 1024-thread reduction order), so the bits are the same. kSmem: v and the norm weight are
+// staged in dynamic shared memory (2·H floats); else none is used (the CTA re-reads x, which
+// it wrote, and the norm weight), so the kernel's shared-memory footprint stays the plain one's.
+template <uint32_t R, bool kSmem>
 __device__ __forceinline__ void fold_tail(const DecodeFold& f, uint32_t H, const float* part, int target) {
     __shared__ int s_last;
     __shared__ float npart[kNormThreads / 32];
@@ -121,28 +123,29 @@ __device__ __forceinline__ void fold_tail(const DecodeFold& f, uint32_t H, const
     __threadfence();
     extern __shared__ float4 fold_smem[];
     const uint32_t H4 = H / 4;
-    float4* vs = fold_smem;       // v = x + Σ w·part, [H]
-    float4* ws = fold_smem + H4;  // the norm weight, [H]
+    float4* vs = fold_smem;       // kSmem: v = x + Σ w·part, [H]
+    float4* ws = fold_smem + H4;  // kSmem: the norm weight, [H]
     float4* x4 = reinterpret_cast<float4*>(f.x);
     const float4* p4 = reinterpret_cast<const float4*>(part);
     const float4* n4 = reinterpret_cast<const float4*>(f.norm_w);
     float wt[kFoldSlots];
 #pragma unroll
     for (uint32_t s = 0; s < kFoldSlots; ++s) wt[s] = s < f.K ? __ldg(f.weights + s) : 0.0f;
-    for (uint32_t base = threadIdx.x; base < H4; base += kFoldBatch * R) {
-        float4 xv[kFoldBatch], wv[kFoldBatch], pv[kFoldBatch][kFoldSlots];
+    constexpr uint32_t kB = kSmem ? kFoldBatch : kFoldBatch + 1;
+    for (uint32_t base = threadIdx.x; base < H4; base += kB * R) {
+        float4 xv[kB], wv[kSmem ? kB : 1], pv[kB][kFoldSlots];
 #pragma unroll
-        for (uint32_t b = 0; b < kFoldBatch; ++b) {
+        for (uint32_t b = 0; b < kB; ++b) {
             const uint32_t i4 = base + b * R;
             const bool in = i4 < H4;
             xv[b] = in ? __ldcg(x4 + i4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            wv[b] = in ? __ldg(n4 + i4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if constexpr (kSmem) wv[b] = in ? __ldg(n4 + i4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
             for (uint32_t s = 0; s < kFoldSlots; ++s)
                 pv[b][s] = (in && s < f.K) ? __ldcg(p4 + size_t(s) * H4 + i4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
-        for (uint32_t b = 0; b < kFoldBatch; ++b) {
+        for (uint32_t b = 0; b < kB; ++b) {
             const uint32_t i4 = base + b * R;
             if (i4 >= H4) continue;
             float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -155,28 +158,31 @@ __device__ __forceinline__ void fold_tail(const DecodeFold& f, uint32_t H, const
                 sum.w = __fmaf_rn(wt[s], pv[b][s].w, sum.w);
             }
             const float4 v = make_float4(xv[b].x + sum.x, xv[b].y + sum.y, xv[b].z + sum.z, xv[b].w + sum.w);
-            vs[i4] = v;
-            ws[i4] = wv[b];
+            if constexpr (kSmem) {
+                vs[i4] = v;
+                ws[i4] = wv[b];
+            }
             x4[i4] = v;
         }
     }
-    __syncthreads();
-    const float* vf = reinterpret_cast<const float*>(vs);
+    __syncthreads();  // kSmem: vs / ws complete; else this CTA's x stores are visible to it
+    const float* vf = kSmem ? reinterpret_cast<const float*>(vs) : f.x;
     const float inv = rmsnorm_inv<R>(
         [&](uint32_t q, uint32_t j) {
             const uint32_t i = threadIdx.x + R * q + kNormThreads * j;
             return i < H ? vf[i] : 0.0f;
         },
         H, f.eps, npart);
-    const float2* v2 = reinterpret_cast<const float2*>(vs);
-    const float2* w2 = reinterpret_cast<const float2*>(ws);
+    const float2* v2 = reinterpret_cast<const float2*>(vf);
+    const float2* w2 = kSmem ? reinterpret_cast<const float2*>(ws) : reinterpret_cast<const float2*>(f.norm_w);
+#pragma unroll 4
     for (uint32_t i2 = threadIdx.x; i2 < H / 2; i2 += R) {
         const float2 v = v2[i2], w = w2[i2];
         *reinterpret_cast<uint32_t*>(f.xn + permuted_k(2 * i2)) = pack_bf16x2(v.x * inv * w.x, v.y * inv * w.y);
     }
 }
 
-template <bool kFp4, int NW, int kDepth, bool kShfl, bool kNorm, bool kFold>
+template <bool kFp4, int NW, int kDepth, bool kShfl, bool kNorm, int kFold>
 __device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
     constexpr uint32_t R = NW * 32, Q = kNorm ? kNormThreads / R : 1;
     __shared__ float red[NW][16];
@@ -322,19 +328,20 @@ __device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
             float* o = args.out_f32 + size_t(out_row) * args.ldo + row;
             if (args.epilogue == int(Epilogue::kAdd)) *o += v; else *o = v;
         }
-        if constexpr (kFold) fold_tail<NW * 32>(args.fold, N, args.out_f32, int(gridDim.x) * n_tiles);
+        if constexpr (kFold != 0) fold_tail<NW * 32, kFold == 1>(args.fold, N, args.out_f32, int(gridDim.x) * n_tiles);
     }
 }
 
 template <bool kFp4, int NW, int kDepth, bool kShfl, bool kNorm>
 __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs args) {
-    gemv_decode_body<kFp4, NW, kDepth, kShfl, kNorm, false>(args);
+    gemv_decode_body<kFp4, NW, kDepth, kShfl, kNorm, 0>(args);
 }
 // The folded MXFP4 down GEMV: registers held to what the plain variants use (79 / 63: 6 / 8
 // CTAs per SM), so the fold's tail costs no occupancy.
-template <int NW, int kDepth, bool kShfl>
+// kTail: 1 = the tail stages the row in shared memory, 2 = it uses none (DecodeFold::tail).
+template <int NW, int kDepth, bool kShfl, int kTail>
 __global__ __launch_bounds__(NW * 32, kShfl ? 8 : 6) void gemv_decode_fold_kernel(const DecodeArgs args) {
-    gemv_decode_body<true, NW, kDepth, kShfl, false, true>(args);
+    gemv_decode_body<true, NW, kDepth, kShfl, false, kTail>(args);
 }
 
 using KernelFn = void (*)(const DecodeArgs);
@@ -344,15 +351,15 @@ struct Instance {
     DecodeGemv v;
     KernelFn fn;
     KernelFn normed;  // bf16 with the combine + RMSNorm prologue (the activation comes from it)
-    KernelFn folded;  // MXFP4 down with the combine + RMSNorm tail (decode_fold.h), where compiled
+    KernelFn folded[2];  // MXFP4 down with the combine + RMSNorm tail (decode_fold.h; tail 1, 2), where compiled
 };
 
 #define GPTOSS_GEMV(FP4, NW, D, SH)                                                                 \
     Instance{FP4, DecodeGemv{NW, D, SH}, gemv_decode_kernel<FP4, NW, D, SH, false>,                 \
-             FP4 ? nullptr : gemv_decode_kernel<false, NW, D, false, true>, nullptr}
+             FP4 ? nullptr : gemv_decode_kernel<false, NW, D, false, true>, {nullptr, nullptr}}
 #define GPTOSS_GEMV_FOLD(NW, D, SH)                                                                 \
     Instance{true, DecodeGemv{NW, D, SH}, gemv_decode_kernel<true, NW, D, SH, false>, nullptr,      \
-             gemv_decode_fold_kernel<NW, D, SH>}
+             {gemv_decode_fold_kernel<NW, D, SH, 1>, gemv_decode_fold_kernel<NW, D, SH, 2>}}
 // The variants compiled in (decode_gemv_variants lists them; the tests run every one).
 const Instance kInstances[] = {
     GPTOSS_GEMV(false, 4, 4, false), GPTOSS_GEMV(false, 8, 4, false), GPTOSS_GEMV(false, 16, 4, false),
@@ -465,25 +472,31 @@ gptoss_status gemm_decode_normed(const GemmWeights& w, const DecodeNorm& norm, f
     return GPTOSS_OK;
 }
 
-bool decode_fold_enabled() {
-    static const bool on = env_flag("GPTOSS_DECODE_FOLD_NORM", false);
-    return on;
+int decode_fold_mode() {
+    static const int mode = [] {
+        const char* s = std::getenv("GPTOSS_DECODE_FOLD_NORM");
+        const int m = (s && *s) ? std::atoi(s) : 0;
+        return m == 1 || m == 2 ? m : 0;
+    }();
+    return mode;
 }
 
 bool decode_fold_supported(uint32_t H, uint32_t K, const DecodeGemv& variant) {
     const Instance* in = find_instance(true, variant);
-    return H % 64 == 0 && H <= kNormMaxK && K <= kFoldSlots && in && in->folded;
+    return H % 64 == 0 && H <= kNormMaxK && K <= kFoldSlots && in && in->folded[0];
 }
 
 gptoss_status gemm_decode_folded(const GemmWeights& w, const uint16_t* act, const GemmRoute& route, bool route_ready,
                                  float* part, const DecodeFold& fold, const DecodeGemv& variant, cudaStream_t stream) {
     if (!w.mxfp4 || !decode_fold_supported(w.N, fold.K, variant) || w.K == 0 || w.K % 64 != 0 || !act || !part ||
-        !fold.x || !fold.weights || !fold.norm_w || !fold.xn || !fold.counter || route.in_div != 1)
+        !fold.x || !fold.weights || !fold.norm_w || !fold.xn || !fold.counter || route.in_div != 1 ||
+        (fold.tail != 1 && fold.tail != 2))
         return fail(GPTOSS_ERR_INTERNAL,
                     "gemm_decode_folded: needs MXFP4 weights with N=%u a multiple of 64 up to %u, K=%u a multiple "
-                    "of 64, at most %u MoE slots (%u), a route with in_div 1, every operand, and an MXFP4 variant "
-                    "with the fold (%u warps, ring depth %u, shfl %d)",
-                    w.N, kNormMaxK, w.K, kFoldSlots, fold.K, variant.warps, variant.depth, int(variant.shfl_x));
+                    "of 64, at most %u MoE slots (%u), a route with in_div 1, every operand, tail 1 or 2 (%d) and an "
+                    "MXFP4 variant with the fold (%u warps, ring depth %u, shfl %d)",
+                    w.N, kNormMaxK, w.K, kFoldSlots, fold.K, fold.tail, variant.warps, variant.depth,
+                    int(variant.shfl_x));
     const Instance* in = find_instance(true, variant);
     DecodeArgs a{};
     a.w = w;
@@ -499,8 +512,8 @@ gptoss_status gemm_decode_folded(const GemmWeights& w, const uint16_t* act, cons
     if (route.max_tiles > 65535)
         return fail(GPTOSS_ERR_INTERNAL, "gemm_decode_folded: %u tiles exceed the grid limit", route.max_tiles);
     const dim3 grid(ceil_div(w.N, 16), route.max_tiles);
-    GPTOSS_TRY(cuda_status(launch_pdl(in->folded, grid, dim3(variant.warps * 32), size_t(w.N) * 2 * sizeof(float),
-                                      stream, a),
+    const size_t smem = fold.tail == 1 ? size_t(w.N) * 2 * sizeof(float) : 0;
+    GPTOSS_TRY(cuda_status(launch_pdl(in->folded[fold.tail - 1], grid, dim3(variant.warps * 32), smem, stream, a),
                            "gemv_decode_kernel (folded)", __FILE__, __LINE__));
     return GPTOSS_OK;
 }

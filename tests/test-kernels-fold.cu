@@ -3,9 +3,9 @@
 // the fold, random shapes (H = 2880, 64, 4096, 1024; K = 4, 1, 2, 3 slots; expert width 192 or
 // 64; one more route tile than in use), route_ready or not, the folded launch must equal the
 // unfolded pair — gemm_decode (kStore into the partial rows) then residual_rmsnorm(kMoeAdd) —
-// bit for bit in the partial rows, the residual x and the normed row xn; x must also equal
-// the combine computed on the CPU in the kernels' fma order exactly, and xn cpu::rmsnorm within
-// bf16 rounding. Three folded launches back to back on one stream share one counter (the last
+// with either tail (shared-memory staging or none), bit for bit in the partial rows, the
+// residual x and the normed row xn; x must also equal the combine computed on the CPU in the
+// kernels' fma order exactly, and xn cpu::rmsnorm within bf16 rounding. Three folded launches back to back on one stream share one counter (the last
 // CTA re-arms it; it reads 0 afterwards). Unsupported arguments are refused, naming them.
 // Without a CUDA device the tests are skipped (exit 77).
 #include "cuda/decode_fold.h"
@@ -90,9 +90,10 @@ TEST_CASE("gemm_decode_folded == gemm_decode + residual_rmsnorm(kMoeAdd) bit for
         const auto vars = fold_variants(H, K);
         REQUIRE(!vars.empty());
         for (const cuda::DecodeGemv& var : vars) {
-            for (bool ready : {false, true}) {
-                const std::string what = "warps " + std::to_string(var.warps) + " depth " + std::to_string(var.depth) +
-                                         (var.shfl_x ? " shfl" : " frag") + (ready ? " route_ready" : "") +
+            for (const auto& [tail, ready] : {std::pair<int, bool>{1, false}, {1, true}, {2, false}, {2, true}}) {
+                const std::string what = "tail " + std::to_string(tail) + " warps " + std::to_string(var.warps) +
+                                         " depth " + std::to_string(var.depth) + (var.shfl_x ? " shfl" : " frag") +
+                                         (ready ? " route_ready" : "") +
                                          " H=" + std::to_string(H) + " K=" + std::to_string(K);
                 INFO(what);
                 // The unfolded pair (the oracle on the GPU).
@@ -110,7 +111,7 @@ TEST_CASE("gemm_decode_folded == gemm_decode + residual_rmsnorm(kMoeAdd) bit for
                     parts.push_back(std::make_unique<Dev<float>>(size_t(K) * H));
                     xs.push_back(std::make_unique<Dev<float>>(x0));
                     xns.push_back(std::make_unique<Dev<uint16_t>>(H));
-                    const cuda::DecodeFold f{xs.back()->p, wd.p, K, nwd.p, eps, xns.back()->p, counter.p};
+                    const cuda::DecodeFold f{xs.back()->p, wd.p, K, nwd.p, eps, xns.back()->p, counter.p, tail};
                     OK(cuda::gemm_decode_folded(w, actd.p, route.r, ready, parts.back()->p, f, var, nullptr));
                 }
                 const auto pr = part_ref.get(), xr = x_ref.get();
@@ -163,6 +164,10 @@ TEST_CASE("gemm_decode_folded refuses what it does not support, naming it") {
     CHECK(cuda::gemm_decode_folded(w, xn.p, route, true, buf.p, f, cuda::DecodeGemv{8, 4, true}, nullptr) ==
           GPTOSS_ERR_INTERNAL);
     CHECK(std::string(gptoss_last_error()).find("8 warps") != std::string::npos);
+    f.tail = 3;
+    CHECK(cuda::gemm_decode_folded(w, xn.p, route, true, buf.p, f, cuda::DecodeGemv{4, 4, false}, nullptr) ==
+          GPTOSS_ERR_INTERNAL);
+    CHECK(std::string(gptoss_last_error()).find("(3)") != std::string::npos);
     CHECK(!cuda::decode_fold_supported(8192, 4, cuda::DecodeGemv{4, 4, false}));
     CHECK(cuda::decode_fold_supported(2880, 4, cuda::DecodeGemv{4, 4, false}));
 }

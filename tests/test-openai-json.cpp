@@ -75,6 +75,43 @@ TEST_CASE("gptoss-chat's conversation JSON is byte for byte what it was before t
     CHECK(o::conversation_json_fields(again.conversation) == want);
 }
 
+TEST_CASE("the conversation JSON keeps tool_choice, response_format and thinking_token_budget (gptoss-chat /save)") {
+    const std::string tools = R"("tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}])";
+    const std::string bodies[] = {
+        "{" + kUser + "," + tools + R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}},)"
+            R"("response_format":{"type":"json_schema","json_schema":{"name":"w","description":"d \"q\"",)"
+            R"("schema":{"type":"object","properties":{"a":{"enum":[1,2]}}}}},"thinking_token_budget":12})",
+        "{" + kUser + "," + tools + R"(,"tool_choice":"required","response_format":{"type":"json_object"}})",
+        "{" + kUser + R"(,"tool_choice":"none","thinking_token_budget":0})",
+    };
+    for (const std::string& body : bodies) {
+        INFO(body);
+        o::ParsedConversation first, again;
+        std::string err;
+        REQUIRE_MESSAGE(o::parse_conversation(body, "body", first, err), err);
+        const std::string saved = o::conversation_json_fields(first.conversation);
+        REQUIRE_MESSAGE(o::parse_conversation("{\n" + saved + "\n}", "saved", again, err), err);
+        const o::Conversation &a = first.conversation, &b = again.conversation;
+        CHECK(b.tool_choice == a.tool_choice);
+        CHECK(b.tool_choice_name == a.tool_choice_name);
+        CHECK(b.response_format == a.response_format);
+        CHECK(b.response_format_name == a.response_format_name);
+        CHECK(b.response_format_description == a.response_format_description);
+        CHECK(b.response_format_schema == a.response_format_schema);
+        CHECK(b.max_reasoning_tokens == a.max_reasoning_tokens);
+        CHECK(o::conversation_json_fields(b) == saved);
+    }
+    // The first body's values, so that the round trip is not of defaults.
+    o::ParsedConversation p;
+    std::string err;
+    REQUIRE(o::parse_conversation(bodies[0], "body", p, err));
+    CHECK(p.conversation.tool_choice == GPTOSS_TOOL_CHOICE_NAMED);
+    CHECK(p.conversation.tool_choice_name == "get_weather");
+    CHECK(p.conversation.response_format == GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA);
+    CHECK(p.conversation.response_format_description == "d \"q\"");
+    CHECK(p.conversation.max_reasoning_tokens == 12);
+}
+
 TEST_CASE("json_string escapes control characters and replaces invalid UTF-8 with U+FFFD") {
     CHECK(o::json_str(std::string("a\"\\\n\t\x01", 6)) == "\"a\\\"\\\\\\n\\t\\u0001\"");
     CHECK(o::json_str("caf\xc3") == "\"caf\xef\xbf\xbd\"");      // cut-off character

@@ -248,11 +248,35 @@ std::string tools_json(const std::vector<Tool>& tools) {
 }
 
 // The body shared by /save and --json: a valid input for --conversation and /load.
+// The request's constrained-decoding fields as OpenAI JSON members (each ",\n  ..."), nothing
+// for the defaults: tool_choice, response_format and vLLM's thinking_token_budget.
+static std::string constraint_fields_json(const Conversation& c) {
+    std::string out;
+    switch (c.tool_choice) {
+        case GPTOSS_TOOL_CHOICE_NONE: out += ",\n  \"tool_choice\": \"none\""; break;
+        case GPTOSS_TOOL_CHOICE_REQUIRED: out += ",\n  \"tool_choice\": \"required\""; break;
+        case GPTOSS_TOOL_CHOICE_NAMED:
+            out += ",\n  \"tool_choice\": {\"type\":\"function\",\"function\":{\"name\":" + json_str(c.tool_choice_name) + "}}";
+            break;
+        default: break;
+    }
+    if (c.response_format == GPTOSS_RESPONSE_FORMAT_JSON_OBJECT) {
+        out += ",\n  \"response_format\": {\"type\":\"json_object\"}";
+    } else if (c.response_format == GPTOSS_RESPONSE_FORMAT_JSON_SCHEMA) {
+        out += ",\n  \"response_format\": {\"type\":\"json_schema\",\"json_schema\":{\"name\":" + json_str(c.response_format_name);
+        if (!c.response_format_description.empty()) out += ",\"description\":" + json_str(c.response_format_description);
+        out += ",\"schema\":" + c.response_format_schema + "}}";  // the schema's own JSON text
+    }
+    if (c.max_reasoning_tokens != UINT32_MAX)
+        out += ",\n  \"thinking_token_budget\": " + std::to_string(c.max_reasoning_tokens);
+    return out;
+}
+
 std::string conversation_json_fields(const Conversation& c) {
     std::string out = "  \"reasoning_effort\": " + json_str(effort_name(c.effort)) + ",\n";
     out += "  \"messages\": " + messages_json(c);
     if (!c.tools.empty()) out += ",\n  \"tools\": " + tools_json(c.tools);
-    return out;
+    return out + constraint_fields_json(c);
 }
 
 const char* stop_reason_name(gptoss_stop_reason r) {

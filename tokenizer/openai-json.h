@@ -48,7 +48,7 @@ struct Conversation {
     std::vector<Tool> tools;
     gptoss_reasoning_effort effort = GPTOSS_REASONING_MEDIUM;
     // Constrained decoding asked for by the request body (tool_choice, response_format), as
-    // gptoss_chat_request takes them; kept for the next turns, not written back by /save.
+    // gptoss_chat_request takes them; kept for the next turns and written back by /save.
     gptoss_tool_choice tool_choice = GPTOSS_TOOL_CHOICE_AUTO;
     std::string tool_choice_name;
     gptoss_response_format response_format = GPTOSS_RESPONSE_FORMAT_TEXT;

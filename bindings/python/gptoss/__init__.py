@@ -444,17 +444,50 @@ def _effort(value: Union[None, str, int]) -> Optional[int]:
 @dataclass
 class Conversation:
     """A chat request as the library's OpenAI mapping reads it (parse_conversation_json).
-    Pass it on as session.chat(c.messages, tools=c.tools, **c.options())."""
+    Pass it on as session.chat(c.messages, tools=c.tools, **c.options()) (or model.render).
+    tool_choice / response_format are in OpenAI's JSON shapes (None: "auto" / text);
+    max_reasoning_tokens is the body's thinking_token_budget (None: no bound)."""
     messages: List[Message]
     tools: List[Tool]
     instructions: Optional[str]
     reasoning_effort: ReasoningEffort
     current_date: Optional[str]
     keep_analysis: bool
+    tool_choice: Union[None, str, Dict[str, Any]] = None
+    response_format: Optional[Dict[str, Any]] = None
+    constrain_tool_arguments: bool = True
+    max_reasoning_tokens: Optional[int] = None
 
     def options(self) -> Dict[str, Any]:
         return {"instructions": self.instructions, "reasoning_effort": int(self.reasoning_effort),
-                "current_date": self.current_date, "keep_analysis": self.keep_analysis}
+                "current_date": self.current_date, "keep_analysis": self.keep_analysis,
+                "tool_choice": self.tool_choice, "response_format": self.response_format,
+                "constrain_tool_arguments": self.constrain_tool_arguments,
+                "max_reasoning_tokens": self.max_reasoning_tokens}
+
+
+def _tool_choice_of(r: Any) -> Union[None, str, Dict[str, Any]]:
+    """A gptoss_chat_request's tool_choice in OpenAI's JSON shape (None for "auto")."""
+    if r.tool_choice == 1:
+        return "none"
+    if r.tool_choice == 2:
+        return "required"
+    if r.tool_choice == 3:
+        return {"type": "function", "function": {"name": _str(r.tool_choice_name)}}
+    return None
+
+
+def _response_format_of(r: Any) -> Optional[Dict[str, Any]]:
+    """A gptoss_chat_request's response_format in OpenAI's JSON shape (None for text)."""
+    if r.response_format == 1:
+        return {"type": "json_object"}
+    if r.response_format != 2:
+        return None
+    spec: Dict[str, Any] = {"name": _str(r.response_format_name)}
+    if r.response_format_description:
+        spec["description"] = _str(r.response_format_description)
+    spec["schema"] = json.loads(_str(r.response_format_schema) or "null")
+    return {"type": "json_schema", "json_schema": spec}
 
 
 def parse_conversation_json(body: Union[str, bytes, Mapping[str, Any]]) -> Conversation:
@@ -473,7 +506,8 @@ def parse_conversation_json(body: Union[str, bytes, Mapping[str, Any]]) -> Conve
             [_message(m) for m in r.messages[:r.n_messages]],
             [Tool(_str(t.name) or "", _str(t.description) or "", _str(t.parameters)) for t in r.tools[:r.n_tools]],
             _str(r.instructions), _enum(ReasoningEffort, r.reasoning_effort), _str(r.current_date),
-            bool(r.keep_analysis))
+            bool(r.keep_analysis), _tool_choice_of(r), _response_format_of(r), bool(r.constrain_tool_arguments),
+            None if r.max_reasoning_tokens == 2**32 - 1 else int(r.max_reasoning_tokens))
     finally:
         lib.gptoss_conversation_free(handle)
 
@@ -611,11 +645,18 @@ class Model:
 
     def render(self, messages: Iterable[MessageLike], tools: Optional[Iterable[ToolLike]] = None,
                instructions: Optional[str] = None, reasoning_effort: Union[None, str, int] = None,
-               current_date: Optional[str] = None, keep_analysis: bool = False) -> List[int]:
-        """The Harmony prompt tokens chat() would send, up to and including <|start|>assistant."""
+               current_date: Optional[str] = None, keep_analysis: bool = False,
+               tool_choice: Union[None, str, Dict[str, Any]] = None,
+               response_format: Optional[Dict[str, Any]] = None, constrain_tool_arguments: bool = True,
+               max_reasoning_tokens: Optional[int] = None) -> List[int]:
+        """The Harmony prompt tokens chat() would send, up to and including <|start|>assistant
+        (response_format adds the developer message's "# Response Formats" section; the other
+        constraint arguments are checked as chat() checks them)."""
         keep: List[Any] = []
         request = _request(messages, tools, instructions, reasoning_effort, current_date,
                            keep_analysis, keep)
+        _constraints(request, tool_choice, response_format, constrain_tool_arguments, keep)
+        _reasoning_budget(request, max_reasoning_tokens)
         lib = _lib()
         capacity = 1024
         while True:
@@ -714,6 +755,16 @@ def _constraints(request: Any, tool_choice: Union[None, str, Dict[str, Any]],
     elif kind != "text":
         raise InvalidArgumentError(Status.INVALID_ARGUMENT,
                                    f"response_format.type: {kind!r} is not text, json_object or json_schema")
+
+
+def _reasoning_budget(request: Any, max_reasoning_tokens: Optional[int]) -> None:
+    """Sets max_reasoning_tokens on a gptoss_chat_request (None: no bound)."""
+    if max_reasoning_tokens is None:
+        return
+    if not 0 <= max_reasoning_tokens < 2**32 - 1:
+        raise InvalidArgumentError(Status.INVALID_ARGUMENT,
+                                   f"max_reasoning_tokens: {max_reasoning_tokens} is not in [0, 2**32 - 2]")
+    request.max_reasoning_tokens = max_reasoning_tokens
 
 
 def _sampling(temperature: Optional[float], top_p: Optional[float], top_k: Optional[int],
@@ -1004,11 +1055,7 @@ class Session:
         keep: List[Any] = []  # built here, so bad arguments raise before anything runs
         request = _request(messages, tools, instructions, reasoning_effort, current_date, keep_analysis, keep)
         _constraints(request, tool_choice, response_format, constrain_tool_arguments, keep)
-        if max_reasoning_tokens is not None:
-            if not 0 <= max_reasoning_tokens < 2**32 - 1:
-                raise InvalidArgumentError(Status.INVALID_ARGUMENT,
-                                           f"max_reasoning_tokens: {max_reasoning_tokens} is not in [0, 2**32 - 2]")
-            request.max_reasoning_tokens = max_reasoning_tokens
+        _reasoning_budget(request, max_reasoning_tokens)
         params = _sampling(temperature, top_p, top_k, seed, max_tokens, None, stop_strings, keep)
 
         # `_keep` holds the strings and arrays `request` points to until a streamed call has run.

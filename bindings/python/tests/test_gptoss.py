@@ -415,6 +415,28 @@ class ChatTest(unittest.TestCase):
             with self.assertRaises(gptoss.InvalidArgumentError):
                 session.chat([{"role": "user", "content": "Ok?"}], max_reasoning_tokens=-1)
 
+    def test_a_json_conversation_keeps_its_constraints_and_passes_them_on(self) -> None:
+        schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+        fmt = {"type": "json_schema", "json_schema": {"name": "answer", "description": "d", "schema": schema}}
+        body = {"messages": [{"role": "user", "content": "Ok?"}], "tools": [WEATHER_TOOL],
+                "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                "response_format": fmt, "thinking_token_budget": 3}
+        c = gptoss.parse_conversation_json(body)
+        self.assertEqual(c.tool_choice, body["tool_choice"])
+        self.assertEqual(c.response_format, fmt)
+        self.assertEqual(c.max_reasoning_tokens, 3)
+        self.assertTrue(c.constrain_tool_arguments)
+        plain = gptoss.parse_conversation_json({"messages": body["messages"], "tool_choice": "none"})
+        self.assertEqual((plain.tool_choice, plain.response_format, plain.max_reasoning_tokens), ("none", None, None))
+        # options() carries them: the render has the Response Formats section, as chat() sends it.
+        rendered = self.model.detokenize(self.model.render(c.messages, tools=c.tools, **c.options()))
+        self.assertIn("# Response Formats", rendered)
+        self.assertNotIn("# Response Formats", self.model.detokenize(self.model.render(c.messages, tools=c.tools)))
+        with self.model.session() as session:
+            reply = session.chat(c.messages, tools=c.tools, seed=1, max_tokens=300, **c.options())
+            self.assertEqual(len(reply.tool_calls), 1)
+            self.assertEqual(reply.tool_calls[0].name, "get_weather")
+
     def test_malformed_json_conversation_raises_invalid_argument_naming_the_field(self) -> None:
         with self.assertRaises(gptoss.InvalidArgumentError) as caught:
             gptoss.parse_conversation_json({"messages": [{"role": "robot", "content": "x"}]})

@@ -28,17 +28,17 @@ namespace cpu {
 
 namespace {
 
-// Spins up to spin_micros() for ready() before the caller blocks on a condition variable: a
-// decode step with host experts calls parallel_for twice per layer, and waking 15 sleeping
-// threads through futexes costs tens of microseconds each time. Only pools of ≥ 8 threads spin
-// (200 µs; GPTOSS_SPIN_US overrides, 0 = never): with few cores, a spinning thread takes time
-// from the ones working (and from other processes, e.g. tests run in parallel).
+// Spins up to spin_micros() for ready() before the caller blocks on a condition variable
+// (GPTOSS_SPIN_US, default 0 = never spin). Measured on the H200 machine's 16-core Xeon
+// (bench/NOTES.md, "Int8 activations for the host experts"): 200 µs made the standalone host
+// experts ~8 % faster at T = 1 but the engine's offloaded 120b decode ~25 % slower (26 vs 34
+// tok/s: 15 spinning workers starve the threads that drive the GPU), so it is off by default.
 int spin_micros(size_t pool_threads) {
     static const int env = [] {
         const char* v = std::getenv("GPTOSS_SPIN_US");
-        return v && *v ? std::max(0, std::min(100000, std::atoi(v))) : -1;
+        return v && *v ? std::max(0, std::min(100000, std::atoi(v))) : 0;
     }();
-    return env >= 0 ? env : pool_threads >= 8 ? 200 : 0;
+    return pool_threads > 1 ? env : 0;
 }
 template <typename Ready>
 void spin_until(int micros, const Ready& ready) {

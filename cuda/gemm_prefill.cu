@@ -470,9 +470,12 @@ PrefillKernel auto_kernel(bool mxfp4) {
         const char* e = std::getenv("GPTOSS_GEMM_WGMMA");
         return e && std::strcmp(e, "1") == 0;
     }();
-    static const bool ws = [] {  // GPTOSS_SM90_WS=1: the warp-specialized variant (same bits)
+    // The warp-specialized kernel (same bits), default since the H200 A/B of 2026-11-26 (variant
+    // 7: 20b pp2048 38.8k → 40.5k, 120b 19.9k both; bench/NOTES.md v13b); GPTOSS_SM90_WS=0: the
+    // lock-step kernel of gemm_prefill_sm90.cu.
+    static const bool ws = [] {
         const char* e = std::getenv("GPTOSS_SM90_WS");
-        return e && std::strcmp(e, "1") == 0;
+        return !(e && std::strcmp(e, "0") == 0);
     }();
     if (sm90 >= (mxfp4 ? 1 : 2) && gemm_prefill_wgmma_supported()) return ws ? PrefillKernel::kSm90Ws : PrefillKernel::kSm90;
     return wgmma_env && gemm_prefill_wgmma_supported() ? PrefillKernel::kWgmma : PrefillKernel::kMmaSync;

@@ -12,8 +12,8 @@
 // (wait_group 1) and arrive on the empty barriers of the chunk before. No CTA barrier in the
 // main loop. Chunk invariance: every output accumulates chunk by chunk, k16 step by step in one
 // accumulator, in the same order as gemm_prefill_sm90.cu's kernel (same operands, same bits),
-// whatever the tile width, chunk or pair order. Selected with GPTOSS_SM90_WS=1 (gemm_prefill.cu;
-// off by default) or PrefillKernel::kSm90Ws; variants below.
+// whatever the tile width, chunk or pair order. The default on sm_90a (gemm_prefill.cu;
+// GPTOSS_SM90_WS=0 selects the lock-step kernel) or PrefillKernel::kSm90Ws; variants below.
 #include "cuda/gemm_prefill.cuh"
 
 #include <atomic>

@@ -531,12 +531,18 @@ HostSimd host_simd_selected() {
 
 namespace {
 
-// Quantizes n_rows rows of k permuted floats at src into dst (host_q8::row_bytes(k) each), all
-// (row, group) pieces on the pool. False when a value is not finite.
+// Quantizes n_rows rows of k permuted floats at src into dst (host_q8::row_bytes(k) each): a few
+// rows on this thread (a parallel_for costs more than 4 · 2880 elements), else all (row, group)
+// pieces on the pool. False when a value is not finite.
 bool quantize_rows(const float* src, uint32_t n_rows, uint32_t k, std::vector<uint8_t>& dst) {
     const uint32_t ng = (k / 32 + host_q8::kGroupBlocks - 1) / host_q8::kGroupBlocks;
     const size_t rb = host_q8::row_bytes(k);
     dst.resize(size_t(n_rows) * rb);
+    if (n_rows <= 4) {
+        bool ok = true;
+        for (uint32_t r = 0; r < n_rows && ok; r++) ok = host_q8::quantize_row(src + size_t(r) * k, k, dst.data() + r * rb);
+        return ok;
+    }
     std::vector<uint8_t> ok(size_t(n_rows) * ng, 1);
     parallel(ok.size(), [&](size_t item) {
         const size_t r = item / ng;
@@ -567,16 +573,8 @@ void run_experts(RowsFn rows, host_q8::RowsFn q8_kernel, const uint16_t* x_bf16,
     const bool avx2 = rows == rows_fn(HostSimd::avx2) && rows != rows_fn(HostSimd::scalar);
     Kernels gu{avx2 && !x_in_range ? rows_scalar : rows, nullptr};
     Kernels dn{avx2 && !y_in_range ? rows_scalar : rows, nullptr};
-    // A non-finite activation sends the whole call to the float kernels. x is quantized on this
-    // thread for a few tokens (a parallel_for costs more than 2880 elements), else on the pool.
-    bool x_ok = q8_kernel != nullptr;
-    if (x_ok && T <= 4) {
-        s.xq.resize(size_t(T) * host_q8::row_bytes(H));
-        for (uint32_t t = 0; t < T && x_ok; t++) x_ok = host_q8::quantize_row(s.xp.data() + size_t(t) * H, H, s.xq.data() + size_t(t) * host_q8::row_bytes(H));
-    } else if (x_ok) {
-        x_ok = quantize_rows(s.xp.data(), T, H, s.xq);
-    }
-    const host_q8::RowsFn q8 = x_ok ? q8_kernel : nullptr;
+    // A non-finite activation sends the whole call to the float kernels.
+    const host_q8::RowsFn q8 = q8_kernel && quantize_rows(s.xp.data(), T, H, s.xq) ? q8_kernel : nullptr;
     gu.q8 = q8;
     std::atomic<int> y_ok{1};
     uint8_t* yq = nullptr;

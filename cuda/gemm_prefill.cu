@@ -432,26 +432,36 @@ cudaError_t launch_any(const KernelArgs& a, bool fp4, uint32_t tn, dim3 grid, cu
 
 }  // namespace
 
-bool gemm_prefill_wgmma_supported() {
-    static std::atomic<int> known[64];  // 0 unknown, 1 no, 2 yes
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64 ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+namespace {
+// Whether device `dev` runs the sm_90a kernels: compute capability 9.0 and, since the binary may
+// hold sm_90 code without the 90a features, the loaded code says so (a probe kernel).
+bool probe_wgmma(int dev) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
         cudaGetLastError();
         return false;
     }
     if (major != 9 || minor != 0) return false;
-    if (known[dev].load() == 0) {
-        // The binary may hold sm_90 code without the 90a features: ask the loaded code.
-        int yes = 0;
-        wgmma_probe_kernel<<<1, 1>>>();
-        if (cudaGetLastError() != cudaSuccess || cudaMemcpyFromSymbol(&yes, g_wgmma_probe, sizeof(int)) != cudaSuccess) {
-            cudaGetLastError();
-            yes = 0;
-        }
-        known[dev].store(yes ? 2 : 1);
+    int yes = 0;
+    wgmma_probe_kernel<<<1, 1>>>();
+    if (cudaGetLastError() != cudaSuccess || cudaMemcpyFromSymbol(&yes, g_wgmma_probe, sizeof(int)) != cudaSuccess) {
+        cudaGetLastError();
+        yes = 0;
     }
+    return yes != 0;
+}
+}  // namespace
+
+// Decided once per device (it is asked before every prefill GEMM).
+bool gemm_prefill_wgmma_supported() {
+    static std::atomic<int> known[64];  // 0 unknown, 1 no, 2 yes
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        cudaGetLastError();
+        return false;
+    }
+    if (known[dev].load() == 0) known[dev].store(probe_wgmma(dev) ? 2 : 1);
     return known[dev].load() == 2;
 }
 

@@ -41,7 +41,7 @@ test: build
 test-asan: tokenizer-data
 	@bash tools/configure.sh $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" -DCMAKE_C_FLAGS_DEBUG="-g -O1" \
 	    -DGPTOSS_CUDA=OFF -DGPTOSS_SANITIZE=address,undefined $(CMAKE_ARGS)
-	cmake --build $(BUILD_ASAN) -j$(JOBS)
+	cmake --build $(BUILD_ASAN) -j$(JOBS) --target unit-tests
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	    ctest --test-dir $(BUILD_ASAN) --output-on-failure -L unit -j$(JOBS)
 

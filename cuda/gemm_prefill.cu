@@ -493,7 +493,8 @@ PrefillKernel auto_kernel(bool mxfp4) {
 }  // namespace
 
 uint32_t gemm_prefill_tile_tokens(uint32_t n_pairs, uint32_t n_experts) {
-    return n_experts > 0 && n_pairs / n_experts >= 128 ? 128u : 64u;
+    if (n_experts == 0 || n_pairs / n_experts < 128) return 64u;
+    return ws_wide_tiles() && auto_kernel(true) == PrefillKernel::kSm90Ws ? 256u : 128u;
 }
 
 gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_rows, const GemmRoute* route,
@@ -507,14 +508,16 @@ gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_r
                     "and a bf16 output", w.N);
     if (epilogue != Epilogue::kSwiglu && !out_f32) return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: fp32 output missing");
     if (w.mxfp4 && !w.scales) return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: MXFP4 weights without scales");
-    if (route && route->tile_tokens != 64 && route->tile_tokens != 128)
-        return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: route tiles of %u pairs, expected 64 or 128",
+    if (route && route->tile_tokens != 64 && route->tile_tokens != 128 && route->tile_tokens != 256)
+        return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: route tiles of %u pairs, expected 64, 128 or 256",
                     route->tile_tokens);
     if (route && route->in_div == 0) return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: route in_div is 0");
     if (kernel == PrefillKernel::kAuto) kernel = auto_kernel(w.mxfp4);
     if ((kernel == PrefillKernel::kWgmma || kernel == PrefillKernel::kSm90 || kernel == PrefillKernel::kSm90Ws) &&
         !gemm_prefill_wgmma_supported())
         return fail(GPTOSS_ERR_UNSUPPORTED, "gemm_prefill: the wgmma kernels need an sm_90 device and sm_90a code");
+    if (route && route->tile_tokens == 256 && (kernel != PrefillKernel::kSm90Ws || !w.mxfp4))
+        return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: route tiles of 256 pairs need the warp-specialized MXFP4 kernel");
     const KernelArgs a = kernel_args(w, x, n_rows, route, epilogue, out_f32, out_bf16, ldo, swiglu_limit);
     const uint32_t tn = route ? route->tile_tokens : (n_rows >= 1024 ? 128u : 64u);
     const uint32_t tiles = route ? route->max_tiles : ceil_div(n_rows, tn);

@@ -42,20 +42,24 @@ struct PrefillTile {
     uint32_t col_base = 0, n_cols = 0;
     const int32_t* pairs = nullptr;
 };
-template <int TN> __device__ __forceinline__ bool prefill_tile(const KernelArgs& args, PrefillTile* t) {
+// prefill_tile_at: the same for token tile `idx` (the persistent kernels' tile loop).
+template <int TN> __device__ __forceinline__ bool prefill_tile_at(const KernelArgs& args, uint32_t idx, PrefillTile* t) {
     if (args.routed) {
         const int32_t n_tiles = args.route.tiles[0];
-        if (int32_t(blockIdx.x) >= n_tiles) return false;
-        const int32_t* ti = args.route.tiles + 1 + 3 * blockIdx.x;
+        if (int32_t(idx) >= n_tiles) return false;
+        const int32_t* ti = args.route.tiles + 1 + 3 * idx;
         t->expert = ti[0];
         t->col_base = uint32_t(ti[1]);
         t->n_cols = min(uint32_t(ti[2]), uint32_t(TN));
         t->pairs = args.route.pairs + t->col_base;
     } else {
-        t->col_base = blockIdx.x * uint32_t(TN);
+        t->col_base = idx * uint32_t(TN);
         t->n_cols = min(uint32_t(TN), args.n_rows - t->col_base);
     }
     return true;
+}
+template <int TN> __device__ __forceinline__ bool prefill_tile(const KernelArgs& args, PrefillTile* t) {
+    return prefill_tile_at<TN>(args, blockIdx.x, t);
 }
 
 // cp.async of weight chunk c (64 k) of this CTA's slabs [slab0, slab0 + kSlabs) into shared
@@ -193,6 +197,9 @@ cudaError_t launch_prefill_sm90(const KernelArgs& a, bool fp4, uint32_t tn, uint
 // Launches gemm_prefill_ws.cu's warp-specialized kernel (same arguments, same bits as
 // launch_prefill_sm90). Needs sm_90a.
 cudaError_t launch_prefill_ws(const KernelArgs& a, bool fp4, uint32_t tn, uint32_t token_tiles, cudaStream_t stream);
+// Whether launch_prefill_ws's variant (GPTOSS_SM90_WS_VARIANT 10) wants 256-token MXFP4 route
+// tiles (gemm_prefill_tile_tokens); tn = 256 is MXFP4 only.
+bool ws_wide_tiles();
 
 }  // namespace gemm_detail
 }  // namespace cuda

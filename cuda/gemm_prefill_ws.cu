@@ -16,6 +16,7 @@
 // GPTOSS_SM90_WS=0 selects the lock-step kernel) or PrefillKernel::kSm90Ws; variants below.
 #include "cuda/gemm_prefill.cuh"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 
@@ -42,7 +43,7 @@ template <bool kFp4, int TN, int kC, int kSA> constexpr int ws_raw_stages() {
 template <bool kFp4, int TN, int kC, int kSA> constexpr uint32_t ws_smem_bytes() {
     return 1024 + kSA * kABytes + ws_raw_stages<kFp4, TN, kC, kSA>() * ws_raw_bytes<kFp4, TN>() + TN * 4 + 256;
 }
-static_assert(ws_raw_stages<true, 128, 1, 4>() >= 5 && ws_raw_stages<true, 64, 2, 2>() >= 3 &&
+static_assert(ws_raw_stages<true, 128, 1, 4>() >= 5 && ws_raw_stages<true, 256, 1, 2>() >= 5 && ws_raw_stages<true, 64, 2, 2>() >= 3 &&
                   ws_raw_stages<false, 128, 1, 2>() >= 3 && ws_raw_stages<false, 64, 2, 2>() >= 3,
               "shared memory");
 
@@ -53,21 +54,32 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
 }
-// Waits until the phase of parity `parity` of the barrier has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred p;\nLAB_WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        "@!p bra LAB_WAIT;\n}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
+// Waits until the phase of parity `parity` of the barrier has completed. kHint: each try_wait
+// may suspend the thread for up to 1 ms (suspendTimeHint) instead of the system's default time
+// limit, so a waiting warp spends fewer issue slots spinning.
+template <bool kHint = false> __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    if constexpr (kHint) {
+        asm volatile(
+            "{\n.reg .pred p;\nLAB_WAIT:\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1, %2;\n"
+            "@!p bra LAB_WAIT;\n}\n" ::"r"(bar),
+            "r"(parity), "r"(1000000u)
+            : "memory");
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nLAB_WAIT:\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+            "@!p bra LAB_WAIT;\n}\n" ::"r"(bar),
+            "r"(parity)
+            : "memory");
+    }
 }
 #endif
 
 // kLag 1: chunk c + R - 1 is issued (into chunk c - 1's raw stage) after chunk c is dequantized;
 // kLag >= 2: chunk c + R - kLag (into chunk c - kLag's stage) before, so the producer does not
 // wait for the consumers' latest groups. kC CTAs per SM, kSA-deep A ring.
-template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA>
+template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA, bool kHint>
 __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(const KernelArgs args) {
 #ifdef GPTOSS_SM90A
     extern __shared__ unsigned char smem_raw[];
@@ -185,7 +197,7 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
             const uint32_t cn = c + L;
             if (cn < n_chunks) {
                 const uint32_t sn = st + L >= uint32_t(R) ? st + L - R : st + L;
-                if (cn >= uint32_t(R)) mbar_wait(empty_r(sn), ((cn / R) & 1u) ^ 1u);
+                if (cn >= uint32_t(R)) mbar_wait<kHint>(empty_r(sn), ((cn / R) & 1u) ^ 1u);
                 load_a(sn, cn);
                 load_b(sn, cn);
             }
@@ -195,7 +207,7 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
             if constexpr (kEarly) refill(c, st);
             cp_async_wait<kEarly ? L : L - 1>();  // this thread's copies of chunk c landed
             __syncwarp();            // and its warp's (the scales of a slab come from 4 lanes)
-            if (c >= uint32_t(SA)) mbar_wait(empty_a(sa_i), ((c / SA) & 1u) ^ 1u);
+            if (c >= uint32_t(SA)) mbar_wait<kHint>(empty_a(sa_i), ((c / SA) & 1u) ^ 1u);
             const unsigned char* sa = smem + SA * kABytes + st * kRaw + kBst;
             unsigned char* ab = smem + sa_i * kABytes;
 #pragma unroll
@@ -238,7 +250,7 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
     float acc[TN / 2];  // the first wgmma overwrites it
     uint32_t st = 0, sa_i = 0, st_prev = 0, sa_prev = 0;
     for (uint32_t c = 0; c < n_chunks; ++c) {
-        mbar_wait(full(sa_i), (c / SA) & 1u);
+        mbar_wait<kHint>(full(sa_i), (c / SA) & 1u);
         acc_fence(acc);
         wgmma_fence();
         const uint32_t ad = base + sa_i * kABytes + uint32_t(cw) * (kABytes / 2), bd = ring + st * kRaw;
@@ -263,10 +275,261 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
 #endif
 }
 
-template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA>
+// The persistent form of gemm_prefill_ws_kernel (GPTOSS_SM90_WS_VARIANT 9, 10): about kC CTAs per
+// SM, CTA b computing tiles b, b + gridDim.x, ... of the tok_tiles × row_tiles tiles (token tile
+// fastest; a static schedule, no atomics). Producers and consumers walk one flat sequence of
+// items q = (tile i, chunk c) through the same rings, so the producers fill the next tile's
+// first stages while the consumers run the previous tile's epilogue. Per tile the same operands
+// and wgmma sequence as gemm_prefill_ws_kernel (the first wgmma of chunk 0 overwrites the
+// accumulator), so the same bits. The consumers keep their own out_rows (two named barriers of
+// the 256 consumer threads per tile).
+template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA, bool kHint>
+__global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_wsp_kernel(const KernelArgs args) {
+#ifdef GPTOSS_SM90A
+    extern __shared__ unsigned char smem_raw[];
+    constexpr int R = ws_raw_stages<kFp4, TN, kC, kSA>(), SA = kSA, L = R - kLag;
+    constexpr bool kEarly = kLag >= 2;
+    static_assert(L >= 1, "raw ring too shallow");
+    constexpr int kSpw = kSlabs / kP;  // slabs per producer warp
+    constexpr int kH = TN == 256 ? 2 : 1, TW = TN / kH;  // 256-token tiles: two halves of wgmma n128
+    constexpr uint32_t kRaw = ws_raw_bytes<kFp4, TN>(), kBst = TN * 128, kA = a_bytes<kFp4>();
+    const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const uint32_t K = args.w.K, N = args.w.N, n_chunks = K >> 6;
+    const uint32_t n_slabs = (N + 15) >> 4, row_tiles = (n_slabs + kSlabs - 1) / kSlabs;
+    const uint32_t raw_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+    const uint32_t base = (raw_base + 1023u) & ~1023u;  // the swizzle atoms are 1 KB aligned
+    unsigned char* smem = smem_raw + (base - raw_base);
+    const uint32_t ring = base + SA * kABytes;  // raw stage s at ring + s·kRaw: token rows, weights, scales
+    int32_t* out_rows = reinterpret_cast<int32_t*>(smem + SA * kABytes + R * kRaw);
+    const uint32_t bars = base + SA * kABytes + R * kRaw + TN * 4;  // full[SA], empty_a[SA], empty_r[R]
+    auto full = [&](uint32_t s) { return bars + 8 * s; };
+    auto empty_a = [&](uint32_t s) { return bars + 8 * (SA + s); };
+    auto empty_r = [&](uint32_t s) { return bars + 8 * (2 * SA + s); };
+    if (tid == 0) {
+        for (int s = 0; s < SA; ++s) {
+            mbar_init(full(s), 32 * kP);
+            mbar_init(empty_a(s), 256);
+        }
+        for (int s = 0; s < R; ++s) mbar_init(empty_r(s), 256);
+    }
+    pdl_wait();
+    const uint32_t tok_tiles = args.routed ? uint32_t(args.route.tiles[0]) : (args.n_rows + TN - 1) / TN;
+    const uint32_t n_tiles = tok_tiles * row_tiles;
+    const uint32_t n_mine = blockIdx.x < n_tiles ? (n_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+    __syncthreads();  // barriers initialized
+    pdl_launch_dependents();
+    if (n_mine == 0) return;
+    // Tile i of this CTA: its token tile and first slab.
+    auto tile_of = [&](uint32_t i, PrefillTile* tl) {
+        const uint32_t id = blockIdx.x + i * gridDim.x;
+        prefill_tile_at<TN>(args, id % tok_tiles, tl);
+        return (id / tok_tiles) * uint32_t(kSlabs);
+    };
+    const uint32_t n_items = n_mine * n_chunks;
+
+    if (warp < kP) {
+        // The load cursor (tile li, chunk lc): weights of this warp's slabs and a share of the
+        // token rows (unit (tid & 7) of rows tid / 8 + 4·kP·i; columns past n_cols zero-filled).
+        constexpr int kBUnits = TN / (4 * kP);
+        const char* wsrc = nullptr;
+        const char* ssrc = nullptr;
+        uint32_t lslab0 = 0, bvalid = 0, li = 0, lc = 0;
+        const uint16_t* bsrc[kBUnits];
+        uint32_t bdst[kBUnits];
+#pragma unroll
+        for (int i = 0; i < kBUnits; ++i) {
+            const uint32_t row = uint32_t(tid >> 3) + uint32_t(4 * kP * i), u = uint32_t(tid & 7);
+            bdst[i] = row * 128 + ((u ^ (row & 7)) * 16);
+        }
+        auto set_tile = [&](uint32_t i) {
+            PrefillTile tl;
+            lslab0 = tile_of(i, &tl);
+            wsrc = static_cast<const char*>(args.w.w) + size_t(tl.expert) * args.w.w_expert_stride;
+            ssrc = kFp4 ? reinterpret_cast<const char*>(args.w.scales + size_t(tl.expert) * args.w.s_expert_stride)
+                        : nullptr;
+            bvalid = 0;
+#pragma unroll
+            for (int j = 0; j < kBUnits; ++j) {
+                const uint32_t row = uint32_t(tid >> 3) + uint32_t(4 * kP * j), u = uint32_t(tid & 7);
+                const bool v = row < tl.n_cols;
+                uint32_t src_row = 0;
+                if (v) src_row = args.routed ? uint32_t(tl.pairs[row]) / args.route.in_div : tl.col_base + row;
+                bsrc[j] = v ? args.x + size_t(src_row) * K + u * 8 : args.x;
+                bvalid |= v ? 1u << j : 0u;
+            }
+        };
+        // Loads the item at the cursor into raw stage `stage` and advances the cursor.
+        auto load = [&](uint32_t stage) {
+            const uint32_t sa = ring + stage * kRaw + kBst, sb = ring + stage * kRaw;
+#pragma unroll
+            for (int m = 0; m < kSpw; ++m) {
+                const uint32_t sl = uint32_t(kSpw * warp + m), slab = lslab0 + sl;
+                if (slab >= n_slabs) continue;
+                if constexpr (kFp4) {
+                    cp_async16_zfill(sa + sl * 512 + uint32_t(lane) * 16,
+                                     wsrc + (size_t(slab) * n_chunks + lc) * 512 + uint32_t(lane) * 16, true);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        cp_async16_zfill(sa + sl * 2048 + uint32_t(j * 512 + lane * 16),
+                                         wsrc + (size_t(slab) * n_chunks + lc) * 2048 + j * 512 + lane * 16, true);
+                }
+            }
+            if constexpr (kFp4) {
+                if (lane < 4 * kSpw) {
+                    const uint32_t sl = uint32_t(kSpw * warp + (lane >> 2)), slab = lslab0 + sl;
+                    if (slab < n_slabs)
+                        cp_async16_zfill(sa + kA + sl * 64 + uint32_t(lane & 3) * 16,
+                                         ssrc + (size_t(slab) * n_chunks + lc) * 64 + uint32_t(lane & 3) * 16, true);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < kBUnits; ++i) {
+                const bool v = (bvalid >> i) & 1u;
+                cp_async16_zfill(sb + bdst[i], v ? bsrc[i] + size_t(lc) * 64 : bsrc[i], v);
+            }
+            if (++lc == n_chunks) {
+                lc = 0;
+                if (++li < n_mine) set_tile(li);
+            }
+        };
+        set_tile(0);
+        for (int s = 0; s < L; ++s) {
+            if (uint32_t(s) < n_items) load(uint32_t(s));
+            cp_async_commit();
+        }
+        // This lane's A rows in slab sl: 16·sl + g and + 8, units 2t and 2t + 1 (swizzled).
+        const uint32_t u0 = (uint32_t(2 * t) ^ uint32_t(g)) * 16, u1 = (uint32_t(2 * t + 1) ^ uint32_t(g)) * 16;
+        uint32_t st = 0, sa_i = 0;  // raw stage and A stage of item q
+        // Item q + L goes into the raw stage of item q + L - R once the consumers are done with it.
+        auto refill = [&](uint32_t q, uint32_t st) {
+            const uint32_t qn = q + L;
+            if (qn < n_items) {
+                const uint32_t sn = st + L >= uint32_t(R) ? st + L - R : st + L;
+                if (qn >= uint32_t(R)) mbar_wait<kHint>(empty_r(sn), ((qn / R) & 1u) ^ 1u);
+                load(sn);
+            }
+            cp_async_commit();
+        };
+        for (uint32_t q = 0; q < n_items; ++q) {
+            if constexpr (kEarly) refill(q, st);
+            cp_async_wait<kEarly ? L : L - 1>();  // this thread's copies of item q landed
+            __syncwarp();            // and its warp's (the scales of a slab come from 4 lanes)
+            if (q >= uint32_t(SA)) mbar_wait<kHint>(empty_a(sa_i), ((q / SA) & 1u) ^ 1u);
+            const unsigned char* sa = smem + SA * kABytes + st * kRaw + kBst;
+            unsigned char* ab = smem + sa_i * kABytes;
+#pragma unroll
+            for (int m = 0; m < kSpw; ++m) {
+                const int sl = kSpw * warp + m;
+                uint32_t a[4][4];
+                if constexpr (kFp4) {
+                    Chunk ch;
+                    ch.v[0] = *reinterpret_cast<const uint4*>(sa + sl * 512 + lane * 16);
+                    const uint2 s = *reinterpret_cast<const uint2*>(sa + kA + sl * 64 + g * 8);
+                    ch.v[1].x = s.x;
+                    ch.v[1].y = s.y;
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) fragment<true>(ch, j, a[j]);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const uint4 v = *reinterpret_cast<const uint4*>(sa + sl * 2048 + j * 512 + lane * 16);
+                        a[j][0] = v.x; a[j][1] = v.y; a[j][2] = v.z; a[j][3] = v.w;
+                    }
+                }
+                const uint32_t a_lo = uint32_t(sl * 16 + g) * 128, a_hi = a_lo + 8 * 128;
+                *reinterpret_cast<uint4*>(ab + a_lo + u0) = make_uint4(a[0][0], a[0][2], a[1][0], a[1][2]);
+                *reinterpret_cast<uint4*>(ab + a_lo + u1) = make_uint4(a[2][0], a[2][2], a[3][0], a[3][2]);
+                *reinterpret_cast<uint4*>(ab + a_hi + u0) = make_uint4(a[0][1], a[0][3], a[1][1], a[1][3]);
+                *reinterpret_cast<uint4*>(ab + a_hi + u1) = make_uint4(a[2][1], a[2][3], a[3][1], a[3][3]);
+            }
+            fence_proxy_async();  // this thread's A stores and token copies → visible to wgmma
+            mbar_arrive(full(sa_i));
+            if constexpr (!kEarly) refill(q, st);
+            st = st + 1 == R ? 0 : st + 1;
+            sa_i = sa_i + 1 == SA ? 0 : sa_i + 1;
+        }
+        cp_async_wait<0>();
+        return;
+    }
+
+    // Consumers: warpgroup cw owns A rows 64·cw .. 64·cw + 63.
+    // 256-token tiles: tokens 128..255 (accumulator 1) only when the tile has more than 128.
+    const int cw = (warp - kP) >> 2, ctid = tid - 32 * kP;
+    float acc[kH][TW / 2];  // the first wgmma of a tile overwrites it
+    uint32_t st = 0, sa_i = 0, st_prev = 0, sa_prev = 0, q = 0;
+    for (uint32_t i = 0; i < n_mine; ++i) {
+        PrefillTile tl;
+        const uint32_t slab0 = tile_of(i, &tl);
+        const bool two = kH == 2 && tl.n_cols > uint32_t(TW);
+        asm volatile("bar.sync 1, 256;" ::: "memory");  // the previous tile's epilogue read out_rows
+        for (int r = ctid; r < TN; r += 256)
+            out_rows[r] = r < int(tl.n_cols) ? (args.routed ? tl.pairs[r] : int32_t(tl.col_base) + r) : 0;
+        for (uint32_t c = 0; c < n_chunks; ++c, ++q) {
+            mbar_wait<kHint>(full(sa_i), (q / SA) & 1u);
+#pragma unroll
+            for (int h = 0; h < kH; ++h) acc_fence(acc[h]);
+            wgmma_fence();
+            const uint32_t ad = base + sa_i * kABytes + uint32_t(cw) * (kABytes / 2), bd = ring + st * kRaw;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int h = 0; h < kH; ++h)
+                    if (h == 0 || two)
+                        wgmma_ss<TW>(acc[h], sw128_desc(ad + 32u * j), sw128_desc(bd + uint32_t(h * TW * 128) + 32u * j),
+                                     c > 0 || j > 0);
+            wgmma_commit();
+            wgmma_wait<1>();  // item q - 1's group is complete: its stages are free
+#pragma unroll
+            for (int h = 0; h < kH; ++h) acc_fence(acc[h]);
+            if (c > 0) {
+                mbar_arrive(empty_a(sa_prev));
+                mbar_arrive(empty_r(st_prev));
+            }
+            st_prev = st;
+            sa_prev = sa_i;
+            st = st + 1 == R ? 0 : st + 1;
+            sa_i = sa_i + 1 == SA ? 0 : sa_i + 1;
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int h = 0; h < kH; ++h) acc_fence(acc[h]);
+        mbar_arrive(empty_a(sa_prev));
+        mbar_arrive(empty_r(st_prev));
+        asm volatile("bar.sync 1, 256;" ::: "memory");  // out_rows written
+        const uint32_t slab = slab0 + uint32_t(4 * cw + (warp & 3));
+        if (slab < n_slabs) {
+            store_wg_tile<TW>(args, tl.expert, slab, acc[0], min(tl.n_cols, uint32_t(TW)), out_rows, g, t);
+            if (two) store_wg_tile<TW>(args, tl.expert, slab, acc[kH - 1], tl.n_cols - TW, out_rows + TW, g, t);
+        }
+    }
+#endif
+}
+
+// Multiprocessors of the current device `dev` (asked once per device).
+uint32_t sm_count(int dev) {
+    static std::atomic<int> known[64];
+    if (dev < 0 || dev >= 64) return 1;
+    if (known[dev].load() == 0) {
+        int n = 0;
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) {
+            cudaGetLastError();
+            n = 1;
+        }
+        known[dev].store(n);
+    }
+    return uint32_t(known[dev].load());
+}
+
+// kPersist: gemm_prefill_wsp_kernel over min(all tiles, kC CTAs per SM); else
+// gemm_prefill_ws_kernel, one CTA per tile.
+template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA, bool kHint = false, bool kPersist = false>
 cudaError_t launch_ws(const KernelArgs& a, uint32_t token_tiles, cudaStream_t stream) {
     static std::atomic<uint64_t> configured{0};
-    auto* kernel = gemm_prefill_ws_kernel<kFp4, TN, kP, kLag, kC, kSA>;
+    void (*kernel)(const KernelArgs);
+    if constexpr (kPersist) kernel = gemm_prefill_wsp_kernel<kFp4, TN, kP, kLag, kC, kSA, kHint>;
+    else kernel = gemm_prefill_ws_kernel<kFp4, TN, kP, kLag, kC, kSA, kHint>;
     constexpr uint32_t bytes = ws_smem_bytes<kFp4, TN, kC, kSA>();
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
@@ -277,35 +540,60 @@ cudaError_t launch_ws(const KernelArgs& a, uint32_t token_tiles, cudaStream_t st
         if (err != cudaSuccess) return err;
         configured.fetch_or(bit);
     }
-    const dim3 grid(token_tiles, ceil_div(ceil_div(a.w.N, 16), uint32_t(kSlabs)));
-    return launch_pdl(kernel, grid, ws_threads<kP>(), bytes, stream, a);
+    const uint32_t row_tiles = ceil_div(ceil_div(a.w.N, 16), uint32_t(kSlabs));
+    if constexpr (kPersist) {
+        const uint32_t ctas = std::min(token_tiles * row_tiles, sm_count(dev) * uint32_t(kC));
+        return launch_pdl(kernel, dim3(ctas), ws_threads<kP>(), bytes, stream, a);
+    }
+    return launch_pdl(kernel, dim3(token_tiles, row_tiles), ws_threads<kP>(), bytes, stream, a);
 }
 
-// Variant (GPTOSS_SM90_WS_VARIANT, one per process; measured in bench/NOTES.md v13b). 128-token
-// tiles: 1 = 4 producer warps, refill after the dequantization (kLag 1); 2 = refill first
-// (kLag 2); 3, 5 = as 2 with 8 producer warps; 6, 7 = 8 producer warps, MXFP4 A ring 4 deep,
-// kLag 3. 64-token tiles: 2 CTAs per SM with 4 producer warps (kLag 1 for variant 1, else 2);
-// 5, 6: 1 CTA, 8 warps; 7 (default): gemm_prefill_sm90.cu's kernel (2 CTAs per SM of 8 lock-step
-// warps, faster there; same operands and wgmma sequence, so the same bits as this kernel).
+// Variant (GPTOSS_SM90_WS_VARIANT = 1..10, one per process; measured in bench/NOTES.md v13b and
+// v14). 128-token tiles: 1 = 4 producer warps, refill after the dequantization (kLag 1); 2 =
+// refill first (kLag 2); 3, 5 = as 2 with 8 producer warps; 6, 7 = 8 producer warps, MXFP4 A ring
+// 4 deep, kLag 3; 8 = 7 with the mbarrier suspend-time hint; 9 = 8 as the persistent kernel;
+// 10 = 9, and gemm_prefill_tile_tokens chooses 256-token MXFP4 route tiles where it chose 128
+// (persistent, 4 producer warps, two wgmma n128 halves). 64-token tiles: 2 CTAs per SM with 4
+// producer warps (kLag 1 for variant 1, else 2); 5, 6: 1 CTA, 8 warps; 7 to 10 (7 is the
+// default): gemm_prefill_sm90.cu's kernel (2 CTAs per SM of 8 lock-step warps, faster there; same
+// operands and wgmma sequence, so the same bits as this kernel), or with 9 and 10 and
+// GPTOSS_SM90_WS_64 = 4 / 8: the persistent kernel, 2 CTAs per SM with 4 / 8 producer warps.
 // (128-token tiles at 2 CTAs per SM do not compile: wgmma m64n128 needs >= 90 registers.)
 int ws_variant() {
     static const int v = [] {
         const char* e = std::getenv("GPTOSS_SM90_WS_VARIANT");
-        return e && e[0] >= '1' && e[0] <= '7' && e[0] != '4' && !e[1] ? e[0] - '0' : 7;
+        const int x = e ? std::atoi(e) : 0;
+        return x >= 1 && x <= 10 && x != 4 ? x : 7;
+    }();
+    return v;
+}
+int ws_64() {
+    static const int v = [] {
+        const char* e = std::getenv("GPTOSS_SM90_WS_64");
+        const int x = e ? std::atoi(e) : 0;
+        return x == 4 || x == 8 ? x : 0;
     }();
     return v;
 }
 template <bool kFp4>
 cudaError_t launch_ws_v(const KernelArgs& a, uint32_t tn, uint32_t token_tiles, cudaStream_t stream) {
     const int v = ws_variant();
-    constexpr int kSA128 = kFp4 ? 3 : 2;
+    constexpr int kSA128 = kFp4 ? 3 : 2, kSA6 = kFp4 ? 4 : 2;
+    if (tn == 256) {  // MXFP4 routes only (gemm_prefill checked)
+        if constexpr (kFp4) return launch_ws<true, 256, 4, 2, 1, 2, true, true>(a, token_tiles, stream);
+        return cudaErrorInvalidValue;
+    }
     if (tn == 128) {
-        if (v >= 6) return launch_ws<kFp4, 128, 8, 3, 1, kFp4 ? 4 : 2>(a, token_tiles, stream);
+        if (v >= 9) return launch_ws<kFp4, 128, 8, 3, 1, kSA6, true, true>(a, token_tiles, stream);
+        if (v == 8) return launch_ws<kFp4, 128, 8, 3, 1, kSA6, true>(a, token_tiles, stream);
+        if (v >= 6) return launch_ws<kFp4, 128, 8, 3, 1, kSA6>(a, token_tiles, stream);
         return v == 1   ? launch_ws<kFp4, 128, 4, 1, 1, kSA128>(a, token_tiles, stream)
                : v == 2 ? launch_ws<kFp4, 128, 4, 2, 1, kSA128>(a, token_tiles, stream)
                         : launch_ws<kFp4, 128, 8, 2, 1, kSA128>(a, token_tiles, stream);
     }
-    if (v == 7) return launch_prefill_sm90(a, kFp4, 64, token_tiles, stream);
+    if (v >= 9 && ws_64() == 4) return launch_ws<kFp4, 64, 4, 2, 2, 2, true, true>(a, token_tiles, stream);
+    if (v >= 9 && ws_64() == 8) return launch_ws<kFp4, 64, 8, 2, 2, 2, true, true>(a, token_tiles, stream);
+    if (v >= 7) return launch_prefill_sm90(a, kFp4, 64, token_tiles, stream);
     if (v == 5) return launch_ws<kFp4, 64, 8, 2, 1, 2>(a, token_tiles, stream);
     if (v == 6) return launch_ws<kFp4, 64, 8, 3, 1, 4>(a, token_tiles, stream);
     return v == 1 ? launch_ws<kFp4, 64, 4, 1, 2, 2>(a, token_tiles, stream)
@@ -313,6 +601,8 @@ cudaError_t launch_ws_v(const KernelArgs& a, uint32_t tn, uint32_t token_tiles, 
 }
 
 }  // namespace
+
+bool ws_wide_tiles() { return ws_variant() == 10; }
 
 cudaError_t launch_prefill_ws(const KernelArgs& a, bool fp4, uint32_t tn, uint32_t token_tiles, cudaStream_t stream) {
     return fp4 ? launch_ws_v<true>(a, tn, token_tiles, stream) : launch_ws_v<false>(a, tn, token_tiles, stream);

@@ -111,7 +111,8 @@ struct GemmRoute {
 // tokens, CTA tiles of 128 weight rows × 64 or 128 tokens through a shared-memory pipeline.
 // Every output sums its K in one fixed order (64-k chunks in order, k16 steps in order), so a
 // token's result never depends on the chunk, the tile or its neighbours; it differs from gemm()
-// in the last bits. route->tile_tokens must be 64 or 128 (tiles of at most that many pairs).
+// in the last bits. route->tile_tokens must be 64 or 128 (tiles of at most that many pairs), or
+// 256 for MXFP4 weights on the warp-specialized sm_90a kernel (kSm90Ws).
 // kernel: kAuto = on sm_90a the shared-memory wgmma kernel (gemm_prefill_sm90.cu) as
 // GPTOSS_GEMM_SM90 says (0 none, 1 MXFP4 GEMMs, 2 all = the default), else mma.sync, or the
 // register-A wgmma kernel with GPTOSS_GEMM_WGMMA=1 (slower); kAuto's choice depends only on the
@@ -127,7 +128,8 @@ enum class PrefillKernel : int { kAuto = 0, kMmaSync = 1, kWgmma = 2, kSm90 = 3,
 // True on a compute capability 9.0 device whose loaded code has the sm_90a features (wgmma).
 // The first call per device runs a one-thread probe kernel and waits for it.
 bool gemm_prefill_wgmma_supported();
-// Route tile width for gemm_prefill: 128 when the average expert has >= 128 pairs, else 64.
+// Route tile width for gemm_prefill: 128 when the average expert has >= 128 pairs (256 instead
+// where kAuto's MXFP4 kernel is kSm90Ws and GPTOSS_SM90_WS_VARIANT is 10), else 64.
 uint32_t gemm_prefill_tile_tokens(uint32_t n_pairs, uint32_t n_experts);
 
 // Decode GEMV (gemm_decode.cu), one token: the same products as gemm(nb = 1) summed in an order

@@ -3,14 +3,16 @@
 // against the CPU reference ops (cpu::matmul_bf16, cpu::matmul_mxfp4, cpu::swiglu) on seeded
 // random inputs: dense bf16 with N not a multiple of the 128-row tile, 1 to 1030 tokens (both
 // token tile widths), K of one chunk and of many; grouped MXFP4 experts with 0, 1, many and
-// uneven pair counts, tiles of 64 and 128 pairs, every epilogue (store, residual add, SwiGLU with
-// its clamps). Bit-identity promises: a token's output is the same bits whatever the chunk it is
-// in, the tile width and the order of the pairs inside an expert's group. Tolerances as
-// tests/test-kernels.cu (fp32 accumulation in another order than the CPU's). Without a CUDA
-// device the tests are skipped with a message (exit 77).
+// uneven pair counts, tiles of 64 and 128 pairs (and 256 on the warp-specialized kernel), every
+// epilogue (store, residual add, SwiGLU with its clamps). Bit-identity promises: a token's output
+// is the same bits whatever the chunk it is in, the tile width and the order of the pairs inside
+// an expert's group. Tolerances as tests/test-kernels.cu (fp32 accumulation in another order
+// than the CPU's). Without a CUDA device the tests are skipped with a message (exit 77).
 #include "tests/kernel-test-util.cuh"
 
+#include <cstdlib>
 #include <numeric>
+#include <string>
 
 namespace {
 
@@ -63,6 +65,13 @@ void for_each_kernel(void (*body)()) {
                                                               : "mma.sync"));
         body();
     }
+}
+
+// Route tile widths of the MXFP4 tests: 256 too on the warp-specialized kernel (its 256-token
+// tiles: two wgmma n128 halves, the second only for tiles of more than 128 pairs).
+std::vector<uint32_t> tile_widths() {
+    if (g_kern == cuda::PrefillKernel::kSm90Ws) return {64u, 128u, 256u};
+    return {64u, 128u};
 }
 
 std::vector<float> run_dense(const DenseW& d, const std::vector<float>& x, uint32_t T, cuda::Epilogue ep,
@@ -154,7 +163,7 @@ void grouped_mxfp4_matches_cpu() {
     for (uint32_t p = 0; p < P; ++p)
         std::memcpy(ref.data() + size_t(p) * N, per_e.data() + (size_t(expert_of[p]) * T + p / in_div) * N, N * 4);
     std::vector<float> first;
-    for (uint32_t tile : {64u, 128u}) {
+    for (uint32_t tile : tile_widths()) {
         for (bool reverse : {false, true}) {
             HostRoute route(expert_of, E, in_div, tile, reverse);
             Dev<float> out(size_t(P) * N);
@@ -212,7 +221,7 @@ void grouped_swiglu_matches_cpu() {
     for (size_t i = 0; i < g.size(); ++i) clamped += std::fabs(g[i]) > 7.0f;
     CHECK(clamped > 0);
     std::vector<uint16_t> first;
-    for (uint32_t tile : {64u, 128u}) {
+    for (uint32_t tile : tile_widths()) {
         HostRoute route(expert_of, E, 1, tile, tile == 128);
         Dev<uint16_t> act(size_t(T) * I);
         OK(cuda::gemm_prefill(ew.w, xd.p, T, &route.r, cuda::Epilogue::kSwiglu, nullptr, act.p, I, 7.0f, nullptr,
@@ -241,7 +250,11 @@ TEST_CASE("gemm_prefill MXFP4 gate_up with fused SwiGLU matches cpu::matmul_mxfp
 }
 
 TEST_CASE("gemm_prefill_tile_tokens and the argument checks") {
-    CHECK(cuda::gemm_prefill_tile_tokens(2048 * 4, 32) == 128);   // 20b, 2048 tokens: 256 pairs per expert
+    // 20b, 2048 tokens: 256 pairs per expert (256-token tiles on kSm90Ws variant 10).
+    auto env = [](const char* name) { const char* e = std::getenv(name); return std::string(e ? e : ""); };
+    const bool wide = cuda::gemm_prefill_wgmma_supported() && env("GPTOSS_SM90_WS_VARIANT") == "10" &&
+                      env("GPTOSS_SM90_WS") != "0" && env("GPTOSS_GEMM_SM90") != "0";
+    CHECK(cuda::gemm_prefill_tile_tokens(2048 * 4, 32) == (wide ? 256u : 128u));
     CHECK(cuda::gemm_prefill_tile_tokens(2048 * 4, 128) == 64);   // 120b: 64
     CHECK(cuda::gemm_prefill_tile_tokens(512 * 4, 32) == 64);
     CHECK(cuda::gemm_prefill_tile_tokens(0, 32) == 64);
@@ -257,6 +270,11 @@ TEST_CASE("gemm_prefill_tile_tokens and the argument checks") {
     CHECK(cuda::gemm_prefill(w, nullptr, 1, &route, cuda::Epilogue::kStore, &out, nullptr, 16, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);
     CHECK(std::string(gptoss_last_error()).find("32 pairs") != std::string::npos);
+    route.tile_tokens = 256;  // only the warp-specialized MXFP4 kernel takes 256-pair tiles
+    route.in_div = 1;
+    CHECK(cuda::gemm_prefill(w, nullptr, 1, &route, cuda::Epilogue::kStore, &out, nullptr, 16, 0, nullptr,
+                             cuda::PrefillKernel::kMmaSync) == GPTOSS_ERR_INTERNAL);
+    CHECK(std::string(gptoss_last_error()).find("256 pairs") != std::string::npos);
     w.N = 160;  // SwiGLU output width 80: not a whole number of 64-element permuted chunks
     uint16_t act = 0;
     CHECK(cuda::gemm_prefill(w, nullptr, 1, nullptr, cuda::Epilogue::kSwiglu, nullptr, &act, 80, 7.0f, nullptr) ==

@@ -137,6 +137,7 @@ def main():
         sys.exit("gptoss-server-load: --streams must be >= 1 and --seconds > 0")
 
     stats = Stats()
+    t0 = time.monotonic()
     stop_at = time.monotonic() + a.seconds
     counter = [0]
     counter_lock = threading.Lock()
@@ -146,13 +147,14 @@ def main():
             with counter_lock:
                 i = counter[0]
                 counter[0] += 1
+            started = time.monotonic() - t0
             err = one_request(a.url, a.key, request_body(i, a.max_tokens), stats)
             if err:
                 with stats.lock:
-                    stats.failures.append(f"request {i}: {err}")
+                    stats.failures.append(f"request {i} (sent at {started:.1f} s, failed at "
+                                          f"{time.monotonic() - t0:.1f} s): {err}")
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(a.streams)]
-    t0 = time.monotonic()
     for t in threads:
         t.start()
     samples = []

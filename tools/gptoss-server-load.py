@@ -72,6 +72,7 @@ class Stats:
         self.tokens = 0
         self.failures = []
         self.ttft = []
+        self.duration = []
 
 
 def one_request(url, key, body, stats):
@@ -119,6 +120,7 @@ def one_request(url, key, body, stats):
         stats.tokens += tokens
         if first is not None:
             stats.ttft.append(first)
+        stats.duration.append(time.monotonic() - t0)
     return None
 
 
@@ -168,11 +170,13 @@ def main():
             t.join(timeout=a.sample / len(threads))
     wall = time.monotonic() - t0
 
-    ttft = sorted(stats.ttft)
-    p = lambda q: ttft[min(len(ttft) - 1, int(q * len(ttft)))] if ttft else float("nan")
+    def pct(values, q):
+        v = sorted(values)
+        return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
     print(f"summary: {a.streams} streams, {wall:.1f} s, {stats.requests} requests, {stats.tokens} completion tokens"
-          f" = {stats.tokens / wall:.1f} tok/s aggregate, TTFT p50 {p(0.5):.3f} s p99 {p(0.99):.3f} s,"
-          f" failures {len(stats.failures)}")
+          f" = {stats.tokens / wall:.1f} tok/s aggregate, TTFT p50 {pct(stats.ttft, 0.5):.3f} s"
+          f" p99 {pct(stats.ttft, 0.99):.3f} s, request time p50 {pct(stats.duration, 0.5):.3f} s"
+          f" p99 {pct(stats.duration, 0.99):.3f} s, failures {len(stats.failures)}")
     for f in stats.failures[:20]:
         print("  FAIL", f)
     bad = bool(stats.failures)

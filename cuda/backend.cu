@@ -161,6 +161,10 @@ private:
 public:
     // Device bytes of this session's KV cache and scratch (layout(nullptr) measures).
     size_t layout(char* base);
+    // Split model: x_, x_alt_, part_, logits_ carved from `base` instead (nullptr: measures),
+    // place_collectives() also zeroes them.
+    size_t carve_collectives(char* base);
+    [[nodiscard]] gptoss_status place_collectives(char* base);
 
 public:
     void* comm_ = nullptr;  // ncclComm_t when this is one rank of a split model (set_session_comm)
@@ -695,6 +699,23 @@ size_t CudaSession::layout(char* base) {
     batch_layers_.clear();
     for (const LayerKv& kv : kv_) batch_layers_.push_back(BatchAttentionItem{kv.k, kv.v, kv.slots, 0});
     return cv.used();
+}
+
+size_t CudaSession::carve_collectives(char* base) {
+    const Dims& d = be_.dims_;
+    Carver cv(base);
+    float* x = cv.take<float>(size_t(max_batch_) * d.H * 4);
+    float* x_alt = cv.take<float>(size_t(d.H) * 4);
+    float* part = cv.take<float>(size_t(max_batch_) * d.K * d.H * 4);
+    float* logits = cv.take<float>(std::max<size_t>(d.V, size_t(be_.lm_rows()) * be_.rank_.n_ranks) * 4);
+    if (base) x_ = x, x_alt_ = x_alt, part_ = part, logits_ = logits;
+    return cv.used();
+}
+
+gptoss_status CudaSession::place_collectives(char* base) {
+    const size_t bytes = carve_collectives(base);
+    DeviceGuard guard(device_);
+    return checked(cuda_status(cudaMemsetAsync(base, 0, bytes, stream_), "cudaMemsetAsync", __FILE__, __LINE__));
 }
 
 gptoss_status CudaSession::init() {
@@ -1237,6 +1258,17 @@ gptoss_status set_session_comm(BackendSession* session, void* comm) {
     if (!s) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "set_session_comm: not a CUDA session");
     s->comm_ = comm;
     return GPTOSS_OK;
+}
+
+size_t session_collective_bytes(BackendSession* session) {
+    auto* s = dynamic_cast<CudaSession*>(session);
+    return s ? s->carve_collectives(nullptr) : 0;
+}
+
+gptoss_status place_session_collectives(BackendSession* session, char* base) {
+    auto* s = dynamic_cast<CudaSession*>(session);
+    if (!s || !base) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "place_session_collectives: not a CUDA session");
+    return s->place_collectives(base);
 }
 
 gptoss_status create_synthetic_rank_backend(const Config& config, int32_t device, uint64_t seed, const RankInfo& rank,

@@ -55,6 +55,13 @@ struct RankInfo {
 // work). From then on its forward passes all-reduce the residual stream after attention and
 // after the MoE, and all-gather the logits. Fails with INVALID_ARGUMENT for a non-CUDA session.
 [[nodiscard]] gptoss_status set_session_comm(BackendSession* session, void* comm);
+// The buffers a rank's collectives read and write (the residual x and its decode alternate, the
+// K expert outputs, the logits): session_collective_bytes() says how many bytes they take (the
+// same on every rank of one model and max_batch), place_session_collectives() moves them to
+// `base` (device memory of the session's GPU, that many bytes, 256-byte aligned, e.g. NCCL
+// symmetric memory; borrowed, zeroed here on the session's stream). Call before the first forward.
+size_t session_collective_bytes(BackendSession* session);
+[[nodiscard]] gptoss_status place_session_collectives(BackendSession* session, char* base);
 
 // A model split over devices[0..n) (n >= 2, gptoss-shard.h) with random weights per rank, as
 // create_synthetic_backend builds them (speed only: the ranks' weights are not slices of one

@@ -11,12 +11,14 @@
 // rank has issued it. NVLink multicast (NVLS) stays off: NCCL_NVLS_ENABLE=0 is set in the
 // process environment before the first communicator unless the caller already set it.
 // A failure on one rank aborts the session's communicators (so no GPU waits forever on a
-// collective) and makes the session unusable.
+// collective) and makes the session unusable. How the collectives run (plain NCCL, NCCL
+// symmetric memory, or one-shot kernels on NCCL's device API) is cuda/rank_comm.h's.
 #include "cuda/multi_gpu.h"
 #include "cuda/common.cuh"
 #include "gptoss-shard.h"
 
 #ifdef GPTOSS_HAVE_NCCL
+#include "cuda/rank_comm.h"
 #include <nccl.h>
 #endif
 
@@ -74,12 +76,15 @@ public:
     ShardedSession(uint32_t n_vocab, std::vector<int32_t> devices) : BackendSession(n_vocab), devices_(std::move(devices)) {}
     ~ShardedSession() override {
         ranks_.clear();  // each syncs its stream first
+        release_windows();
         for (ncclComm_t c : comms_)
             if (c) ncclCommDestroy(c);
     }
 
     gptoss_status init(const std::vector<std::unique_ptr<Backend>>& backends, uint32_t max_context,
                        uint32_t max_batch) {
+        CollectiveMode mode = CollectiveMode::kNccl;
+        GPTOSS_TRY(collective_mode_from_env(&mode));
         ranks_.resize(backends.size());
         for (size_t r = 0; r < backends.size(); ++r)
             GPTOSS_TRY(backends[r]->create_session(max_context, max_batch, &ranks_[r]));
@@ -87,7 +92,21 @@ public:
         comms_.assign(devices_.size(), nullptr);
         GPTOSS_TRY(nccl_status(ncclCommInitAll(comms_.data(), int(devices_.size()), devices_.data()),
                                "ncclCommInitAll"));
-        for (size_t r = 0; r < ranks_.size(); ++r) GPTOSS_TRY(set_session_comm(ranks_[r].get(), comms_[r]));
+        if (mode == CollectiveMode::kLsa && !lsa_available()) {
+            log(GPTOSS_LOG_WARN, "split model: NCCL's device API is not available (no nccl_device.h at build time, "
+                                 "or the library's version differs from the header's): symmetric NCCL collectives");
+            mode = CollectiveMode::kSymmetric;
+        }
+        rcs_.resize(ranks_.size());  // never resized again: the rank sessions hold pointers into it
+        for (size_t r = 0; r < ranks_.size(); ++r) {
+            rcs_[r].comm = comms_[r];
+            rcs_[r].rank = int(r);
+            rcs_[r].n_ranks = int(ranks_.size());
+            rcs_[r].mode = mode;
+        }
+        if (mode != CollectiveMode::kNccl) GPTOSS_TRY(setup_windows());
+        log(GPTOSS_LOG_INFO, "split model: collectives %s", collective_mode_name(rcs_[0].mode));
+        for (size_t r = 0; r < ranks_.size(); ++r) GPTOSS_TRY(set_session_comm(ranks_[r].get(), &rcs_[r]));
         return warm_up();
     }
 
@@ -137,6 +156,37 @@ private:
     gptoss_status usable() const {
         if (broken_) return fail(GPTOSS_ERR_DEVICE, "split model: an earlier failure on one GPU made this session unusable");
         return GPTOSS_OK;
+    }
+
+    // Symmetric memory for every rank: allocations first (a failure there falls back to plain
+    // NCCL for all ranks), then the collective registration on one thread per rank.
+    gptoss_status setup_windows() {
+        for (size_t r = 0; r < ranks_.size(); ++r) {
+            DeviceGuard guard(devices_[r]);
+            if (rank_comm_alloc(&rcs_[r], ranks_[r].get()) != GPTOSS_OK) {
+                log(GPTOSS_LOG_WARN, "split model: %s; plain NCCL collectives instead", gptoss_last_error());
+                for (RankComm& rc : rcs_) rank_comm_free_unregistered(&rc);
+                return GPTOSS_OK;
+            }
+        }
+        registered_ = true;
+        return run_all([&](size_t r) {
+            DeviceGuard guard(devices_[r]);
+            return rank_comm_register(&rcs_[r], ranks_[r].get());
+        });
+    }
+
+    // Deregistration is collective: one thread per rank. After an abort only the memory is freed.
+    void release_windows() {
+        if (!registered_) return;
+        std::vector<std::thread> threads;
+        for (size_t r = 0; r < rcs_.size(); ++r)
+            threads.emplace_back([&, r] {
+                DeviceGuard guard(devices_[r]);
+                rank_comm_release(&rcs_[r]);
+            });
+        for (std::thread& t : threads) t.join();
+        registered_ = false;
     }
 
     // One all-reduce on every rank (grouped from this thread), so that NCCL connects its
@@ -207,6 +257,7 @@ private:
                     if (c) ncclCommAbort(c);
                     c = nullptr;
                 }
+                for (RankComm& rc : rcs_) rc.comm = nullptr;
                 broken_ = true;
             }
             return fail(st[r], "GPU %d (rank %zu of %zu): %s", devices_[r], r, st.size(), msg[r].c_str());
@@ -217,6 +268,8 @@ private:
     std::vector<int32_t> devices_;
     std::vector<std::unique_ptr<BackendSession>> ranks_;
     std::vector<ncclComm_t> comms_;
+    std::vector<RankComm> rcs_;
+    bool registered_ = false;
     bool broken_ = false;
 };
 
@@ -272,20 +325,6 @@ RankInfo rank_info(const ShardPlan& plan, uint32_t r) {
 std::atomic<bool> g_skip_collectives{false};
 
 void debug_skip_collectives(bool skip) { g_skip_collectives = skip; }
-
-gptoss_status rank_all_reduce(void* comm, float* x, size_t count, cudaStream_t stream) {
-    if (g_skip_collectives) return GPTOSS_OK;
-    return nccl_status(ncclAllReduce(x, x, count, ncclFloat, ncclSum, static_cast<ncclComm_t>(comm), stream),
-                       "ncclAllReduce");
-}
-
-gptoss_status rank_all_gather(void* comm, float* buf, size_t count, cudaStream_t stream) {
-    if (g_skip_collectives) return GPTOSS_OK;
-    auto c = static_cast<ncclComm_t>(comm);
-    int rank = 0;
-    GPTOSS_TRY(nccl_status(ncclCommUserRank(c, &rank), "ncclCommUserRank"));
-    return nccl_status(ncclAllGather(buf + size_t(rank) * count, buf, count, ncclFloat, c, stream), "ncclAllGather");
-}
 
 gptoss_status sharded_profile(BackendSession* session, const int32_t* tokens, uint32_t n, uint32_t pos, bool decode,
                               std::vector<std::pair<std::string, double>>* ms_by_op) {

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -149,6 +150,61 @@ TEST_CASE("split over 2 GPUs: prefill and decode logits match one GPU; greedy to
     int32_t t_one = 0;
     REQUIRE(p.s1->sample(greedy, 0.0, &t_one) == GPTOSS_OK);
     CHECK(t0 == t_one);
+}
+
+// Two ranks: every all-reduced value is one fp32 addition of the two partials, so the ways of
+// running the collectives (cuda/rank_comm.h) must give bit-identical logits, NCCL's own
+// ncclAllReduce being the oracle. A 600-token chunk (600 × hidden floats, past the LSA
+// kernel's limit) takes ncclAllReduce on symmetric memory inside lsa mode, the 100-token one
+// and the decode steps the one-shot kernels.
+TEST_CASE("split over 2 GPUs: GPTOSS_MULTI_AR nccl, sym and lsa give bit-identical logits") {
+    Pair p;
+    open_pair(&p, 1024, 640);
+    const uint32_t V = p.ck->config.vocab;
+    const char* old = std::getenv("GPTOSS_MULTI_AR");
+    const std::string saved = old ? old : "";
+    Rng rng(11);
+    std::vector<int32_t> prompt(700);
+    for (int32_t& t : prompt) t = int32_t(rng.next_u64() % V);
+    std::vector<std::vector<float>> runs;
+    std::vector<int32_t> tokens;
+    for (const char* mode : {"nccl", "sym", "lsa"}) {
+        setenv("GPTOSS_MULTI_AR", mode, 1);
+        std::unique_ptr<BackendSession> s;
+        REQUIRE_MESSAGE(p.two->create_session(1024, 640, &s) == GPTOSS_OK, std::string(gptoss_last_error()));
+        std::vector<float> all;
+        auto keep = [&] {
+            const float* l = nullptr;
+            REQUIRE(s->get_logits(&l) == GPTOSS_OK);
+            all.insert(all.end(), l, l + V);
+        };
+        REQUIRE_MESSAGE(s->forward(prompt.data(), 600, 0) == GPTOSS_OK, std::string(gptoss_last_error()));
+        keep();
+        REQUIRE_MESSAGE(s->forward(prompt.data() + 600, 100, 600) == GPTOSS_OK, std::string(gptoss_last_error()));
+        keep();
+        for (uint32_t step = 0; step < 12; ++step) {
+            if (runs.empty()) {
+                int32_t t = 0;
+                REQUIRE(s->sample({0.0f, 1.0f, 0}, 0.0, &t) == GPTOSS_OK);
+                tokens.push_back(t);
+            }
+            REQUIRE_MESSAGE(s->decode(tokens[step], 700 + step) == GPTOSS_OK, std::string(gptoss_last_error()));
+            keep();
+        }
+        size_t differ = 0;
+        if (!runs.empty())
+            for (size_t i = 0; i < all.size(); ++i) differ += std::memcmp(&all[i], &runs[0][i], 4) != 0;
+        INFO("GPTOSS_MULTI_AR=" << mode);
+        CHECK(differ == 0);
+        MESSAGE("GPTOSS_MULTI_AR=" << mode << ": " << differ << " of " << all.size() << " logits differ from nccl's");
+        runs.push_back(std::move(all));
+    }
+    setenv("GPTOSS_MULTI_AR", "bogus", 1);
+    std::unique_ptr<BackendSession> s;
+    CHECK(p.two->create_session(256, 16, &s) == GPTOSS_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(gptoss_last_error()).find("GPTOSS_MULTI_AR is 'bogus'") != std::string::npos);
+    if (old) setenv("GPTOSS_MULTI_AR", saved.c_str(), 1);
+    else unsetenv("GPTOSS_MULTI_AR");
 }
 
 TEST_CASE("public API: params.devices {0, 1} answers like one GPU; bad device lists are refused") {

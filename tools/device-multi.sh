@@ -6,9 +6,10 @@
 # NCCL_NVLS_ENABLE=0 is exported (NVLink multicast must stay off on shared machines).
 # Usage: tools/device-multi.sh --deps DIR/.deps --tokenizer DIR/.tokenizer [--bench-args "..."] [--skip-bench]
 #        [--nccl-variants]   (also: 120b over 2 GPUs under NCCL_PROTO=LL / LL128 / Simple, 1 channel)
+#        [--modes "nccl sym lsa"] (GPTOSS_MULTI_AR values to test and time, cuda/rank_comm.h) [--skip-nocomm]
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
-DEPS="" TOK="" BENCH_ARGS="-p 512 -n 128 -d 0 -r 3 --no-gemm-probe" BENCH=1 VARIANTS=0
+DEPS="" TOK="" BENCH_ARGS="-p 512 -n 128 -d 0 -r 3 --no-gemm-probe" BENCH=1 VARIANTS=0 NOCOMM=1 MODES="nccl sym lsa"
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps) DEPS="$2"; shift 2;;
@@ -16,6 +17,8 @@ while [ $# -gt 0 ]; do
     --bench-args) BENCH_ARGS="$2"; shift 2;;
     --skip-bench) BENCH=0; shift;;
     --nccl-variants) VARIANTS=1; shift;;
+    --modes) MODES="$2"; shift 2;;
+    --skip-nocomm) NOCOMM=0; shift;;
     *) echo "device-multi: unknown option $1"; exit 2;;
   esac
 done
@@ -41,22 +44,31 @@ rc=$?
 log "build rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -o 'NCCL ON.*\|several-GPU support OFF.*' "$OUT/build.log")"
 if [ $rc -ne 0 ]; then grep -B2 -A12 -m3 "error" "$OUT/build.log" | head -60; exit 1; fi
 
+log "nccl.h: $(grep -o 'GPTOSS_NCCL_INCLUDE_DIR:PATH=.*' $B/CMakeCache.txt); nccl_device.h there: $(ls "$(sed -n 's/GPTOSS_NCCL_INCLUDE_DIR:PATH=//p' $B/CMakeCache.txt)"/nccl_device.h 2>/dev/null || echo no)"
 ./$B/gptoss-synth --preset tiny --hidden 128 --intermediate 256 --layers 3 --out /tmp/multi3 > /dev/null 2>&1
-NCCL_DEBUG=INFO GPTOSS_MULTI_MODEL=/tmp/multi3 GPTOSS_LOG=info timeout 180 ./$B/test-kernels-multi -s \
-  > "$OUT/test-multi.log" 2>&1
-log "test-kernels-multi rc=$? $(grep -E '^\[doctest\] (test cases|assertions)|worst relative|leading tokens|ERROR' "$OUT/test-multi.log" | tr '\n' ' ')"
-grep -m6 -E "NCCL INFO (NCCL version|.*via P2P|.*via SHM|.*Connected all)" "$OUT/test-multi.log" | tee -a "$OUT/summary.txt"
+# the collective modes (cuda/rank_comm.h): the whole test under each; its mode test case compares them bitwise
+for ar in $MODES; do
+  GPTOSS_MULTI_AR=$ar NCCL_DEBUG=INFO GPTOSS_MULTI_MODEL=/tmp/multi3 GPTOSS_LOG=info timeout 180 ./$B/test-kernels-multi -s \
+    > "$OUT/test-multi-$ar.log" 2>&1
+  log "test-kernels-multi [GPTOSS_MULTI_AR=$ar] rc=$? $(grep -E '^\[doctest\] (test cases|assertions)|worst relative|leading tokens|logits differ|collectives|ERROR|WARN' "$OUT/test-multi-$ar.log" | sort | uniq -c | tr '\n' ' ')"
+done
+grep -m8 -E "NCCL INFO (NCCL version|.*via P2P|.*via SHM|.*Connected all|.*[Ss]ymmetric|.*[Ww]indow)" "$OUT/test-multi-lsa.log" | tee -a "$OUT/summary.txt"
 
 [ $BENCH -eq 1 ] || exit 0
 tg() { grep -E '^\| (tg|pp)' "$1" | awk -F'|' '{printf "%s %s tok/s; ", $2, $4}'; }
 for m in 20b 120b; do
   timeout 150 ./$B/gptoss-bench --synthetic $m $BENCH_ARGS --profile > "$OUT/bench-$m-1gpu.txt" 2>&1
   log "bench $m 1 GPU rc=$? $(tg "$OUT/bench-$m-1gpu.txt")"
-  GPTOSS_LOG=info timeout 150 ./$B/gptoss-bench --synthetic $m --devices 0,1 $BENCH_ARGS --profile > "$OUT/bench-$m-2gpu.txt" 2>&1
-  log "bench $m 2 GPUs rc=$? $(tg "$OUT/bench-$m-2gpu.txt")"
-  grep -E "split model: GPU" "$OUT/bench-$m-2gpu.txt" | tee -a "$OUT/summary.txt"
-  timeout 100 ./$B/gptoss-bench --synthetic $m --devices 0,1 $BENCH_ARGS --no-collectives > "$OUT/bench-nocomm.txt" 2>&1
-  log "bench $m 2 GPUs, collectives skipped (timing only) rc=$? $(tg "$OUT/bench-nocomm.txt")"
+  for ar in $MODES; do
+    GPTOSS_MULTI_AR=$ar GPTOSS_LOG=info timeout 150 ./$B/gptoss-bench --synthetic $m --devices 0,1 $BENCH_ARGS --profile \
+      > "$OUT/bench-$m-2gpu-$ar.txt" 2>&1
+    log "bench $m 2 GPUs [GPTOSS_MULTI_AR=$ar] rc=$? $(tg "$OUT/bench-$m-2gpu-$ar.txt") $(grep -m1 -o 'collectives .*' "$OUT/bench-$m-2gpu-$ar.txt")"
+  done
+  grep -E "split model: GPU" "$OUT/bench-$m-2gpu-$ar.txt" | tee -a "$OUT/summary.txt"
+  if [ $NOCOMM -eq 1 ]; then
+    timeout 100 ./$B/gptoss-bench --synthetic $m --devices 0,1 $BENCH_ARGS --no-collectives > "$OUT/bench-nocomm.txt" 2>&1
+    log "bench $m 2 GPUs, collectives skipped (timing only) rc=$? $(tg "$OUT/bench-nocomm.txt")"
+  fi
 done
 [ $VARIANTS -eq 1 ] || exit 0
 # NCCL's own knobs for small all-reduces (the decode step's 2 per layer); results only, no profile

@@ -48,7 +48,7 @@ log "nccl.h: $(grep -o 'GPTOSS_NCCL_INCLUDE_DIR:PATH=.*' $B/CMakeCache.txt); ncc
 ./$B/gptoss-synth --preset tiny --hidden 128 --intermediate 256 --layers 3 --out /tmp/multi3 > /dev/null 2>&1
 # the collective modes (cuda/rank_comm.h): the whole test under each; its mode test case compares them bitwise
 for ar in $MODES; do
-  GPTOSS_MULTI_AR=$ar NCCL_DEBUG=INFO GPTOSS_MULTI_MODEL=/tmp/multi3 GPTOSS_LOG=info timeout 180 ./$B/test-kernels-multi -s \
+  GPTOSS_MULTI_AR=$ar NCCL_DEBUG=INFO GPTOSS_MULTI_MODEL=/tmp/multi3 GPTOSS_LOG=info timeout 90 ./$B/test-kernels-multi -s \
     > "$OUT/test-multi-$ar.log" 2>&1
   log "test-kernels-multi [GPTOSS_MULTI_AR=$ar] rc=$? $(grep -E '^\[doctest\] (test cases|assertions)|worst relative|leading tokens|logits differ|collectives|ERROR|WARN' "$OUT/test-multi-$ar.log" | sort | uniq -c | tr '\n' ' ')"
 done

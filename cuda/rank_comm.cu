@@ -10,7 +10,11 @@
 
 #if defined(__has_include)
 #if __has_include(<nccl_device.h>) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+// NCCL 2.28's device headers have unused parameters (-Wextra -Werror); they are NCCL's.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
 #include <nccl_device.h>
+#pragma GCC diagnostic pop
 #define GPTOSS_HAVE_NCCL_DEVICE 1
 #endif
 #endif

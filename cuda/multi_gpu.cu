@@ -73,7 +73,8 @@ class ShardedBackend;
 
 class ShardedSession final : public BackendSession {
 public:
-    ShardedSession(uint32_t n_vocab, std::vector<int32_t> devices) : BackendSession(n_vocab), devices_(std::move(devices)) {}
+    ShardedSession(uint32_t n_vocab, std::vector<int32_t> devices, uint32_t lm_rows)
+        : BackendSession(n_vocab), devices_(std::move(devices)), lm_rows_(lm_rows) {}
     ~ShardedSession() override {
         ranks_.clear();  // each syncs its stream first
         release_windows();
@@ -94,8 +95,8 @@ public:
                                "ncclCommInitAll"));
         if (mode == CollectiveMode::kLsa && !lsa_available()) {
             log(GPTOSS_LOG_WARN, "split model: NCCL's device API is not available (no nccl_device.h at build time, "
-                                 "or the library's version differs from the header's): symmetric NCCL collectives");
-            mode = CollectiveMode::kSymmetric;
+                                 "or the library's version differs from the header's): plain NCCL collectives");
+            mode = CollectiveMode::kNccl;
         }
         rcs_.resize(ranks_.size());  // never resized again: the rank sessions hold pointers into it
         for (size_t r = 0; r < ranks_.size(); ++r) {
@@ -104,6 +105,9 @@ public:
             rcs_[r].n_ranks = int(ranks_.size());
             rcs_[r].mode = mode;
         }
+        if (mode == CollectiveMode::kSymmetric)
+            log(GPTOSS_LOG_WARN, "split model: GPTOSS_MULTI_AR=sym: NCCL 2.28.3's in-place symmetric all-reduce "
+                                 "gave wrong sums here (cuda/rank_comm.h); use it only with a newer NCCL");
         if (mode != CollectiveMode::kNccl) GPTOSS_TRY(setup_windows());
         log(GPTOSS_LOG_INFO, "split model: collectives %s", collective_mode_name(rcs_[0].mode));
         for (size_t r = 0; r < ranks_.size(); ++r) GPTOSS_TRY(set_session_comm(ranks_[r].get(), &rcs_[r]));
@@ -163,7 +167,7 @@ private:
     gptoss_status setup_windows() {
         for (size_t r = 0; r < ranks_.size(); ++r) {
             DeviceGuard guard(devices_[r]);
-            if (rank_comm_alloc(&rcs_[r], ranks_[r].get()) != GPTOSS_OK) {
+            if (rank_comm_alloc(&rcs_[r], ranks_[r].get(), lm_rows_) != GPTOSS_OK) {
                 log(GPTOSS_LOG_WARN, "split model: %s; plain NCCL collectives instead", gptoss_last_error());
                 for (RankComm& rc : rcs_) rank_comm_free_unregistered(&rc);
                 return GPTOSS_OK;
@@ -266,6 +270,7 @@ private:
     }
 
     std::vector<int32_t> devices_;
+    uint32_t lm_rows_ = 0;  // logits rows per rank (ShardPlan::lm_rows)
     std::vector<std::unique_ptr<BackendSession>> ranks_;
     std::vector<ncclComm_t> comms_;
     std::vector<RankComm> rcs_;
@@ -279,7 +284,9 @@ public:
 
     gptoss_status create_session(uint32_t max_context, uint32_t max_batch,
                                  std::unique_ptr<BackendSession>* out) override {
-        auto s = std::make_unique<ShardedSession>(config_.vocab, devices_);
+        ShardPlan plan;
+        GPTOSS_TRY(plan_shards(config_, uint32_t(devices_.size()), &plan));
+        auto s = std::make_unique<ShardedSession>(config_.vocab, devices_, plan.lm_rows);
         GPTOSS_TRY(s->init(ranks_, max_context, max_batch));
         *out = std::move(s);
         return GPTOSS_OK;

@@ -71,15 +71,23 @@ __global__ void __launch_bounds__(kReduceThreads) lsa_all_reduce_kernel(ncclDevC
     }
 }
 
-// buf (at buf_off in the window) [n · count]: slice r comes from rank r's own buf. count % 4 == 0.
+// buf [n · count]: slice r comes from rank r's buf, through rank r's gather region (at
+// gather_off in its window). count % 4 == 0. The region is rewritten only by the next gather,
+// after at least one collective that every peer entered after finishing this one.
 __global__ void __launch_bounds__(kGatherThreads) lsa_all_gather_kernel(ncclDevComm dev, ncclWindow_t win,
-                                                                         size_t buf_off, float* buf, uint32_t count) {
+                                                                         size_t gather_off, float* buf, uint32_t count) {
+    {
+        float4* mine = static_cast<float4*>(ncclGetLsaPointer(win, gather_off, dev.lsaRank));
+        const float4* own = reinterpret_cast<const float4*>(buf + size_t(dev.lsaRank) * count);
+        for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count / 4; i += gridDim.x * blockDim.x)
+            mine[i] = own[i];
+    }
+    // CTA b copied the same indices on every rank that CTA b reads below, so one barrier per CTA.
     ncclLsaBarrierSession<ncclCoopCta> bar(ncclCoopCta(), dev, ncclTeamTagLsa(), blockIdx.x);
     bar.sync(ncclCoopCta(), ::cuda::memory_order_acq_rel);
     for (int p = 0; p < dev.lsaSize; ++p) {
         if (p == dev.lsaRank) continue;
-        const size_t off = buf_off + size_t(p) * count * 4;
-        const float4* src = static_cast<const float4*>(ncclGetLsaPointer(win, off, p));
+        const float4* src = static_cast<const float4*>(ncclGetLsaPointer(win, gather_off, p));
         float4* dst = reinterpret_cast<float4*>(buf + size_t(p) * count);
         for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count / 4; i += gridDim.x * blockDim.x)
             dst[i] = __ldcg(src + i);
@@ -109,11 +117,15 @@ const char* collective_mode_name(CollectiveMode mode) {
     return "?";
 }
 
-gptoss_status rank_comm_alloc(RankComm* rc, BackendSession* session) {
+gptoss_status rank_comm_alloc(RankComm* rc, BackendSession* session, size_t gather_floats) {
     const size_t coll = session_collective_bytes(session);
     if (coll == 0) return fail(GPTOSS_ERR_INTERNAL, "rank_comm_alloc: not a CUDA session");
-    rc->stage_off = (coll + 4095) / 4096 * 4096;
-    rc->sym_bytes = rc->stage_off + 2 * kLsaMaxFloats * sizeof(float);
+    // lsa mode keeps the session's buffers out of the window: its large all-reduces then take
+    // NCCL's ordinary kernels (in-place symmetric ones gave wrong sums on NCCL 2.28.3).
+    rc->stage_off = rc->mode == CollectiveMode::kSymmetric ? (coll + 4095) / 4096 * 4096 : 0;
+    rc->gather_off = rc->stage_off + 2 * kLsaMaxFloats * sizeof(float);
+    rc->gather_floats = (gather_floats + 3) / 4 * 4;
+    rc->sym_bytes = rc->gather_off + rc->gather_floats * sizeof(float);
     void* p = nullptr;
     GPTOSS_TRY(nccl_check(ncclMemAlloc(&p, rc->sym_bytes), "ncclMemAlloc"));
     rc->sym = static_cast<char*>(p);
@@ -143,7 +155,7 @@ gptoss_status rank_comm_register(RankComm* rc, BackendSession* session) {
         rc->lsa = st;
     }
 #endif
-    GPTOSS_TRY(place_session_collectives(session, rc->sym));
+    if (rc->mode == CollectiveMode::kSymmetric) GPTOSS_TRY(place_session_collectives(session, rc->sym));
     GPTOSS_CUDA_TRY(cudaMemset(rc->sym + rc->stage_off, 0, rc->sym_bytes - rc->stage_off));
     return GPTOSS_OK;
 }
@@ -161,13 +173,6 @@ void rank_comm_release(RankComm* rc) {
     if (rc->sym) ncclMemFree(rc->sym);
     rc->sym = nullptr;
 }
-
-namespace {
-bool in_window(const RankComm* rc, const void* p, size_t bytes) {
-    const char* c = static_cast<const char*>(p);
-    return rc->win && c >= rc->sym && c + bytes <= rc->sym + rc->stage_off;
-}
-}  // namespace
 
 gptoss_status rank_all_reduce(void* comm, float* x, size_t count, cudaStream_t stream) {
     if (g_skip_collectives) return GPTOSS_OK;
@@ -190,10 +195,10 @@ gptoss_status rank_all_gather(void* comm, float* buf, size_t count, cudaStream_t
         return fail(GPTOSS_ERR_INTERNAL, "split model: an odd number of LSA all-reduces in one forward (%llu)",
                     (unsigned long long)rc->lsa_reduces);
 #ifdef GPTOSS_HAVE_NCCL_DEVICE
-    if (rc->lsa && count % 4 == 0 && in_window(rc, buf, size_t(rc->n_ranks) * count * 4)) {
-        const size_t off = size_t(reinterpret_cast<char*>(buf) - rc->sym);
+    if (rc->lsa && count % 4 == 0 && count <= rc->gather_floats) {
         const int ctas = int(std::min<size_t>(kLsaCtas, (count / 4 + kGatherThreads - 1) / kGatherThreads));
-        lsa_all_gather_kernel<<<ctas, kGatherThreads, 0, stream>>>(rc->lsa->dev, rc->win, off, buf, uint32_t(count));
+        lsa_all_gather_kernel<<<ctas, kGatherThreads, 0, stream>>>(rc->lsa->dev, rc->win, rc->gather_off, buf,
+                                                                   uint32_t(count));
         return cuda_status(cudaGetLastError(), "lsa_all_gather_kernel", __FILE__, __LINE__);
     }
 #endif

@@ -9,6 +9,7 @@
 #include "cuda/batch_decode.h"
 #include "cuda/common.cuh"
 #include "cuda/decode_fold.h"
+#include "cuda/decode_probe.h"
 #include "cuda/host_moe.h"
 #include "cuda/moe_decode.h"
 #include "cuda/kernels.h"
@@ -798,6 +799,8 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
                            decode_fold_supported(d.H, d.K, dt.fp4);
     float* x = x_;
     float* x_other = x_alt_;
+    // Timing only (decode_probe.h): an empty kernel in place of each op GPTOSS_DECODE_PROBE lists.
+    const auto emptied = [&](DecodeOp op) { return decode && decode_probe_skips(op); };
     for (uint32_t l = 0; l < c.n_layers; ++l) {
         const LayerDev& L = b.layers_[l];
         const LayerKv& kv = kv_[l];
@@ -806,6 +809,8 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
             GPTOSS_TRY(gemm_decode_normed(b.dense(L.qkv_w, L.qkv_b, d.QKV, d.H), nm, qkv_, d.QKV, dt.bf16, s));
             std::swap(x, x_other);
             GPTOSS_TRY(mark("moe combine + rmsnorm + qkv gemm (fused)"));
+        } else if (emptied(DecodeOp::kQkv)) {
+            GPTOSS_TRY(decode_probe_empty(s));
         } else {
             GPTOSS_TRY(project(decode, b.dense(L.qkv_w, L.qkv_b, d.QKV, d.H), xn_, n, nullptr, Epilogue::kStore, qkv_,
                                nullptr, d.QKV, 0));
@@ -828,7 +833,8 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
             aa.qkv = qkv_; aa.inv_freq = b.inv_freq_; aa.rope_scale = b.rope_scale_;
             const uint32_t splits = L.sliding ? std::min(max_splits_, ceil_div(c.sliding_window, kAttentionSplit) + 1)
                                               : full_splits;
-            GPTOSS_TRY(attention_decode(aa, partial_, counters_, splits, s));
+            if (emptied(DecodeOp::kAttn)) GPTOSS_TRY(decode_probe_empty(s));
+            else GPTOSS_TRY(attention_decode(aa, partial_, counters_, splits, s));
         } else {
             GPTOSS_TRY(attention_prefill(aa, s));
         }
@@ -840,8 +846,9 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
         }
         // Split model: rank 0 adds the residual, the others store their partial o_proj; the
         // all-reduce sums them (gptoss-shard.h).
-        GPTOSS_TRY(project(decode, b.dense(L.o_w, L.o_b, d.H, d.QD), attn_, n, nullptr,
-                           b.rank_.rank == 0 ? Epilogue::kAdd : Epilogue::kStore, x, nullptr, d.H, 0));
+        if (emptied(DecodeOp::kO)) GPTOSS_TRY(decode_probe_empty(s));
+        else GPTOSS_TRY(project(decode, b.dense(L.o_w, L.o_b, d.H, d.QD), attn_, n, nullptr,
+                                b.rank_.rank == 0 ? Epilogue::kAdd : Epilogue::kStore, x, nullptr, d.H, 0));
         GPTOSS_TRY(mark("o gemm + residual"));
         if (comm_) {
             GPTOSS_TRY(rank_all_reduce(comm_, x, size_t(n) * d.H, s));
@@ -851,7 +858,8 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
             RouterDecodeArgs ra;
             ra.x = x; ra.norm_w = L.mlp_norm; ra.eps = c.rms_norm_eps; ra.router = b.dense(L.router_w, L.router_b, d.E, d.H);
             ra.K = d.K; ra.xn = xn_; ra.logits = rlogits_; ra.counter = counters_ + d.G; ra.experts = experts_; ra.weights = weights_; ra.tiles = tiles_; ra.pairs = pairs_;
-            GPTOSS_TRY(router_decode(ra, s));
+            if (emptied(DecodeOp::kRouter)) GPTOSS_TRY(decode_probe_empty(s));
+            else GPTOSS_TRY(router_decode(ra, s));
             GPTOSS_TRY(mark("rmsnorm + router + top-k (fused)"));
         } else {
             ResidualArgs none;
@@ -878,8 +886,9 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
             GPTOSS_TRY(moe_decode(ma, dt.fp4, s));
             GPTOSS_TRY(mark("moe gate_up + swiglu + down (persistent)"));
         } else {
-            GPTOSS_TRY(project(decode, b.experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H), xn_, n, &r1,
-                               Epilogue::kSwiglu, nullptr, act_, d.I, c.swiglu_limit));
+            if (emptied(DecodeOp::kGateUp)) GPTOSS_TRY(decode_probe_empty(s));
+            else GPTOSS_TRY(project(decode, b.experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H), xn_, n, &r1,
+                                    Epilogue::kSwiglu, nullptr, act_, d.I, c.swiglu_limit));
             GPTOSS_TRY(mark("moe gate_up + swiglu"));
             if (fold_norm) {
                 int* counter = counters_ + d.G + 1 + kMoeDecodeCounters;
@@ -888,6 +897,8 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
                                               part_, f, dt.fp4, s));
                 folded = true;
                 GPTOSS_TRY(mark("moe down + combine + rmsnorm (folded)"));
+            } else if (emptied(DecodeOp::kDown)) {
+                GPTOSS_TRY(decode_probe_empty(s));
             } else {
                 GPTOSS_TRY(project(decode, b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I), act_, n * d.K, &r2,
                                    Epilogue::kStore, part_, nullptr, d.H, 0, /*route_ready=*/true));
@@ -911,7 +922,8 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
         if (!folded && !(fuse_norm && l + 1 < c.n_layers)) {
             if (comm_ && !reduce_parts && b.rank_.rank != 0)  // the residual is rank 0's to add
                 GPTOSS_CUDA_TRY(cudaMemsetAsync(x, 0, size_t(n) * d.H * sizeof(float), s));
-            GPTOSS_TRY(residual_rmsnorm(moe, x, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
+            if (emptied(DecodeOp::kCombine)) GPTOSS_TRY(decode_probe_empty(s));
+            else GPTOSS_TRY(residual_rmsnorm(moe, x, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
             GPTOSS_TRY(mark("moe combine + rmsnorm"));
             if (comm_ && !reduce_parts) {
                 GPTOSS_TRY(rank_all_reduce(comm_, x, size_t(n) * d.H, s));

@@ -284,8 +284,17 @@ struct RouterDecodeArgs {
     float* weights = nullptr;
     int32_t* tiles = nullptr;
     int32_t* pairs = nullptr;
+    // The cross-CTA step: 1 = one thread-block cluster (DSMEM; used where the device, the binary
+    // and E <= 128 allow, else the counter), 0 = the global counter (then `counter` is
+    // required), -1 = router_decode_cluster_default().
+    int cluster = -1;
 };
 bool router_decode_supported(uint32_t E, uint32_t K, uint32_t H);
+// GPTOSS_DECODE_ROUTER_CLUSTER (0 / 1), else the built-in default; read once.
+bool router_decode_cluster_default();
+// Whether the cluster variant can run for E experts here: sm_90 code for it in this binary, a
+// compute capability 9+ device, at most 8 slab CTAs (E <= 128; the portable cluster size).
+bool router_decode_cluster_usable(uint32_t E);
 [[nodiscard]] gptoss_status router_decode(const RouterDecodeArgs& args, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 namespace gptoss {
 namespace cuda {
@@ -133,11 +134,49 @@ __global__ __launch_bounds__(1024) void f32_router_group_kernel(const int32_t* e
 // fast, one SM's share of the bandwidth being ~1/132); each warp's whole weight chain (12
 // chunks for H = 2880) is loaded into registers before the dependency wait (PDL), i.e. while
 // the O projection runs. The last CTA to finish (a counter, re-armed by that CTA) picks the
-// top-K and writes the route.
-constexpr uint32_t kDecodeDepth = 12;  // chunks per warp in registers: H <= 4·12·64 = 3072 in one pass
+// top-K and writes the route. kCluster (sm_90, at most 8 slabs; GPTOSS_DECODE_ROUTER_CLUSTER):
+// the slab CTAs form one thread-block cluster instead; each stores its 16 logits straight into
+// CTA 0's shared memory (DSMEM) and one cluster barrier (release / acquire) replaces the
+// fence + counter atomic + L2 re-read of the logits, i.e. two dependent L2 round trips on the
+// layer's critical path. Same values in the same places: bit-identical either way.
+constexpr uint32_t kDecodeDepth = 12;
+constexpr bool kRouterClusterDefault = false;  // GPTOSS_DECODE_ROUTER_CLUSTER overrides  // chunks per warp in registers: H <= 4·12·64 = 3072 in one pass
 
+// Thread-block cluster barrier halves and a store into another CTA's shared memory (sm_90).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+// *p (a shared-memory address of this CTA) = v in CTA `rank` of the cluster.
+__device__ __forceinline__ void st_cluster_f32(float* p, uint32_t rank, float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+#else
+    (void)p, (void)rank, (void)v;
+#endif
+}
+
+template <bool kCluster>
 __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDecodeArgs a) {
     using namespace gemm_detail;
+    __shared__ float logits[kMaxExperts];  // kCluster: CTA 0's copy is filled by every slab CTA
+    // kCluster: the first half of the barrier that makes CTA 0's shared memory safe to store into
+    // (every CTA of the cluster has started); its wait comes just before those stores.
+    if constexpr (kCluster) cluster_arrive_relaxed();
     __shared__ float partial[kNormThreads / 32];
     __shared__ __align__(16) float xf[kNormThreads * kNormPer];
     __shared__ __align__(16) float wf[kNormThreads * kNormPer];
@@ -199,6 +238,8 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
 #pragma unroll
     for (int e = 0; e < 4; ++e) red[kw][lane * 4 + e] = acc[e];
     __syncthreads();
+    uint32_t r_lo = E, r_hi = E;  // the logits this thread holds (none: E)
+    float l_lo = 0.0f, l_hi = 0.0f;
     if (threadIdx.x < 32 && (threadIdx.x & 3) == 0) {  // the lanes holding column 0
         const uint32_t l = threadIdx.x, gg = l >> 2;
         float s4[4];
@@ -207,23 +248,36 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
             const uint32_t i = l * 4 + e;
             s4[e] = __fadd_rn(__fadd_rn(__fadd_rn(red[0][i], red[1][i]), red[2][i]), red[3][i]);
         }
-        const uint32_t r_lo = slab * 16 + gg, r_hi = r_lo + 8;
-        if (r_lo < E) a.logits[r_lo] = s4[0] + (a.router.bias ? a.router.bias[r_lo] : 0.0f);
-        if (r_hi < E) a.logits[r_hi] = s4[2] + (a.router.bias ? a.router.bias[r_hi] : 0.0f);
+        r_lo = min(slab * 16 + gg, E);
+        r_hi = min(slab * 16 + gg + 8, E);
+        if (r_lo < E) l_lo = s4[0] + (a.router.bias ? a.router.bias[r_lo] : 0.0f);
+        if (r_hi < E) l_hi = s4[2] + (a.router.bias ? a.router.bias[r_hi] : 0.0f);
+        if (r_lo < E) a.logits[r_lo] = l_lo;
+        if (r_hi < E) a.logits[r_hi] = l_hi;
     }
-    // The last slab CTA to finish routes (the attention kernel's counter pattern).
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        is_last = atomicAdd(a.counter, 1) == int(gridDim.x) - 1;
-        if (is_last) *a.counter = 0;
+    if constexpr (kCluster) {
+        // Every thread: complete the start-up phase (CTA 0 is running), store into CTA 0's
+        // logits, arrive (release: those stores), and CTA 0 waits (acquire) for the cluster.
+        cluster_wait_acquire();
+        if (r_lo < E) st_cluster_f32(&logits[r_lo], 0, l_lo);
+        if (r_hi < E) st_cluster_f32(&logits[r_hi], 0, l_hi);
+        cluster_arrive_release();
+        cluster_wait_acquire();
+        if (slab != 0 || kw != 0) return;
+    } else {
+        // The last slab CTA to finish routes (the attention kernel's counter pattern).
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            is_last = atomicAdd(a.counter, 1) == int(gridDim.x) - 1;
+            if (is_last) *a.counter = 0;
+        }
+        __syncthreads();
+        if (!is_last || kw != 0) return;
+        __threadfence();
+        for (uint32_t e = lane; e < E; e += 32) logits[e] = __ldcg(a.logits + e);
+        __syncwarp();
     }
-    __syncthreads();
-    if (!is_last || kw != 0) return;
-    __threadfence();
-    __shared__ float logits[kMaxExperts];
-    for (uint32_t e = lane; e < E; e += 32) logits[e] = __ldcg(a.logits + e);
-    __syncwarp();
     int32_t idx[kMaxK];
     float wt[kMaxK];
     warp_topk_softmax(logits, E, a.K, lane, idx, wt);
@@ -270,14 +324,54 @@ bool router_decode_supported(uint32_t E, uint32_t K, uint32_t H) {
            H <= kNormThreads * kNormPer;
 }
 
+bool router_decode_cluster_default() {
+    static const bool on = [] {
+        const char* s = std::getenv("GPTOSS_DECODE_ROUTER_CLUSTER");
+        return (s && *s) ? std::atoi(s) != 0 : kRouterClusterDefault;
+    }();
+    return on;
+}
+
+bool router_decode_cluster_usable(uint32_t E) {
+    const uint32_t slabs = ceil_div(E, 16);
+    if (E == 0 || slabs > 8 || !pdl_supported()) return false;
+    cudaFuncAttributes fa{};
+    if (cudaFuncGetAttributes(&fa, f32_router_decode_kernel<true>) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return fa.binaryVersion >= 90;
+}
+
 gptoss_status router_decode(const RouterDecodeArgs& a, cudaStream_t stream) {
     const uint32_t E = a.router.N, H = a.router.K;
     if (!router_decode_supported(E, a.K, H) || a.router.mxfp4)
         return fail(GPTOSS_ERR_UNSUPPORTED,
                     "CUDA router_decode: %u experts / top-%u / hidden %u, supported up to %u / %u / %u (bf16)", E, a.K,
                     H, kMaxExperts, kMaxK, kNormThreads * kNormPer);
-    if (!a.logits || !a.counter) return fail(GPTOSS_ERR_INTERNAL, "CUDA router_decode: logits and counter are required");
-    GPTOSS_LAUNCH(f32_router_decode_kernel, ceil_div(E, 16), 128, 0, stream, a);
+    const uint32_t slabs = ceil_div(E, 16);
+    const bool cluster = (a.cluster < 0 ? router_decode_cluster_default() : a.cluster != 0) && router_decode_cluster_usable(E);
+    if (!a.logits || (!cluster && !a.counter))
+        return fail(GPTOSS_ERR_INTERNAL, "CUDA router_decode: logits and counter are required");
+    if (!cluster) {
+        GPTOSS_LAUNCH(f32_router_decode_kernel<false>, slabs, 128, 0, stream, a);
+        return GPTOSS_OK;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(slabs);
+    cfg.blockDim = dim3(128);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = slabs;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 2;
+    GPTOSS_TRY(cuda_status(cudaLaunchKernelEx(&cfg, f32_router_decode_kernel<true>, a),
+                           "f32_router_decode_kernel (cluster)", __FILE__, __LINE__));
     return GPTOSS_OK;
 }
 

@@ -238,7 +238,7 @@ void check_moe(const std::vector<float>& logits_override, uint32_t T, uint64_t s
     expect_close(x.get(), ref, 1e-2f * scale, 1e-2f, what);
 }
 
-TEST_CASE("router_decode (fused norm + router + top-k) is bit-identical to residual_rmsnorm + gemm + router_route") {
+TEST_CASE("router_decode (fused norm + router + top-k; counter or cluster) is bit-identical to residual_rmsnorm + gemm + router_route") {
     struct S { uint32_t E, K, H; bool ties; };
     Dev<int> counter(1);
     REQUIRE(cudaMemset(counter.p, 0, sizeof(int)) == cudaSuccess);
@@ -267,36 +267,46 @@ TEST_CASE("router_decode (fused norm + router + top-k) is bit-identical to resid
         OK(cuda::residual_rmsnorm(none, xd.p, nwd.p, 1e-5f, xn_ref.p, 1, H, nullptr));
         OK(cuda::gemm(dw.w, xn_ref.p, 1, nullptr, cuda::Epilogue::kStore, logits_ref.p, nullptr, E, 0, 1, nullptr));
         OK(cuda::router_route(logits_ref.p, 1, E, K, e_ref.p, w_ref.p, t_ref.p, p_ref.p, 8, nullptr));
-        // The fused kernel.
-        Dev<uint16_t> xn(H);
-        Dev<float> logits(E), w(K);
-        Dev<int32_t> e(K), t(1 + 3 * size_t(max_tiles)), pr(K);
-        cuda::RouterDecodeArgs ra;
-        ra.x = xd.p; ra.norm_w = nwd.p; ra.eps = 1e-5f; ra.router = dw.w; ra.K = K; ra.xn = xn.p; ra.logits = logits.p;
-        ra.counter = counter.p; ra.experts = e.p; ra.weights = w.p; ra.tiles = t.p; ra.pairs = pr.p;
-        OK(cuda::router_decode(ra, nullptr));
-        CHECK(xn.get() == xn_ref.get());
-        const auto gl = logits.get(), rl = logits_ref.get();
-        CHECK(std::memcmp(gl.data(), rl.data(), E * 4) == 0);
-        CHECK(e.get() == e_ref.get());
-        const auto gw = w.get(), rw = w_ref.get();
-        CHECK(std::memcmp(gw.data(), rw.data(), K * 4) == 0);
-        const auto gt = t.get(), rt = t_ref.get();
-        CHECK(std::equal(gt.begin(), gt.begin() + 1 + 3 * K, rt.begin()));
-        CHECK(pr.get() == p_ref.get());
-        // The routing against the CPU oracle on the same logits.
-        std::vector<int32_t> ce(K);
-        std::vector<float> cw(K);
-        cpu::router_topk(gl.data(), 1, E, K, ce.data(), cw.data());
-        CHECK(e.get() == ce);
-        int armed = -1;
-        REQUIRE(cudaMemcpy(&armed, counter.p, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
-        CHECK(armed == 0);  // re-armed for the next call
-        if (sh.ties) {
-            CHECK(gl[3] == gl[9]);
-            CHECK(ce[0] == 3);
-            CHECK(ce[1] == 9);
-            CHECK(ce[2] == 20);
+        for (int cl : {0, 1}) {
+            INFO("cluster " << cl);
+            // The fused kernel: the counter's cross-CTA step, then the cluster's (where usable).
+            Dev<uint16_t> xn(H);
+            Dev<float> logits(E), w(K);
+            Dev<int32_t> e(K), t(1 + 3 * size_t(max_tiles)), pr(K);
+            cuda::RouterDecodeArgs ra;
+            ra.x = xd.p; ra.norm_w = nwd.p; ra.eps = 1e-5f; ra.router = dw.w; ra.K = K; ra.xn = xn.p; ra.logits = logits.p;
+            ra.counter = counter.p; ra.experts = e.p; ra.weights = w.p; ra.tiles = t.p; ra.pairs = pr.p;
+            ra.cluster = cl;
+            if (cl == 1 && E <= 128) {  // an sm_90 build on an sm_90 device takes the cluster path
+                int dev = 0, major = 0;
+                REQUIRE(cudaGetDevice(&dev) == cudaSuccess);
+                REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess);
+                if (major == 9) CHECK(cuda::router_decode_cluster_usable(E));
+            }
+            OK(cuda::router_decode(ra, nullptr));
+            CHECK(xn.get() == xn_ref.get());
+            const auto gl = logits.get(), rl = logits_ref.get();
+            CHECK(std::memcmp(gl.data(), rl.data(), E * 4) == 0);
+            CHECK(e.get() == e_ref.get());
+            const auto gw = w.get(), rw = w_ref.get();
+            CHECK(std::memcmp(gw.data(), rw.data(), K * 4) == 0);
+            const auto gt = t.get(), rt = t_ref.get();
+            CHECK(std::equal(gt.begin(), gt.begin() + 1 + 3 * K, rt.begin()));
+            CHECK(pr.get() == p_ref.get());
+            // The routing against the CPU oracle on the same logits.
+            std::vector<int32_t> ce(K);
+            std::vector<float> cw(K);
+            cpu::router_topk(gl.data(), 1, E, K, ce.data(), cw.data());
+            CHECK(e.get() == ce);
+            int armed = -1;
+            REQUIRE(cudaMemcpy(&armed, counter.p, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+            CHECK(armed == 0);  // re-armed for the next call
+            if (sh.ties) {
+                CHECK(gl[3] == gl[9]);
+                CHECK(ce[0] == 3);
+                CHECK(ce[1] == 9);
+                CHECK(ce[2] == 20);
+            }
         }
     }
     cuda::RouterDecodeArgs bad;

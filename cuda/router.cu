@@ -139,8 +139,9 @@ __global__ __launch_bounds__(1024) void f32_router_group_kernel(const int32_t* e
 // CTA 0's shared memory (DSMEM) and one cluster barrier (release / acquire) replaces the
 // fence + counter atomic + L2 re-read of the logits, i.e. two dependent L2 round trips on the
 // layer's critical path. Same values in the same places: bit-identical either way.
-constexpr uint32_t kDecodeDepth = 12;
-constexpr bool kRouterClusterDefault = false;  // GPTOSS_DECODE_ROUTER_CLUSTER overrides  // chunks per warp in registers: H <= 4·12·64 = 3072 in one pass
+constexpr uint32_t kDecodeDepth = 12;  // chunks per warp in registers: H <= 4·12·64 = 3072 in one pass
+// The cluster's cross-CTA step by default (H200: +1 % tg, bench/NOTES.md "v14 decode").
+constexpr bool kRouterClusterDefault = true;  // GPTOSS_DECODE_ROUTER_CLUSTER=0|1 overrides
 
 // Thread-block cluster barrier halves and a store into another CTA's shared memory (sm_90).
 __device__ __forceinline__ void cluster_arrive_relaxed() {

@@ -1,8 +1,9 @@
 // cpu/host_experts.cpp - the chosen MoE experts of a decode step computed by the CPU from
-// host-resident MXFP4 weights (cpu/host_experts.h, issue 16). Two parallel_for calls per layer:
-// gate_up (+ bias, swiglu, bf16 rounding) over (chosen expert, block of 32 output rows), then the
-// down projection (+ bias) over (chosen expert, block of 32 output rows); the (token, slot) pairs
-// routed to one expert share each dequantized block, so an expert's bytes are read once per call.
+// host-resident MXFP4 weights (cpu/host_experts.h, issue 16). Per layer: gate_up (+ bias, swiglu,
+// bf16 rounding) over (chosen expert, range of output rows), then the down projection (+ bias)
+// over (chosen expert, range of output rows) — two parallel_for calls, or one where an expert's
+// down ranges wait for its gate_up ranges (HostMoeTuning); the (token, slot) pairs routed to one
+// expert share each dequantized block, so an expert's bytes are read once per call.
 // The activations are widened bf16 → fp32 once per token into a per-block permuted layout
 // [blocks][16 even elements | 16 odd elements], which matches where the low and high nibbles of
 // a 16-byte MXFP4 block land after the register dequantization: AVX-512 maps each nibble to its
@@ -24,8 +25,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #if defined(GPTOSS_HOST_SIMDE)
 // Tests only (test-host-experts-simde): the x86 intrinsics emulated by SIMDe, so every path
@@ -378,6 +385,14 @@ struct Group {
     uint32_t count;
 };
 
+// Per chosen expert (group) of a call: its gate_up ranges done (the one-pass split's down
+// ranges wait for all), and whether all its swiglu outputs were finite (else its down
+// projection takes the float kernels).
+struct GroupSync {
+    std::atomic<uint32_t> gu_done{0};
+    std::atomic<int> y_ok{1};
+};
+
 // One process-wide scratch (the pool runs one parallel_for at a time anyway), so that
 // host_moe_reserve on any thread spares the calls (e.g. from a CUDA driver thread) allocating.
 struct Scratch {
@@ -387,6 +402,13 @@ struct Scratch {
     std::vector<uint64_t> keys;   // (expert << 32 | pair), sorted: the pairs grouped by expert
     std::vector<uint32_t> order;  // pair ids grouped by expert
     std::vector<Group> groups;
+    std::unique_ptr<GroupSync[]> sync;  // one per group (capacity sync_cap)
+    size_t sync_cap = 0;
+    void reserve_sync(size_t n) {
+        if (n <= sync_cap) return;
+        sync.reset(new GroupSync[n]);
+        sync_cap = n;
+    }
 };
 std::mutex g_scratch_mutex;
 Scratch g_scratch;
@@ -411,6 +433,7 @@ void group_pairs(const int32_t* experts, uint32_t pairs, Scratch& s) {
 struct Kernels {
     RowsFn rows;
     host_q8::RowsFn q8;
+    uint32_t prefetch;  // host_q8::Mat::prefetch for the int8 kernels
 };
 
 // Rows [r0, r1) of m times the n inputs xs (float) / xq (int8, when k.q8): the int8 kernel sends
@@ -432,7 +455,7 @@ void gate_up_item(const Kernels& kern, const MoeWeights& w, const Scratch& s, co
                   uint32_t K, uint32_t H, uint32_t I, float limit, float* yp, uint8_t* yq, std::atomic<int>* y_ok) {
     const size_t n_rows = 2 * size_t(I);
     const Mat m{w.gate_up_blocks + size_t(g.expert) * n_rows * (H / 32) * 16,
-                w.gate_up_scales + size_t(g.expert) * n_rows * (H / 32), H / 32};
+                w.gate_up_scales + size_t(g.expert) * n_rows * (H / 32), H / 32, kern.prefetch};
     const uint16_t* bias = w.gate_up_bias + size_t(g.expert) * n_rows;
     float gbuf[kTile][kRowBlockQ8];
     float ybuf[kRowBlockQ8 / 2];
@@ -465,7 +488,7 @@ void gate_up_item(const Kernels& kern, const MoeWeights& w, const Scratch& s, co
 void down_item(const Kernels& kern, const MoeWeights& w, const Scratch& s, const Group& g, uint32_t r0, uint32_t r1,
                uint32_t H, uint32_t I, float* out) {
     const Mat m{w.down_blocks + size_t(g.expert) * H * (I / 32) * 16,
-                w.down_scales + size_t(g.expert) * H * (I / 32), I / 32};
+                w.down_scales + size_t(g.expert) * H * (I / 32), I / 32, kern.prefetch};
     const uint16_t* bias = w.down_bias + size_t(g.expert) * H;
     for (uint32_t j0 = 0; j0 < g.count; j0 += kTile) {
         const uint32_t n = std::min(kTile, g.count - j0);
@@ -551,6 +574,58 @@ bool quantize_rows(const float* src, uint32_t n_rows, uint32_t k, std::vector<ui
     return std::all_of(ok.begin(), ok.end(), [](uint8_t v) { return v != 0; });
 }
 
+// How one projection's rows are split into work items: each chosen expert's `units` units of
+// unit_rows rows (the kernels' item size: 64 int8 gate_up rows make one quantized y block)
+// into `parts` contiguous ranges of whole units. ranges_per_thread 0: one unit per item (v13).
+struct Split {
+    uint32_t unit_rows, units, parts;
+    uint32_t first_unit(uint32_t p) const { return uint32_t(uint64_t(p) * units / parts); }
+};
+Split make_split(uint32_t rows, uint32_t unit_rows, uint32_t groups, uint32_t ranges_per_thread, size_t threads) {
+    const uint32_t units = (rows + unit_rows - 1) / unit_rows;
+    uint32_t parts = units;
+    if (ranges_per_thread > 0) {
+        const size_t want = (size_t(ranges_per_thread) * threads + groups - 1) / groups;
+        parts = uint32_t(std::max<size_t>(1, std::min<size_t>(units, want)));
+    }
+    return {unit_rows, units, parts};
+}
+
+// Spins until `count` reaches `target` (acquire: the gate_up ranges' y writes are visible),
+// yielding the core after a while (the thread it waits for may be descheduled).
+void wait_until(const std::atomic<uint32_t>& count, uint32_t target) {
+    for (uint32_t i = 0; count.load(std::memory_order_acquire) < target; i++) {
+#if defined(__x86_64__) || defined(__i386__)
+        if (i < 256) {
+            __builtin_ia32_pause();
+            continue;
+        }
+#endif
+        std::this_thread::yield();
+    }
+}
+
+uint32_t env_u32(const char* name, uint32_t fallback, uint32_t max) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == 0) return fallback;
+    char* end = nullptr;
+    const unsigned long n = std::strtoul(v, &end, 10);
+    if (end == v || *end != 0 || n > max) {
+        std::fprintf(stderr, "gptoss: %s=%s is not a number in 0..%u; using %u\n", name, v, max, fallback);
+        return fallback;
+    }
+    return uint32_t(n);
+}
+
+HostMoeTuning tuning_from_env() {
+    HostMoeTuning t;
+    t.ranges_per_thread = env_u32("GPTOSS_HOST_MOE_RANGES", t.ranges_per_thread, 64);
+    t.prefetch_bytes = env_u32("GPTOSS_HOST_MOE_PREFETCH", t.prefetch_bytes, 1u << 16);
+    t.one_pass = env_u32("GPTOSS_HOST_MOE_ONE_PASS", t.one_pass ? 1 : 0, 1) != 0;
+    return t;
+}
+HostMoeTuning g_tuning = tuning_from_env();  // guarded by g_scratch_mutex after start-up
+
 // One call with the float kernel `rows` or, when q8_kernel is non-null and the activations x are
 // finite, the int8 kernel (exact_row takes the rows it declines; a non-finite swiglu output
 // sends the down projection back to `rows`).
@@ -559,6 +634,7 @@ void run_experts(RowsFn rows, host_q8::RowsFn q8_kernel, const uint16_t* x_bf16,
     assert(H % 32 == 0 && I % 32 == 0 && T >= 1 && K >= 1);
     std::lock_guard<std::mutex> lock(g_scratch_mutex);
     Scratch& s = g_scratch;
+    const HostMoeTuning tuning = g_tuning;
     const uint32_t pairs = T * K;
     s.xp.resize(size_t(T) * H);
     for (uint32_t t = 0; t < T; t++)
@@ -571,32 +647,55 @@ void run_experts(RowsFn rows, host_q8::RowsFn q8_kernel, const uint16_t* x_bf16,
     for (size_t i = 0; i < s.xp.size() && x_in_range; i++) x_in_range = std::fabs(s.xp[i]) < kAvx2MaxInput;
     const bool y_in_range = std::fabs(swiglu_limit) < 1e12f;
     const bool avx2 = rows == rows_fn(HostSimd::avx2) && rows != rows_fn(HostSimd::scalar);
-    Kernels gu{avx2 && !x_in_range ? rows_scalar : rows, nullptr};
-    Kernels dn{avx2 && !y_in_range ? rows_scalar : rows, nullptr};
+    Kernels gu{avx2 && !x_in_range ? rows_scalar : rows, nullptr, 0};
+    Kernels dn{avx2 && !y_in_range ? rows_scalar : rows, nullptr, 0};
     // A non-finite activation sends the whole call to the float kernels.
     const host_q8::RowsFn q8 = q8_kernel && quantize_rows(s.xp.data(), T, H, s.xq) ? q8_kernel : nullptr;
     gu.q8 = q8;
-    std::atomic<int> y_ok{1};
+    gu.prefetch = dn.prefetch = tuning.prefetch_bytes;
     uint8_t* yq = nullptr;
     if (q8) {
         s.yq.assign(size_t(pairs) * host_q8::row_bytes(I), 0);
         yq = s.yq.data();
     }
-
-    const uint32_t gu_rows = q8 ? kRowBlockQ8 : kRowBlock;
-    const uint32_t gu_items = (2 * I + gu_rows - 1) / gu_rows;
+    const uint32_t G = uint32_t(s.groups.size());
+    s.reserve_sync(G);
+    for (uint32_t g = 0; g < G; g++) {
+        s.sync[g].gu_done.store(0, std::memory_order_relaxed);
+        s.sync[g].y_ok.store(1, std::memory_order_relaxed);
+    }
+    const size_t threads = parallel_threads();
+    const Split gus = make_split(2 * I, q8 ? kRowBlockQ8 : kRowBlock, G, tuning.ranges_per_thread, threads);
+    const Split dns = make_split(H, kRowBlock, G, tuning.ranges_per_thread, threads);
     float* yp = s.yp.data();
-    parallel(s.groups.size() * gu_items, [&](size_t item) {
-        const uint32_t r0 = uint32_t(item % gu_items) * gu_rows;
-        gate_up_item(gu, w, s, s.groups[item / gu_items], r0, std::min(2 * I, r0 + gu_rows), K, H, I,
-                     swiglu_limit, yp, yq, &y_ok);
-    });
-    if (q8 && y_ok.load()) dn.q8 = q8;
-    const uint32_t down_items = (H + kRowBlock - 1) / kRowBlock;
-    parallel(s.groups.size() * down_items, [&](size_t item) {
-        const uint32_t r0 = uint32_t(item % down_items) * kRowBlock;
-        down_item(dn, w, s, s.groups[item / down_items], r0, std::min(H, r0 + kRowBlock), H, I, out);
-    });
+    auto gate_up_range = [&](size_t item) {
+        const uint32_t g = uint32_t(item / gus.parts), p = uint32_t(item % gus.parts);
+        for (uint32_t u = gus.first_unit(p); u < gus.first_unit(p + 1); u++) {
+            const uint32_t r0 = u * gus.unit_rows;
+            gate_up_item(gu, w, s, s.groups[g], r0, std::min(2 * I, r0 + gus.unit_rows), K, H, I, swiglu_limit, yp, yq,
+                         &s.sync[g].y_ok);
+        }
+        s.sync[g].gu_done.fetch_add(1, std::memory_order_release);
+    };
+    auto down_range = [&](size_t item, bool wait) {
+        const uint32_t g = uint32_t(item / dns.parts), p = uint32_t(item % dns.parts);
+        if (wait) wait_until(s.sync[g].gu_done, gus.parts);
+        Kernels k = dn;
+        if (q8 && s.sync[g].y_ok.load(std::memory_order_relaxed)) k.q8 = q8;
+        for (uint32_t u = dns.first_unit(p); u < dns.first_unit(p + 1); u++) {
+            const uint32_t r0 = u * dns.unit_rows;
+            down_item(k, w, s, s.groups[g], r0, std::min(H, r0 + dns.unit_rows), H, I, out);
+        }
+    };
+    const size_t n_gu = size_t(G) * gus.parts, n_dn = size_t(G) * dns.parts;
+    if (tuning.one_pass) {
+        // Every gate_up range is handed out before any down range, and a gate_up range waits
+        // for nothing, so the waits end (on the calling thread alone too).
+        parallel(n_gu + n_dn, [&](size_t item) { item < n_gu ? gate_up_range(item) : down_range(item - n_gu, true); });
+    } else {
+        parallel(n_gu, gate_up_range);
+        parallel(n_dn, [&](size_t item) { down_range(item, false); });
+    }
 }
 
 // The int8 kernel host_moe_experts uses: on unless GPTOSS_HOST_MOE_Q8=0, the AVX-512 one when the
@@ -645,12 +744,43 @@ void host_moe_reserve(uint32_t T, uint32_t K, uint32_t H, uint32_t I) {
     s.keys.reserve(pairs);
     s.order.reserve(pairs);
     s.groups.reserve(pairs);
+    s.reserve_sync(pairs);
 }
 
 void host_moe_experts(const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I, const MoeWeights& w,
                       const int32_t* experts, uint32_t K, float swiglu_limit, float* out) {
     run_experts(rows_fn(host_simd_selected()), q8_selected(), x_bf16, T, H, I, w, experts, K, swiglu_limit, out);
 }
+
+HostMoeTuning host_moe_tuning() {
+    std::lock_guard<std::mutex> lock(g_scratch_mutex);
+    return g_tuning;
+}
+
+void host_moe_set_tuning(const HostMoeTuning& tuning) {
+    std::lock_guard<std::mutex> lock(g_scratch_mutex);
+    g_tuning = tuning;
+}
+
+bool host_weights_huge_default() {
+    static const bool huge = env_u32("GPTOSS_HOST_HUGEPAGE", 1, 1) != 0;
+    return huge;
+}
+
+void* host_weights_alloc(size_t bytes, bool huge) {
+    constexpr size_t kHuge = size_t(2) << 20;
+    const size_t n = (std::max<size_t>(bytes, 1) + kHuge - 1) & ~(kHuge - 1);
+    void* p = nullptr;
+    if (posix_memalign(&p, kHuge, n) != 0) return nullptr;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    (void)madvise(p, n, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);  // advice only
+#else
+    (void)huge;
+#endif
+    return p;
+}
+
+void host_weights_free(void* p) { std::free(p); }
 
 double measure_host_read_gbps(size_t bytes) {
     constexpr size_t kChunk = size_t(1) << 20;

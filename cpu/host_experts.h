@@ -75,6 +75,38 @@ void host_moe_experts_simd(HostSimd simd, const uint16_t* x_bf16, uint32_t T, ui
 bool host_moe_experts_q8(const char* kernel, const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I,
                          const MoeWeights& w, const int32_t* experts, uint32_t K, float swiglu_limit, float* out);
 
+// How host_moe_experts splits a call's work over the pool (bench/NOTES.md "v14 host experts").
+// Every setting gives bit-identical results: only which thread computes a row changes, never
+// the order of operations inside it. Defaults from the environment, read once:
+// GPTOSS_HOST_MOE_RANGES, GPTOSS_HOST_MOE_PREFETCH, GPTOSS_HOST_MOE_ONE_PASS (0|1).
+struct HostMoeTuning {
+    // 0: fixed work items of 64 (int8 gate_up) or 32 rows, handed out in small interleaved
+    // chunks (the v13 split). n ≥ 1: each projection's rows of each chosen expert are split into
+    // contiguous ranges, about n per pool thread over the whole call (at least one per expert),
+    // so that a thread streams a few long runs of one expert's weights.
+    uint32_t ranges_per_thread = 0;
+    // Software prefetch (int8 kernels) this many bytes ahead in a weight row's block stream,
+    // and 1/16 of it in the scale stream; 0 = none (the hardware prefetchers only).
+    uint32_t prefetch_bytes = 0;
+    // One parallel_for per call: an expert's down ranges spin-wait for its gate_up ranges
+    // (all of which were handed out before any down range) instead of a second fork/join.
+    bool one_pass = false;
+};
+HostMoeTuning host_moe_tuning();
+// Sets the tuning of later calls (the bench's sweeps, tests); not during a call.
+void host_moe_set_tuning(const HostMoeTuning& tuning);
+
+// Host memory for MXFP4 expert weights (the CUDA backend's host store, the bench's layer):
+// `bytes` rounded up to 2 MiB, 2 MiB-aligned; with `huge`, madvise(MADV_HUGEPAGE) (transparent
+// huge pages where the kernel allows them: streaming 50 MB per decode step touches ~25 pages
+// instead of ~13 000, so far fewer TLB misses), without it MADV_NOHUGEPAGE; either advice
+// failing is ignored (4 KiB pages). Not touched: the caller's first touch places the pages.
+// nullptr when the allocation fails. Release with host_weights_free.
+void* host_weights_alloc(size_t bytes, bool huge);
+void host_weights_free(void* p);
+// Whether host stores ask for huge pages: yes unless GPTOSS_HOST_HUGEPAGE=0.
+bool host_weights_huge_default();
+
 // What host_moe_experts runs: "avx512-vnni int8" or "avx2 int8" (the default where the CPU has
 // AVX-512 VNNI / AVX2), else the float path's host_simd_name — with GPTOSS_HOST_MOE_Q8=0, with
 // GPTOSS_HOST_SIMD=scalar, or without AVX2. Decided once per process.

@@ -24,6 +24,7 @@ struct Mat {
     const uint8_t* blocks;  // [N, nb, 16]
     const uint8_t* scales;  // [N, nb]
     uint32_t nb;
+    uint32_t prefetch = 0;  // software prefetch distance in bytes of the block stream (0: none)
 };
 
 // A quantized activation row is ⌈nb / 8⌉ groups of kGroupBytes: 256 bytes of q (int8), in the

@@ -170,6 +170,11 @@ void parallel_for(size_t n, void (*fn)(void* ctx, size_t i), void* ctx) {
     pool->done.wait(lock, [&] { return pool->busy == 0; });
 }
 
+size_t parallel_threads() {
+    std::lock_guard<std::mutex> lock(g_pool_mutex);
+    return g_pool == nullptr ? 1 : g_pool->workers.size() + 1;
+}
+
 // Calls body(i) for i in [0, n) on the pool; body is any callable.
 template <typename Body>
 static void parallel(size_t n, const Body& body) {

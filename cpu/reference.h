@@ -19,6 +19,9 @@ namespace cpu {
 // hardware concurrency). Blocks until all are done. fn must not call parallel_for. Without a
 // live PoolHold it runs on the calling thread (same results: nothing depends on the split).
 void parallel_for(size_t n, void (*fn)(void* ctx, size_t i), void* ctx);
+// How many threads a parallel_for started now would run on (the pool's workers + the caller;
+// 1 without a live PoolHold). For callers that size their work items by it.
+size_t parallel_threads();
 
 // Keeps the worker pool alive; the pool's threads exit when the last hold is destroyed, so no
 // thread outlives the last CPU model (API.md §8). Tests may create one to run ops threaded.

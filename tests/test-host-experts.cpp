@@ -482,3 +482,75 @@ TEST_CASE("measure_host_read_gbps returns a positive rate") {
     CHECK(gbps > 0.0);
     CHECK(std::isfinite(gbps));
 }
+
+TEST_CASE("work splits (HostMoeTuning): every split gives the same bits; odd row counts, threads > rows, one thread") {
+    std::mt19937 rng(8);
+    // gate_up 320 rows = 5 int8 units of 64 (10 float units of 32), down 96 rows = 3 units: fewer
+    // units than pool threads, and ranges that do not divide them evenly.
+    const uint32_t E = 5, H = 96, I = 160, K = 3;
+    const Experts w = make_experts(E, H, I, rng, random_bytes(rng), random_scales(rng), random_bytes(rng), random_scales(rng));
+    const cpu::HostMoeTuning saved = cpu::host_moe_tuning();
+    const cpu::HostMoeTuning v13{0, 0, false};
+    const std::vector<cpu::HostMoeTuning> tunings = {{1, 0, false}, {1, 256, false}, {2, 2048, true},
+                                                     {3, 64, true}, {64, 65536, true}, {1, 0, true}};
+    std::vector<std::string> q8_kernels;
+    for (const char* k : {"avx2", "avx512-vnni"}) {
+        std::vector<float> probe(size_t(K) * H);
+        const std::vector<uint16_t> x1 = random_bf16(H, 1.0f, rng);
+        const std::vector<int32_t> ids1{0, 1, 2};
+        if (cpu::host_moe_experts_q8(k, x1.data(), 1, H, I, w.view(), ids1.data(), K, kLimit, probe.data()))
+            q8_kernels.push_back(k);
+    }
+    for (uint32_t T : {1u, 3u, 17u}) {
+        const std::vector<uint16_t> x = random_bf16(size_t(T) * H, 2.0f, rng);
+        const std::vector<int32_t> ids = random_experts(T, K, E, rng);
+        // Each path's (float, then each int8 kernel's) v13 bits, on the calling thread.
+        cpu::host_moe_set_tuning(v13);
+        std::vector<std::vector<float>> want;
+        for (HostSimd s : supported_paths()) want.push_back(run(s, w, x, T, ids, K));
+        for (const std::string& k : q8_kernels) {
+            want.emplace_back(size_t(T) * K * H);
+            REQUIRE(cpu::host_moe_experts_q8(k.c_str(), x.data(), T, H, I, w.view(), ids.data(), K, kLimit,
+                                             want.back().data()));
+        }
+        for (unsigned threads : {1u, 3u, 7u}) {
+            setenv("GPTOSS_THREADS", std::to_string(threads).c_str(), 1);
+            cpu::PoolHold hold;
+            REQUIRE(cpu::parallel_threads() == threads);
+            for (const cpu::HostMoeTuning& t : tunings) {
+                cpu::host_moe_set_tuning(t);
+                INFO("T=" << T << " threads=" << threads << " ranges/thread=" << t.ranges_per_thread
+                          << " prefetch=" << t.prefetch_bytes << " one_pass=" << t.one_pass);
+                size_t at = 0;
+                for (HostSimd s : supported_paths()) {
+                    const std::vector<float> got = run(s, w, x, T, ids, K);
+                    CHECK_MESSAGE(std::memcmp(got.data(), want[at++].data(), got.size() * sizeof(float)) == 0,
+                                  cpu::host_simd_name(s));
+                }
+                for (const std::string& k : q8_kernels) {
+                    std::vector<float> got(size_t(T) * K * H);
+                    REQUIRE(cpu::host_moe_experts_q8(k.c_str(), x.data(), T, H, I, w.view(), ids.data(), K, kLimit,
+                                                     got.data()));
+                    CHECK_MESSAGE(std::memcmp(got.data(), want[at++].data(), got.size() * sizeof(float)) == 0, k);
+                }
+            }
+            // And against the oracle under one of the new splits, not only against v13's bits.
+            cpu::host_moe_set_tuning(tunings[2]);
+            CHECK(check_all_paths(w, x, T, ids, K, "split T=" + std::to_string(T)) == 0);
+        }
+        unsetenv("GPTOSS_THREADS");
+    }
+    cpu::host_moe_set_tuning(saved);
+}
+
+TEST_CASE("host_weights_alloc: 2 MiB-aligned, usable, either page advice") {
+    for (bool huge : {true, false}) {
+        const size_t n = (size_t(3) << 20) + 5;
+        auto* p = static_cast<uint8_t*>(cpu::host_weights_alloc(n, huge));
+        REQUIRE(p != nullptr);
+        CHECK(reinterpret_cast<uintptr_t>(p) % (size_t(2) << 20) == 0);
+        std::memset(p, 0x5a, n);
+        CHECK(p[n - 1] == 0x5a);
+        cpu::host_weights_free(p);
+    }
+}

@@ -10,9 +10,15 @@
 // GB/s of the bytes of the distinct experts a call reads (blocks + scales + biases), % of the
 // read floor, and how many of the threads were busy on average (process CPU time / wall time:
 // well under the thread count means the machine was shared and the numbers are not the kernel's).
+// The layer lives in cpu::host_weights_alloc memory (huge pages unless GPTOSS_HOST_HUGEPAGE=0),
+// and the split follows cpu::host_moe_tuning (GPTOSS_HOST_MOE_RANGES / _PREFETCH / _ONE_PASS).
+// gptoss-bench --host-moe-sweep 20b|120b: the int8 path at T = 1 under each split, prefetch
+// distance and page size (two copies of the layer, one on huge pages), in two interleaved rounds,
+// then the pool sizes 8..16 (each with its own read floor), all in one process.
 #pragma once
 
 #include "cpu/host_experts.h"
+#include "cpu/host_experts_q8.h"
 #include "gptoss-internal.h"
 
 #include <algorithm>
@@ -26,36 +32,73 @@
 #include <thread>
 #include <vector>
 
+// One layer's MXFP4 experts (blocks, scales, biases) in one cpu::host_weights_alloc block.
+struct HostMoeLayer {
+    uint32_t E, H, I;
+    size_t gu_rows, d_rows, bytes;
+    uint8_t* mem;
+    gptoss::cpu::MoeWeights w;
+    HostMoeLayer(uint32_t E_, uint32_t H_, uint32_t I_, bool huge) : E(E_), H(H_), I(I_) {
+        gu_rows = size_t(E) * 2 * I, d_rows = size_t(E) * H;
+        bytes = gu_rows * (H / 32) * 17 + d_rows * (I / 32) * 17 + 2 * (gu_rows + d_rows);
+        mem = static_cast<uint8_t*>(gptoss::cpu::host_weights_alloc(bytes, huge));
+        if (mem == nullptr) {
+            std::fprintf(stderr, "gptoss-bench: %zu bytes for one layer's experts could not be allocated\n", bytes);
+            std::exit(1);
+        }
+        uint8_t* at = mem;
+        auto take = [&](size_t n) { uint8_t* p = at; at += n; return p; };
+        w.gate_up_blocks = take(gu_rows * (H / 32) * 16);
+        w.gate_up_scales = take(gu_rows * (H / 32));
+        w.down_blocks = take(d_rows * (I / 32) * 16);
+        w.down_scales = take(d_rows * (I / 32));
+        w.gate_up_bias = reinterpret_cast<const uint16_t*>(take(2 * gu_rows));
+        w.down_bias = reinterpret_cast<const uint16_t*>(take(2 * d_rows));
+    }
+    ~HostMoeLayer() { gptoss::cpu::host_weights_free(mem); }
+    HostMoeLayer(const HostMoeLayer&) = delete;
+    HostMoeLayer& operator=(const HostMoeLayer&) = delete;
+    // Random bytes; scales 2^-9..2^3 as in real checkpoints; biases ~U(-0.1, 0.1).
+    void fill_random(uint64_t seed) {
+        std::mt19937_64 rng(seed);
+        auto bytes_at = [&](const uint8_t* p, size_t n) {
+            uint8_t* q = const_cast<uint8_t*>(p);
+            for (size_t i = 0; i + 8 <= n; i += 8) {
+                const uint64_t r = rng();
+                std::memcpy(q + i, &r, 8);
+            }
+        };
+        bytes_at(w.gate_up_blocks, gu_rows * (H / 32) * 16);
+        bytes_at(w.down_blocks, d_rows * (I / 32) * 16);
+        auto scales_at = [&](const uint8_t* p, size_t n) {
+            for (size_t i = 0; i < n; i++) const_cast<uint8_t*>(p)[i] = uint8_t(118 + rng() % 13);
+        };
+        scales_at(w.gate_up_scales, gu_rows * (H / 32));
+        scales_at(w.down_scales, d_rows * (I / 32));
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        for (size_t i = 0; i < gu_rows; i++) const_cast<uint16_t*>(w.gate_up_bias)[i] = gptoss::f32_to_bf16(0.1f * u(rng));
+        for (size_t i = 0; i < d_rows; i++) const_cast<uint16_t*>(w.down_bias)[i] = gptoss::f32_to_bf16(0.1f * u(rng));
+    }
+    void copy_from(const HostMoeLayer& o) { std::memcpy(mem, o.mem, bytes); }
+    // Bytes one expert's call reads: blocks + scales + biases of its gate_up and down.
+    double expert_bytes() const { return double(2 * I) * (H / 32) * 17 + 2.0 * 2 * I + double(H) * (I / 32) * 17 + 2.0 * H; }
+};
+
 inline int run_host_moe(const std::string& shape, bool json) {
     using namespace gptoss;
     if (shape != "20b" && shape != "120b") {
         std::fprintf(stderr, "gptoss-bench: --host-moe is \"%s\", expected 20b or 120b\n", shape.c_str());
         return 2;
     }
-    const uint32_t E = shape == "20b" ? 32 : 128, H = 2880, I = 2880, K = 4, nbH = H / 32, nbI = I / 32;
-    const size_t gu_rows = size_t(E) * 2 * I, d_rows = size_t(E) * H;
-    std::vector<uint8_t> gu_blocks(gu_rows * nbH * 16), gu_scales(gu_rows * nbH);
-    std::vector<uint8_t> d_blocks(d_rows * nbI * 16), d_scales(d_rows * nbI);
-    std::vector<uint16_t> gu_bias(gu_rows), d_bias(d_rows);
-    std::mt19937_64 rng(1);
-    auto fill_bytes = [&](std::vector<uint8_t>& v) {
-        for (size_t i = 0; i + 8 <= v.size(); i += 8) {
-            const uint64_t r = rng();
-            std::memcpy(&v[i], &r, 8);
-        }
-    };
-    fill_bytes(gu_blocks);
-    fill_bytes(d_blocks);
-    for (uint8_t& s : gu_scales) s = uint8_t(118 + rng() % 13);
-    for (uint8_t& s : d_scales) s = uint8_t(118 + rng() % 13);
+    const uint32_t E = shape == "20b" ? 32 : 128, H = 2880, I = 2880, K = 4;
+    HostMoeLayer layer(E, H, I, cpu::host_weights_huge_default());
+    layer.fill_random(1);
+    const cpu::MoeWeights w = layer.w;
+    std::mt19937_64 rng(2);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    for (uint16_t& b : gu_bias) b = f32_to_bf16(0.1f * u(rng));
-    for (uint16_t& b : d_bias) b = f32_to_bf16(0.1f * u(rng));
     std::vector<uint16_t> x(H);  // one token's activations (every token of a call gets them)
     for (uint16_t& v : x) v = f32_to_bf16(u(rng));
-    const cpu::MoeWeights w{gu_blocks.data(), gu_scales.data(), gu_bias.data(),
-                            d_blocks.data(),  d_scales.data(),  d_bias.data()};
-    const double expert_bytes = double(2 * I) * nbH * 17 + 2.0 * 2 * I + double(H) * nbI * 17 + 2.0 * H;
+    const double expert_bytes = layer.expert_bytes();
 
     cpu::PoolHold pool;
     const char* env = std::getenv("GPTOSS_THREADS");  // the pool's size, as cpu/reference.cpp sets it
@@ -131,6 +174,154 @@ inline int run_host_moe(const std::string& shape, bool json) {
                         "1 GiB, same threads); %.2f of %u threads busy\n",
                         shape.c_str(), E, H, I, T, simd, threads, iters, ms, gbps, bytes / iters / 1e6,
                         100 * gbps / floor_gbps, floor_gbps, busy, threads);
+    }
+    return 0;
+}
+
+// For each token of a call, K distinct experts among the less recently used half (so the
+// cache does not serve an expert again), as run_host_moe picks them.
+struct HostMoePicker {
+    std::vector<int32_t> lru;
+    std::mt19937_64 rng{3};
+    explicit HostMoePicker(uint32_t E) : lru(E) {
+        for (uint32_t e = 0; e < E; e++) lru[e] = int32_t(e);
+    }
+    // Fills chosen [T, K]; returns the number of distinct experts.
+    uint32_t pick(uint32_t T, uint32_t K, int32_t* chosen) {
+        const uint32_t E = uint32_t(lru.size());
+        std::vector<bool> used(E, false);
+        uint32_t distinct = 0;
+        for (uint32_t t = 0; t < T; t++)
+            for (uint32_t k = 0; k < K; k++) {
+                const size_t at = rng() % (E / 2 - k);
+                const int32_t e = lru[at];
+                chosen[size_t(t) * K + k] = e;
+                lru.erase(lru.begin() + long(at));
+                lru.push_back(e);
+                distinct += used[size_t(e)] ? 0 : 1;
+                used[size_t(e)] = true;
+            }
+        return distinct;
+    }
+};
+
+struct HostMoeTime {
+    double ms, gbps;
+};
+
+// The int8 path (`kernel`) at T tokens, K = 4, for about `seconds` (after 3 warm-up calls).
+inline HostMoeTime time_host_moe(const char* kernel, const HostMoeLayer& layer, uint32_t T, double seconds,
+                                 HostMoePicker& picker) {
+    using namespace gptoss;
+    const uint32_t K = 4, H = layer.H;
+    std::vector<uint16_t> xs(size_t(T) * H);
+    std::mt19937 rng(T);
+    for (uint16_t& v : xs) v = f32_to_bf16(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng));
+    std::vector<int32_t> chosen(size_t(T) * K);
+    std::vector<float> out(size_t(T) * K * H);
+    auto call = [&] {
+        const uint32_t distinct = picker.pick(T, K, chosen.data());
+        if (!cpu::host_moe_experts_q8(kernel, xs.data(), T, H, layer.I, layer.w, chosen.data(), K, 7.0f, out.data()))
+            cpu::host_moe_experts(xs.data(), T, H, layer.I, layer.w, chosen.data(), K, 7.0f, out.data());
+        return distinct * layer.expert_bytes();
+    };
+    for (int i = 0; i < 3; i++) call();
+    double bytes = 0, s = 0;
+    uint32_t iters = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (iters < 20 || s < seconds) {
+        bytes += call();
+        iters++;
+        s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    return {s * 1e3 / iters, bytes / s / 1e9};
+}
+
+struct HostMoeVariant {
+    const char* name;
+    gptoss::cpu::HostMoeTuning tuning;
+    bool huge;
+};
+
+inline void print_sweep_line(const char* what, const HostMoeVariant& v, unsigned threads, uint32_t T,
+                             const HostMoeTime& t, double floor_gbps) {
+    std::printf("sweep %-6s %-26s ranges/thread %u prefetch %5u one_pass %d %s threads %2u T=%-2u: %.3f ms/layer, "
+                "%6.2f GB/s, %5.1f %% of the read floor (%.2f GB/s)\n",
+                what, v.name, v.tuning.ranges_per_thread, v.tuning.prefetch_bytes, v.tuning.one_pass ? 1 : 0,
+                v.huge ? "2M-pages" : "4K-pages", threads, T, t.ms, t.gbps, 100 * t.gbps / floor_gbps, floor_gbps);
+    std::fflush(stdout);
+}
+
+// gptoss-bench --host-moe-sweep 20b|120b (see the header comment).
+inline int run_host_moe_sweep(const std::string& shape) {
+    using namespace gptoss;
+    if (shape != "20b" && shape != "120b") {
+        std::fprintf(stderr, "gptoss-bench: --host-moe-sweep is \"%s\", expected 20b or 120b\n", shape.c_str());
+        return 2;
+    }
+    const uint32_t E = shape == "20b" ? 32 : 128;
+    HostMoeLayer huge(E, 2880, 2880, true), small(E, 2880, 2880, false);
+    huge.fill_random(1);
+    small.copy_from(huge);
+    // Whether the kernel granted the huge pages (transparent huge pages are advice).
+    if (FILE* f = std::fopen("/proc/meminfo", "r")) {
+        char line[256];
+        while (std::fgets(line, sizeof line, f))
+            if (std::strncmp(line, "AnonHugePages", 13) == 0) std::printf("sweep: layers allocated; %s", line);
+        std::fclose(f);
+    }
+    const char* kernel = cpu::host_q8::rows_fn_named("avx512-vnni") ? "avx512-vnni" : "avx2";
+    std::printf("sweep: %s, int8 kernel %s, %s\n", shape.c_str(), kernel, cpu::host_moe_path_name());
+    const std::vector<HostMoeVariant> variants = {
+        {"v13", {0, 0, false}, false},          {"v13+huge", {0, 0, false}, true},
+        {"ranges1", {1, 0, false}, true},       {"ranges2", {2, 0, false}, true},
+        {"ranges4", {4, 0, false}, true},       {"ranges1+pf1k", {1, 1024, false}, true},
+        {"ranges1+pf2k", {1, 2048, false}, true}, {"ranges1+pf4k", {1, 4096, false}, true},
+        {"ranges1+onepass", {1, 0, true}, true}, {"ranges1+pf2k+onepass", {1, 2048, true}, true},
+        {"ranges2+pf2k+onepass", {2, 2048, true}, true}, {"ranges1+pf2k+onepass 4K", {1, 2048, true}, false},
+    };
+    HostMoePicker picker(E);
+    const double kSeconds = 0.3;  // per line (≥ 20 calls)
+    std::vector<double> sum(variants.size(), 0.0);
+    {
+        cpu::PoolHold pool;
+        const unsigned threads = unsigned(cpu::parallel_threads());
+        const double floor_gbps = cpu::measure_host_read_gbps(size_t(1) << 30);
+        for (int round = 0; round < 2; round++)
+            for (size_t i = 0; i < variants.size(); i++) {
+                cpu::host_moe_set_tuning(variants[i].tuning);
+                const HostMoeTime t = time_host_moe(kernel, variants[i].huge ? huge : small, 1, kSeconds, picker);
+                sum[i] += t.gbps;
+                print_sweep_line(round == 0 ? "round1" : "round2", variants[i], threads, 1, t, floor_gbps);
+            }
+    }
+    size_t best = 2;
+    for (size_t i = 2; i < variants.size(); i++)
+        if (variants[i].huge && sum[i] > sum[best]) best = i;
+    const cpu::HostMoeTuning& bt = variants[best].tuning;
+    std::printf("sweep: best of the new splits (2 rounds): %s (GPTOSS_HOST_MOE_RANGES=%u GPTOSS_HOST_MOE_PREFETCH=%u "
+                "GPTOSS_HOST_MOE_ONE_PASS=%d)\n",
+                variants[best].name, bt.ranges_per_thread, bt.prefetch_bytes, bt.one_pass ? 1 : 0);
+    // Pool sizes (the engine leaves cores to the threads driving the GPU), each with its floor.
+    for (unsigned n : {8u, 12u, 14u, 15u, 16u}) {
+        setenv("GPTOSS_THREADS", std::to_string(n).c_str(), 1);
+        cpu::PoolHold pool;
+        const double floor_gbps = cpu::measure_host_read_gbps(size_t(1) << 30);
+        for (size_t i : {size_t(1), best}) {
+            cpu::host_moe_set_tuning(variants[i].tuning);
+            print_sweep_line("pool", variants[i], n, 1, time_host_moe(kernel, huge, 1, kSeconds, picker), floor_gbps);
+        }
+    }
+    unsetenv("GPTOSS_THREADS");
+    {
+        cpu::PoolHold pool;
+        const double floor_gbps = cpu::measure_host_read_gbps(size_t(1) << 30);
+        for (uint32_t T : {4u, 16u})
+            for (size_t i : {size_t(1), best}) {
+                cpu::host_moe_set_tuning(variants[i].tuning);
+                print_sweep_line("batch", variants[i], unsigned(cpu::parallel_threads()), T,
+                                 time_host_moe(kernel, huge, T, kSeconds, picker), floor_gbps);
+            }
     }
     return 0;
 }

@@ -380,7 +380,7 @@ SchemaBench load_schema_bench(const std::string& schema_file, const std::string&
 }
 
 int main(int argc, char** argv) {
-    std::string model_dir, synthetic, schema_file, tokenizer_dir, host_moe;
+    std::string model_dir, synthetic, schema_file, tokenizer_dir, host_moe, host_moe_sweep;
     int32_t device = 0;
     std::vector<int32_t> devices;  // --devices: two or more split the model
     std::vector<uint32_t> pp{512, 2048}, depths{0, 8192};
@@ -420,6 +420,7 @@ int main(int argc, char** argv) {
         else if (a == "--json-schema") schema_file = value();
         else if (a == "--tokenizer") tokenizer_dir = value();
         else if (a == "--host-moe") host_moe = value();  // CPU experts of issue 16 (tools/bench-host-moe.h)
+        else if (a == "--host-moe-sweep") host_moe_sweep = value();
         else if (a == "--n-cpu-moe") {
             if (!gptoss::cli::parse_cpu_moe(value(), &offload.n_cpu_moe)) die("--n-cpu-moe: expected N or auto");
         }
@@ -433,6 +434,7 @@ int main(int argc, char** argv) {
                 "                    [--no-gemm-probe] [--json-schema FILE --tokenizer DIR] [--no-collectives]\n"
                 "                    [--concurrency 1,8,32,64 [--decode-batch N]] [--n-cpu-moe N|auto [--gpu-memory 24G]]\n"
                 "       gptoss-bench --host-moe 20b|120b [--json]   (CPU only: host MXFP4 experts vs the host read floor)\n"
+                "       gptoss-bench --host-moe-sweep 20b|120b      (CPU only: the host experts' splits, prefetch, pages, pool sizes)\n"
                 "Prints pp (prefill) and tg (decode) throughput at each context depth, with GB/s and %% of the\n"
                 "bandwidth floor (decode) or TFLOP/s and %% of the measured bf16 tensor-core rate (prefill).\n"
                 "--concurrency: N streams at once through gptoss_generate (prompt -p's first value, -n tokens\n"
@@ -441,6 +443,7 @@ int main(int argc, char** argv) {
         } else die("unknown option %s (see --help)", a.c_str());
     }
     if (!host_moe.empty()) return run_host_moe(host_moe, json);
+    if (!host_moe_sweep.empty()) return run_host_moe_sweep(host_moe_sweep);
     if (model_dir.empty() == synthetic.empty()) die("give exactly one of --model DIR and --synthetic 20b|120b");
     if (schema_file.empty() != tokenizer_dir.empty()) die("--json-schema and --tokenizer go together");
     if (!concurrency.empty())

@@ -143,8 +143,12 @@ gptoss_status rank_comm_register(RankComm* rc, BackendSession* session) {
                           "ncclCommWindowRegister"));
 #ifdef GPTOSS_HAVE_NCCL_DEVICE
     if (rc->mode == CollectiveMode::kLsa) {
+#ifdef NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER  // NCCL >= 2.29 checks its size, magic and version
+        ncclDevCommRequirements reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+#else
         ncclDevCommRequirements reqs;
         std::memset(&reqs, 0, sizeof(reqs));
+#endif
         reqs.lsaBarrierCount = kLsaCtas;  // lsaMultimem stays false: no NVLink multicast
         auto* st = new LsaState();
         const gptoss_status s = nccl_check(ncclDevCommCreate(rc->comm, &reqs, &st->dev), "ncclDevCommCreate");

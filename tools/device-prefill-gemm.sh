@@ -46,14 +46,14 @@ if [ $rc -ne 0 ]; then tail -60 "$OUT/build.log"; exit 1; fi
 # venv V[:W]: runs the rest of the line with the variant's environment.
 venv() { local v=$1; shift; GPTOSS_SM90_WS_VARIANT=${v%%:*} GPTOSS_SM90_WS_64=$([ "${v#*:}" != "$v" ] && echo "${v#*:}") "$@"; }
 for v in $TEST; do
-  venv $v timeout 120 ./$B/test-kernels-gemm > "$OUT/test-kernels-gemm-v$v.log" 2>&1
+  venv $v timeout 40 ./$B/test-kernels-gemm > "$OUT/test-kernels-gemm-v$v.log" 2>&1
   log "test-kernels-gemm v$v rc=$? $(dt "$OUT/test-kernels-gemm-v$v.log")"
 done
 
 bench() {  # model variant tag
   local f="$OUT/bench-$1-v$2-$3.txt" r=3
   [ "$1" = 120b ] && r=2
-  venv $2 timeout 120 ./$B/gptoss-bench --synthetic $1 --no-gemm-probe -p 2048 -n 0 -d 0 -r $r > "$f" 2>&1
+  venv $2 timeout 40 ./$B/gptoss-bench --synthetic $1 --no-gemm-probe -p 2048 -n 0 -d 0 -r $r > "$f" 2>&1
   log "bench $1 v$2 ($3) rc=$? $(grep -E '^pp2048' "$f" | tr '\n' ' ')"
 }
 first20=${V20%% *}
@@ -77,7 +77,7 @@ if [ -n "$FULL" ]; then
   ./$B/gptoss-synth --preset 20b --layers 2 --seed 3 --out /tmp/m20b2l > "$OUT/synth-20b2l.log" 2>&1
   log "synth rc=$?"
   for v in $FULL; do
-    venv $v env GPTOSS_TINY_MODEL=$PWD/$B/models/tiny GPTOSS_20B_2L_MODEL=/tmp/m20b2l timeout 200 \
+    venv $v env GPTOSS_TINY_MODEL=$PWD/$B/models/tiny GPTOSS_20B_2L_MODEL=/tmp/m20b2l timeout 90 \
       ./$B/test-kernels > "$OUT/test-kernels-v$v.log" 2>&1
     log "test-kernels v$v rc=$? $(dt "$OUT/test-kernels-v$v.log")"
   done

@@ -197,7 +197,7 @@ cudaError_t launch_prefill_sm90(const KernelArgs& a, bool fp4, uint32_t tn, uint
 // Launches gemm_prefill_ws.cu's warp-specialized kernel (same arguments, same bits as
 // launch_prefill_sm90). Needs sm_90a.
 cudaError_t launch_prefill_ws(const KernelArgs& a, bool fp4, uint32_t tn, uint32_t token_tiles, cudaStream_t stream);
-// Whether launch_prefill_ws's variant (GPTOSS_SM90_WS_VARIANT 10) wants 256-token MXFP4 route
+// Whether launch_prefill_ws's variant (GPTOSS_SM90_WS_VARIANT 10, 11) wants 256-token MXFP4 route
 // tiles (gemm_prefill_tile_tokens); tn = 256 is MXFP4 only.
 bool ws_wide_tiles();
 

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 
 namespace gptoss {
 namespace cuda {
@@ -43,7 +44,8 @@ template <bool kFp4, int TN, int kC, int kSA> constexpr int ws_raw_stages() {
 template <bool kFp4, int TN, int kC, int kSA> constexpr uint32_t ws_smem_bytes() {
     return 1024 + kSA * kABytes + ws_raw_stages<kFp4, TN, kC, kSA>() * ws_raw_bytes<kFp4, TN>() + TN * 4 + 256;
 }
-static_assert(ws_raw_stages<true, 128, 1, 4>() >= 5 && ws_raw_stages<true, 256, 1, 2>() >= 5 && ws_raw_stages<true, 64, 2, 2>() >= 3 &&
+static_assert(ws_raw_stages<true, 128, 1, 4>() >= 5 && ws_raw_stages<true, 256, 1, 2>() >= 5 &&
+                  ws_raw_stages<true, 64, 2, 2>() >= 3 &&
                   ws_raw_stages<false, 128, 1, 2>() >= 3 && ws_raw_stages<false, 64, 2, 2>() >= 3,
               "shared memory");
 
@@ -79,7 +81,7 @@ template <bool kHint = false> __device__ __forceinline__ void mbar_wait(uint32_t
 // kLag 1: chunk c + R - 1 is issued (into chunk c - 1's raw stage) after chunk c is dequantized;
 // kLag >= 2: chunk c + R - kLag (into chunk c - kLag's stage) before, so the producer does not
 // wait for the consumers' latest groups. kC CTAs per SM, kSA-deep A ring.
-template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA, bool kHint>
+template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA, bool kHint, int kProdRegs>
 __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(const KernelArgs args) {
 #ifdef GPTOSS_SM90A
     extern __shared__ unsigned char smem_raw[];
@@ -87,6 +89,10 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
     constexpr bool kEarly = kLag >= 2;
     static_assert(L >= 1, "raw ring too shallow");
     constexpr int kSpw = kSlabs / kP;  // slabs per producer warp
+    constexpr int kH = TN == 256 ? 2 : 1, TW = TN / kH;  // 256-token tiles: two halves of wgmma n128
+    // kProdRegs: the producers give registers to the consumers (setmaxnreg; all of the SM's).
+    constexpr int kConsRegs = kProdRegs ? ((65536 / (kC * 256) - kProdRegs * kP / 8) / 8) * 8 : 0;
+    static_assert(!kProdRegs || (kConsRegs >= 24 && kConsRegs <= 256 && kP % 4 == 0), "setmaxnreg");
     constexpr uint32_t kRaw = ws_raw_bytes<kFp4, TN>(), kBst = TN * 128, kA = a_bytes<kFp4>();
     const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -157,6 +163,7 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
     pdl_launch_dependents();
 
     if (producer) {
+        if constexpr (kProdRegs != 0) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProdRegs));
         // Token rows: this thread copies unit (tid & 7) of rows tid / 8 + 4·kP·i; columns past
         // n_cols are zero-filled.
         constexpr int kBUnits = TN / (4 * kP);
@@ -246,19 +253,28 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
     }
 
     // Consumers: warpgroup cw owns A rows 64·cw .. 64·cw + 63.
+    if constexpr (kProdRegs != 0) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsRegs));
     const int cw = (warp - kP) >> 2;
-    float acc[TN / 2];  // the first wgmma overwrites it
+    const bool two = kH == 2 && n_cols > uint32_t(TW);  // 256-token tiles: tokens 128.. only if any
+    float acc[kH][TW / 2];  // the first wgmma overwrites it
     uint32_t st = 0, sa_i = 0, st_prev = 0, sa_prev = 0;
     for (uint32_t c = 0; c < n_chunks; ++c) {
         mbar_wait<kHint>(full(sa_i), (c / SA) & 1u);
-        acc_fence(acc);
+#pragma unroll
+        for (int h = 0; h < kH; ++h) acc_fence(acc[h]);
         wgmma_fence();
         const uint32_t ad = base + sa_i * kABytes + uint32_t(cw) * (kABytes / 2), bd = ring + st * kRaw;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) wgmma_ss<TN>(acc, sw128_desc(ad + 32u * j), sw128_desc(bd + 32u * j), c > 0 || j > 0);
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int h = 0; h < kH; ++h)
+                if (h == 0 || two)
+                    wgmma_ss<TW>(acc[h], sw128_desc(ad + 32u * j), sw128_desc(bd + uint32_t(h * TW * 128) + 32u * j),
+                                 c > 0 || j > 0);
         wgmma_commit();
         wgmma_wait<1>();  // chunk c - 1's group is complete: its stages are free
-        acc_fence(acc);
+#pragma unroll
+        for (int h = 0; h < kH; ++h) acc_fence(acc[h]);
         if (c > 0) {
             mbar_arrive(empty_a(sa_prev));
             mbar_arrive(empty_r(st_prev));
@@ -269,9 +285,13 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
         sa_i = sa_i + 1 == SA ? 0 : sa_i + 1;
     }
     wgmma_wait<0>();
-    acc_fence(acc);
+#pragma unroll
+    for (int h = 0; h < kH; ++h) acc_fence(acc[h]);
     const uint32_t slab = slab0 + uint32_t(4 * cw + (warp & 3));
-    if (slab < n_slabs) store_wg_tile<TN>(args, expert, slab, acc, n_cols, out_rows, g, t);
+    if (slab < n_slabs) {
+        store_wg_tile<TW>(args, expert, slab, acc[0], min(n_cols, uint32_t(TW)), out_rows, g, t);
+        if (two) store_wg_tile<TW>(args, expert, slab, acc[kH - 1], n_cols - TW, out_rows + TW, g, t);
+    }
 #endif
 }
 
@@ -283,7 +303,7 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
 // and wgmma sequence as gemm_prefill_ws_kernel (the first wgmma of chunk 0 overwrites the
 // accumulator), so the same bits. The consumers keep their own out_rows (two named barriers of
 // the 256 consumer threads per tile).
-template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA, bool kHint>
+template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA, bool kHint, bool kTrigger, int kProdRegs>
 __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_wsp_kernel(const KernelArgs args) {
 #ifdef GPTOSS_SM90A
     extern __shared__ unsigned char smem_raw[];
@@ -318,7 +338,7 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_wsp_kernel(
     const uint32_t n_tiles = tok_tiles * row_tiles;
     const uint32_t n_mine = blockIdx.x < n_tiles ? (n_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
     __syncthreads();  // barriers initialized
-    pdl_launch_dependents();
+    if constexpr (kTrigger) pdl_launch_dependents();
     if (n_mine == 0) return;
     // Tile i of this CTA: its token tile and first slab.
     auto tile_of = [&](uint32_t i, PrefillTile* tl) {
@@ -327,8 +347,12 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_wsp_kernel(
         return (id / tok_tiles) * uint32_t(kSlabs);
     };
     const uint32_t n_items = n_mine * n_chunks;
+    // kProdRegs: the producers give registers to the consumers (setmaxnreg; all of the SM's).
+    constexpr int kConsRegs = kProdRegs ? ((65536 / (kC * 256) - kProdRegs * kP / 8) / 8) * 8 : 0;
+    static_assert(!kProdRegs || (kConsRegs >= 24 && kConsRegs <= 256 && kP % 4 == 0), "setmaxnreg");
 
     if (warp < kP) {
+        if constexpr (kProdRegs != 0) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProdRegs));
         // The load cursor (tile li, chunk lc): weights of this warp's slabs and a share of the
         // token rows (unit (tid & 7) of rows tid / 8 + 4·kP·i; columns past n_cols zero-filled).
         constexpr int kBUnits = TN / (4 * kP);
@@ -456,6 +480,7 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_wsp_kernel(
 
     // Consumers: warpgroup cw owns A rows 64·cw .. 64·cw + 63.
     // 256-token tiles: tokens 128..255 (accumulator 1) only when the tile has more than 128.
+    if constexpr (kProdRegs != 0) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsRegs));
     const int cw = (warp - kP) >> 2, ctid = tid - 32 * kP;
     float acc[kH][TW / 2];  // the first wgmma of a tile overwrites it
     uint32_t st = 0, sa_i = 0, st_prev = 0, sa_prev = 0, q = 0;
@@ -524,12 +549,13 @@ uint32_t sm_count(int dev) {
 
 // kPersist: gemm_prefill_wsp_kernel over min(all tiles, kC CTAs per SM); else
 // gemm_prefill_ws_kernel, one CTA per tile.
-template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA, bool kHint = false, bool kPersist = false>
+template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA, bool kHint = false, bool kPersist = false,
+          bool kTrigger = true, int kProdRegs = 0>
 cudaError_t launch_ws(const KernelArgs& a, uint32_t token_tiles, cudaStream_t stream) {
     static std::atomic<uint64_t> configured{0};
     void (*kernel)(const KernelArgs);
-    if constexpr (kPersist) kernel = gemm_prefill_wsp_kernel<kFp4, TN, kP, kLag, kC, kSA, kHint>;
-    else kernel = gemm_prefill_ws_kernel<kFp4, TN, kP, kLag, kC, kSA, kHint>;
+    if constexpr (kPersist) kernel = gemm_prefill_wsp_kernel<kFp4, TN, kP, kLag, kC, kSA, kHint, kTrigger, kProdRegs>;
+    else kernel = gemm_prefill_ws_kernel<kFp4, TN, kP, kLag, kC, kSA, kHint, kProdRegs>;
     constexpr uint32_t bytes = ws_smem_bytes<kFp4, TN, kC, kSA>();
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
@@ -548,22 +574,23 @@ cudaError_t launch_ws(const KernelArgs& a, uint32_t token_tiles, cudaStream_t st
     return launch_pdl(kernel, dim3(token_tiles, row_tiles), ws_threads<kP>(), bytes, stream, a);
 }
 
-// Variant (GPTOSS_SM90_WS_VARIANT = 1..10, one per process; measured in bench/NOTES.md v13b and
+// Variant (GPTOSS_SM90_WS_VARIANT = 1..11, one per process; measured in bench/NOTES.md v13b and
 // v14). 128-token tiles: 1 = 4 producer warps, refill after the dequantization (kLag 1); 2 =
 // refill first (kLag 2); 3, 5 = as 2 with 8 producer warps; 6, 7 = 8 producer warps, MXFP4 A ring
 // 4 deep, kLag 3; 8 = 7 with the mbarrier suspend-time hint; 9 = 8 as the persistent kernel;
-// 10 = 9, and gemm_prefill_tile_tokens chooses 256-token MXFP4 route tiles where it chose 128
-// (persistent, 4 producer warps, two wgmma n128 halves). 64-token tiles: 2 CTAs per SM with 4
-// producer warps (kLag 1 for variant 1, else 2); 5, 6: 1 CTA, 8 warps; 7 to 10 (7 is the
-// default): gemm_prefill_sm90.cu's kernel (2 CTAs per SM of 8 lock-step warps, faster there; same
-// operands and wgmma sequence, so the same bits as this kernel), or with 9 and 10 and
-// GPTOSS_SM90_WS_64 = 4 / 8: the persistent kernel, 2 CTAs per SM with 4 / 8 producer warps.
+// 10 = 8 and 11 = 9, with 256-token MXFP4 route tiles where gemm_prefill_tile_tokens chose 128
+// (two wgmma n128 halves; 4 producer warps, or 8 with setmaxnreg: GPTOSS_SM90_WS_256=8).
+// 64-token tiles: 2 CTAs per SM with 4 producer warps (kLag 1 for variant 1, else 2); 5, 6: 1 CTA,
+// 8 warps; 7 to 11 (7 is the default): gemm_prefill_sm90.cu's kernel (2 CTAs per SM of 8
+// lock-step warps, faster there; same operands and wgmma sequence, so the same bits as this
+// kernel), or with 9, 11 and GPTOSS_SM90_WS_64 = 4 / 8: the persistent kernel, 2 CTAs per SM
+// with 4 / 8 producer warps.
 // (128-token tiles at 2 CTAs per SM do not compile: wgmma m64n128 needs >= 90 registers.)
 int ws_variant() {
     static const int v = [] {
         const char* e = std::getenv("GPTOSS_SM90_WS_VARIANT");
         const int x = e ? std::atoi(e) : 0;
-        return x >= 1 && x <= 10 && x != 4 ? x : 7;
+        return x >= 1 && x <= 11 && x != 4 ? x : 7;
     }();
     return v;
 }
@@ -575,24 +602,53 @@ int ws_64() {
     }();
     return v;
 }
+// GPTOSS_SM90_WS_PDL=0: the persistent kernel lets the next kernel launch only when it exits
+// (else as soon as it started). GPTOSS_SM90_WS_256=8: 256-token tiles with 8 producer warps
+// (setmaxnreg: 56 registers, the consumers 200), else 4.
+bool ws_trigger() {
+    static const bool v = [] {
+        const char* e = std::getenv("GPTOSS_SM90_WS_PDL");
+        return !(e && std::strcmp(e, "0") == 0);
+    }();
+    return v;
+}
+int ws_256() {
+    static const int v = [] {
+        const char* e = std::getenv("GPTOSS_SM90_WS_256");
+        return e && std::strcmp(e, "8") == 0 ? 8 : 4;
+    }();
+    return v;
+}
+template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA, int kProdRegs = 0>
+cudaError_t launch_wsp(const KernelArgs& a, uint32_t token_tiles, cudaStream_t stream) {
+    return ws_trigger() ? launch_ws<kFp4, TN, kP, kLag, kC, kSA, true, true, true, kProdRegs>(a, token_tiles, stream)
+                        : launch_ws<kFp4, TN, kP, kLag, kC, kSA, true, true, false, kProdRegs>(a, token_tiles, stream);
+}
 template <bool kFp4>
 cudaError_t launch_ws_v(const KernelArgs& a, uint32_t tn, uint32_t token_tiles, cudaStream_t stream) {
     const int v = ws_variant();
     constexpr int kSA128 = kFp4 ? 3 : 2, kSA6 = kFp4 ? 4 : 2;
     if (tn == 256) {  // MXFP4 routes only (gemm_prefill checked)
-        if constexpr (kFp4) return launch_ws<true, 256, 4, 2, 1, 2, true, true>(a, token_tiles, stream);
+        if constexpr (kFp4) {
+            if (v == 11) {
+                if (ws_256() == 8) return launch_wsp<true, 256, 8, 2, 1, 2, 56>(a, token_tiles, stream);
+                return launch_wsp<true, 256, 4, 2, 1, 2>(a, token_tiles, stream);
+            }
+            if (ws_256() == 8) return launch_ws<true, 256, 8, 2, 1, 2, true, false, true, 56>(a, token_tiles, stream);
+            return launch_ws<true, 256, 4, 2, 1, 2, true>(a, token_tiles, stream);
+        }
         return cudaErrorInvalidValue;
     }
     if (tn == 128) {
-        if (v >= 9) return launch_ws<kFp4, 128, 8, 3, 1, kSA6, true, true>(a, token_tiles, stream);
-        if (v == 8) return launch_ws<kFp4, 128, 8, 3, 1, kSA6, true>(a, token_tiles, stream);
+        if (v == 9 || v == 11) return launch_wsp<kFp4, 128, 8, 3, 1, kSA6>(a, token_tiles, stream);
+        if (v == 8 || v == 10) return launch_ws<kFp4, 128, 8, 3, 1, kSA6, true>(a, token_tiles, stream);
         if (v >= 6) return launch_ws<kFp4, 128, 8, 3, 1, kSA6>(a, token_tiles, stream);
         return v == 1   ? launch_ws<kFp4, 128, 4, 1, 1, kSA128>(a, token_tiles, stream)
                : v == 2 ? launch_ws<kFp4, 128, 4, 2, 1, kSA128>(a, token_tiles, stream)
                         : launch_ws<kFp4, 128, 8, 2, 1, kSA128>(a, token_tiles, stream);
     }
-    if (v >= 9 && ws_64() == 4) return launch_ws<kFp4, 64, 4, 2, 2, 2, true, true>(a, token_tiles, stream);
-    if (v >= 9 && ws_64() == 8) return launch_ws<kFp4, 64, 8, 2, 2, 2, true, true>(a, token_tiles, stream);
+    if ((v == 9 || v == 11) && ws_64() == 4) return launch_ws<kFp4, 64, 4, 2, 2, 2, true, true>(a, token_tiles, stream);
+    if ((v == 9 || v == 11) && ws_64() == 8) return launch_ws<kFp4, 64, 8, 2, 2, 2, true, true>(a, token_tiles, stream);
     if (v >= 7) return launch_prefill_sm90(a, kFp4, 64, token_tiles, stream);
     if (v == 5) return launch_ws<kFp4, 64, 8, 2, 1, 2>(a, token_tiles, stream);
     if (v == 6) return launch_ws<kFp4, 64, 8, 3, 1, 4>(a, token_tiles, stream);
@@ -602,7 +658,7 @@ cudaError_t launch_ws_v(const KernelArgs& a, uint32_t tn, uint32_t token_tiles, 
 
 }  // namespace
 
-bool ws_wide_tiles() { return ws_variant() == 10; }
+bool ws_wide_tiles() { return ws_variant() >= 10; }
 
 cudaError_t launch_prefill_ws(const KernelArgs& a, bool fp4, uint32_t tn, uint32_t token_tiles, cudaStream_t stream) {
     return fp4 ? launch_ws_v<true>(a, tn, token_tiles, stream) : launch_ws_v<false>(a, tn, token_tiles, stream);

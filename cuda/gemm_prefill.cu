@@ -481,8 +481,8 @@ PrefillKernel auto_kernel(bool mxfp4) {
         return e && std::strcmp(e, "1") == 0;
     }();
     // The warp-specialized kernel (same bits), default since the H200 A/B of 2026-11-26 (variant
-    // 7: 20b pp2048 38.8k → 40.5k, 120b 19.9k both; bench/NOTES.md v13b); GPTOSS_SM90_WS=0: the
-    // lock-step kernel of gemm_prefill_sm90.cu.
+    // 7: 20b pp2048 38.8k → 40.5k, 120b 19.9k both; bench/NOTES.md v13b; variant 8 since v14);
+    // GPTOSS_SM90_WS=0: the lock-step kernel of gemm_prefill_sm90.cu.
     static const bool ws = [] {
         const char* e = std::getenv("GPTOSS_SM90_WS");
         return !(e && std::strcmp(e, "0") == 0);

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 namespace gptoss {
 namespace cuda {
@@ -79,6 +80,22 @@ template <bool kHint = false> __device__ __forceinline__ void mbar_wait(uint32_t
     }
 }
 #endif
+
+// The 4 k16 steps of one 64-k chunk for the first kN of a consumer's accumulator halves (A rows
+// at ad, token rows h·TW.. at bd + h·TW·128); acc_in false: the first step overwrites. A
+// 256-token tile runs one of two whole main loops (kN = 2 or 1): a branch between the wgmmas
+// makes ptxas inject warpgroup.arrive (C7519) or serialize them (C7520), as the v14 call measured.
+template <int kN, int TW, int kH>
+__device__ __forceinline__ void wgmma_chunk(float (&acc)[kH][TW / 2], uint32_t ad, uint32_t bd, bool acc_in) {
+#ifdef GPTOSS_SM90A
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int h = 0; h < kN; ++h)
+            wgmma_ss<TW>(acc[h], sw128_desc(ad + 32u * j), sw128_desc(bd + uint32_t(h * TW * 128) + 32u * j),
+                         acc_in || j > 0);
+#endif
+}
 
 // kLag 1: chunk c + R - 1 is issued (into chunk c - 1's raw stage) after chunk c is dequantized;
 // kLag >= 2: chunk c + R - kLag (into chunk c - kLag's stage) before, so the producer does not
@@ -259,33 +276,34 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
     const int cw = (warp - kP) >> 2;
     const bool two = kH == 2 && n_cols > uint32_t(TW);  // 256-token tiles: tokens 128.. only if any
     float acc[kH][TW / 2];  // the first wgmma overwrites it
-    uint32_t st = 0, sa_i = 0, st_prev = 0, sa_prev = 0;
-    for (uint32_t c = 0; c < n_chunks; ++c) {
-        mbar_wait<kHint>(full(sa_i), (c / SA) & 1u);
+    // The main loop over the first N accumulator halves (a 256-token tile takes one of two whole
+    // loops: no branch between the wgmmas, which ptxas would answer with warpgroup.arrive).
+    auto main_loop = [&](auto halves) {
+        constexpr int kN = decltype(halves)::value;
+        uint32_t st = 0, sa_i = 0, st_prev = 0, sa_prev = 0;
+        for (uint32_t c = 0; c < n_chunks; ++c) {
+            mbar_wait<kHint>(full(sa_i), (c / SA) & 1u);
 #pragma unroll
-        for (int h = 0; h < kH; ++h) acc_fence(acc[h]);
-        wgmma_fence();
-        const uint32_t ad = base + sa_i * kABytes + uint32_t(cw) * (kABytes / 2), bd = ring + st * kRaw;
+            for (int h = 0; h < kN; ++h) acc_fence(acc[h]);
+            wgmma_fence();
+            const uint32_t ad = base + sa_i * kABytes + uint32_t(cw) * (kABytes / 2), bd = ring + st * kRaw;
+            wgmma_chunk<kN, TW>(acc, ad, bd, c > 0);
+            wgmma_commit();
+            wgmma_wait<1>();  // chunk c - 1's group is complete: its stages are free
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int h = 0; h < kH; ++h)
-                if (h == 0 || two)
-                    wgmma_ss<TW>(acc[h], sw128_desc(ad + 32u * j), sw128_desc(bd + uint32_t(h * TW * 128) + 32u * j),
-                                 c > 0 || j > 0);
-        wgmma_commit();
-        wgmma_wait<1>();  // chunk c - 1's group is complete: its stages are free
-#pragma unroll
-        for (int h = 0; h < kH; ++h) acc_fence(acc[h]);
-        if (c > 0) {
-            mbar_arrive(empty_a(sa_prev));
-            mbar_arrive(empty_r(st_prev));
+            for (int h = 0; h < kN; ++h) acc_fence(acc[h]);
+            if (c > 0) {
+                mbar_arrive(empty_a(sa_prev));
+                mbar_arrive(empty_r(st_prev));
+            }
+            st_prev = st;
+            sa_prev = sa_i;
+            st = st + 1 == R ? 0 : st + 1;
+            sa_i = sa_i + 1 == SA ? 0 : sa_i + 1;
         }
-        st_prev = st;
-        sa_prev = sa_i;
-        st = st + 1 == R ? 0 : st + 1;
-        sa_i = sa_i + 1 == SA ? 0 : sa_i + 1;
-    }
+    };
+    if (two) main_loop(std::integral_constant<int, kH>{});
+    else main_loop(std::integral_constant<int, 1>{});
     wgmma_wait<0>();
 #pragma unroll
     for (int h = 0; h < kH; ++h) acc_fence(acc[h]);
@@ -493,32 +511,32 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_wsp_kernel(
         asm volatile("bar.sync 1, 256;" ::: "memory");  // the previous tile's epilogue read out_rows
         for (int r = ctid; r < TN; r += 256)
             out_rows[r] = r < int(tl.n_cols) ? (args.routed ? tl.pairs[r] : int32_t(tl.col_base) + r) : 0;
-        for (uint32_t c = 0; c < n_chunks; ++c, ++q) {
-            mbar_wait<kHint>(full(sa_i), (q / SA) & 1u);
+        // One whole loop per half count (no branch between the wgmmas; see gemm_prefill_ws_kernel).
+        auto main_loop = [&](auto halves) {
+            constexpr int kN = decltype(halves)::value;
+            for (uint32_t c = 0; c < n_chunks; ++c, ++q) {
+                mbar_wait<kHint>(full(sa_i), (q / SA) & 1u);
 #pragma unroll
-            for (int h = 0; h < kH; ++h) acc_fence(acc[h]);
-            wgmma_fence();
-            const uint32_t ad = base + sa_i * kABytes + uint32_t(cw) * (kABytes / 2), bd = ring + st * kRaw;
+                for (int h = 0; h < kN; ++h) acc_fence(acc[h]);
+                wgmma_fence();
+                const uint32_t ad = base + sa_i * kABytes + uint32_t(cw) * (kABytes / 2), bd = ring + st * kRaw;
+                wgmma_chunk<kN, TW>(acc, ad, bd, c > 0);
+                wgmma_commit();
+                wgmma_wait<1>();  // item q - 1's group is complete: its stages are free
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int h = 0; h < kH; ++h)
-                    if (h == 0 || two)
-                        wgmma_ss<TW>(acc[h], sw128_desc(ad + 32u * j), sw128_desc(bd + uint32_t(h * TW * 128) + 32u * j),
-                                     c > 0 || j > 0);
-            wgmma_commit();
-            wgmma_wait<1>();  // item q - 1's group is complete: its stages are free
-#pragma unroll
-            for (int h = 0; h < kH; ++h) acc_fence(acc[h]);
-            if (c > 0) {
-                mbar_arrive(empty_a(sa_prev));
-                mbar_arrive(empty_r(st_prev));
+                for (int h = 0; h < kN; ++h) acc_fence(acc[h]);
+                if (c > 0) {
+                    mbar_arrive(empty_a(sa_prev));
+                    mbar_arrive(empty_r(st_prev));
+                }
+                st_prev = st;
+                sa_prev = sa_i;
+                st = st + 1 == R ? 0 : st + 1;
+                sa_i = sa_i + 1 == SA ? 0 : sa_i + 1;
             }
-            st_prev = st;
-            sa_prev = sa_i;
-            st = st + 1 == R ? 0 : st + 1;
-            sa_i = sa_i + 1 == SA ? 0 : sa_i + 1;
-        }
+        };
+        if (two) main_loop(std::integral_constant<int, kH>{});
+        else main_loop(std::integral_constant<int, 1>{});
         wgmma_wait<0>();
 #pragma unroll
         for (int h = 0; h < kH; ++h) acc_fence(acc[h]);

@@ -625,8 +625,8 @@ int ws_64() {
 }
 // GPTOSS_SM90_WS_PDL=0: the persistent kernel lets the next kernel launch only when it exits
 // (else as soon as it started). GPTOSS_SM90_WS_HINT=0: its 128-token tiles wait without the
-// suspend-time hint (not yet run on a GPU; bench/NOTES.md v14). GPTOSS_SM90_WS_256=8: 256-token tiles with 8 producer warps
-// (setmaxnreg: 56 registers, the consumers 200), else 4.
+// suspend-time hint (not yet run on a GPU; bench/NOTES.md v14). GPTOSS_SM90_WS_256=8:
+// 256-token tiles with 8 producer warps (setmaxnreg: 56 registers, the consumers 200), else 4.
 bool ws_trigger() {
     static const bool v = [] {
         const char* e = std::getenv("GPTOSS_SM90_WS_PDL");

@@ -96,7 +96,7 @@ void DecodeBatcher::counters(uint64_t* steps, uint64_t* tokens) const {
 }
 
 gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens, uint32_t n, uint32_t pos,
-                                 bool prefill) {
+                                 bool prefill, const SamplingConfig* sampling, double u, int32_t* sampled) {
     State& s = *state_;
     State::Request request;
     request.item.session = session;
@@ -104,6 +104,11 @@ gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens,
     request.item.n = n;
     request.item.pos = pos;
     request.item.prefill = prefill;
+    if (sampled != nullptr) *sampled = -1;
+    if (!prefill && sampled != nullptr) {
+        request.item.sampling = sampling;
+        request.item.u = u;
+    }
     const auto deadline = std::chrono::steady_clock::now() + gather_window();
     bool led = false;
     std::unique_lock<std::mutex> lock(s.mutex);
@@ -176,6 +181,7 @@ gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens,
     }
     lock.unlock();
     if (request.item.status != GPTOSS_OK) return fail(request.item.status, "%s", request.item.error.c_str());
+    if (sampled != nullptr && request.item.sampling != nullptr) *sampled = request.item.sampled;
     if (led) clear_error();  // other items' messages recorded on this thread are not ours
     return GPTOSS_OK;
 }
@@ -200,10 +206,12 @@ gptoss_status resolve_max_decode_batch(uint32_t param, uint32_t* out) {
     return GPTOSS_OK;
 }
 
-gptoss_status decode_step(gptoss_session* session, int32_t token, uint32_t pos) {
+gptoss_status decode_step(gptoss_session* session, int32_t token, uint32_t pos, const SamplingConfig* sampling,
+                          double u, int32_t* sampled) {
+    if (sampled != nullptr) *sampled = -1;
     DecodeBatcher* batcher = session->model->batcher.get();
     if (batcher == nullptr) return session->backend->decode(token, pos);
-    return batcher->run(session->backend.get(), &token, 1, pos, false);
+    return batcher->run(session->backend.get(), &token, 1, pos, false, sampling, u, sampled);
 }
 
 gptoss_status prefill_step(gptoss_session* session, const int32_t* tokens, uint32_t n, uint32_t pos) {

@@ -295,12 +295,19 @@ protected:
 // n 1: decode(tokens[0], pos) semantics) or a prefill chunk (prefill true: forward(tokens, n,
 // pos) semantics, chunk-invariant K/V). `tokens` is borrowed for the step. The backend sets
 // status (and, on failure, error: the message for that session's caller) for every item.
+// Sampling in the step (decode items only): with `sampling` set (borrowed), a backend may also
+// sample the next token from the step's logits as session->sample(*sampling, u) would, exactly,
+// and put it in `sampled`; it leaves `sampled` at -1 when it does not (the caller then samples
+// with the same u itself). The logits stay available either way.
 struct DecodeItem {
     BackendSession* session = nullptr;
     const int32_t* tokens = nullptr;
     uint32_t n = 1;
     uint32_t pos = 0;
     bool prefill = false;
+    const SamplingConfig* sampling = nullptr;
+    double u = 0.0;
+    int32_t sampled = -1;
     gptoss_status status = GPTOSS_OK;
     std::string error;
 };
@@ -361,9 +368,11 @@ public:
     // max_sessions) and then prefill chunks, oldest first, while it has fewer than
     // kStepTokenBudget tokens (at least one chunk), so a long prompt enters chunk by chunk
     // between the streams' steps. On failure records the session's own message (fail()) and
-    // returns its status.
+    // returns its status. `sampling`, `u`, `sampled`: DecodeItem's (decode tokens only; may be
+    // null; *sampled is -1 when the step did not sample).
     [[nodiscard]] gptoss_status run(BackendSession* session, const int32_t* tokens, uint32_t n, uint32_t pos,
-                                    bool prefill);
+                                    bool prefill, const SamplingConfig* sampling = nullptr, double u = 0.0,
+                                    int32_t* sampled = nullptr);
     static constexpr uint32_t kStepTokenBudget = 512;
     uint32_t max_sessions() const { return max_sessions_; }
     // Steps with decode tokens run, and decode tokens run, so far (tokens / steps = mean batch).
@@ -505,8 +514,11 @@ struct GenerateOutput {
 
 // Decodes `token` at `pos` / prefills `n` tokens at `pos` on the session's backend, through the
 // model's batcher if it has one (gptoss-batch.cpp). DecodeLoop marks a session's decode loop
-// for the batcher.
-[[nodiscard]] gptoss_status decode_step(gptoss_session* session, int32_t token, uint32_t pos);
+// for the batcher. With `sampled` non-null the step may also sample the next token with
+// (*sampling, u) (DecodeItem): *sampled is that token, or -1 when the caller must sample.
+[[nodiscard]] gptoss_status decode_step(gptoss_session* session, int32_t token, uint32_t pos,
+                                        const SamplingConfig* sampling = nullptr, double u = 0.0,
+                                        int32_t* sampled = nullptr);
 [[nodiscard]] gptoss_status prefill_step(gptoss_session* session, const int32_t* tokens, uint32_t n, uint32_t pos);
 class DecodeLoop {
 public:

@@ -331,9 +331,10 @@ gptoss_status session_generate(gptoss_session* session, const int32_t* prompt, s
 // so nothing is counted as cached.
 enum class Pass { kPrefill, kDecode };
 static gptoss_status forward_or_forget(gptoss_session* session, const int32_t* tokens, uint32_t n, uint32_t pos,
-                                       Pass pass) {
+                                       Pass pass, const SamplingConfig* sampling = nullptr, double u = 0.0,
+                                       int32_t* sampled = nullptr) {
     fault_point();
-    const gptoss_status status = pass == Pass::kDecode ? decode_step(session, tokens[0], pos)
+    const gptoss_status status = pass == Pass::kDecode ? decode_step(session, tokens[0], pos, sampling, u, sampled)
                                                        : prefill_step(session, tokens, n, pos);
     if (status != GPTOSS_OK) forget_cache(session);
     return status;
@@ -417,17 +418,27 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
     TokenConstraint* constraint = options.constraint.get();
     std::vector<uint32_t> allowed(constraint != nullptr ? (config.vocab + 31) / 32 : 0);
     const DecodeLoop batched(session);  // decode steps may be shared with other sessions
+    // With a batcher and no constraint, a decode step may sample the next token in the step
+    // (DecodeItem::sampled); its u is drawn before the step, so the RNG sequence is the same.
+    const bool sample_in_step = constraint == nullptr && model->batcher != nullptr;
+    int32_t presampled = -1;
+    double next_u = -1.0;  // drawn for the step, not used there: the next sample's u
     for (;;) {
         if (session->cancel_requested.load()) {
             out->stop_reason = GPTOSS_STOP_CANCELLED;
             break;
         }
-        int32_t token = 0;
+        int32_t token = presampled;
+        const double u = next_u >= 0.0 ? next_u : rng.next_double();
+        presampled = -1;
+        next_u = -1.0;
         // The mask is computed on the host while the device still runs the step's forward.
-        if (constraint != nullptr && constraint->mask(allowed.data(), uint32_t(allowed.size()))) {
-            GPTOSS_TRY(backend.sample_masked(options.sampling, rng.next_double(), allowed.data(), &token));
+        if (token >= 0) {
+            // sampled in the step
+        } else if (constraint != nullptr && constraint->mask(allowed.data(), uint32_t(allowed.size()))) {
+            GPTOSS_TRY(backend.sample_masked(options.sampling, u, allowed.data(), &token));
         } else {
-            GPTOSS_TRY(backend.sample(options.sampling, rng.next_double(), &token));
+            GPTOSS_TRY(backend.sample(options.sampling, u, &token));
         }
         if (constraint != nullptr) constraint->accept(token);
         out->tokens.push_back(token);
@@ -453,7 +464,12 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
             break;
         }
         const uint32_t pos = uint32_t(session->cached.size());
-        GPTOSS_TRY(forward_or_forget(session, &token, 1, pos, Pass::kDecode));
+        if (sample_in_step) {
+            next_u = rng.next_double();
+            GPTOSS_TRY(forward_or_forget(session, &token, 1, pos, Pass::kDecode, &options.sampling, next_u, &presampled));
+        } else {
+            GPTOSS_TRY(forward_or_forget(session, &token, 1, pos, Pass::kDecode));
+        }
         session->cached.push_back(token);
     }
     out->decode_ms = ms_since(decode_start);

@@ -249,6 +249,16 @@ void CpuBackend::decode_batch(DecodeItem* const* items, uint32_t n) {
     if (segments.empty()) return;
     std::lock_guard<std::mutex> lock(batch_mutex_);
     run(batch_scratch_, tokens.data(), uint32_t(tokens.size()), segments.data(), uint32_t(segments.size()));
+    // Sampling in the step (DecodeItem::sampling): the session's own sampler, so the caller's
+    // path is exercised here too; a failure just leaves the sampling to the caller.
+    for (uint32_t i = 0; i < n; i++) {
+        DecodeItem& item = *items[i];
+        int32_t token = -1;
+        if (item.status == GPTOSS_OK && !item.prefill && item.sampling != nullptr &&
+            item.session->sample(*item.sampling, item.u, &token) == GPTOSS_OK)
+            item.sampled = token;
+    }
+    clear_error();
 }
 
 gptoss_status CpuSession::save_sliding_snapshot() {

@@ -1100,13 +1100,23 @@ void CudaBackend::decode_batch(DecodeItem* const* items, uint32_t n) {
         slots.push_back(slot);
     }
     if (batched.empty()) return;
+    // Sampling in the step where the batched sampler gives exactly this session's sample();
+    // anything else (no config, the sort fallback, bad u) stays kSkip: the session samples itself.
+    bool fast = false;
+    if (batch_sample_enabled() && sample_fast_path(dims_.V, &fast) != GPTOSS_OK) fast = false;
+    for (size_t i = 0; i < batched.size(); ++i)
+        if (batch_sample_enabled() && batched[i]->sampling != nullptr)
+            slots[i].sample = make_sample_row(*batched[i]->sampling, batched[i]->u, dims_.V, fast);
+    std::vector<int32_t> sampled(batched.size(), -1);
     gptoss_status st = poisoned_ ? fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable")
-                                 : batch_.step(batch_model(), slots.data(), uint32_t(slots.size()));
+                                 : batch_.step(batch_model(), slots.data(), uint32_t(slots.size()), sampled.data());
     if (st == GPTOSS_ERR_DEVICE) poisoned_ = true;
     const std::string error = st == GPTOSS_OK ? std::string() : std::string(gptoss_last_error());
-    for (DecodeItem* item : batched) {
+    for (size_t i = 0; i < batched.size(); ++i) {
+        DecodeItem* item = batched[i];
         item->status = st;
         item->error = error;
+        if (st == GPTOSS_OK) item->sampled = sampled[i];
         static_cast<CudaSession*>(item->session)->batch_done(st == GPTOSS_OK);
     }
 }

@@ -37,12 +37,16 @@ int dense_nb(uint32_t n) {
     if (forced == 1 || forced == 8) return forced;
     return n > 8 ? 8 : 1;
 }
-// MoE: route tiles of 8 pairs with nb = 1 (a typical expert gets ≤ 8 of a 64-token step's 256
-// pairs), or GPTOSS_DECODE_BATCH_MOE_NB = 8: tiles of 64 pairs with nb = 8. Same bits.
+// MoE: route tiles of 8·nb pairs, one CTA per (expert tile, 16-row slab). nb = 2 (tiles of 16
+// pairs, the activation ring of decode for both column groups, empty groups skipped): a 64-token
+// step's 256 pairs give each expert ~8, so nearly every expert is one tile and its weights are
+// read once, where tiles of 8 (nb = 1) split about half the experts in two and read them twice.
+// GPTOSS_DECODE_BATCH_MOE_NB = 1 | 2 | 8 chooses (8: tiles of 64 pairs, no ring). Same bits.
 int moe_nb() {
     static const int nb = [] {
         const char* e = std::getenv("GPTOSS_DECODE_BATCH_MOE_NB");
-        return e && std::atoi(e) == 8 ? 8 : 1;
+        const int v = e ? std::atoi(e) : 0;
+        return v == 1 || v == 2 || v == 8 ? v : 2;
     }();
     return nb;
 }
@@ -60,6 +64,11 @@ bool batch_decode_enabled() {
 static bool env_on(const char* name, bool fallback) {
     const char* e = std::getenv(name);
     return e && *e ? std::strcmp(e, "0") != 0 : fallback;
+}
+
+bool batch_sample_enabled() {
+    static const bool enabled = env_on("GPTOSS_DECODE_BATCH_SAMPLE", false);
+    return enabled;
 }
 
 BatchDecoder::~BatchDecoder() {
@@ -82,6 +91,8 @@ BatchDecoder::~BatchDecoder() {
     }
     for (auto& e : events_) cudaEventDestroy(e.first);
     if (arena_) cudaFree(arena_);
+    if (sampled_host_) cudaFreeHost(sampled_host_);
+    if (sampled_done_) cudaEventDestroy(sampled_done_);
     for (cudaEvent_t e : ready_) cudaEventDestroy(e);
     if (done_) cudaEventDestroy(done_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -93,6 +104,7 @@ gptoss_status BatchDecoder::reserve(const BatchModel& m, uint32_t n, uint32_t sp
         GPTOSS_CUDA_TRY(cudaGetDevice(&device_));  // the caller's DeviceGuard chose the backend's
         GPTOSS_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+        GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&sampled_done_, cudaEventDisableTiming));
     }
     while (ready_.size() < n) {
         cudaEvent_t e = nullptr;
@@ -120,12 +132,23 @@ gptoss_status BatchDecoder::reserve(const BatchModel& m, uint32_t n, uint32_t sp
     const size_t o_part = take(size_t(items) * m.K * m.H * 4), o_logits = take(size_t(items) * m.V * 4);
     const size_t o_partial = take(size_t(items) * m.Q * sp * (m.D + 2) * 4);
     const size_t o_counters = take(size_t(items) * m.G * 4);
+    const size_t o_rows = take(size_t(items) * sizeof(SampleRow)), o_sampled = take(size_t(items) * 4);
     GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
     drop_graphs();  // they hold the old scratch pointers
     if (arena_) {
         GPTOSS_CUDA_TRY(cudaFree(arena_));
         arena_ = nullptr;
         cap_items_ = cap_splits_ = 0;
+    }
+    if (sampled_host_) {
+        GPTOSS_CUDA_TRY(cudaFreeHost(sampled_host_));
+        sampled_host_ = nullptr;
+    }
+    if (cudaMallocHost(&sampled_host_, size_t(items) * 4) != cudaSuccess) {
+        cudaGetLastError();
+        sampled_host_ = nullptr;
+        return fail(GPTOSS_ERR_OUT_OF_MEMORY, "CUDA decode_batch: %zu bytes of pinned memory for sampled tokens",
+                    size_t(items) * 4);
     }
     const cudaError_t err = cudaMalloc(&arena_, off);
     if (err != cudaSuccess) {
@@ -154,12 +177,14 @@ gptoss_status BatchDecoder::reserve(const BatchModel& m, uint32_t n, uint32_t sp
     logits_ = reinterpret_cast<float*>(b + o_logits);
     partial_ = reinterpret_cast<float*>(b + o_partial);
     counters_ = reinterpret_cast<int*>(b + o_counters);
+    rows_ = reinterpret_cast<SampleRow*>(b + o_rows);
+    sampled_ = reinterpret_cast<int32_t*>(b + o_sampled);
     cap_items_ = items;
     cap_splits_ = sp;
     return GPTOSS_OK;
 }
 
-gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, uint32_t n) {
+gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, uint32_t n, int32_t* sampled) {
     if (n == 0) return GPTOSS_OK;
     if (n > 65535) return fail(GPTOSS_ERR_INTERNAL, "CUDA decode_batch: %u items in one step", n);
     const uint32_t L = uint32_t(m.layers.size());
@@ -190,11 +215,32 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
     GPTOSS_CUDA_TRY(cudaMemcpyAsync(items_, items_host_.data(), items_host_.size() * sizeof(BatchAttentionItem),
                                     cudaMemcpyHostToDevice, stream_));
     GPTOSS_TRY(launch(m, n, full_splits));
+    // Sampling in the step: one launch over the [n, V] logits, the tokens back to the host.
+    bool any_sample = false;
+    rows_host_.resize(n);
+    for (uint32_t i = 0; i < n; ++i) {
+        rows_host_[i] = slots[i].sample;
+        any_sample = any_sample || slots[i].sample.mode != SampleRow::kSkip;
+    }
+    if (any_sample && sampled == nullptr) return fail(GPTOSS_ERR_INTERNAL, "CUDA decode_batch: rows to sample, nowhere to put them");
+    if (any_sample) {
+        GPTOSS_CUDA_TRY(cudaMemcpyAsync(rows_, rows_host_.data(), n * sizeof(SampleRow), cudaMemcpyHostToDevice, stream_));
+        GPTOSS_TRY(sample_rows(logits_, m.V, m.V, rows_, n, sampled_, stream_));
+        GPTOSS_TRY(mark("batched sample"));
+        GPTOSS_CUDA_TRY(cudaMemcpyAsync(sampled_host_, sampled_, n * 4, cudaMemcpyDeviceToHost, stream_));
+        GPTOSS_CUDA_TRY(cudaEventRecord(sampled_done_, stream_));
+    }
     for (uint32_t i = 0; i < n; ++i)
         GPTOSS_CUDA_TRY(cudaMemcpyAsync(slots[i].logits, logits_ + size_t(i) * m.V, size_t(m.V) * 4,
                                         cudaMemcpyDeviceToDevice, stream_));
     GPTOSS_CUDA_TRY(cudaEventRecord(done_, stream_));
     for (uint32_t i = 0; i < n; ++i) GPTOSS_CUDA_TRY(cudaStreamWaitEvent(slots[i].stream, done_, 0));
+    if (any_sample) {  // the logits copies may still run: the sessions' streams wait for them
+        GPTOSS_CUDA_TRY(cudaEventSynchronize(sampled_done_));
+        std::memcpy(sampled, sampled_host_, n * 4);
+    } else if (sampled != nullptr) {
+        for (uint32_t i = 0; i < n; ++i) sampled[i] = -1;
+    }
     static const bool trace = env_on("GPTOSS_DECODE_BATCH_TRACE", false);
     if (trace || profiling_) {
         GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
@@ -241,7 +287,7 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
     cudaStream_t s = stream_;
     const uint32_t QKV = (m.Q + 2 * m.G) * m.D;
     const int nb = dense_nb(n), mnb = moe_nb();
-    const uint32_t tile_tokens = mnb == 8 ? 64u : 8u;
+    const uint32_t tile_tokens = 8u * uint32_t(mnb);
     ResidualArgs embed;
     embed.mode = ResidualMode::kEmbed;
     embed.embed = m.embed;

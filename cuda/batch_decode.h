@@ -9,6 +9,7 @@
 #pragma once
 
 #include "cuda/kernels.h"
+#include "cuda/sample_batch.h"
 
 #include <cuda_runtime.h>
 
@@ -23,6 +24,9 @@ namespace cuda {
 // Whether CudaBackend::decode_batch takes this path: yes unless GPTOSS_CUDA_DECODE_BATCH=0 (read
 // once per process), which runs each item's decode() in turn (Backend's default) instead.
 bool batch_decode_enabled();
+// Whether a step samples its items' next tokens itself (DecodeItem::sampling; cuda/sample_batch.h):
+// GPTOSS_DECODE_BATCH_SAMPLE=1 (read once per process); else each session samples after the step.
+bool batch_sample_enabled();
 
 // One item's KV cache of one layer (device pointers [slots, G, D] bf16) and its position.
 struct BatchAttentionItem {
@@ -71,6 +75,7 @@ struct BatchSlot {
     int32_t token = 0;
     float* logits = nullptr;
     cudaStream_t stream = nullptr;
+    SampleRow sample;  // kSkip (the default): the session samples on its own afterwards
 };
 
 // The scratch and stream of batched steps, one step at a time (the model's DecodeBatcher
@@ -83,8 +88,12 @@ public:
     BatchDecoder& operator=(const BatchDecoder&) = delete;
     // Runs one step over slots[0..n) (1 <= n <= 65535, distinct sessions, valid tokens and
     // positions: the caller checked them) and returns once every item's logits are in place
-    // (the sessions' streams are ordered after the step). DEVICE / OUT_OF_MEMORY on failure.
-    [[nodiscard]] gptoss_status step(const BatchModel& m, const BatchSlot* slots, uint32_t n);
+    // (the sessions' streams are ordered after the step). Rows whose slot.sample is not kSkip
+    // are sampled in the step (cuda/sample_batch.h, one launch): sampled[i] (host, n entries,
+    // may be null when every row is kSkip) receives the token, -1 for kSkip rows; the step then
+    // waits for the device. DEVICE / OUT_OF_MEMORY on failure.
+    [[nodiscard]] gptoss_status step(const BatchModel& m, const BatchSlot* slots, uint32_t n,
+                                     int32_t* sampled = nullptr);
 
 private:
     gptoss_status reserve(const BatchModel& m, uint32_t n, uint32_t splits);
@@ -132,6 +141,11 @@ private:
     float* logits_ = nullptr;
     float* partial_ = nullptr;
     int* counters_ = nullptr;
+    SampleRow* rows_ = nullptr;      // [cap_items_]
+    int32_t* sampled_ = nullptr;     // [cap_items_]
+    int32_t* sampled_host_ = nullptr;  // pinned [cap_items_]
+    cudaEvent_t sampled_done_ = nullptr;
+    std::vector<SampleRow> rows_host_;
     std::vector<BatchAttentionItem> items_host_;
     std::vector<int32_t> tokens_host_;
 };

@@ -8,8 +8,9 @@
 // through shared memory. Each lane streams its A fragments with 16-byte loads (the weights
 // were repacked at load into that order), dequantizes MXFP4 in registers (shift/mask + one
 // bf16x2 multiply by 2^(s-1) per pair) and reads its B fragments with two 16-byte loads per
-// row and chunk from the permuted activation rows; at decode (NB = 1) those ride in the same
-// 4-deep ring as the weight chunks, so no mma waits on an activation load.
+// row and chunk from the permuted activation rows; at decode (NB = 1, or 2 for the batched
+// step's expert tiles) those ride in the same 4-deep ring as the weight chunks, so no mma
+// waits on an activation load.
 // Why this shape: an output's summation order depends only on (row, n), never on how many
 // columns a CTA carries, so decode (NB = 1), prefill (NB = 8) and any expert grouping give
 // bit-identical results.
@@ -65,7 +66,7 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
 
     // Ring of kDepth weight chunks in flight per warp (decode is otherwise a chain of
     // dependent round trips).
-    constexpr int kDepth = NB == 1 ? (kFp4 ? GPTOSS_DECODE_DEPTH_FP4 : GPTOSS_DECODE_DEPTH_BF16) : 2;
+    constexpr int kDepth = NB <= 2 ? (kFp4 ? GPTOSS_DECODE_DEPTH_FP4 : GPTOSS_DECODE_DEPTH_BF16) : 2;
     Chunk ring[kDepth];
 #pragma unroll
     for (int i = 0; i < kDepth; ++i) {
@@ -91,19 +92,23 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
 
-    // Decode (NB = 1): the activation fragments ride in the ring with their weight chunk, so the
-    // mma never waits on an L1/L2 round trip for them (ncu: the ring depth did not matter, the
-    // per-chunk activation loads did).
-    constexpr int kXDepth = NB == 1 ? kDepth : 1;
-    uint4 xring[kXDepth][2];
-    if constexpr (NB == 1) {
+    // Decode (NB = 1; NB = 2 for the batched step's expert tiles of 16 pairs): the activation
+    // fragments ride in the ring with their weight chunk, so the mma never waits on an L1/L2
+    // round trip for them (ncu: the ring depth did not matter, the per-chunk activation loads did).
+    constexpr bool kRing = NB <= 2;
+    constexpr int kXDepth = kRing ? kDepth : 1;
+    uint4 xring[kXDepth][kRing ? NB : 1][2];
+    if constexpr (kRing) {
 #pragma unroll
         for (int i = 0; i < kDepth; ++i) {
             const uint32_t cc = uint32_t(warp) + 4u * i;
-            xring[i][0] = xring[i][1] = make_uint4(0, 0, 0, 0);
-            if (cc < n_chunks && xrow[0]) {
-                xring[i][0] = __ldg(xrow[0] + size_t(cc) * 8);
-                xring[i][1] = __ldg(xrow[0] + size_t(cc) * 8 + 1);
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+                xring[i][nb][0] = xring[i][nb][1] = make_uint4(0, 0, 0, 0);
+                if (cc < n_chunks && xrow[nb]) {
+                    xring[i][nb][0] = __ldg(xrow[nb] + size_t(cc) * 8);
+                    xring[i][nb][1] = __ldg(xrow[nb] + size_t(cc) * 8 + 1);
+                }
             }
         }
     }
@@ -115,9 +120,12 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
             if (c >= n_chunks) break;
             // Activations: shared by every warp of the GPU, so L1/L2 hits after the first touch.
             uint4 xb[NB][2];
-            if constexpr (NB == 1) {
-                xb[0][0] = xring[i][0];
-                xb[0][1] = xring[i][1];
+            if constexpr (kRing) {
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+                    xb[nb][0] = xring[i][nb][0];
+                    xb[nb][1] = xring[i][nb][1];
+                }
             } else {
 #pragma unroll
                 for (int nb = 0; nb < NB; ++nb) {
@@ -135,6 +143,9 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
                 fragment<kFp4>(ring[i], j, a);
 #pragma unroll
                 for (int nb = 0; nb < NB; ++nb) {
+                    // Column tiles past the CTA's columns are skipped (uniform over the CTA;
+                    // each column's sum is its own, so the bits do not change).
+                    if (nb > 0 && uint32_t(nb) * 8u >= n_cols) break;
                     const uint4 b = xb[nb][j >> 1];
                     const uint32_t b0 = (j & 1) ? b.z : b.x;
                     const uint32_t b1 = (j & 1) ? b.w : b.y;
@@ -144,10 +155,13 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
             const uint32_t cn = c + 4u * kDepth;
             if (cn < n_chunks) {
                 load_chunk<kFp4>(ring[i], wp, sp, cn);
-                if constexpr (NB == 1) {
-                    if (xrow[0]) {
-                        xring[i][0] = __ldg(xrow[0] + size_t(cn) * 8);
-                        xring[i][1] = __ldg(xrow[0] + size_t(cn) * 8 + 1);
+                if constexpr (kRing) {
+#pragma unroll
+                    for (int nb = 0; nb < NB; ++nb) {
+                        if (xrow[nb]) {
+                            xring[i][nb][0] = __ldg(xrow[nb] + size_t(cn) * 8);
+                            xring[i][nb][1] = __ldg(xrow[nb] + size_t(cn) * 8 + 1);
+                        }
                     }
                 }
             }
@@ -212,7 +226,7 @@ gptoss_status gemm(const GemmWeights& w, const uint16_t* x, uint32_t n_rows, con
                    float swiglu_limit, int nb, cudaStream_t stream) {
     if (w.K == 0 || w.K % 64 != 0 || w.N == 0)
         return fail(GPTOSS_ERR_INTERNAL, "gemm: K=%u must be a positive multiple of 64, N=%u > 0", w.K, w.N);
-    if (nb != 1 && nb != 8) return fail(GPTOSS_ERR_INTERNAL, "gemm: nb=%d, expected 1 or 8", nb);
+    if (nb != 1 && nb != 2 && nb != 8) return fail(GPTOSS_ERR_INTERNAL, "gemm: nb=%d, expected 1, 2 or 8", nb);
     if (epilogue == Epilogue::kSwiglu && (w.N % 16 != 0 || !out_bf16))
         return fail(GPTOSS_ERR_INTERNAL, "gemm: SwiGLU needs N %% 16 == 0 (N=%u) and a bf16 output", w.N);
     if (epilogue != Epilogue::kSwiglu && !out_f32)
@@ -224,8 +238,12 @@ gptoss_status gemm(const GemmWeights& w, const uint16_t* x, uint32_t n_rows, con
     if (tiles > 65535) return fail(GPTOSS_ERR_INTERNAL, "gemm: %u column tiles exceed the grid limit", tiles);
     const dim3 grid(slabs, tiles);
     cudaError_t err;
-    if (w.mxfp4) err = nb == 1 ? launch<true, 1>(a, grid, stream) : launch<true, 8>(a, grid, stream);
-    else err = nb == 1 ? launch<false, 1>(a, grid, stream) : launch<false, 8>(a, grid, stream);
+    if (w.mxfp4)
+        err = nb == 1 ? launch<true, 1>(a, grid, stream) : nb == 2 ? launch<true, 2>(a, grid, stream)
+                                                                   : launch<true, 8>(a, grid, stream);
+    else
+        err = nb == 1 ? launch<false, 1>(a, grid, stream) : nb == 2 ? launch<false, 2>(a, grid, stream)
+                                                                     : launch<false, 8>(a, grid, stream);
     GPTOSS_TRY(cuda_status(err, "bf16_gemm_kernel", __FILE__, __LINE__));
     return GPTOSS_OK;
 }

@@ -100,7 +100,8 @@ struct GemmRoute {
 };
 
 // x: bf16 permuted [n_rows, K] (dense) or indexed through route. nb = 8-token column tiles per
-// CTA: 1 (decode) or 8 (prefill); results do not depend on nb. ldo: output row stride in
+// CTA: 1 (decode), 2 (the batched step's expert tiles of 16 pairs) or 8 (prefill); results do
+// not depend on nb. ldo: output row stride in
 // elements. swiglu_limit for kSwiglu.
 [[nodiscard]] gptoss_status gemm(const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
                                  const GemmRoute* route, Epilogue epilogue, float* out_f32,
@@ -320,6 +321,9 @@ inline int32_t decode_argmax(unsigned long long key) { return int32_t(~uint32_t(
 [[nodiscard]] gptoss_status sample_scratch_bytes(uint32_t V, size_t* bytes_out);
 [[nodiscard]] gptoss_status sample(const float* logits, uint32_t V, const SamplingConfig& config, double u,
                                    void* scratch, size_t scratch_bytes, int32_t* token, cudaStream_t stream);
+// Whether sample() at T > 0 takes its cooperative path for V on the current device (the one
+// cuda/sample_batch.h reproduces bit for bit); false where it would sort instead.
+[[nodiscard]] gptoss_status sample_fast_path(uint32_t V, bool* out);
 
 // Constrained decoding (mask.cu): logits[t] = -inf for every t whose bit is clear in `allowed`
 // (device, ceil(V/32) u32 words, bit t%32 of word t/32). In place, on `stream`.

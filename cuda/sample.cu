@@ -30,6 +30,7 @@
 // cumulative boundary.
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/sample_select.cuh"
 
 #include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
@@ -44,25 +45,8 @@ namespace cuda {
 namespace {
 
 namespace cg = cooperative_groups;
+using namespace sample_detail;
 
-// Orderable bits of a logit: unsigned order = float order, −0 canonicalized to +0 so that
-// they tie (the host compares with > and ==).
-__device__ __forceinline__ uint32_t orderable(float v) {
-    uint32_t b = __float_as_uint(v);
-    if (b == 0x80000000u) b = 0;
-    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
-__device__ __forceinline__ unsigned long long argmax_key(float v, uint32_t i) {
-    const uint32_t b = orderable(v);
-    return (static_cast<unsigned long long>(b) << 32) | static_cast<unsigned long long>(~i);
-}
-
-// Inverse of the value half of argmax_key.
-__device__ __forceinline__ float argmax_value(unsigned long long key) {
-    const uint32_t b = uint32_t(key >> 32);
-    return __uint_as_float((b & 0x80000000u) ? (b & 0x7fffffffu) : ~b);
-}
 
 __global__ __launch_bounds__(256) void f32_argmax_kernel(const float* __restrict__ logits, uint32_t V,
                                                         unsigned long long* key) {
@@ -364,22 +348,6 @@ __global__ __launch_bounds__(kThreads) void sample_pick_kernel(const double* __r
 // cumulative masses are exact to V·2^-92; the host's sequential double sums differ from them
 // by rounding only (see kernels.h for what that allows).
 
-constexpr int kSelThreads = 512;
-constexpr int kSelItems = 4;
-constexpr uint32_t kSelTile = kSelThreads * kSelItems;
-constexpr int kRadixBits = 10;
-constexpr uint32_t kBins = 1u << kRadixBits;
-constexpr uint32_t kMaxSelCtas = 256;  // the walk's chunk-sum scan holds 8 per lane of one warp
-
-// A bin's count and mass limbs (mass = m2·2^-28 + m1·2^-60 + m0·2^-92).
-struct Mass {
-    unsigned long long c, m0, m1, m2;
-};
-struct MassSum {
-    __device__ __forceinline__ Mass operator()(const Mass& a, const Mass& b) const {
-        return Mass{a.c + b.c, a.m0 + b.m0, a.m1 + b.m1, a.m2 + b.m2};
-    }
-};
 
 // The global histogram of one pass (scratch); three rotate so that each can be zeroed while
 // nobody reads it (pass q zeroes the buffer of pass q + 1).
@@ -388,30 +356,6 @@ struct SelectBins {
     unsigned long long key[kBins];  // the largest key in the bin: the key itself when c == 1
 };
 
-// p ∈ [0, 1] as limbs of p·2^92 truncated (each < 2^32; m2 <= 2^28). x − floor(x) and the
-// power-of-two scalings are exact in double, so the limbs are exact bits of p.
-__device__ __forceinline__ void mass_limbs(double p, unsigned long long (&m)[3]) {
-    if (!(p > 0.0)) p = 0.0;  // NaN logits give no mass (and never a crash)
-    if (p > 1.0) p = 1.0;
-    double x = p * 0x1p28;
-    const double f2 = floor(x);
-    x = (x - f2) * 0x1p32;
-    const double f1 = floor(x);
-    x = (x - f1) * 0x1p32;
-    m[2] = (unsigned long long)f2;
-    m[1] = (unsigned long long)f1;
-    m[0] = (unsigned long long)floor(x);
-}
-
-// The mass as a double: the limbs normalized to one 128-bit integer hi·2^64 + lo, then
-// double(hi)·2^-28 + double(lo)·2^-92 (hi < 2^53 is exact): monotone in the integer, so
-// comparing cumulative masses against a threshold is consistent along the bins.
-__device__ __forceinline__ double mass_value(const Mass& s) {
-    const unsigned long long a = s.m1 << 32;
-    const unsigned long long lo = s.m0 + a;
-    const unsigned long long hi = s.m2 + (s.m1 >> 32) + (lo < a ? 1ull : 0ull);
-    return double(hi) * 0x1p-28 + double(lo) * 0x1p-92;
-}
 
 struct SelectSmem {
     unsigned int c[kBins];
@@ -555,26 +499,6 @@ __device__ __forceinline__ unsigned long long radix_select(const SelectItems& it
     return result;
 }
 
-// Inclusive scan of the CTA's weights in id order (sequential inside a thread, Kogge-Stone over
-// the lanes, warp totals added in warp order); returns the thread's exclusive base.
-__device__ double tile_scan(double (&v)[kSelItems], SelectSmem& sm) {
-    for (int k = 1; k < kSelItems; ++k) v[k] = v[k - 1] + v[k];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    double incl = v[kSelItems - 1];
-    for (int o = 1; o < 32; o <<= 1) {
-        const double y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl = y + incl;
-    }
-    double excl = __shfl_up_sync(0xffffffffu, incl, 1);
-    if (lane == 0) excl = 0.0;
-    if (lane == 31) sm.warp[warp] = incl;
-    __syncthreads();
-    double base = 0.0;
-    for (int w = 0; w < warp; ++w) base += sm.warp[w];
-    base += excl;
-    for (int k = 0; k < kSelItems; ++k) v[k] = base + v[k];
-    return base;
-}
 
 // Launch: ceil(V / kSelTile) CTAs of kSelThreads, cooperatively (all resident). Pipeline:
 // max logit (per-CTA max → grid sync → every CTA reduces them), p in registers, top_k select,
@@ -655,7 +579,7 @@ __global__ __launch_bounds__(kSelThreads) void f32_sample_select_kernel(
         sm.last = -1;
         sm.first = INT_MAX;
     }
-    const double tb = tile_scan(w, sm);  // contains a __syncthreads after the resets above
+    const double tb = tile_scan(w, sm.warp);  // contains a __syncthreads after the resets above
     (void)tb;
     if (tid == (count - 1) / kSelItems) cta_sum[blockIdx.x] = w[(count - 1) % kSelItems];
     atomicMax(&sm.last, last);
@@ -822,6 +746,14 @@ gptoss_status argmax(const float* logits, uint32_t V, int32_t* out, cudaStream_t
     GPTOSS_CUDA_TRY(cudaMemsetAsync(key, 0, sizeof(*key), stream));
     f32_argmax_kernel<<<132, 256, 0, stream>>>(logits, V, key);
     GPTOSS_CUDA_LAUNCH_CHECK();
+    return GPTOSS_OK;
+}
+
+gptoss_status sample_fast_path(uint32_t V, bool* out) {
+    uint32_t capacity = 0;
+    GPTOSS_TRY(select_capacity(&capacity));
+    const uint32_t G = ceil_div(V, kSelTile);
+    *out = V > 0 && G <= capacity && G <= kMaxSelCtas && V <= (1u << 31);
     return GPTOSS_OK;
 }
 

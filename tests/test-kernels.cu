@@ -73,6 +73,8 @@ TEST_CASE("gemm rows are bit-identical whatever T, the column tile and nb (chunk
     DenseW d(r.bf16s(size_t(N) * K, 0.1f), r.bf16s(N, 0.1f), N, K);
     const auto x = rounded(r.floats(size_t(T) * K, 1.0f));
     const auto all = run_dense(d, x, T, 8);
+    const auto two = run_dense(d, x, T, 2);  // the batched step's expert tiles' width
+    CHECK(std::memcmp(two.data(), all.data(), all.size() * 4) == 0);
     for (uint32_t t = 0; t < T; ++t) {
         const std::vector<float> row(x.begin() + size_t(t) * K, x.begin() + size_t(t + 1) * K);
         const auto one = run_dense(d, row, 1, 1);

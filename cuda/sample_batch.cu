@@ -1,0 +1,381 @@
+// cuda/sample_batch.cu - one launch samples every row of a batched decode step (design in
+// cuda/sample_batch.h). Mapping: one CTA of kSelThreads = 512 threads per row. The row is walked
+// in tiles of kSelTile = 2048 ids, thread t holding ids 4t .. 4t+3 of a tile, exactly the
+// cooperative sampler's layout (cuda/sample.cu, f32_sample_select_kernel: one CTA per tile, all
+// tiles at once), so the walk's double scan is the same tree: tile_scan per tile, then the same
+// one-warp scan of the tile sums. The radix selects (top_k's k-th key, top_p's cut) count and
+// sum exact integer masses in a shared histogram of the whole row instead of a global one of
+// the grid: integer sums do not depend on the order, so every bin, every cut and hence every
+// token is the same bit for bit. Keys and p are recomputed from the logits on each pass
+// (registers cannot hold a row); only ids still under the selected prefix pay for exp.
+// Cost: the row is read ~2 + (select passes) times from L2 (0.8 MB each at V = 201088), by one
+// SM; rows run in parallel, so a step of 64 rows costs about what one row does.
+#include "cuda/sample_batch.h"
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+#include "cuda/sample_select.cuh"
+
+#include <cub/block/block_scan.cuh>
+
+#include <climits>
+#include <cmath>
+
+namespace gptoss {
+namespace cuda {
+namespace {
+using namespace sample_detail;
+
+struct RowSmem {
+    unsigned int c[kBins];
+    unsigned long long m[3][kBins];
+    unsigned long long key[kBins];
+    typename cub::BlockScan<Mass, kSelThreads, cub::BLOCK_SCAN_WARP_SCANS>::TempStorage scan;
+    double warp[kSelThreads / 32];
+    double tile_sum[kMaxSelCtas];  // the cooperative sampler's cta_sum
+    unsigned long long prefix;
+    unsigned long long result;
+    unsigned long long best;
+    Mass above;
+    Mass bin;
+    unsigned int max_ord;
+    int pos;
+    int done;
+    int first;
+    int last;
+    int owner;
+    double owner_base;
+    double target;
+};
+
+// A row, and the key of its ids: orderable(logit) << nb | (2^nb − 1 − id), as sample.cu.
+struct RowView {
+    const float* l;
+    uint32_t V, nb;
+    unsigned long long id_mask;
+    float mx;
+    double inv_t;
+    bool vec;  // 16-byte loads (row aligned, V % 4 == 0)
+    __device__ __forceinline__ unsigned long long key(uint32_t id, float v) const {
+        return ((unsigned long long)orderable(v) << nb) | (id_mask - id);
+    }
+    __device__ __forceinline__ double p(float v) const { return exp((double(v) - double(mx)) * inv_t); }
+};
+
+// Tiles handled per loop iteration (their loads are issued together).
+constexpr uint32_t kUnroll = 4;
+
+__device__ __forceinline__ uint32_t n_tiles(uint32_t V) { return (V + kSelTile - 1) / kSelTile; }
+
+// The 4 logits of thread threadIdx.x in tile c (0 past V).
+__device__ __forceinline__ void load_tile(const RowView& r, uint32_t c, float (&v)[kSelItems]) {
+    const uint32_t id0 = c * kSelTile + threadIdx.x * kSelItems;
+    if (r.vec && id0 + kSelItems <= r.V) {
+        const float4 q = __ldcg(reinterpret_cast<const float4*>(r.l + id0));
+        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+        for (int j = 0; j < kSelItems; ++j) v[j] = id0 + j < r.V ? __ldcg(r.l + id0 + j) : 0.0f;
+    }
+}
+
+// Calls f(id, logit) for every id of the row this thread owns (the tile layout).
+template <typename F> __device__ __forceinline__ void for_row(const RowView& r, F&& f) {
+    const uint32_t G = n_tiles(r.V);
+    for (uint32_t c0 = 0; c0 < G; c0 += kUnroll) {
+        float v[kUnroll][kSelItems];
+#pragma unroll
+        for (uint32_t t = 0; t < kUnroll; ++t)
+            if (c0 + t < G) load_tile(r, c0 + t, v[t]);
+#pragma unroll
+        for (uint32_t t = 0; t < kUnroll; ++t) {
+            if (c0 + t >= G) break;
+            const uint32_t id0 = (c0 + t) * kSelTile + threadIdx.x * kSelItems;
+#pragma unroll
+            for (int j = 0; j < kSelItems; ++j)
+                if (id0 + j < r.V) f(id0 + j, v[t][j]);
+        }
+    }
+}
+
+// sample.cu's radix_select over a shared histogram of the whole row (same arguments and result;
+// every thread of the CTA calls it).
+__device__ unsigned long long row_select(const RowView& r, uint32_t nbits, unsigned long long floor_key, bool by_mass,
+                                         bool with_mass, unsigned long long k, double top_p, bool have_total,
+                                         Mass* total, Mass* above_out, Mass* bin_out, RowSmem& sm) {
+    const uint32_t tid = threadIdx.x;
+    if (tid == 0) {
+        sm.prefix = 0;
+        sm.above = Mass{0, 0, 0, 0};
+        sm.done = 0;
+    }
+    double thr = have_total ? top_p * mass_value(*total) : 0.0;
+    uint32_t prev_shift = nbits;
+    for (;;) {
+        const uint32_t bits = min(uint32_t(kRadixBits), prev_shift);
+        const uint32_t shift = prev_shift - bits;
+        const uint32_t nbins = 1u << bits;
+        for (uint32_t b = tid; b < nbins; b += kSelThreads) {
+            sm.c[b] = 0;
+            sm.m[0][b] = sm.m[1][b] = sm.m[2][b] = 0;
+            sm.key[b] = 0;
+        }
+        if (tid == 0) sm.pos = INT_MAX;
+        __syncthreads();
+        const unsigned long long prefix = sm.prefix;
+        const Mass above = sm.above;
+        for_row(r, [&](uint32_t id, float v) {
+            const unsigned long long key = r.key(id, v);
+            if (key < floor_key || (key >> prev_shift) != (prefix >> prev_shift)) return;
+            const uint32_t d = uint32_t(key >> shift) & (nbins - 1);
+            atomicAdd(&sm.c[d], 1u);
+            if (with_mass) {
+                unsigned long long m[3];
+                mass_limbs(r.p(v), m);
+                for (int l = 0; l < 3; ++l)
+                    if (m[l]) atomicAdd(&sm.m[l][d], m[l]);
+            }
+            atomicMax(&sm.key[d], key);
+        });
+        __syncthreads();
+        Mass raw[2], cum[2];
+        for (int j = 0; j < 2; ++j) {
+            const uint32_t q = 2 * tid + j;
+            raw[j] = Mass{0, 0, 0, 0};
+            if (q < nbins) {
+                const uint32_t d = nbins - 1 - q;
+                raw[j] = Mass{sm.c[d], sm.m[0][d], sm.m[1][d], sm.m[2][d]};
+            }
+        }
+        Mass aggregate;
+        cub::BlockScan<Mass, kSelThreads, cub::BLOCK_SCAN_WARP_SCANS>(sm.scan).InclusiveScan(raw, cum, MassSum(),
+                                                                                             aggregate);
+        if (by_mass && !have_total) {
+            *total = aggregate;
+            thr = top_p * mass_value(aggregate);
+            have_total = true;
+        }
+        for (int j = 0; j < 2; ++j) {
+            const uint32_t q = 2 * tid + j;
+            if (q >= nbins) continue;
+            const Mass s = MassSum()(above, cum[j]);
+            const bool crossed = by_mass ? cum[j].c > 0 && mass_value(s) >= thr : s.c >= k;
+            if (crossed) atomicMin(&sm.pos, int(q));
+        }
+        __syncthreads();
+        const int pos = sm.pos == INT_MAX ? int(nbins - 1) : sm.pos;
+        if (uint32_t(pos) / 2 == tid) {
+            const bool odd = pos % 2;
+            const uint32_t d = nbins - 1 - uint32_t(pos);
+            const Mass rw = odd ? raw[1] : raw[0];
+            const Mass cu = odd ? cum[1] : cum[0];
+            sm.above = Mass{above.c + cu.c - rw.c, above.m0 + cu.m0 - rw.m0, above.m1 + cu.m1 - rw.m1,
+                            above.m2 + cu.m2 - rw.m2};
+            sm.bin = rw;
+            sm.prefix = prefix | ((unsigned long long)d << shift);
+            if (rw.c == 1 || shift == 0) {
+                sm.done = 1;
+                sm.result = rw.c == 1 ? sm.key[d] : sm.prefix;
+            }
+        }
+        __syncthreads();
+        if (sm.done) break;
+        prev_shift = shift;
+    }
+    const unsigned long long result = sm.result;
+    *above_out = sm.above;
+    *bin_out = sm.bin;
+    __syncthreads();
+    return result;
+}
+
+// Tile c's walk weights (p of kept ids, else 0) and candidates, scanned in place (tile_scan).
+__device__ __forceinline__ int walk_tile(const RowView& r, uint32_t c, unsigned long long K, bool filtered,
+                                         double (&w)[kSelItems], bool (&cand)[kSelItems], RowSmem& sm) {
+    float v[kSelItems];
+    load_tile(r, c, v);
+    const uint32_t id0 = c * kSelTile + threadIdx.x * kSelItems;
+    int last = -1;
+    for (int j = 0; j < kSelItems; ++j) {
+        const bool valid = id0 + j < r.V;
+        const bool kept = valid && r.key(id0 + j, v[j]) >= K;
+        const double p = kept ? r.p(v[j]) : 0.0;
+        w[j] = p;
+        cand[j] = filtered ? kept : (valid && p > 0.0);
+        if (cand[j]) last = int(id0 + j);
+    }
+    tile_scan(w, sm.warp);
+    return last;
+}
+
+__global__ __launch_bounds__(kSelThreads) void f32_sample_rows_kernel(const float* __restrict__ logits, uint32_t V,
+                                                                      size_t ld, const SampleRow* __restrict__ rows,
+                                                                      int32_t* __restrict__ tokens) {
+    __shared__ RowSmem sm;
+    const SampleRow row = rows[blockIdx.x];
+    const uint32_t tid = threadIdx.x, lane = tid & 31;
+    if (row.mode != SampleRow::kGreedy && row.mode != SampleRow::kSample) {
+        if (tid == 0) tokens[blockIdx.x] = -1;
+        return;
+    }
+    RowView r;
+    r.l = logits + size_t(blockIdx.x) * ld;
+    r.V = V;
+    r.nb = V > 1 ? 32u - uint32_t(__clz(int(V - 1))) : 0u;
+    r.id_mask = (1ull << r.nb) - 1;
+    r.inv_t = row.inv_t;
+    r.vec = (reinterpret_cast<uintptr_t>(r.l) & 15) == 0;
+    r.mx = 0.0f;
+    if (tid == 0) {
+        sm.best = 0;
+        sm.max_ord = 0;
+    }
+    __syncthreads();
+    if (row.mode == SampleRow::kGreedy) {  // cuda::argmax: the largest (value, ~id) key
+        unsigned long long best = 0;
+        for_row(r, [&](uint32_t id, float v) {
+            const unsigned long long k = argmax_key(v, id);
+            best = k > best ? k : best;
+        });
+        for (int o = 16; o > 0; o >>= 1) {
+            const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+            best = other > best ? other : best;
+        }
+        if (lane == 0) atomicMax(&sm.best, best);
+        __syncthreads();
+        if (tid == 0) tokens[blockIdx.x] = int32_t(~uint32_t(sm.best));
+        return;
+    }
+    unsigned int best = 0;
+    for_row(r, [&](uint32_t, float v) { best = max(best, orderable(v)); });
+    for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
+    if (lane == 0) atomicMax(&sm.max_ord, best);
+    __syncthreads();
+    const uint32_t mo = sm.max_ord;
+    r.mx = __uint_as_float((mo & 0x80000000u) ? (mo & 0x7fffffffu) : ~mo);
+
+    const uint32_t nbits = 32 + r.nb;
+    const bool use_top_k = row.top_k > 0, use_top_p = row.use_top_p != 0;
+    unsigned long long K = 0;
+    Mass total{0, 0, 0, 0}, above, bin;
+    if (use_top_k) {
+        K = row_select(r, nbits, 0, false, use_top_p, row.top_k, 0.0, false, &total, &above, &bin, sm);
+        total = MassSum()(above, bin);
+    }
+    if (use_top_p)
+        K = row_select(r, nbits, K, true, true, 0, row.top_p, use_top_k, &total, &above, &bin, sm);
+    const bool filtered = use_top_k || use_top_p;
+
+    // The walk: each tile's sum in id order (the value at its last real id), as the CTAs of
+    // the cooperative sampler compute them.
+    const uint32_t G = n_tiles(V);
+    if (tid == 0) sm.last = -1;
+    int last = -1;
+    for (uint32_t c = 0; c < G; ++c) {
+        double w[kSelItems];
+        bool cand[kSelItems];
+        last = max(last, walk_tile(r, c, K, filtered, w, cand, sm));
+        const uint32_t count = min(V - c * kSelTile, kSelTile);
+        if (tid == (count - 1) / kSelItems) sm.tile_sum[c] = w[(count - 1) % kSelItems];
+        __syncthreads();  // sm.warp is the next tile's
+    }
+    atomicMax(&sm.last, last);
+    __syncthreads();
+    if (tid < 32) {  // sample.cu's scan of the CTA sums, verbatim
+        const uint32_t per = (G + 31) / 32;
+        double s[8], x[8];
+        double run = 0.0;
+        for (uint32_t i = 0; i < 8; ++i) {
+            const uint32_t c = lane * per + i;
+            s[i] = i < per && c < G ? sm.tile_sum[c] : 0.0;
+            x[i] = run;
+            run = run + s[i];
+        }
+        double incl = run;
+        for (int o = 1; o < 32; o <<= 1) {
+            const double y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (int(lane) >= o) incl = y + incl;
+        }
+        double lane_base = __shfl_up_sync(0xffffffffu, incl, 1);
+        if (lane == 0) lane_base = 0.0;
+        double total_w = 0.0;
+        int hit = -1;
+        double hit_base = 0.0;
+        for (uint32_t i = 0; i < 8; ++i) {
+            const uint32_t c = lane * per + i;
+            if (i < per && c == G - 1) total_w = (lane_base + x[i]) + s[i];
+        }
+        const uint32_t last_lane = (G - 1) / per;
+        total_w = __shfl_sync(0xffffffffu, total_w, int(last_lane));
+        const double target = row.u * total_w;
+        for (uint32_t i = 0; i < 8; ++i) {
+            const uint32_t c = lane * per + i;
+            if (hit < 0 && i < per && c < G) {
+                const double X = lane_base + x[i];
+                if (X + s[i] > target) {
+                    hit = int(c);
+                    hit_base = X;
+                }
+            }
+        }
+        const unsigned int ballot = __ballot_sync(0xffffffffu, hit >= 0);
+        if (lane == 0) sm.owner = -1;
+        if (ballot) {
+            const int src = __ffs(ballot) - 1;
+            const int owner = __shfl_sync(0xffffffffu, hit, src);
+            const double base = __shfl_sync(0xffffffffu, hit_base, src);
+            if (lane == 0) {
+                sm.owner = owner;
+                sm.owner_base = base;
+            }
+        }
+        if (lane == 0) sm.target = target;
+    }
+    __syncthreads();
+    const int owner = sm.owner;
+    if (owner < 0) {
+        if (tid == 0) tokens[blockIdx.x] = sm.last >= 0 ? sm.last : 0;
+        return;
+    }
+    // The owner tile again: its first candidate whose prefix exceeds the target.
+    if (tid == 0) sm.first = INT_MAX;
+    double w[kSelItems];
+    bool cand[kSelItems];
+    walk_tile(r, uint32_t(owner), K, filtered, w, cand, sm);  // syncs before anyone reads sm.first
+    const double base = sm.owner_base, target = sm.target;
+    const uint32_t id0 = uint32_t(owner) * kSelTile + tid * kSelItems;
+    for (int j = 0; j < kSelItems; ++j)
+        if (cand[j] && base + w[j] > target) atomicMin(&sm.first, int(id0 + j));
+    __syncthreads();
+    if (tid == 0) tokens[blockIdx.x] = sm.first != INT_MAX ? sm.first : (sm.last >= 0 ? sm.last : 0);
+}
+
+}  // namespace
+
+SampleRow make_sample_row(const SamplingConfig& config, double u, uint32_t V, bool fast_path) {
+    SampleRow r;
+    if (!std::isfinite(config.temperature) || !(u >= 0.0 && u < 1.0) || V == 0) return r;  // kSkip
+    if (config.temperature <= 0.0f) {
+        r.mode = SampleRow::kGreedy;
+        return r;
+    }
+    if (!fast_path || ceil_div(V, kSelTile) > kMaxSelCtas) return r;
+    r.mode = SampleRow::kSample;
+    r.inv_t = 1.0 / double(config.temperature);
+    r.top_k = config.top_k > 0 && config.top_k < V ? config.top_k : 0u;
+    r.use_top_p = config.top_p < 1.0f ? 1u : 0u;
+    r.top_p = double(config.top_p);
+    r.u = u;
+    return r;
+}
+
+gptoss_status sample_rows(const float* logits, uint32_t V, size_t ld, const SampleRow* rows, uint32_t n,
+                          int32_t* tokens, cudaStream_t stream) {
+    if (n == 0) return GPTOSS_OK;
+    if (n > 65535 || V == 0 || ld < V || logits == nullptr || rows == nullptr || tokens == nullptr)
+        return fail(GPTOSS_ERR_INTERNAL, "cuda::sample_rows: %u rows of V %u (ld %zu)", n, V, ld);
+    f32_sample_rows_kernel<<<n, kSelThreads, 0, stream>>>(logits, V, ld, rows, tokens);
+    GPTOSS_CUDA_LAUNCH_CHECK();
+    return GPTOSS_OK;
+}
+
+}  // namespace cuda
+}  // namespace gptoss

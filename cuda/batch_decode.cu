@@ -37,16 +37,17 @@ int dense_nb(uint32_t n) {
     if (forced == 1 || forced == 8) return forced;
     return n > 8 ? 8 : 1;
 }
-// MoE: route tiles of 8·nb pairs, one CTA per (expert tile, 16-row slab). nb = 2 (tiles of 16
-// pairs, the activation ring of decode for both column groups, empty groups skipped): a 64-token
-// step's 256 pairs give each expert ~8, so nearly every expert is one tile and its weights are
-// read once, where tiles of 8 (nb = 1) split about half the experts in two and read them twice.
-// GPTOSS_DECODE_BATCH_MOE_NB = 1 | 2 | 8 chooses (8: tiles of 64 pairs, no ring). Same bits.
+// MoE: route tiles of 8·nb pairs, one CTA per (expert tile, 16-row slab); nb = 1 (tiles of 8
+// pairs). GPTOSS_DECODE_BATCH_MOE_NB = 2: tiles of 16 pairs (the activation ring of decode for
+// both column groups, empty groups skipped), so nearly every expert of a 64-token step is one
+// tile; it measured no faster at 64 streams (H200, bench/NOTES.md "v14 batched decode": the
+// second tile's re-read is an L2 hit, the kernel is not bound by those bytes). 8: tiles of 64
+// pairs without the ring. Same bits whichever.
 int moe_nb() {
     static const int nb = [] {
         const char* e = std::getenv("GPTOSS_DECODE_BATCH_MOE_NB");
         const int v = e ? std::atoi(e) : 0;
-        return v == 1 || v == 2 || v == 8 ? v : 2;
+        return v == 1 || v == 2 || v == 8 ? v : 1;
     }();
     return nb;
 }

@@ -40,6 +40,14 @@ static std::chrono::microseconds gather_window() {
     return window;
 }
 
+static bool wake_all_on_submit() {
+    static const bool on = [] {
+        const char* e = std::getenv("GPTOSS_DECODE_BATCH_WAKE_ALL");
+        return e && *e && std::strcmp(e, "0") != 0;
+    }();
+    return on;
+}
+
 void Backend::decode_batch(DecodeItem* const* items, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
         DecodeItem& item = *items[i];
@@ -114,7 +122,11 @@ gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens,
     std::unique_lock<std::mutex> lock(s.mutex);
     s.pending.push_back(&request);
     if (!prefill) s.pending_decode++;
-    s.wake.notify_all();
+    // The waiters need not hear of a submission: if it completes the batch, this caller leads
+    // the step itself (below); a gather window that runs out wakes its waiter by itself. Waking
+    // them all on every submission cost O(sessions²) wake-ups per step (64 streams: ~4000).
+    // GPTOSS_DECODE_BATCH_WAKE_ALL=1 restores that (A/B runs).
+    if (wake_all_on_submit()) s.wake.notify_all();
     while (!request.done) {
         const bool all_in = s.pending_decode >= std::min<size_t>(s.active, max_sessions_);
         if (s.stepping) {

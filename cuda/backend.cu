@@ -1100,12 +1100,15 @@ void CudaBackend::decode_batch(DecodeItem* const* items, uint32_t n) {
         slots.push_back(slot);
     }
     if (batched.empty()) return;
-    // Sampling in the step where the batched sampler gives exactly this session's sample();
-    // anything else (no config, the sort fallback, bad u) stays kSkip: the session samples itself.
+    // Sampling in the step (steps of at least batch_sample_min_items() tokens) where the batched
+    // sampler gives exactly this session's sample(); anything else (no config, the sort
+    // fallback, bad u, a small step) stays kSkip: the session samples itself, same token.
+    const uint32_t min_items = batch_sample_min_items();
+    const bool in_step = min_items > 0 && batched.size() >= min_items;
     bool fast = false;
-    if (batch_sample_enabled() && sample_fast_path(dims_.V, &fast) != GPTOSS_OK) fast = false;
+    if (in_step && sample_fast_path(dims_.V, &fast) != GPTOSS_OK) fast = false;
     for (size_t i = 0; i < batched.size(); ++i)
-        if (batch_sample_enabled() && batched[i]->sampling != nullptr)
+        if (in_step && batched[i]->sampling != nullptr)
             slots[i].sample = make_sample_row(*batched[i]->sampling, batched[i]->u, dims_.V, fast);
     std::vector<int32_t> sampled(batched.size(), -1);
     gptoss_status st = poisoned_ ? fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable")
@@ -1117,7 +1120,8 @@ void CudaBackend::decode_batch(DecodeItem* const* items, uint32_t n) {
         item->status = st;
         item->error = error;
         if (st == GPTOSS_OK) item->sampled = sampled[i];
-        static_cast<CudaSession*>(item->session)->batch_done(st == GPTOSS_OK);
+        // A row sampled in the step has no logits in its session (BatchDecoder::step).
+        static_cast<CudaSession*>(item->session)->batch_done(st == GPTOSS_OK && sampled[i] < 0);
     }
 }
 

@@ -67,9 +67,14 @@ static bool env_on(const char* name, bool fallback) {
     return e && *e ? std::strcmp(e, "0") != 0 : fallback;
 }
 
-bool batch_sample_enabled() {
-    static const bool enabled = env_on("GPTOSS_DECODE_BATCH_SAMPLE", false);
-    return enabled;
+uint32_t batch_sample_min_items() {
+    static const uint32_t min_items = [] {
+        const char* e = std::getenv("GPTOSS_DECODE_BATCH_SAMPLE");
+        if (!e || !*e) return 32u;
+        const long v = std::strtol(e, nullptr, 10);
+        return v > 0 && v <= 65535 ? uint32_t(v) : 0u;
+    }();
+    return min_items;
 }
 
 BatchDecoder::~BatchDecoder() {
@@ -134,6 +139,7 @@ gptoss_status BatchDecoder::reserve(const BatchModel& m, uint32_t n, uint32_t sp
     const size_t o_partial = take(size_t(items) * m.Q * sp * (m.D + 2) * 4);
     const size_t o_counters = take(size_t(items) * m.G * 4);
     const size_t o_rows = take(size_t(items) * sizeof(SampleRow)), o_sampled = take(size_t(items) * 4);
+    const size_t o_sscratch = take(sample_rows_scratch_bytes(items));
     GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
     drop_graphs();  // they hold the old scratch pointers
     if (arena_) {
@@ -180,6 +186,8 @@ gptoss_status BatchDecoder::reserve(const BatchModel& m, uint32_t n, uint32_t sp
     counters_ = reinterpret_cast<int*>(b + o_counters);
     rows_ = reinterpret_cast<SampleRow*>(b + o_rows);
     sampled_ = reinterpret_cast<int32_t*>(b + o_sampled);
+    sample_scratch_ = b + o_sscratch;
+    sample_scratch_bytes_ = sample_rows_scratch_bytes(items);
     cap_items_ = items;
     cap_splits_ = sp;
     return GPTOSS_OK;
@@ -226,14 +234,17 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
     if (any_sample && sampled == nullptr) return fail(GPTOSS_ERR_INTERNAL, "CUDA decode_batch: rows to sample, nowhere to put them");
     if (any_sample) {
         GPTOSS_CUDA_TRY(cudaMemcpyAsync(rows_, rows_host_.data(), n * sizeof(SampleRow), cudaMemcpyHostToDevice, stream_));
-        GPTOSS_TRY(sample_rows(logits_, m.V, m.V, rows_, n, sampled_, stream_));
+        GPTOSS_TRY(sample_rows(logits_, m.V, m.V, rows_, n, sample_scratch_, sample_scratch_bytes_, sampled_, stream_));
         GPTOSS_TRY(mark("batched sample"));
         GPTOSS_CUDA_TRY(cudaMemcpyAsync(sampled_host_, sampled_, n * 4, cudaMemcpyDeviceToHost, stream_));
         GPTOSS_CUDA_TRY(cudaEventRecord(sampled_done_, stream_));
     }
+    // Each row's logits into its session's buffer, except rows sampled here: their session
+    // never reads them (it has its token) and is told it has no logits (batch_done).
     for (uint32_t i = 0; i < n; ++i)
-        GPTOSS_CUDA_TRY(cudaMemcpyAsync(slots[i].logits, logits_ + size_t(i) * m.V, size_t(m.V) * 4,
-                                        cudaMemcpyDeviceToDevice, stream_));
+        if (slots[i].sample.mode == SampleRow::kSkip)
+            GPTOSS_CUDA_TRY(cudaMemcpyAsync(slots[i].logits, logits_ + size_t(i) * m.V, size_t(m.V) * 4,
+                                            cudaMemcpyDeviceToDevice, stream_));
     GPTOSS_CUDA_TRY(cudaEventRecord(done_, stream_));
     for (uint32_t i = 0; i < n; ++i) GPTOSS_CUDA_TRY(cudaStreamWaitEvent(slots[i].stream, done_, 0));
     if (any_sample) {  // the logits copies may still run: the sessions' streams wait for them

@@ -24,9 +24,14 @@ namespace cuda {
 // Whether CudaBackend::decode_batch takes this path: yes unless GPTOSS_CUDA_DECODE_BATCH=0 (read
 // once per process), which runs each item's decode() in turn (Backend's default) instead.
 bool batch_decode_enabled();
-// Whether a step samples its items' next tokens itself (DecodeItem::sampling; cuda/sample_batch.h):
-// GPTOSS_DECODE_BATCH_SAMPLE=1 (read once per process); else each session samples after the step.
-bool batch_sample_enabled();
+// From how many decode items on a step samples its items' next tokens itself
+// (DecodeItem::sampling; cuda/sample_batch.h) instead of each session after the step; 0: never.
+// GPTOSS_DECODE_BATCH_SAMPLE = N (0 off; read once per process), default 32. Either way a
+// session gets the same tokens (sample_rows reproduces cuda::sample bit for bit), so the choice
+// is speed only: H200, bench/NOTES.md "v14 batched decode": in the step +5 % at 64 streams, -4 %
+// at 8 (the sessions' own samplers overlap their threads' wake-ups with the step; one batched
+// launch waits for the step, then wakes them).
+uint32_t batch_sample_min_items();
 
 // One item's KV cache of one layer (device pointers [slots, G, D] bf16) and its position.
 struct BatchAttentionItem {
@@ -89,9 +94,9 @@ public:
     // Runs one step over slots[0..n) (1 <= n <= 65535, distinct sessions, valid tokens and
     // positions: the caller checked them) and returns once every item's logits are in place
     // (the sessions' streams are ordered after the step). Rows whose slot.sample is not kSkip
-    // are sampled in the step (cuda/sample_batch.h, one launch): sampled[i] (host, n entries,
-    // may be null when every row is kSkip) receives the token, -1 for kSkip rows; the step then
-    // waits for the device. DEVICE / OUT_OF_MEMORY on failure.
+    // are sampled in the step (cuda/sample_batch.h): sampled[i] (host, n entries, may be null
+    // when every row is kSkip) receives the token, -1 for kSkip rows, and their logits are NOT
+    // copied to slot.logits; the step then waits for the device. DEVICE / OUT_OF_MEMORY on failure.
     [[nodiscard]] gptoss_status step(const BatchModel& m, const BatchSlot* slots, uint32_t n,
                                      int32_t* sampled = nullptr);
 
@@ -143,6 +148,8 @@ private:
     int* counters_ = nullptr;
     SampleRow* rows_ = nullptr;      // [cap_items_]
     int32_t* sampled_ = nullptr;     // [cap_items_]
+    void* sample_scratch_ = nullptr;  // sample_rows_scratch_bytes(cap_items_)
+    size_t sample_scratch_bytes_ = 0;
     int32_t* sampled_host_ = nullptr;  // pinned [cap_items_]
     cudaEvent_t sampled_done_ = nullptr;
     std::vector<SampleRow> rows_host_;

@@ -1,15 +1,18 @@
-// cuda/sample_batch.cu - one launch samples every row of a batched decode step (design in
-// cuda/sample_batch.h). Mapping: one CTA of kSelThreads = 512 threads per row. The row is walked
-// in tiles of kSelTile = 2048 ids, thread t holding ids 4t .. 4t+3 of a tile, exactly the
-// cooperative sampler's layout (cuda/sample.cu, f32_sample_select_kernel: one CTA per tile, all
-// tiles at once), so the walk's double scan is the same tree: tile_scan per tile, then the same
-// one-warp scan of the tile sums. The radix selects (top_k's k-th key, top_p's cut) count and
-// sum exact integer masses in a shared histogram of the whole row instead of a global one of
-// the grid: integer sums do not depend on the order, so every bin, every cut and hence every
-// token is the same bit for bit. Keys and p are recomputed from the logits on each pass
-// (registers cannot hold a row); only ids still under the selected prefix pay for exp.
-// Cost: the row is read ~2 + (select passes) times from L2 (0.8 MB each at V = 201088), by one
-// SM; rows run in parallel, so a step of 64 rows costs about what one row does.
+// cuda/sample_batch.cu - three launches sample every row of a batched decode step (design in
+// cuda/sample_batch.h). A row's ids are cut into tiles of kSelTile = 2048, thread t of a
+// 512-thread CTA holding ids 4t .. 4t+3 of a tile: exactly the cooperative sampler's layout
+// (cuda/sample.cu, f32_sample_select_kernel: one CTA per tile, all tiles at once).
+// 1. select, one CTA per row: greedy rows' argmax; else the row's max and the kept-key floor K
+//    (top_k / top_p radix selects counting and summing exact integer masses in a shared
+//    histogram of the whole row: integer sums do not depend on the order, so every bin and every
+//    cut equals the cooperative sampler's). Keys and p are recomputed from the logits on each
+//    pass; only ids still under the selected prefix pay for exp.
+// 2. walk, one CTA per (tile, row): the tile's weights scanned in id order (tile_scan), its sum
+//    and last candidate: the cooperative sampler's per-CTA values, bit for bit.
+// 3. pick, one CTA per row: the one-warp scan of the tile sums (the same code as sample.cu) and
+//    the owner tile's first candidate past u · total.
+// Cost: the selects read the row once per pass from L2 (0.8 MB at V = 201088, one SM per row);
+// the walk's double exp of every kept id is spread over tiles × rows CTAs.
 #include "cuda/sample_batch.h"
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
@@ -189,7 +192,7 @@ __device__ unsigned long long row_select(const RowView& r, uint32_t nbits, unsig
 
 // Tile c's walk weights (p of kept ids, else 0) and candidates, scanned in place (tile_scan).
 __device__ __forceinline__ int walk_tile(const RowView& r, uint32_t c, unsigned long long K, bool filtered,
-                                         double (&w)[kSelItems], bool (&cand)[kSelItems], RowSmem& sm) {
+                                         double (&w)[kSelItems], bool (&cand)[kSelItems], double* warp_sums) {
     float v[kSelItems];
     load_tile(r, c, v);
     const uint32_t id0 = c * kSelTile + threadIdx.x * kSelItems;
@@ -202,13 +205,38 @@ __device__ __forceinline__ int walk_tile(const RowView& r, uint32_t c, unsigned 
         cand[j] = filtered ? kept : (valid && p > 0.0);
         if (cand[j]) last = int(id0 + j);
     }
-    tile_scan(w, sm.warp);
+    tile_scan(w, warp_sums);
     return last;
 }
 
-__global__ __launch_bounds__(kSelThreads) void f32_sample_rows_kernel(const float* __restrict__ logits, uint32_t V,
-                                                                      size_t ld, const SampleRow* __restrict__ rows,
-                                                                      int32_t* __restrict__ tokens) {
+// What the select kernel leaves for the walk of a kSample row.
+struct RowState {
+    unsigned long long K;  // kept: key >= K
+    float mx;              // the row's largest logit
+    int filtered;          // top_k or top_p cut the row (candidates = kept ids, else p > 0)
+};
+
+__device__ __forceinline__ RowView row_view(const float* logits, uint32_t V, size_t ld, uint32_t row,
+                                            const SampleRow& r) {
+    RowView v;
+    v.l = logits + size_t(row) * ld;
+    v.V = V;
+    v.nb = V > 1 ? 32u - uint32_t(__clz(int(V - 1))) : 0u;
+    v.id_mask = (1ull << v.nb) - 1;
+    v.inv_t = r.inv_t;
+    v.vec = (reinterpret_cast<uintptr_t>(v.l) & 15) == 0;
+    v.mx = 0.0f;
+    return v;
+}
+
+// Kernel 1 of 3, one CTA per row: greedy rows get their token (cuda::argmax's key), kSkip rows
+// -1; kSample rows get the row's max and the kept-key floor K (top_k / top_p radix selects) in
+// state[row] for the walk.
+__global__ __launch_bounds__(kSelThreads) void f32_sample_rows_select_kernel(const float* __restrict__ logits,
+                                                                             uint32_t V, size_t ld,
+                                                                             const SampleRow* __restrict__ rows,
+                                                                             RowState* __restrict__ state,
+                                                                             int32_t* __restrict__ tokens) {
     __shared__ RowSmem sm;
     const SampleRow row = rows[blockIdx.x];
     const uint32_t tid = threadIdx.x, lane = tid & 31;
@@ -216,14 +244,7 @@ __global__ __launch_bounds__(kSelThreads) void f32_sample_rows_kernel(const floa
         if (tid == 0) tokens[blockIdx.x] = -1;
         return;
     }
-    RowView r;
-    r.l = logits + size_t(blockIdx.x) * ld;
-    r.V = V;
-    r.nb = V > 1 ? 32u - uint32_t(__clz(int(V - 1))) : 0u;
-    r.id_mask = (1ull << r.nb) - 1;
-    r.inv_t = row.inv_t;
-    r.vec = (reinterpret_cast<uintptr_t>(r.l) & 15) == 0;
-    r.mx = 0.0f;
+    RowView r = row_view(logits, V, ld, blockIdx.x, row);
     if (tid == 0) {
         sm.best = 0;
         sm.max_ord = 0;
@@ -262,30 +283,61 @@ __global__ __launch_bounds__(kSelThreads) void f32_sample_rows_kernel(const floa
     }
     if (use_top_p)
         K = row_select(r, nbits, K, true, true, 0, row.top_p, use_top_k, &total, &above, &bin, sm);
-    const bool filtered = use_top_k || use_top_p;
+    if (tid == 0) state[blockIdx.x] = RowState{K, r.mx, (use_top_k || use_top_p) ? 1 : 0};
+}
 
-    // The walk: each tile's sum in id order (the value at its last real id), as the CTAs of
-    // the cooperative sampler compute them.
-    const uint32_t G = n_tiles(V);
-    if (tid == 0) sm.last = -1;
-    int last = -1;
-    for (uint32_t c = 0; c < G; ++c) {
-        double w[kSelItems];
-        bool cand[kSelItems];
-        last = max(last, walk_tile(r, c, K, filtered, w, cand, sm));
-        const uint32_t count = min(V - c * kSelTile, kSelTile);
-        if (tid == (count - 1) / kSelItems) sm.tile_sum[c] = w[(count - 1) % kSelItems];
-        __syncthreads();  // sm.warp is the next tile's
-    }
-    atomicMax(&sm.last, last);
+// Kernel 2 of 3, one CTA per (tile, row) of the kSample rows: the tile's walk weights scanned in
+// id order (tile_scan), its sum = the prefix at its last real id and its last candidate, as the
+// cooperative sampler's CTA c computes cta_sum[c] / cta_last[c].
+__global__ __launch_bounds__(kSelThreads) void f32_sample_rows_walk_kernel(const float* __restrict__ logits,
+                                                                           uint32_t V, size_t ld,
+                                                                           const SampleRow* __restrict__ rows,
+                                                                           const RowState* __restrict__ state,
+                                                                           double* __restrict__ tile_sum,
+                                                                           int* __restrict__ tile_last) {
+    __shared__ double warp_sums[kSelThreads / 32];
+    __shared__ int tile_last_id;
+    const uint32_t c = blockIdx.x, row_i = blockIdx.y, tid = threadIdx.x;
+    const SampleRow row = rows[row_i];
+    if (row.mode != SampleRow::kSample) return;
+    const RowState st = state[row_i];
+    RowView r = row_view(logits, V, ld, row_i, row);
+    r.mx = st.mx;
+    double w[kSelItems];
+    bool cand[kSelItems];
+    if (tid == 0) tile_last_id = -1;
+    const int last = walk_tile(r, c, st.K, st.filtered != 0, w, cand, warp_sums);  // syncs after the reset
+    const uint32_t count = min(V - c * kSelTile, kSelTile);
+    if (tid == (count - 1) / kSelItems) tile_sum[size_t(row_i) * kMaxSelCtas + c] = w[(count - 1) % kSelItems];
+    atomicMax(&tile_last_id, last);
     __syncthreads();
-    if (tid < 32) {  // sample.cu's scan of the CTA sums, verbatim
+    if (tid == 0) tile_last[size_t(row_i) * kMaxSelCtas + c] = tile_last_id;
+}
+
+// Kernel 3 of 3, one CTA per row: sample.cu's one-warp scan of the tile sums (verbatim), then
+// the owner tile's first candidate whose prefix exceeds u · total.
+__global__ __launch_bounds__(kSelThreads) void f32_sample_rows_pick_kernel(const float* __restrict__ logits,
+                                                                           uint32_t V, size_t ld,
+                                                                           const SampleRow* __restrict__ rows,
+                                                                           const RowState* __restrict__ state,
+                                                                           const double* __restrict__ tile_sum,
+                                                                           const int* __restrict__ tile_last,
+                                                                           int32_t* __restrict__ tokens) {
+    __shared__ RowSmem sm;
+    const uint32_t row_i = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+    const SampleRow row = rows[row_i];
+    if (row.mode != SampleRow::kSample) return;
+    const RowState st = state[row_i];
+    const double* sums = tile_sum + size_t(row_i) * kMaxSelCtas;
+    const int* lasts = tile_last + size_t(row_i) * kMaxSelCtas;
+    const uint32_t G = n_tiles(V);
+    if (tid < 32) {
         const uint32_t per = (G + 31) / 32;
         double s[8], x[8];
         double run = 0.0;
         for (uint32_t i = 0; i < 8; ++i) {
             const uint32_t c = lane * per + i;
-            s[i] = i < per && c < G ? sm.tile_sum[c] : 0.0;
+            s[i] = i < per && c < G ? sums[c] : 0.0;
             x[i] = run;
             run = run + s[i];
         }
@@ -327,26 +379,52 @@ __global__ __launch_bounds__(kSelThreads) void f32_sample_rows_kernel(const floa
                 sm.owner_base = base;
             }
         }
-        if (lane == 0) sm.target = target;
+        int gl = -1;
+        for (uint32_t c = lane; c < G; c += 32) gl = max(gl, lasts[c]);
+        for (int o = 16; o > 0; o >>= 1) gl = max(gl, __shfl_xor_sync(0xffffffffu, gl, o));
+        if (lane == 0) {
+            sm.last = gl;
+            sm.target = target;
+        }
     }
     __syncthreads();
     const int owner = sm.owner;
     if (owner < 0) {
-        if (tid == 0) tokens[blockIdx.x] = sm.last >= 0 ? sm.last : 0;
+        if (tid == 0) tokens[row_i] = sm.last >= 0 ? sm.last : 0;
         return;
     }
     // The owner tile again: its first candidate whose prefix exceeds the target.
+    RowView r = row_view(logits, V, ld, row_i, row);
+    r.mx = st.mx;
     if (tid == 0) sm.first = INT_MAX;
     double w[kSelItems];
     bool cand[kSelItems];
-    walk_tile(r, uint32_t(owner), K, filtered, w, cand, sm);  // syncs before anyone reads sm.first
+    walk_tile(r, uint32_t(owner), st.K, st.filtered != 0, w, cand, sm.warp);  // syncs before sm.first is read
     const double base = sm.owner_base, target = sm.target;
     const uint32_t id0 = uint32_t(owner) * kSelTile + tid * kSelItems;
     for (int j = 0; j < kSelItems; ++j)
         if (cand[j] && base + w[j] > target) atomicMin(&sm.first, int(id0 + j));
     __syncthreads();
-    if (tid == 0) tokens[blockIdx.x] = sm.first != INT_MAX ? sm.first : (sm.last >= 0 ? sm.last : 0);
+    if (tid == 0) tokens[row_i] = sm.first != INT_MAX ? sm.first : (sm.last >= 0 ? sm.last : 0);
 }
+
+// The scratch of sample_rows for n rows: RowState [n], tile sums double [n, kMaxSelCtas], tile
+// lasts int [n, kMaxSelCtas].
+struct RowsScratch {
+    RowState* state;
+    double* sums;
+    int* lasts;
+    size_t bytes;
+    RowsScratch(void* base, uint32_t n) {
+        char* b = static_cast<char*>(base);
+        const size_t s0 = (size_t(n) * sizeof(RowState) + 255) & ~size_t(255);
+        const size_t s1 = size_t(n) * kMaxSelCtas * sizeof(double);
+        state = reinterpret_cast<RowState*>(b);
+        sums = reinterpret_cast<double*>(b ? b + s0 : nullptr);
+        lasts = reinterpret_cast<int*>(b ? b + s0 + s1 : nullptr);
+        bytes = s0 + s1 + size_t(n) * kMaxSelCtas * sizeof(int);
+    }
+};
 
 }  // namespace
 
@@ -367,12 +445,24 @@ SampleRow make_sample_row(const SamplingConfig& config, double u, uint32_t V, bo
     return r;
 }
 
+size_t sample_rows_scratch_bytes(uint32_t n) { return RowsScratch(nullptr, n).bytes; }
+
 gptoss_status sample_rows(const float* logits, uint32_t V, size_t ld, const SampleRow* rows, uint32_t n,
-                          int32_t* tokens, cudaStream_t stream) {
+                          void* scratch, size_t scratch_bytes, int32_t* tokens, cudaStream_t stream) {
     if (n == 0) return GPTOSS_OK;
-    if (n > 65535 || V == 0 || ld < V || logits == nullptr || rows == nullptr || tokens == nullptr)
-        return fail(GPTOSS_ERR_INTERNAL, "cuda::sample_rows: %u rows of V %u (ld %zu)", n, V, ld);
-    f32_sample_rows_kernel<<<n, kSelThreads, 0, stream>>>(logits, V, ld, rows, tokens);
+    const RowsScratch sc(scratch, n);
+    if (n > 65535 || V == 0 || ld < V || logits == nullptr || rows == nullptr || tokens == nullptr ||
+        scratch == nullptr || scratch_bytes < sc.bytes || ceil_div(V, kSelTile) > kMaxSelCtas)
+        return fail(GPTOSS_ERR_INTERNAL, "cuda::sample_rows: %u rows of V %u (ld %zu), scratch %zu of %zu bytes", n, V,
+                    ld, scratch_bytes, sc.bytes);
+    f32_sample_rows_select_kernel<<<n, kSelThreads, 0, stream>>>(logits, V, ld, rows, sc.state, tokens);
+    GPTOSS_CUDA_LAUNCH_CHECK();
+    f32_sample_rows_walk_kernel<<<dim3(ceil_div(V, kSelTile), n), kSelThreads, 0, stream>>>(logits, V, ld, rows,
+                                                                                           sc.state, sc.sums,
+                                                                                           sc.lasts);
+    GPTOSS_CUDA_LAUNCH_CHECK();
+    f32_sample_rows_pick_kernel<<<n, kSelThreads, 0, stream>>>(logits, V, ld, rows, sc.state, sc.sums, sc.lasts,
+                                                              tokens);
     GPTOSS_CUDA_LAUNCH_CHECK();
     return GPTOSS_OK;
 }

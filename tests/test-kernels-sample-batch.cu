@@ -3,7 +3,8 @@
 // u, gets exactly the token of the per-session sampler (cuda::sample, itself tested against
 // sample_logits in test-kernels.cu) run on that row alone: greedy (T <= 0), T > 0 with and
 // without top_k / top_p, degenerate cuts (top_k 1, V − 1, ≥ V; top_p 1e-6), ties (flat logits,
-// +0/−0), very negative logits, V = 1, 2, 1000, 1001 (scalar loads), 201088 (the vocabulary).
+// +0/−0), very negative logits, V = 1, 2, 1000, 1001 (scalar loads), 201088 (the vocabulary);
+// rows of greedy, sampled and top-cut configs mixed in one launch.
 // And a row's token does not depend on its batch: the same rows at N = 1, 3 and 64, in another
 // order, give the same tokens. kSkip rows (make_sample_row's fallbacks) come back as -1.
 #include "tests/kernel-test-util.cuh"
@@ -97,7 +98,9 @@ std::vector<int32_t> batched(const std::vector<std::vector<float>>& logits, uint
     Dev<cuda::SampleRow> dp(params.size());
     REQUIRE(cudaMemcpy(dp.p, params.data(), params.size() * sizeof(params[0]), cudaMemcpyHostToDevice) == cudaSuccess);
     Dev<int32_t> tok(rows.size());
-    OK(cuda::sample_rows(dl.p, V, ld, dp.p, uint32_t(rows.size()), tok.p, nullptr));
+    const size_t bytes = cuda::sample_rows_scratch_bytes(uint32_t(rows.size()));
+    Dev<char> scratch(bytes);
+    OK(cuda::sample_rows(dl.p, V, ld, dp.p, uint32_t(rows.size()), scratch.p, bytes, tok.p, nullptr));
     return tok.get();
 }
 
@@ -173,11 +176,14 @@ TEST_CASE("make_sample_row leaves what it cannot do exactly to the session (kSki
     two.insert(two.end(), two.begin(), two.end());
     Dev<float> dl(two);
     Dev<int32_t> tok(2);
-    OK(cuda::sample_rows(dl.p, V, V, dp.p, 2, tok.p, nullptr));
+    const size_t bytes = cuda::sample_rows_scratch_bytes(2);
+    Dev<char> scratch(bytes);
+    OK(cuda::sample_rows(dl.p, V, V, dp.p, 2, scratch.p, bytes, tok.p, nullptr));
     const std::vector<int32_t> t = tok.get();
     CHECK(t[0] == -1);
     CHECK(t[1] == sample_logits(two.data(), V, {0.0f, 1.0f, 0}, 0.5));
-    CHECK(cuda::sample_rows(dl.p, V, V - 1, dp.p, 2, tok.p, nullptr) == GPTOSS_ERR_INTERNAL);
+    CHECK(cuda::sample_rows(dl.p, V, V - 1, dp.p, 2, scratch.p, bytes, tok.p, nullptr) == GPTOSS_ERR_INTERNAL);
+    CHECK(cuda::sample_rows(dl.p, V, V, dp.p, 2, scratch.p, bytes - 1, tok.p, nullptr) == GPTOSS_ERR_INTERNAL);
 }
 
 int main(int argc, char** argv) { return run_kernel_tests(argc, argv, "test-kernels-sample-batch"); }

@@ -8,8 +8,11 @@
 #           tiles of 16 pairs)
 # and the per-op profile at 64 streams (sampling in the step) for MOE_NB 1 and 2, which also
 # splits the gain between the two. Everything lands in $OUT.
-# Usage: tools/device-batch-v14.sh --deps DIR/.deps --tokenizer DIR/.tokenizer [--quick]
-# --quick: tests and the "after" bench only.
+# V14_CALL=2 (call 2) instead: the batcher without the O(N²) wake-ups (against
+# GPTOSS_DECODE_BATCH_WAKE_ALL=1, twice), sampling in the step with the three-launch sampler, a
+# traced and a profiled run at 64 streams.
+# Usage: [V14_CALL=2] tools/device-batch-v14.sh --deps DIR/.deps --tokenizer DIR/.tokenizer [--quick]
+# --quick: tests and the "after" bench only (call 1).
 set -uo pipefail
 DEPS="" TOK="" QUICK=0
 while [ $# -gt 0 ]; do
@@ -50,15 +53,28 @@ BENCH="$B/gptoss-bench --synthetic 20b --no-gemm-probe --concurrency 1,8,64 -p 5
 bench() {  # name, env...
   local name=$1; shift
   env "$@" timeout 100 $BENCH > "$OUT/bench-$name.txt" 2>&1
-  log "bench $name ($*) rc=$? $(grep -E 'decode|concurrency' "$OUT/bench-$name.txt" | tail -3 | tr '\n' ' ' | cut -c1-300)"
+  log "bench $name ($*) rc=$? $(grep -E '^\| +(1|8|64) ' "$OUT/bench-$name.txt" | awk -F'|' '{printf "%s:%s(%s) ", $2, $6, $10}')"
 }
-bench after GPTOSS_DECODE_BATCH_SAMPLE=1 GPTOSS_DECODE_BATCH_MOE_NB=2
-[ $QUICK -eq 1 ] && { log "done"; exit 0; }
-bench before GPTOSS_DECODE_BATCH_SAMPLE=0 GPTOSS_DECODE_BATCH_MOE_NB=1
-for nb in 1 2; do
-  GPTOSS_DECODE_BATCH_SAMPLE=1 GPTOSS_DECODE_BATCH_MOE_NB=$nb GPTOSS_DECODE_BATCH_PROFILE=1 timeout 60 \
-    $B/gptoss-bench --synthetic 20b --no-gemm-probe --concurrency 64 -p 512 -n 64 --decode-batch 64 \
-    > "$OUT/profile64-moenb$nb.txt" 2>&1
-  log "profile 64 MOE_NB=$nb rc=$? $(grep -E 'profile.* n=64,' "$OUT/profile64-moenb$nb.txt" | cut -c1-400)"
-done
+if [ "${V14_CALL:-1}" = 1 ]; then  # call 1: sampling in the step (one CTA per row) and MoE tiles of 16
+  bench after GPTOSS_DECODE_BATCH_SAMPLE=1 GPTOSS_DECODE_BATCH_MOE_NB=2
+  [ $QUICK -eq 1 ] && { log "done"; exit 0; }
+  bench before GPTOSS_DECODE_BATCH_SAMPLE=0 GPTOSS_DECODE_BATCH_MOE_NB=1
+  for nb in 1 2; do
+    GPTOSS_DECODE_BATCH_SAMPLE=1 GPTOSS_DECODE_BATCH_MOE_NB=$nb GPTOSS_DECODE_BATCH_PROFILE=1 timeout 60 \
+      $B/gptoss-bench --synthetic 20b --no-gemm-probe --concurrency 64 -p 512 -n 64 --decode-batch 64 \
+      > "$OUT/profile64-moenb$nb.txt" 2>&1
+    log "profile 64 MOE_NB=$nb rc=$? $(grep -E 'profile.* n=64,' "$OUT/profile64-moenb$nb.txt" | cut -c1-400)"
+  done
+else  # call 2: the batcher's wake-ups, the three-launch sampler, no logits copies for sampled rows
+  bench v13wake GPTOSS_DECODE_BATCH_WAKE_ALL=1 GPTOSS_DECODE_BATCH_SAMPLE=0
+  bench nowake GPTOSS_DECODE_BATCH_SAMPLE=0
+  bench sample GPTOSS_DECODE_BATCH_SAMPLE=1
+  bench v13wake-again GPTOSS_DECODE_BATCH_WAKE_ALL=1 GPTOSS_DECODE_BATCH_SAMPLE=0
+  GPTOSS_DECODE_BATCH_SAMPLE=1 GPTOSS_DECODE_BATCH_TRACE=1 timeout 60 $B/gptoss-bench --synthetic 20b --no-gemm-probe \
+    --concurrency 64 -p 512 -n 256 --decode-batch 64 > "$OUT/trace64-sample.txt" 2>&1
+  log "trace 64 sample rc=$? $(grep -oE 'n=64: [0-9]+ x [0-9.]+ ms' "$OUT/trace64-sample.txt")"
+  GPTOSS_DECODE_BATCH_SAMPLE=1 GPTOSS_DECODE_BATCH_PROFILE=1 timeout 60 $B/gptoss-bench --synthetic 20b --no-gemm-probe \
+    --concurrency 8,64 -p 512 -n 64 --decode-batch 64 > "$OUT/profile-sample.txt" 2>&1
+  log "profile sample rc=$? $(grep -E 'profile.* n=(1|8|64),' "$OUT/profile-sample.txt" | grep -oE 'n=[0-9]+, [0-9]+ steps|batched sample [0-9.]+' | tr '\n' ' ')"
+fi
 log "done"

@@ -5,8 +5,9 @@
 // becomes the step's leader once no step is running and either every session inside a decode
 // loop has submitted its token or a short gather window has passed; the leader runs one
 // Backend::decode_batch over up to max_sessions pending tokens (first come, first served),
-// then wakes the others, each of which goes back to its own sampling, stop strings, callbacks
-// and cancel checks. Sessions join (enter) when their decode loop starts, after their own
+// then wakes the others, each of which goes back to its own sampling (unless the step sampled
+// its token already: DecodeItem::sampling, same token), stop strings, callbacks and cancel
+// checks. Sessions join (enter) when their decode loop starts, after their own
 // prefill, and leave when it ends, so the batch grows and shrinks mid-flight. Errors stay per
 // session: a failed item's message is re-recorded in its caller's thread. Results do not depend
 // on the batch (Backend::decode_batch's contract), so the timing of who joins which step never

@@ -7,9 +7,11 @@
 // decode attention kernel indexed by item (attention_decode_batch: each item its own cache,
 // position and window). The K split and reduction order of every kernel are functions of the
 // shape only, never of N or of which tokens share a tile, so a session's logits are bit-identical
-// whatever the batch (batch invariance; tests/test-kernels-batch.cu). The [N, V] logits are then
-// copied row by row into the sessions' own logits buffers, on the step's stream, and each
-// session's stream waits for the step before its sampler runs.
+// whatever the batch (batch invariance; tests/test-kernels-batch.cu). Steps of at least
+// batch_sample_min_items() tokens then sample the rows whose sessions asked for it
+// (cuda/sample_batch.h; the same tokens as each session's own sampler) and return the tokens;
+// the other rows' logits are copied into their sessions' own buffers, on the step's stream, and
+// each session's stream waits for the step before its sampler runs.
 #include "cuda/batch_decode.h"
 #include "cuda/common.cuh"
 

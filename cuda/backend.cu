@@ -956,7 +956,7 @@ gptoss_status CudaSession::host_moe(uint32_t l, uint32_t n, bool decode, const G
     }
     // forward() holds the slot's mutex until the stream has finished with it.
     const LayerDev& S = b.slot_;
-    GPTOSS_TRY(b.host_.stream_layer(l, b.stream_raw_, S.gu_w, S.gu_s, S.dn_w, S.dn_s, b.bad_scale_, stream_));
+    GPTOSS_TRY(host_moe_.stream_layer(l, b.stream_raw_, S.gu_w, S.gu_s, S.dn_w, S.dn_s, b.bad_scale_, stream_));
     GPTOSS_TRY(mark("moe experts streamed to the GPU (host layers)"));
     GPTOSS_TRY(project(decode, b.experts(S.gu_w, S.gu_s, L.gu_b, 2 * d.I, d.H), xn_, n, &r1, Epilogue::kSwiglu,
                        nullptr, act_, d.I, b.config_.swiglu_limit));
@@ -1001,7 +1001,9 @@ gptoss_status CudaSession::forward(const int32_t* tokens, uint32_t n, uint32_t p
         // Streams host layers through the backend's one slot: no other session may use it
         // until this chunk's kernels are done with it.
         std::lock_guard<std::mutex> lock(be_.host_.slot_mutex());
-        GPTOSS_TRY(checked(enqueue(n, false, max_splits_)));
+        const gptoss_status st = enqueue(n, false, max_splits_);
+        host_moe_.finish_streaming();  // its copies into the slot's raw buffer, done or not queued
+        GPTOSS_TRY(checked(st));
         GPTOSS_TRY(sync());
     } else {
         GPTOSS_TRY(checked(enqueue(n, false, max_splits_)));
@@ -1231,6 +1233,7 @@ gptoss_status CudaSession::profile(const int32_t* tokens, uint32_t n, uint32_t p
     profiling_ = true;
     const gptoss_status st = enqueue(n, decode, max_splits_);
     profiling_ = false;
+    if (be_.n_host_ > 0) host_moe_.finish_streaming();
     GPTOSS_TRY(checked(st));
     GPTOSS_TRY(sync());
     have_logits_ = true;

@@ -66,8 +66,27 @@ uint64_t HostExperts::streaming_bytes(const Config& c) {
 
 HostExperts::~HostExperts() {
     if (store_ == nullptr) return;
-    if (pinned_) cudaFreeHost(store_);
-    else std::free(store_);
+    if (registered_) cudaHostUnregister(store_);
+    if (pinned_ && !registered_) cudaFreeHost(store_);
+    else std::free(store_);  // aligned_alloc or cpu::host_weights_alloc
+}
+
+// The store on huge pages (cpu::host_weights_alloc: the CPU streams ~50 MB of it per decode
+// step), then pinned in place with cudaHostRegister. False (nothing held) if the allocation fails.
+bool HostExperts::alloc_huge() {
+    void* p = cpu::host_weights_alloc(bytes_, true);
+    if (p == nullptr) return false;
+    store_ = static_cast<uint8_t*>(p);
+    if (cudaHostRegister(p, bytes_, cudaHostRegisterPortable) == cudaSuccess) {
+        pinned_ = registered_ = true;
+    } else {
+        cudaGetLastError();  // clear the registration error
+        log(GPTOSS_LOG_WARN,
+            "host experts: %llu bytes could not be pinned (cudaHostRegister); long prefill chunks stream them through "
+            "pageable copies, more slowly",
+            static_cast<unsigned long long>(bytes_));
+    }
+    return true;
 }
 
 gptoss_status HostExperts::init(const Config& config, uint32_t n_host) {
@@ -76,6 +95,14 @@ gptoss_status HostExperts::init(const Config& config, uint32_t n_host) {
     lay_ = layout_of(config);
     if (n_host == 0) return GPTOSS_OK;
     bytes_ = uint64_t(n_host) * lay_.layer_bytes;
+    if (cpu::host_weights_huge_default()) {  // GPTOSS_HOST_HUGEPAGE=0: the cudaHostAlloc store below
+        if (!alloc_huge())
+            return fail(GPTOSS_ERR_OUT_OF_MEMORY,
+                        "host experts: %llu bytes of host memory for the experts of %u layers could not be allocated",
+                        static_cast<unsigned long long>(bytes_), n_host);
+        pool_.reset(new cpu::PoolHold());
+        return GPTOSS_OK;
+    }
     void* p = nullptr;
     if (cudaHostAlloc(&p, bytes_, cudaHostAllocPortable) == cudaSuccess) {
         pinned_ = true;
@@ -191,10 +218,20 @@ void HostExperts::fill_random(uint64_t seed) {
 
 gptoss_status HostExperts::stream_layer(uint32_t l, void* raw, void* gu_w, uint16_t* gu_s, void* dn_w, uint16_t* dn_s,
                                         int* bad_scale, cudaStream_t stream) const {
-    const Config& c = config_;
-    const uint32_t E = c.n_experts, H = c.hidden, I = c.intermediate;
+    GPTOSS_TRY(copy_raw(l, raw, stream));
+    return repack(raw, gu_w, gu_s, dn_w, dn_s, bad_scale, stream);
+}
+
+gptoss_status HostExperts::copy_raw(uint32_t l, void* raw, cudaStream_t stream) const {
     const uint8_t* base = store_ + size_t(l) * lay_.layer_bytes;
     GPTOSS_CUDA_TRY(cudaMemcpyAsync(raw, base, lay_.mxfp4_bytes, cudaMemcpyHostToDevice, stream));
+    return GPTOSS_OK;
+}
+
+gptoss_status HostExperts::repack(const void* raw, void* gu_w, uint16_t* gu_s, void* dn_w, uint16_t* dn_s,
+                                  int* bad_scale, cudaStream_t stream) const {
+    const Config& c = config_;
+    const uint32_t E = c.n_experts, H = c.hidden, I = c.intermediate;
     const uint8_t* r = static_cast<const uint8_t*>(raw);
     const size_t gu_blk = size_t(2 * I) * H / 2, gu_sc = size_t(2 * I) * H / 32;
     const size_t dn_blk = size_t(H) * I / 2, dn_sc = size_t(H) * I / 32;
@@ -213,6 +250,12 @@ gptoss_status HostExperts::stream_layer(uint32_t l, void* raw, void* gu_w, uint1
 // HostMoeSession
 
 HostMoeSession::~HostMoeSession() {
+    if (copy_stream_ != nullptr) {
+        cudaStreamSynchronize(copy_stream_);
+        cudaStreamDestroy(copy_stream_);
+    }
+    for (cudaEvent_t e : {raw_ready_, raw_free_})
+        if (e != nullptr) cudaEventDestroy(e);
     for (void* p : {static_cast<void*>(step_host_), static_cast<void*>(xn_host_), static_cast<void*>(experts_host_),
                     static_cast<void*>(part_host_)})
         if (p != nullptr) cudaFreeHost(p);
@@ -233,7 +276,35 @@ gptoss_status HostMoeSession::init(const HostExperts* experts, const Config& con
     cpu::host_moe_reserve(max_tokens_, K_, H_, I_);  // the callbacks then never allocate
     calls_.resize(experts->n_host());
     for (uint32_t l = 0; l < experts->n_host(); ++l) calls_[l] = Call{this, l};
+    const char* overlap = std::getenv("GPTOSS_HOST_MOE_OVERLAP");
+    if (!(overlap && std::strcmp(overlap, "0") == 0)) {
+        GPTOSS_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+        GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&raw_ready_, cudaEventDisableTiming));
+        GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&raw_free_, cudaEventDisableTiming));
+    }
     return GPTOSS_OK;
+}
+
+gptoss_status HostMoeSession::queue_copy(uint32_t l, void* raw) {
+    GPTOSS_CUDA_TRY(cudaStreamWaitEvent(copy_stream_, raw_free_, 0));  // (never recorded: no wait)
+    GPTOSS_TRY(experts_->copy_raw(l, raw, copy_stream_));
+    GPTOSS_CUDA_TRY(cudaEventRecord(raw_ready_, copy_stream_));
+    return GPTOSS_OK;
+}
+
+gptoss_status HostMoeSession::stream_layer(uint32_t l, void* raw, void* gu_w, uint16_t* gu_s, void* dn_w,
+                                           uint16_t* dn_s, int* bad_scale, cudaStream_t stream) {
+    if (copy_stream_ == nullptr) return experts_->stream_layer(l, raw, gu_w, gu_s, dn_w, dn_s, bad_scale, stream);
+    if (l == 0) GPTOSS_TRY(queue_copy(0, raw));  // the chunk's first host layer
+    GPTOSS_CUDA_TRY(cudaStreamWaitEvent(stream, raw_ready_, 0));
+    GPTOSS_TRY(experts_->repack(raw, gu_w, gu_s, dn_w, dn_s, bad_scale, stream));
+    GPTOSS_CUDA_TRY(cudaEventRecord(raw_free_, stream));
+    if (l + 1 < experts_->n_host()) GPTOSS_TRY(queue_copy(l + 1, raw));
+    return GPTOSS_OK;
+}
+
+void HostMoeSession::finish_streaming() {
+    if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
 }
 
 void CUDART_CB HostMoeSession::run(void* p) {

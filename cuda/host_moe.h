@@ -37,8 +37,9 @@ public:
     HostExperts(const HostExperts&) = delete;
     HostExperts& operator=(const HostExperts&) = delete;
 
-    // Reserves host memory for the experts of layers [0, n_host) of `config` (pinned if
-    // cudaHostAlloc succeeds, else pageable, with a warning). OUT_OF_MEMORY naming the bytes.
+    // Reserves host memory for the experts of layers [0, n_host) of `config`: on huge pages
+    // (cpu::host_weights_alloc) pinned with cudaHostRegister, or with GPTOSS_HOST_HUGEPAGE=0 by
+    // cudaHostAlloc; pageable, with a warning, where pinning fails. OUT_OF_MEMORY naming the bytes.
     [[nodiscard]] gptoss_status init(const Config& config, uint32_t n_host);
     // Copies layer l's expert tensors (blocks, scales, biases) from the checkpoint mapping.
     // UNSUPPORTED if a scale byte exceeds 128 (the GPU dequantizer's limit, as for GPU layers).
@@ -53,9 +54,13 @@ public:
     static uint64_t streaming_bytes(const Config& config);
 
     // Streams layer l's experts into the device slot (gu_w/gu_s/dn_w/dn_s, each holding E
-    // experts in the GPU layout of CudaBackend) through `raw` (streaming_raw_bytes()), on `stream`.
+    // experts in the GPU layout of CudaBackend) through `raw` (streaming_raw_bytes()), on `stream`:
+    // copy_raw (the H2D copy of the layer's four MXFP4 tensors) then repack (raw → slot).
     [[nodiscard]] gptoss_status stream_layer(uint32_t l, void* raw, void* gu_w, uint16_t* gu_s, void* dn_w,
                                              uint16_t* dn_s, int* bad_scale, cudaStream_t stream) const;
+    [[nodiscard]] gptoss_status copy_raw(uint32_t l, void* raw, cudaStream_t stream) const;
+    [[nodiscard]] gptoss_status repack(const void* raw, void* gu_w, uint16_t* gu_s, void* dn_w, uint16_t* dn_s,
+                                       int* bad_scale, cudaStream_t stream) const;
     static uint64_t streaming_raw_bytes(const Config& config);
     // Held by a session for the whole of a streaming forward: the slot is the backend's.
     std::mutex& slot_mutex() { return slot_mutex_; }
@@ -65,6 +70,7 @@ private:
         size_t gu_blocks, gu_scales, dn_blocks, dn_scales, gu_bias, dn_bias, mxfp4_bytes, layer_bytes;
     };
     static Layout layout_of(const Config& c);
+    bool alloc_huge();
 
     Config config_;
     uint32_t n_host_ = 0;
@@ -72,6 +78,7 @@ private:
     uint8_t* store_ = nullptr;
     uint64_t bytes_ = 0;
     bool pinned_ = false;
+    bool registered_ = false;  // pinned by cudaHostRegister (huge-page store), not cudaHostAlloc
     std::unique_ptr<cpu::PoolHold> pool_;  // the CPU threads live as long as the host experts
     std::mutex slot_mutex_;
 };
@@ -95,6 +102,15 @@ public:
     // (device), unweighted. n ≤ max_tokens().
     [[nodiscard]] gptoss_status enqueue(uint32_t l, uint32_t n, const StepInfo* step, const uint16_t* xn,
                                         const int32_t* experts, float* part, cudaStream_t stream);
+    // Long chunks: HostExperts::stream_layer of host layer l on `stream`, except that the raw
+    // copy of layer l + 1 is queued on this session's copy stream as soon as layer l's repack
+    // has read `raw`, so it overlaps layer l's expert GEMMs and layer l + 1's attention (layer 0
+    // queues its own copy; host layers are [0, n_host)). GPTOSS_HOST_MOE_OVERLAP=0: no overlap.
+    // The caller holds the slot's mutex and calls finish_streaming() before releasing it.
+    [[nodiscard]] gptoss_status stream_layer(uint32_t l, void* raw, void* gu_w, uint16_t* gu_s, void* dn_w,
+                                             uint16_t* dn_s, int* bad_scale, cudaStream_t stream);
+    // Waits for this session's queued raw copies (an error may have left one behind).
+    void finish_streaming();
 
 private:
     struct Call {
@@ -111,7 +127,11 @@ private:
     uint16_t* xn_host_ = nullptr;
     int32_t* experts_host_ = nullptr;
     float* part_host_ = nullptr;
+    gptoss_status queue_copy(uint32_t l, void* raw);
     std::vector<Call> calls_;  // one per host layer; their addresses go to the callbacks
+    // Prefill streaming overlap: the copy stream, "raw holds the next layer" and "raw was read".
+    cudaStream_t copy_stream_ = nullptr;
+    cudaEvent_t raw_ready_ = nullptr, raw_free_ = nullptr;
     mutable std::vector<uint16_t> xn_natural_;  // xn in natural k order (the GPU's is permuted_k)
     mutable std::atomic<bool> failed_{false};
 };

@@ -17,7 +17,9 @@
 #include "cuda/batch_decode.h"
 #include "cuda/kernels.h"
 
+#include <climits>
 #include <cmath>
+#include <cstdlib>
 
 namespace gptoss {
 namespace cuda {
@@ -235,8 +237,10 @@ __device__ __forceinline__ void decode_rope(const AttentionArgs& a, int g, int h
 
 // The decode CTA (split blockIdx.x, kv head blockIdx.y) of one query at position pos0; shared
 // by the one-token kernel and the batched one (cuda/batch_decode.h), so both compute the same bits.
+// pre_kb: the K/V block the caller already loaded into shared memory (before its dependency
+// wait; fused RoPE only), else INT_MIN.
 __device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int pos0, float* partial, int* counters,
-                                                     uint32_t max_splits) {
+                                                     uint32_t max_splits, int pre_kb = INT_MIN) {
     __shared__ int is_last;
     extern __shared__ float smem[];
     float* qs = smem;
@@ -259,8 +263,10 @@ __device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int
     reset(st);
     for (int kb = s_begin; kb <= s_end; kb += kBlock) {
         if (kb > p || kb + kBlock - 1 < lo) continue;
-        __syncthreads();
-        load_kv_block<256>(a, pos0, kb, fused ? p - 1 : p, g, ks, vs, threadIdx.x);
+        if (kb != pre_kb) {
+            __syncthreads();
+            load_kv_block<256>(a, pos0, kb, fused ? p - 1 : p, g, ks, vs, threadIdx.x);
+        }
         if (fused && kb + kBlock > p) {  // the new key's row (block-uniform condition)
             __syncthreads();
             if (threadIdx.x < kD / 2) {
@@ -332,8 +338,30 @@ __device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int
     a.out[permuted_k(uint32_t(head) * kD + 2 * lane + 1)] = f32_to_bf16_bits(__fdiv_rn(O1, L));
 }
 
+// prefetch (fused RoPE only; GPTOSS_DECODE_ATTN_PREFETCH): the step's position (uploaded before
+// the graph launch) and the cached K/V of the positions before it (written by earlier launches)
+// are final when this kernel starts, so the CTA's first visible K/V block is loaded before the
+// dependency wait, while the QKV GEMV still runs; only the q/k/v row load stays behind it.
 __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const AttentionArgs a, float* partial,
-                                                                   int* counters, uint32_t max_splits) {
+                                                                   int* counters, uint32_t max_splits, int prefetch) {
+    if (prefetch) {
+        const int p = a.step->pos0, lo = visible_lo(p, a.window);
+        const int s_begin = (lo / int(kAttentionSplit) + int(blockIdx.x)) * int(kAttentionSplit);
+        const int s_end = s_begin + int(kAttentionSplit) - 1;
+        int kb = s_begin;
+        while (kb <= s_end && (kb > p || kb + kBlock - 1 < lo)) kb += kBlock;  // the loop's first block
+        int pre = INT_MIN;
+        if (s_begin <= p && s_end >= lo && kb <= s_end) {
+            extern __shared__ float smem[];
+            uint32_t* ks = reinterpret_cast<uint32_t*>(smem + kMaxHeads * kD);
+            load_kv_block<256>(a, p, kb, p - 1, int(blockIdx.y), ks, ks + kBlock * kRowWords, threadIdx.x);
+            pre = kb;
+        }
+        pdl_wait();
+        pdl_launch_dependents();
+        attention_decode_cta(a, p, partial, counters, max_splits, pre);
+        return;
+    }
     pdl_wait();
     pdl_launch_dependents();
     attention_decode_cta(a, a.step->pos0, partial, counters, max_splits);
@@ -388,7 +416,13 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* coun
     GPTOSS_TRY(check(a));
     if (a.T != 1) return fail(GPTOSS_ERR_INTERNAL, "attention_decode: T=%u, expected 1", a.T);
     const dim3 grid(max_splits, a.G);
-    GPTOSS_LAUNCH(bf16_attention_decode_kernel, grid, 256, kDecodeSmem, stream, a, partial, counters, max_splits);
+    static const bool prefetch_on = [] {  // GPTOSS_DECODE_ATTN_PREFETCH=0|1 (default 0 until measured)
+        const char* s = std::getenv("GPTOSS_DECODE_ATTN_PREFETCH");
+        return s && *s && std::atoi(s) != 0;
+    }();
+    const int prefetch = prefetch_on && a.qkv != nullptr;
+    GPTOSS_LAUNCH(bf16_attention_decode_kernel, grid, 256, kDecodeSmem, stream, a, partial, counters, max_splits,
+                  prefetch);
     return GPTOSS_OK;
 }
 

@@ -14,7 +14,9 @@
 // columns carry the same row (column 0 is read). Routed with route_ready: the route (written
 // by a kernel that finished before the previous kernel's dependency wait, e.g. the router
 // before gate_up) is read and the expert's first weight chunks are requested before this
-// kernel's own griddepcontrol.wait (MoE down at decode).
+// kernel's own griddepcontrol.wait (MoE down at decode). route_early (GPTOSS_DECODE_ROUTE_EARLY=1): one L2 round
+// trip for the tile (count, expert, pair offset) before the weight requests, the pair read
+// after them (it was three dependent round trips in front of gate_up's first weight load).
 // Normed (QKV at decode, layers after the first): the previous layer's MoE combine + residual
 // add + this layer's attention RMSNorm run in every CTA's prologue (bit-identical to
 // residual_rmsnorm kMoeAdd; the residual goes to a second buffer), so the separate combine
@@ -43,6 +45,7 @@ struct DecodeArgs {
     GemmRoute route;
     int routed;
     int route_ready;
+    int route_early;  // routed: request the weights before the pair read (route_early())
     int epilogue;
     float* out_f32;
     uint16_t* out_bf16;
@@ -194,18 +197,32 @@ __device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
     const uint32_t K = args.w.K, N = args.w.N, n_chunks = K >> 6;
 
     // The tile: expert and the one pair of a T = 1 route (dense: expert 0, row 0).
-    int expert = 0, n_tiles = 1;
+    int expert = 0, n_tiles = 1, pair_at = 0;
     uint32_t in_row = 0, out_row = 0;
+    const auto read_pair = [&] {
+        const uint32_t pair = uint32_t(__ldcg(args.route.pairs + pair_at));
+        in_row = pair / args.route.in_div;
+        out_row = pair;
+    };
     if (args.routed) {
         if (!args.route_ready) pdl_wait();
         // L2 loads: the route may have been written while this grid was already resident.
-        n_tiles = __ldcg(args.route.tiles);
-        if (int(blockIdx.y) >= n_tiles) return;
+        // route_early: the tile count and the tile's expert and pair offset in one round trip
+        // (blockIdx.y < max_tiles, so the tile lies in the buffer even when unused), the pair
+        // itself (only the activation row and the store need it) after the weight requests.
         const int32_t* ti = args.route.tiles + 1 + 3 * blockIdx.y;
-        expert = __ldcg(ti);
-        const uint32_t pair = uint32_t(__ldcg(args.route.pairs + __ldcg(ti + 1)));
-        in_row = pair / args.route.in_div;
-        out_row = pair;
+        if (args.route_early) {
+            n_tiles = __ldcg(args.route.tiles);
+            expert = __ldcg(ti);
+            pair_at = __ldcg(ti + 1);
+            if (int(blockIdx.y) >= n_tiles) return;
+        } else {
+            n_tiles = __ldcg(args.route.tiles);
+            if (int(blockIdx.y) >= n_tiles) return;
+            expert = __ldcg(ti);
+            pair_at = __ldcg(ti + 1);
+            read_pair();
+        }
     }
 
     const uint4* wp;
@@ -218,6 +235,7 @@ __device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
         const uint32_t cc = uint32_t(warp) + uint32_t(NW) * i;
         if (cc < n_chunks) load_chunk<kFp4>(ring[i], wp, sp, cc);
     }
+    if (args.routed && args.route_early) read_pair();
     // kNorm: the norm weight of the elements this thread owns in rmsnorm_inv's mapping (read
     // only, so before the wait).
     float wn[Q][kNormPer];
@@ -393,6 +411,13 @@ bool env_flag(const char* name, bool def) {
     return (s && *s) ? std::atoi(s) != 0 : def;
 }
 
+// GPTOSS_DECODE_ROUTE_EARLY (default off until measured): routed GEMVs request their weights
+// before the pair read.
+bool route_early() {
+    static const bool on = env_flag("GPTOSS_DECODE_ROUTE_EARLY", false);
+    return on;
+}
+
 }  // namespace
 
 std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants() {
@@ -434,6 +459,7 @@ gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRou
     a.x = x;
     a.routed = route != nullptr;
     a.route_ready = route && route_ready;
+    a.route_early = route_early();
     if (route) a.route = *route;
     a.epilogue = int(epilogue);
     a.out_f32 = out_f32;
@@ -503,6 +529,7 @@ gptoss_status gemm_decode_folded(const GemmWeights& w, const uint16_t* act, cons
     a.x = act;
     a.routed = 1;
     a.route_ready = route_ready;
+    a.route_early = route_early();
     a.route = route;
     a.epilogue = int(Epilogue::kStore);
     a.out_f32 = part;

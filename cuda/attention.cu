@@ -5,7 +5,7 @@
 //
 // Mapping: a warp owns one head of one split. Lane l owns keys l and l+32 of each 64-key block
 // for the scores and dims 2l, 2l+1 of the output. Keys are visited in absolute 64-key blocks,
-// grouped into kAttentionSplit-key splits: each split is an online softmax from scratch, and
+// grouped into decode_split_len(pos)-key splits (kernels.h): each split is an online softmax from scratch, and
 // splits are merged in increasing order into a state that starts as the sink (M = S, L = 1,
 // O = 0). The kernel runs one CTA per split and its last CTA per kv head merges (with a single
 // split, that CTA merges in place). It also applies RoPE to q and the new key and writes the
@@ -251,8 +251,9 @@ __device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int
     const int g = blockIdx.y;
     const int hpg = int(a.Q / a.G);
     const int p = pos0, lo = visible_lo(p, a.window);
-    const int s_rel = blockIdx.x, s = lo / int(kAttentionSplit) + s_rel;
-    const int s_begin = s * int(kAttentionSplit), s_end = s_begin + int(kAttentionSplit) - 1;
+    const int len = int(decode_split_len(uint32_t(p)));  // kAttentionSplit, longer past 16 384 keys
+    const int s_rel = blockIdx.x, s = lo / len + s_rel;
+    const int s_begin = s * len, s_end = s_begin + len - 1;
     if (s_begin > p || s_end < lo) return;
     __shared__ uint32_t knew[kD / 2], vnew[kD / 2];
     const bool fused = a.qkv != nullptr;
@@ -277,7 +278,7 @@ __device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int
         __syncthreads();
         if (warp < hpg) attend_block<1>(st, qs + warp * kD, ks, vs, ps_all + warp * kBlock, kb, lo, p, 1, lane);
     }
-    const int s_first = lo / int(kAttentionSplit), s_last = p / int(kAttentionSplit);
+    const int s_first = lo / len, s_last = p / len;
     if (s_first == s_last) {  // one split: merge it into the sink here (the same merge_ml/merge_o
         if (warp >= hpg) return;  // sequence as below, so the same bits), no partials, no counter
         const int head = g * hpg + warp;
@@ -346,8 +347,9 @@ __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const Attent
                                                                    int* counters, uint32_t max_splits, int prefetch) {
     if (prefetch) {
         const int p = a.step->pos0, lo = visible_lo(p, a.window);
-        const int s_begin = (lo / int(kAttentionSplit) + int(blockIdx.x)) * int(kAttentionSplit);
-        const int s_end = s_begin + int(kAttentionSplit) - 1;
+        const int len = int(decode_split_len(uint32_t(p)));
+        const int s_begin = (lo / len + int(blockIdx.x)) * len;
+        const int s_end = s_begin + len - 1;
         int kb = s_begin;
         while (kb <= s_end && (kb > p || kb + kBlock - 1 < lo)) kb += kBlock;  // the loop's first block
         int pre = INT_MIN;
@@ -416,9 +418,9 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* coun
     GPTOSS_TRY(check(a));
     if (a.T != 1) return fail(GPTOSS_ERR_INTERNAL, "attention_decode: T=%u, expected 1", a.T);
     const dim3 grid(max_splits, a.G);
-    static const bool prefetch_on = [] {  // GPTOSS_DECODE_ATTN_PREFETCH=0|1 (default 0 until measured)
+    static const bool prefetch_on = [] {  // GPTOSS_DECODE_ATTN_PREFETCH=0|1 (default 1)
         const char* s = std::getenv("GPTOSS_DECODE_ATTN_PREFETCH");
-        return s && *s && std::atoi(s) != 0;
+        return !(s && *s) || std::atoi(s) != 0;
     }();
     const int prefetch = prefetch_on && a.qkv != nullptr;
     GPTOSS_LAUNCH(bf16_attention_decode_kernel, grid, 256, kDecodeSmem, stream, a, partial, counters, max_splits,

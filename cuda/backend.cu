@@ -136,7 +136,7 @@ public:
     gptoss_status sync();
     // Whether decode(token, pos) replays the captured graph (no capture, hence no host-side
     // NCCL calls for a split model's rank).
-    bool decode_replays(uint32_t pos) const { return graph_ && pos / kAttentionSplit + 1 <= graph_splits_; }
+    bool decode_replays(uint32_t pos) const { return graph_ && decode_splits_needed(pos) <= graph_splits_; }
     // CudaBackend::decode_batch: checks a decode token at pos and describes it for the step.
     gptoss_status batch_slot(int32_t token, uint32_t pos, BatchSlot* out);
     void batch_done(bool ok) { have_logits_ = ok; }
@@ -832,7 +832,7 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
         if (decode) {
             aa.qkv = qkv_; aa.inv_freq = b.inv_freq_; aa.rope_scale = b.rope_scale_;
             const uint32_t splits = L.sliding ? std::min(max_splits_, ceil_div(c.sliding_window, kAttentionSplit) + 1)
-                                              : full_splits;
+                                              : std::min(full_splits, kMaxDecodeSplits);
             if (emptied(DecodeOp::kAttn)) GPTOSS_TRY(decode_probe_empty(s));
             else GPTOSS_TRY(attention_decode(aa, partial_, counters_, splits, s));
         } else {
@@ -1018,7 +1018,7 @@ gptoss_status CudaSession::decode(int32_t token, uint32_t pos) {
     DeviceGuard guard(device_);
     have_logits_ = false;
     GPTOSS_TRY(checked(upload_step(&token, 1, pos)));
-    const uint32_t needed = pos / kAttentionSplit + 1;  // splits of keys 0..pos
+    const uint32_t needed = decode_splits_needed(pos);  // splits of keys 0..pos
     if (graph_ && needed > graph_splits_) {
         cudaGraphExecDestroy(graph_);
         graph_ = nullptr;

@@ -203,7 +203,7 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
     // Splits of the full layers: a power of two >= 16 covering every item (CTAs past an item's
     // position exit at once; an item's bits do not depend on the count), so graphs are few.
     uint32_t needed = 0, full_splits = 16;
-    for (uint32_t i = 0; i < n; ++i) needed = std::max(needed, slots[i].pos / kAttentionSplit + 1);
+    for (uint32_t i = 0; i < n; ++i) needed = std::max(needed, decode_splits_needed(slots[i].pos));
     while (full_splits < needed) full_splits *= 2;
     GPTOSS_TRY(reserve(m, n, full_splits));
     static const bool profile = env_on("GPTOSS_DECODE_BATCH_PROFILE", false);

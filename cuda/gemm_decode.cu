@@ -411,10 +411,10 @@ bool env_flag(const char* name, bool def) {
     return (s && *s) ? std::atoi(s) != 0 : def;
 }
 
-// GPTOSS_DECODE_ROUTE_EARLY (default off until measured): routed GEMVs request their weights
+// GPTOSS_DECODE_ROUTE_EARLY (default on; 0 = the v13 order): routed GEMVs request their weights
 // before the pair read.
 bool route_early() {
-    static const bool on = env_flag("GPTOSS_DECODE_ROUTE_EARLY", false);
+    static const bool on = env_flag("GPTOSS_DECODE_ROUTE_EARLY", true);
     return on;
 }
 

@@ -238,6 +238,20 @@ struct AttentionArgs {
     float rope_scale = 1.0f;
 };
 constexpr uint32_t kAttentionSplit = 128;
+// Decode attention splits: kAttentionSplit keys each, the length doubled while more than
+// kMaxDecodeSplits splits would be needed for keys 0..pos (positions >= 16 384). A function of the
+// position alone, so a token's bits do not depend on the grid, the batch or the session; at long
+// contexts it keeps the merge (serial, in split order, by the last CTA of each kv head) to at
+// most kMaxDecodeSplits partials: with 128-key splits a 130k-token context had ~1 000 of them,
+// a chain of ~130 dependent L2 round trips per full layer.
+constexpr uint32_t kMaxDecodeSplits = 128;
+constexpr uint32_t decode_split_len(uint32_t pos) {
+    uint32_t len = kAttentionSplit;
+    while (pos / len + 1 > kMaxDecodeSplits) len *= 2;
+    return len;
+}
+// Splits covering keys 0..pos (at most kMaxDecodeSplits).
+constexpr uint32_t decode_splits_needed(uint32_t pos) { return pos / decode_split_len(pos) + 1; }
 // Prefill / any T (attention_prefill.cu, tensor cores): one CTA per (16 tokens, kv head); q is
 // rounded to bf16 (after the exact 1/8 scale), so are the softmax weights for the P·V product.
 // A row's bits do not depend on T or on the chunking. k_new/v_new must be set; fails with
@@ -246,7 +260,9 @@ constexpr uint32_t kAttentionSplit = 128;
 [[nodiscard]] gptoss_status attention_prefill(const AttentionArgs& args, cudaStream_t stream);
 // Decode (T = 1): one CTA per (split, kv head) for max_splits splits starting at the split of
 // the first visible key (early exit past the position); the last CTA of each kv head merges
-// in order. partial: fp32 [Q, max_splits, D + 2]; max_splits must cover the visible range;
+// in order. partial: fp32 [Q, max_splits, D + 2]; max_splits must be at least the number of
+// decode_split_len(pos)-key splits the visible range touches (decode_splits_needed(pos) for a
+// full layer);
 // counters: int [G], zero before the first call (the merging CTA re-arms them).
 [[nodiscard]] gptoss_status attention_decode(const AttentionArgs& args, float* partial, int* counters,
                                              uint32_t max_splits, cudaStream_t stream);

@@ -419,7 +419,8 @@ struct AttnCase {
         return out;
     }
     // Runs the prefill (decode = false) or decode kernel; returns bf16 outputs unpermuted.
-    std::vector<uint16_t> run(bool decode) const {
+    // grid_splits: the decode grid's splits (default: one 128-key split per visible block).
+    std::vector<uint16_t> run(bool decode, uint32_t grid_splits = 0) const {
         const size_t row = size_t(G) * D;
         std::vector<uint16_t> kc(size_t(slots) * row, 0), vc(size_t(slots) * row, 0);
         for (uint32_t p = 0; p < pos0; ++p) {
@@ -435,7 +436,7 @@ struct AttnCase {
         a.q = qd.p; a.k_new = kn.p; a.v_new = vn.p; a.k_cache = kcd.p; a.v_cache = vcd.p; a.slots = slots;
         a.window = window; a.sinks = sd.p; a.step = step.p; a.T = T; a.Q = Q; a.G = G; a.D = D; a.out = out.p;
         if (decode) {
-            const uint32_t splits = cuda::ceil_div(pos0 + 1, cuda::kAttentionSplit) + 1;
+            const uint32_t splits = grid_splits ? grid_splits : cuda::ceil_div(pos0 + 1, cuda::kAttentionSplit) + 1;
             Dev<float> partial(size_t(Q) * splits * (D + 2));
             Dev<int> counters(G);
             REQUIRE(cudaMemset(counters.p, 0, G * sizeof(int)) == cudaSuccess);
@@ -447,6 +448,31 @@ struct AttnCase {
         return out.get();
     }
 };
+
+// Past 16 384 keys the decode splits grow (cuda::decode_split_len) so that at most
+// kMaxDecodeSplits partials are merged: the edges where the length doubles, a 70k-key context,
+// the sliding window there, and the grid the backend launches (kMaxDecodeSplits) against a
+// larger one (early-exiting CTAs): the same bits.
+TEST_CASE("decode attention past 16k keys (longer splits) matches cpu::attention; the grid does not change the bits") {
+    CHECK(cuda::decode_split_len(16383) == 128);
+    CHECK(cuda::decode_split_len(16384) == 256);
+    CHECK(cuda::decode_splits_needed(16383) == 128);
+    CHECK(cuda::decode_splits_needed(16384) == 65);
+    CHECK(cuda::decode_split_len(32767) == 256);
+    CHECK(cuda::decode_split_len(32768) == 512);
+    CHECK(cuda::decode_splits_needed(131071) <= cuda::kMaxDecodeSplits);
+    for (uint32_t window : {0u, 128u}) {
+        for (uint32_t p : {16383u, 16384u, 16511u, 32767u, 32768u, 70001u}) {
+            const uint32_t slots = window ? 128 : p + 1;
+            AttnCase dec(p, 1, window, slots, 991 + p);
+            const auto d = dec.run(true, cuda::kMaxDecodeSplits);
+            const auto wide = dec.run(true);
+            INFO("window " << window << " position " << p);
+            CHECK(std::memcmp(d.data(), wide.data(), d.size() * 2) == 0);
+            expect_close(unpermuted_rows(d, 1, dec.Q * dec.D), dec.reference(false), 2e-3f, 8e-3f, "decode");
+        }
+    }
+}
 
 // (Prefill attention against cpu::attention, chunking and the window edges: test-kernels-attn.cu.)
 TEST_CASE("decode attention and a 1-token prefill match cpu::attention; the prefill equals its row of a whole prefill") {

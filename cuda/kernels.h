@@ -244,7 +244,10 @@ constexpr uint32_t kAttentionSplit = 128;
 // contexts it keeps the merge (serial, in split order, by the last CTA of each kv head) to at
 // most kMaxDecodeSplits partials: with 128-key splits a 130k-token context had ~1 000 of them,
 // a chain of ~130 dependent L2 round trips per full layer.
-constexpr uint32_t kMaxDecodeSplits = 128;
+#ifndef GPTOSS_MAX_DECODE_SPLITS  // build-time tuning knob (tools/device runs); 128 measured best
+#define GPTOSS_MAX_DECODE_SPLITS 128
+#endif
+constexpr uint32_t kMaxDecodeSplits = GPTOSS_MAX_DECODE_SPLITS;
 constexpr uint32_t decode_split_len(uint32_t pos) {
     uint32_t len = kAttentionSplit;
     while (pos / len + 1 > kMaxDecodeSplits) len *= 2;

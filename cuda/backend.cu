@@ -1316,7 +1316,7 @@ gptoss_status create_synthetic_rank_backend(const Config& config, int32_t device
 gptoss_status profile_forward(BackendSession* session, const int32_t* tokens, uint32_t n, uint32_t pos, bool decode,
                               std::vector<std::pair<std::string, double>>* ms_by_op) {
     auto* s = dynamic_cast<CudaSession*>(session);
-    if (!s) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "profile_forward: not a CUDA session");
+    if (!s) return sharded_profile(session, tokens, n, pos, decode, ms_by_op);  // a split model: rank 0's ops
     return s->profile(tokens, n, pos, decode, ms_by_op);
 }
 

@@ -94,7 +94,8 @@ public:
         GPTOSS_TRY(nccl_status(ncclCommInitAll(comms_.data(), int(devices_.size()), devices_.data()),
                                "ncclCommInitAll"));
         if (mode == CollectiveMode::kLsa && !lsa_available()) {
-            log(GPTOSS_LOG_WARN, "split model: NCCL's device API is not available (no nccl_device.h at build time, "
+            const char* asked = std::getenv("GPTOSS_MULTI_AR");  // the default (lsa) falls back quietly
+            log(asked && *asked ? GPTOSS_LOG_WARN : GPTOSS_LOG_INFO, "split model: NCCL's device API is not available (no nccl_device.h at build time, "
                                  "or the library's version differs from the header's): plain NCCL collectives");
             mode = CollectiveMode::kNccl;
         }

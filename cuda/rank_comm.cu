@@ -2,7 +2,7 @@
 // NCCL symmetric windows, and the one-shot LSA all-reduce and all-gather kernels built on NCCL's
 // device API (cuda/rank_comm.h says when each runs and why one barrier per all-reduce is safe).
 // The device API needs nccl_device.h from NCCL >= 2.28 and a library of the same version as the
-// header (ncclDevComm is passed by value); without them lsa mode falls back to sym.
+// header (ncclDevComm is passed by value); without them lsa mode falls back to nccl.
 #include "cuda/rank_comm.h"
 #include "cuda/common.cuh"
 
@@ -101,9 +101,9 @@ struct LsaState {};
 
 gptoss_status collective_mode_from_env(CollectiveMode* out) {
     const char* e = std::getenv("GPTOSS_MULTI_AR");
-    if (!e || !*e || std::strcmp(e, "nccl") == 0) *out = CollectiveMode::kNccl;
+    if (!e || !*e || std::strcmp(e, "lsa") == 0) *out = CollectiveMode::kLsa;  // falls back to nccl if unavailable
+    else if (std::strcmp(e, "nccl") == 0) *out = CollectiveMode::kNccl;
     else if (std::strcmp(e, "sym") == 0) *out = CollectiveMode::kSymmetric;
-    else if (std::strcmp(e, "lsa") == 0) *out = CollectiveMode::kLsa;
     else return fail(GPTOSS_ERR_INVALID_ARGUMENT, "GPTOSS_MULTI_AR is '%s': expected nccl, sym or lsa", e);
     return GPTOSS_OK;
 }

@@ -9,12 +9,9 @@
 // must give the reference tokens again (an OOM left nothing half-written that a later call
 // reuses). The oracle is the same model's own output before the hog, so the test checks
 // recovery, not the kernels (test-kernels does that against the CPU reference).
-#define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
+#include "tests/kernel-test-util.cuh"
 
 #include "gptoss.h"
-
-#include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -149,12 +146,4 @@ TEST_CASE("device memory exhausted after session creation: OK or OUT_OF_MEMORY, 
     gptoss_model_free(model);
 }
 
-int main(int argc, char** argv) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        std::printf("test-kernels-oom: SKIPPED: no CUDA device\n");
-        return 77;
-    }
-    doctest::Context ctx(argc, argv);
-    return ctx.run();
-}
+int main(int argc, char** argv) { return run_kernel_tests(argc, argv, "the device out-of-memory tests"); }

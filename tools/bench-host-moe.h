@@ -84,6 +84,33 @@ struct HostMoeLayer {
     double expert_bytes() const { return double(2 * I) * (H / 32) * 17 + 2.0 * 2 * I + double(H) * (I / 32) * 17 + 2.0 * H; }
 };
 
+// For each token of a call, K distinct experts among the less recently used half (so the
+// cache does not serve an expert again), as run_host_moe picks them.
+struct HostMoePicker {
+    std::vector<int32_t> lru;
+    std::mt19937_64 rng;
+    explicit HostMoePicker(uint32_t E, std::mt19937_64 state = std::mt19937_64{3}) : lru(E), rng(state) {
+        for (uint32_t e = 0; e < E; e++) lru[e] = int32_t(e);
+    }
+    // Fills chosen [T, K]; returns the number of distinct experts.
+    uint32_t pick(uint32_t T, uint32_t K, int32_t* chosen) {
+        const uint32_t E = uint32_t(lru.size());
+        std::vector<bool> used(E, false);
+        uint32_t distinct = 0;
+        for (uint32_t t = 0; t < T; t++)
+            for (uint32_t k = 0; k < K; k++) {
+                const size_t at = rng() % (E / 2 - k);
+                const int32_t e = lru[at];
+                chosen[size_t(t) * K + k] = e;
+                lru.erase(lru.begin() + long(at));
+                lru.push_back(e);
+                distinct += used[size_t(e)] ? 0 : 1;
+                used[size_t(e)] = true;
+            }
+        return distinct;
+    }
+};
+
 inline int run_host_moe(const std::string& shape, bool json) {
     using namespace gptoss;
     if (shape != "20b" && shape != "120b") {
@@ -105,8 +132,7 @@ inline int run_host_moe(const std::string& shape, bool json) {
     const unsigned threads = env && std::atoi(env) >= 1 ? unsigned(std::atoi(env)) : std::thread::hardware_concurrency();
     const double floor_gbps = cpu::measure_host_read_gbps(size_t(1) << 30);
 
-    std::vector<int32_t> lru(E);
-    for (uint32_t e = 0; e < E; e++) lru[e] = int32_t(e);
+    HostMoePicker picker(E, rng);  // continues rng's sequence, as the picks always did
     std::vector<uint16_t> xs(size_t(16) * H);
     for (uint32_t t = 0; t < 16; t++) std::copy(x.begin(), x.end(), xs.begin() + long(t) * H);
     std::vector<int32_t> chosen(size_t(16) * K);
@@ -121,18 +147,7 @@ inline int run_host_moe(const std::string& shape, bool json) {
     // One call of T tokens, each with K distinct experts among the less recently used half;
     // returns the bytes of the distinct experts the call reads.
     auto step = [&](uint32_t T) {
-        std::vector<bool> used(E, false);
-        uint32_t distinct = 0;
-        for (uint32_t t = 0; t < T; t++)
-            for (uint32_t k = 0; k < K; k++) {
-                const size_t at = rng() % (E / 2 - k);
-                const int32_t e = lru[at];
-                chosen[size_t(t) * K + k] = e;
-                lru.erase(lru.begin() + long(at));
-                lru.push_back(e);
-                distinct += used[size_t(e)] ? 0 : 1;
-                used[size_t(e)] = true;
-            }
+        const uint32_t distinct = picker.pick(T, K, chosen.data());
         if (!use_q8 || !cpu::host_moe_experts_q8(q8_kernel, xs.data(), T, H, I, w, chosen.data(), K, 7.0f, out.data()))
             cpu::host_moe_experts_simd(simd_sel, xs.data(), T, H, I, w, chosen.data(), K, 7.0f, out.data());
         return distinct * expert_bytes;
@@ -177,33 +192,6 @@ inline int run_host_moe(const std::string& shape, bool json) {
     }
     return 0;
 }
-
-// For each token of a call, K distinct experts among the less recently used half (so the
-// cache does not serve an expert again), as run_host_moe picks them.
-struct HostMoePicker {
-    std::vector<int32_t> lru;
-    std::mt19937_64 rng{3};
-    explicit HostMoePicker(uint32_t E) : lru(E) {
-        for (uint32_t e = 0; e < E; e++) lru[e] = int32_t(e);
-    }
-    // Fills chosen [T, K]; returns the number of distinct experts.
-    uint32_t pick(uint32_t T, uint32_t K, int32_t* chosen) {
-        const uint32_t E = uint32_t(lru.size());
-        std::vector<bool> used(E, false);
-        uint32_t distinct = 0;
-        for (uint32_t t = 0; t < T; t++)
-            for (uint32_t k = 0; k < K; k++) {
-                const size_t at = rng() % (E / 2 - k);
-                const int32_t e = lru[at];
-                chosen[size_t(t) * K + k] = e;
-                lru.erase(lru.begin() + long(at));
-                lru.push_back(e);
-                distinct += used[size_t(e)] ? 0 : 1;
-                used[size_t(e)] = true;
-            }
-        return distinct;
-    }
-};
 
 struct HostMoeTime {
     double ms, gbps;

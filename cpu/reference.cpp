@@ -54,6 +54,25 @@ void spin_until(int micros, const Ready& ready) {
     }
 }
 
+std::atomic<bool> g_spin_hint{false};  // pool_spin_hint
+
+// Spins for ready() while pool_spin_hint is on, at most 50 ms.
+template <typename Ready>
+void spin_while_hinted(const Ready& ready) {
+    if (!g_spin_hint.load(std::memory_order_relaxed)) return;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+    for (int i = 0; !ready(); i++) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#else
+        std::this_thread::yield();
+#endif
+        if ((i & 63) == 63 &&
+            (!g_spin_hint.load(std::memory_order_relaxed) || std::chrono::steady_clock::now() > until))
+            return;
+    }
+}
+
 struct Pool {
     std::vector<std::thread> workers;
     std::mutex mutex;
@@ -88,7 +107,9 @@ struct Pool {
         std::unique_lock<std::mutex> lock(mutex);
         for (;;) {
             lock.unlock();
-            spin_until(spin_micros(n_threads), [&] { return published.load(std::memory_order_acquire) != seen; });
+            const auto ready = [&] { return published.load(std::memory_order_acquire) != seen; };
+            spin_while_hinted(ready);
+            spin_until(spin_micros(n_threads), ready);
             lock.lock();
             wake.wait(lock, [&] { return stop || generation != seen; });
             if (stop) return;
@@ -165,10 +186,14 @@ void parallel_for(size_t n, void (*fn)(void* ctx, size_t i), void* ctx) {
     }
     pool->wake.notify_all();
     pool->run_chunks();
-    spin_until(spin_micros(pool->n_threads), [&] { return pool->running.load(std::memory_order_acquire) == 0; });
+    const auto all_done = [&] { return pool->running.load(std::memory_order_acquire) == 0; };
+    spin_while_hinted(all_done);
+    spin_until(spin_micros(pool->n_threads), all_done);
     std::unique_lock<std::mutex> lock(pool->mutex);
     pool->done.wait(lock, [&] { return pool->busy == 0; });
 }
+
+void pool_spin_hint(bool on) { g_spin_hint.store(on, std::memory_order_relaxed); }
 
 size_t parallel_threads() {
     std::lock_guard<std::mutex> lock(g_pool_mutex);

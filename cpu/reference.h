@@ -22,6 +22,11 @@ void parallel_for(size_t n, void (*fn)(void* ctx, size_t i), void* ctx);
 // How many threads a parallel_for started now would run on (the pool's workers + the caller;
 // 1 without a live PoolHold). For callers that size their work items by it.
 size_t parallel_threads();
+// While on, the pool's workers spin between jobs instead of sleeping on a condition variable (at
+// most 50 ms after their last job), and parallel_for's caller spins for its workers: for a caller
+// that issues many short jobs in a burst and frees a core per worker meanwhile (the CUDA backend's
+// host experts while a decode step is in flight, GPTOSS_HOST_MOE_WORKER_SPIN). Any thread.
+void pool_spin_hint(bool on);
 
 // Keeps the worker pool alive; the pool's threads exit when the last hold is destroyed, so no
 // thread outlives the last CPU model (API.md §8). Tests may create one to run ops threaded.

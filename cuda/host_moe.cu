@@ -7,6 +7,7 @@
 #include "cuda/common.cuh"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -250,14 +251,23 @@ gptoss_status HostExperts::repack(const void* raw, void* gu_w, uint16_t* gu_s, v
 // HostMoeSession
 
 HostMoeSession::~HostMoeSession() {
+    if (poller_.joinable()) {
+        {
+            std::lock_guard<std::mutex> lock(poll_mutex_);
+            stop_ = true;
+        }
+        poll_cv_.notify_all();
+        poller_.join();
+    }
     if (copy_stream_ != nullptr) {
         cudaStreamSynchronize(copy_stream_);
         cudaStreamDestroy(copy_stream_);
     }
-    for (cudaEvent_t e : {raw_ready_, raw_free_})
+    for (cudaEvent_t e : {raw_ready_, raw_free_, blocking_})
         if (e != nullptr) cudaEventDestroy(e);
+    if (seq_dev_ != nullptr) cudaFree(seq_dev_);
     for (void* p : {static_cast<void*>(step_host_), static_cast<void*>(xn_host_), static_cast<void*>(experts_host_),
-                    static_cast<void*>(part_host_)})
+                    static_cast<void*>(part_host_), static_cast<void*>(mailbox_)})
         if (p != nullptr) cudaFreeHost(p);
 }
 
@@ -282,6 +292,21 @@ gptoss_status HostMoeSession::init(const HostExperts* experts, const Config& con
         GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&raw_ready_, cudaEventDisableTiming));
         GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&raw_free_, cudaEventDisableTiming));
     }
+    return init_trip();
+}
+
+// The round trip's parts that the options ask for (cuda/host_moe_trip.h).
+gptoss_status HostMoeSession::init_trip() {
+    const HostTripOptions& o = host_trip_options();
+    if (o.timing) GPTOSS_CUDA_TRY(timer_.init(experts_->n_host()));
+    if (o.blocking) GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&blocking_, cudaEventBlockingSync | cudaEventDisableTiming));
+    staged_ = o.stage || o.poll;
+    if (!o.poll) return GPTOSS_OK;
+    GPTOSS_CUDA_TRY(cudaMallocHost(&mailbox_, sizeof(HostMailbox)));
+    std::memset(static_cast<void*>(mailbox_), 0, sizeof(HostMailbox));
+    GPTOSS_CUDA_TRY(cudaMalloc(&seq_dev_, sizeof(uint32_t)));
+    GPTOSS_CUDA_TRY(cudaMemset(seq_dev_, 0, sizeof(uint32_t)));
+    poller_ = std::thread([this] { poll_loop(); });
     return GPTOSS_OK;
 }
 
@@ -307,25 +332,99 @@ void HostMoeSession::finish_streaming() {
     if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
 }
 
+void HostMoeSession::compute(uint32_t layer) {
+    const int64_t h0 = timer_.on() ? HostTripTimer::now_ns() : 0;
+    const uint32_t n = uint32_t(step_host_->n_tokens);
+    if (n == 0 || n > max_tokens_) return;  // enqueue() checked it; never read past the buffers
+    // The GPU keeps GEMM inputs in the fragment-permuted order (permuted_k, cuda/common.cuh);
+    // the CPU kernel reads rows in natural order (the staging kernel wrote them so).
+    const uint16_t* x = xn_host_;
+    if (!staged_) {
+        uint16_t* natural = xn_natural_.data();
+        for (uint32_t t = 0; t < n; ++t) {
+            const uint16_t* src = xn_host_ + size_t(t) * H_;
+            uint16_t* dst = natural + size_t(t) * H_;
+            for (uint32_t k = 0; k < H_; ++k) dst[k] = src[permuted_k(k)];
+        }
+        x = natural;
+    }
+    const int64_t h1 = timer_.on() ? HostTripTimer::now_ns() : 0;
+    try {  // nothing may unwind into the driver's thread; init() reserved the scratch, so unlikely
+        cpu::host_moe_experts(x, n, H_, I_, experts_->layer(layer), experts_host_, K_, swiglu_limit_, part_host_);
+    } catch (...) {
+        failed_.store(true);
+    }
+    if (timer_.on()) timer_.host(layer, n, h0, h1, HostTripTimer::now_ns());
+}
+
 void CUDART_CB HostMoeSession::run(void* p) {
     const Call& call = *static_cast<const Call*>(p);
-    const HostMoeSession& s = *call.self;
-    const uint32_t n = uint32_t(s.step_host_->n_tokens);
-    if (n == 0 || n > s.max_tokens_) return;  // enqueue() checked it; never read past the buffers
-    // The GPU keeps GEMM inputs in the fragment-permuted order (permuted_k, cuda/common.cuh);
-    // the CPU kernel reads rows in natural order.
-    uint16_t* natural = s.xn_natural_.data();
-    for (uint32_t t = 0; t < n; ++t) {
-        const uint16_t* src = s.xn_host_ + size_t(t) * s.H_;
-        uint16_t* dst = natural + size_t(t) * s.H_;
-        for (uint32_t k = 0; k < s.H_; ++k) dst[k] = src[permuted_k(k)];
+    call.self->compute(call.layer);
+}
+
+void HostMoeSession::arm(uint32_t requests) {
+    if (!polling() || requests == 0) return;
+    armed_.fetch_add(int(requests));
+    std::lock_guard<std::mutex> lock(poll_mutex_);
+    poll_cv_.notify_one();
+}
+
+bool HostMoeSession::take_armed() {
+    int a = armed_.load();
+    while (a > 0 && !armed_.compare_exchange_weak(a, a - 1)) {
     }
-    try {  // nothing may unwind into the driver's thread; init() reserved the scratch, so unlikely
-        cpu::host_moe_experts(natural, n, s.H_, s.I_, s.experts_->layer(call.layer), s.experts_host_, s.K_,
-                              s.swiglu_limit_, s.part_host_);
-    } catch (...) {
-        s.failed_.store(true);
+    return a > 1;
+}
+
+// Sleeps until armed (or 10 ms: a request nobody announced is still served), then serves.
+void HostMoeSession::poll_loop() {
+    std::unique_lock<std::mutex> lock(poll_mutex_);
+    for (;;) {
+        poll_cv_.wait_for(lock, std::chrono::milliseconds(10),
+                          [&] { return stop_ || armed_.load() > 0 || mailbox_->req != last_seq_; });
+        if (stop_) return;
+        lock.unlock();
+        serve_armed();
+        lock.lock();
     }
+}
+
+// Spins on the mailbox until the armed requests are served; after 2 ms without one it polls
+// every 50 µs, and after 100 ms it gives up the count (an enqueue that failed after arming).
+void HostMoeSession::serve_armed() {
+    const bool spin = host_trip_options().worker_spin;
+    if (spin) cpu::pool_spin_hint(true);
+    int64_t idle_since = HostTripTimer::now_ns();
+    for (uint32_t i = 0;; i++) {
+        const uint32_t req = mailbox_->req;
+        if (req != last_seq_) {
+            std::atomic_thread_fence(std::memory_order_acquire);
+            compute(mailbox_->layer);
+            last_seq_ = req;
+            std::atomic_thread_fence(std::memory_order_seq_cst);
+            mailbox_->done = req;
+            if (!take_armed()) break;
+            idle_since = HostTripTimer::now_ns();
+            continue;
+        }
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        if ((i & 255) != 255) continue;
+        const int64_t idle = HostTripTimer::now_ns() - idle_since;
+        if (idle > 100000000 || armed_.load() == 0) {
+            armed_.store(0);
+            break;
+        }
+        if (idle > 2000000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    if (spin) cpu::pool_spin_hint(false);
+}
+
+cudaError_t HostMoeSession::synchronize(cudaStream_t stream) {
+    if (blocking_ == nullptr) return cudaStreamSynchronize(stream);
+    const cudaError_t err = cudaEventRecord(blocking_, stream);
+    return err != cudaSuccess ? err : cudaEventSynchronize(blocking_);
 }
 
 gptoss_status HostMoeSession::enqueue(uint32_t l, uint32_t n, const StepInfo* step, const uint16_t* xn,
@@ -333,11 +432,27 @@ gptoss_status HostMoeSession::enqueue(uint32_t l, uint32_t n, const StepInfo* st
     if (l >= calls_.size() || n == 0 || n > max_tokens_)
         return fail(GPTOSS_ERR_INTERNAL, "host experts: layer %u, %u tokens (host layers %zu, at most %u tokens)", l, n,
                     calls_.size(), max_tokens_);
-    GPTOSS_CUDA_TRY(cudaMemcpyAsync(step_host_, step, sizeof(StepInfo), cudaMemcpyDeviceToHost, stream));
-    GPTOSS_CUDA_TRY(cudaMemcpyAsync(xn_host_, xn, size_t(n) * H_ * 2, cudaMemcpyDeviceToHost, stream));
-    GPTOSS_CUDA_TRY(cudaMemcpyAsync(experts_host_, experts, size_t(n) * K_ * 4, cudaMemcpyDeviceToHost, stream));
-    GPTOSS_CUDA_TRY(cudaLaunchHostFunc(stream, &HostMoeSession::run, &calls_[l]));
-    GPTOSS_CUDA_TRY(cudaMemcpyAsync(part, part_host_, size_t(n) * K_ * H_ * 4, cudaMemcpyHostToDevice, stream));
+    if (timer_.on()) GPTOSS_CUDA_TRY(timer_.stamp(l, 0, stream));
+    if (polling()) {
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        GPTOSS_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+        GPTOSS_CUDA_TRY(launch_host_stage(step, xn, experts, n, H_, K_, step_host_, xn_host_, experts_host_, mailbox_,
+                                          seq_dev_, l, stream));
+        if (capture == cudaStreamCaptureStatusNone) arm(1);  // a graph's launch arms its requests
+        GPTOSS_CUDA_TRY(launch_host_wait(mailbox_, seq_dev_, part_host_, part, size_t(n) * K_ * H_, stream));
+    } else {
+        if (staged_) {
+            GPTOSS_CUDA_TRY(launch_host_stage(step, xn, experts, n, H_, K_, step_host_, xn_host_, experts_host_, nullptr,
+                                              nullptr, l, stream));
+        } else {
+            GPTOSS_CUDA_TRY(cudaMemcpyAsync(step_host_, step, sizeof(StepInfo), cudaMemcpyDeviceToHost, stream));
+            GPTOSS_CUDA_TRY(cudaMemcpyAsync(xn_host_, xn, size_t(n) * H_ * 2, cudaMemcpyDeviceToHost, stream));
+            GPTOSS_CUDA_TRY(cudaMemcpyAsync(experts_host_, experts, size_t(n) * K_ * 4, cudaMemcpyDeviceToHost, stream));
+        }
+        GPTOSS_CUDA_TRY(cudaLaunchHostFunc(stream, &HostMoeSession::run, &calls_[l]));
+        GPTOSS_CUDA_TRY(cudaMemcpyAsync(part, part_host_, size_t(n) * K_ * H_ * 4, cudaMemcpyHostToDevice, stream));
+    }
+    if (timer_.on()) GPTOSS_CUDA_TRY(timer_.stamp(l, 1, stream));
     return GPTOSS_OK;
 }
 

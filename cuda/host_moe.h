@@ -12,15 +12,18 @@
 #pragma once
 
 #include "cpu/reference.h"
+#include "cuda/host_moe_trip.h"
 #include "cuda/kernels.h"
 #include "gptoss-internal.h"
 
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 namespace gptoss {
@@ -112,12 +115,27 @@ public:
     // Waits for this session's queued raw copies (an error may have left one behind).
     void finish_streaming();
 
+    // The round trip (cuda/host_moe_trip.h). polling(): enqueue() stages and signals a mailbox
+    // instead of a host callback, and the session's poll thread must know how many requests a
+    // launch brings: enqueue() counts its own outside stream capture; a captured graph's launch
+    // calls arm(its host layers) first.
+    bool polling() const { return poller_.joinable(); }
+    void arm(uint32_t requests);
+    // Waits for `stream`: a blocking event (GPTOSS_HOST_MOE_BLOCKING) or cudaStreamSynchronize.
+    [[nodiscard]] cudaError_t synchronize(cudaStream_t stream);
+
 private:
     struct Call {
-        const HostMoeSession* self;
+        HostMoeSession* self;
         uint32_t layer;
     };
     static void CUDART_CB run(void* call);
+    // The CPU side of host layer l: the staged inputs (un-permuted here unless staged) → part_host_.
+    void compute(uint32_t layer);
+    gptoss_status init_trip();
+    void poll_loop();
+    void serve_armed();
+    bool take_armed();  // one request served: armed_ - 1 unless 0; true while more are due
 
     const HostExperts* experts_ = nullptr;
     uint32_t H_ = 0, I_ = 0, K_ = 0, max_tokens_ = 0;
@@ -134,6 +152,19 @@ private:
     cudaEvent_t raw_ready_ = nullptr, raw_free_ = nullptr;
     mutable std::vector<uint16_t> xn_natural_;  // xn in natural k order (the GPU's is permuted_k)
     mutable std::atomic<bool> failed_{false};
+    // The round trip: staged inputs in natural order, the mailbox, the GPU's sequence counter,
+    // the poll thread and its count of requests due, the blocking event, the timer.
+    bool staged_ = false;
+    HostMailbox* mailbox_ = nullptr;
+    uint32_t* seq_dev_ = nullptr;
+    uint32_t last_seq_ = 0;  // poll thread only
+    std::thread poller_;
+    std::mutex poll_mutex_;
+    std::condition_variable poll_cv_;
+    bool stop_ = false;  // under poll_mutex_
+    std::atomic<int> armed_{0};
+    cudaEvent_t blocking_ = nullptr;
+    HostTripTimer timer_;
 };
 
 }  // namespace cuda

@@ -376,11 +376,11 @@ bool HostMoeSession::take_armed() {
     return a > 1;
 }
 
-// Sleeps until armed (or 10 ms: a request nobody announced is still served), then serves.
+// Sleeps until armed (or 50 ms: a request nobody announced is still served), then serves.
 void HostMoeSession::poll_loop() {
     std::unique_lock<std::mutex> lock(poll_mutex_);
     for (;;) {
-        poll_cv_.wait_for(lock, std::chrono::milliseconds(10),
+        poll_cv_.wait_for(lock, std::chrono::milliseconds(50),
                           [&] { return stop_ || armed_.load() > 0 || mailbox_->req != last_seq_; });
         if (stop_) return;
         lock.unlock();

@@ -78,10 +78,10 @@ const HostTripOptions& host_trip_options() {
     static const HostTripOptions options = [] {
         HostTripOptions o;
         const char* trip = std::getenv("GPTOSS_HOST_MOE_TRIP");
-        o.poll = trip != nullptr && std::strcmp(trip, "poll") == 0;
-        o.stage = env_flag("GPTOSS_HOST_MOE_STAGE", false);
-        o.blocking = env_flag("GPTOSS_HOST_MOE_BLOCKING", false);
-        o.worker_spin = env_flag("GPTOSS_HOST_MOE_WORKER_SPIN", true);
+        o.poll = !(trip != nullptr && std::strcmp(trip, "callback") == 0);
+        o.stage = env_flag("GPTOSS_HOST_MOE_STAGE", true);
+        o.blocking = env_flag("GPTOSS_HOST_MOE_BLOCKING", true);
+        o.worker_spin = env_flag("GPTOSS_HOST_MOE_WORKER_SPIN", false);
         o.timing = env_flag("GPTOSS_HOST_MOE_TIMING", false);
         return o;
     }();

@@ -24,12 +24,15 @@
 namespace gptoss {
 namespace cuda {
 
-// Read once from the environment (defaults: the fastest measured; bench/NOTES.md v15).
+// Read once from the environment; the defaults (first named) were the fastest measured on the
+// H200 machine's 16-core Xeon VM (bench/NOTES.md v15). v14's way: GPTOSS_HOST_MOE_TRIP=callback
+// GPTOSS_HOST_MOE_STAGE=0 GPTOSS_HOST_MOE_BLOCKING=0.
 struct HostTripOptions {
     bool poll;         // GPTOSS_HOST_MOE_TRIP=poll|callback
     bool stage;        // GPTOSS_HOST_MOE_STAGE=1|0 (callback way; the poll way always stages)
     bool blocking;     // GPTOSS_HOST_MOE_BLOCKING=1|0: sessions with host layers wait on a blocking event
-    bool worker_spin;  // GPTOSS_HOST_MOE_WORKER_SPIN=1|0 (poll way): pool workers spin while a step is in flight
+    bool worker_spin;  // GPTOSS_HOST_MOE_WORKER_SPIN=0|1 (poll way): pool workers spin while a step is in flight
+                       // (16 spinning threads on 16 cores made the experts ~6x slower: a preempted range)
     bool timing;       // GPTOSS_HOST_MOE_TIMING=1: the timer below, summary on stderr at session end
 };
 const HostTripOptions& host_trip_options();

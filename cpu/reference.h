@@ -25,7 +25,9 @@ size_t parallel_threads();
 // While on, the pool's workers spin between jobs instead of sleeping on a condition variable (at
 // most 50 ms after their last job), and parallel_for's caller spins for its workers: for a caller
 // that issues many short jobs in a burst and frees a core per worker meanwhile (the CUDA backend's
-// host experts while a decode step is in flight, GPTOSS_HOST_MOE_WORKER_SPIN). Any thread.
+// host experts while a decode step is in flight, GPTOSS_HOST_MOE_WORKER_SPIN=1: off by default, as
+// on a machine where every core runs a worker a preempted one stalls the job; bench/NOTES.md v15).
+// Any thread.
 void pool_spin_hint(bool on);
 
 // Keeps the worker pool alive; the pool's threads exit when the last hold is destroyed, so no

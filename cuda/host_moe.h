@@ -4,11 +4,14 @@
 // speed), and streams one layer at a time to the GPU for long prefill chunks (one H2D copy of
 // the layer's blocks and scales into a raw buffer, then repack_mxfp4 into the GPU layout of a
 // one-layer slot). HostMoeSession is a session's part: for decode and short chunks it enqueues,
-// per host layer, the copies of the normed activations (bf16, in the GEMMs' permuted_k order,
-// put back in natural order on the host) and the chosen experts to pinned host buffers, a host
-// callback (cudaLaunchHostFunc; capturable into the decode graph) that runs
-// cpu::host_moe_experts on the worker pool, and the copy of the experts' outputs back into the
-// GPU's `part` buffer, where the usual combine kernel weights and adds them.
+// per host layer, the hand-over of the normed activations (bf16; the GEMMs keep them in
+// permuted_k order, the CPU reads natural order) and the chosen experts to pinned host buffers,
+// cpu::host_moe_experts on the worker pool, and the experts' outputs back into the GPU's `part`
+// buffer, where the usual combine kernel weights and adds them. How (cuda/host_moe_trip.h): by
+// default a staging kernel writes the inputs into mapped pinned memory and rings a mailbox that a
+// session thread polls while a step is in flight, and a GPU kernel waits for its answer; or
+// (GPTOSS_HOST_MOE_TRIP=callback) copies and a host callback (cudaLaunchHostFunc). Both are
+// capturable into the decode graph.
 #pragma once
 
 #include "cpu/reference.h"

@@ -13,10 +13,14 @@
 // decode is deterministic run to run (it need not match prefill bit for bit: only
 // prefill-written K/V is ever reused).
 // Floor: K/V bytes, 2·G·D·2 = 2 KB per visible key per layer.
+// GPTOSS_DECODE_ATTN_MMA=1 computes each split on tensor cores instead (attention_decode_cta_mma
+// below; cuda/attention_mma.cuh): same grid, partials and merges, q and the softmax weights in bf16.
+#include "cuda/attention_mma.cuh"
 #include "cuda/common.cuh"
 #include "cuda/batch_decode.h"
 #include "cuda/kernels.h"
 
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
@@ -235,50 +239,15 @@ __device__ __forceinline__ void decode_rope(const AttentionArgs& a, int g, int h
     }
 }
 
-// The decode CTA (split blockIdx.x, kv head blockIdx.y) of one query at position pos0; shared
-// by the one-token kernel and the batched one (cuda/batch_decode.h), so both compute the same bits.
-// pre_kb: the K/V block the caller already loaded into shared memory (before its dependency
-// wait; fused RoPE only), else INT_MIN.
-__device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int pos0, float* partial, int* counters,
-                                                     uint32_t max_splits, int pre_kb = INT_MIN) {
+// The end of a split CTA: st holds warp h's state for query head h of kv head blockIdx.y (lane l:
+// output dims 2l, 2l + 1). With one split (s_first == s_last) it merges into the sink in place;
+// else it writes its partial and the last CTA of the kv head merges every split in order.
+__device__ __forceinline__ void finish_split(const AttentionArgs& a, const SplitState<1>& st, int s_first, int s_last,
+                                             int s_rel, float* partial, int* counters, uint32_t max_splits) {
     __shared__ int is_last;
-    extern __shared__ float smem[];
-    float* qs = smem;
-    uint32_t* ks = reinterpret_cast<uint32_t*>(qs + kMaxHeads * kD);
-    uint32_t* vs = ks + kBlock * kRowWords;
-    float* ps_all = reinterpret_cast<float*>(vs + kBlock * kRowWords);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = blockIdx.y;
     const int hpg = int(a.Q / a.G);
-    const int p = pos0, lo = visible_lo(p, a.window);
-    const int len = int(decode_split_len(uint32_t(p)));  // kAttentionSplit, longer past 16 384 keys
-    const int s_rel = blockIdx.x, s = lo / len + s_rel;
-    const int s_begin = s * len, s_end = s_begin + len - 1;
-    if (s_begin > p || s_end < lo) return;
-    __shared__ uint32_t knew[kD / 2], vnew[kD / 2];
-    const bool fused = a.qkv != nullptr;
-    if (fused) decode_rope(a, g, hpg, p, s_end >= p, qs, knew, vnew);
-    else
-        for (int i = threadIdx.x; i < hpg * kD; i += blockDim.x) qs[i] = a.q[size_t(g) * hpg * kD + i];
-    SplitState<1> st;
-    reset(st);
-    for (int kb = s_begin; kb <= s_end; kb += kBlock) {
-        if (kb > p || kb + kBlock - 1 < lo) continue;
-        if (kb != pre_kb) {
-            __syncthreads();
-            load_kv_block<256>(a, pos0, kb, fused ? p - 1 : p, g, ks, vs, threadIdx.x);
-        }
-        if (fused && kb + kBlock > p) {  // the new key's row (block-uniform condition)
-            __syncthreads();
-            if (threadIdx.x < kD / 2) {
-                ks[(p - kb) * kRowWords + threadIdx.x] = knew[threadIdx.x];
-                vs[(p - kb) * kRowWords + threadIdx.x] = vnew[threadIdx.x];
-            }
-        }
-        __syncthreads();
-        if (warp < hpg) attend_block<1>(st, qs + warp * kD, ks, vs, ps_all + warp * kBlock, kb, lo, p, 1, lane);
-    }
-    const int s_first = lo / len, s_last = p / len;
     if (s_first == s_last) {  // one split: merge it into the sink here (the same merge_ml/merge_o
         if (warp >= hpg) return;  // sequence as below, so the same bits), no partials, no counter
         const int head = g * hpg + warp;
@@ -339,6 +308,244 @@ __device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int
     a.out[permuted_k(uint32_t(head) * kD + 2 * lane + 1)] = f32_to_bf16_bits(__fdiv_rn(O1, L));
 }
 
+// The decode CTA (split blockIdx.x, kv head blockIdx.y) of one query at position pos0; shared
+// by the one-token kernel and the batched one (cuda/batch_decode.h), so both compute the same bits.
+// pre_kb: the K/V block the caller already loaded into shared memory (before its dependency
+// wait; fused RoPE only), else INT_MIN.
+__device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int pos0, float* partial, int* counters,
+                                                     uint32_t max_splits, int pre_kb = INT_MIN) {
+    extern __shared__ float smem[];
+    float* qs = smem;
+    uint32_t* ks = reinterpret_cast<uint32_t*>(qs + kMaxHeads * kD);
+    uint32_t* vs = ks + kBlock * kRowWords;
+    float* ps_all = reinterpret_cast<float*>(vs + kBlock * kRowWords);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = blockIdx.y;
+    const int hpg = int(a.Q / a.G);
+    const int p = pos0, lo = visible_lo(p, a.window);
+    const int len = int(decode_split_len(uint32_t(p)));  // kAttentionSplit, longer past 16 384 keys
+    const int s_rel = blockIdx.x, s = lo / len + s_rel;
+    const int s_begin = s * len, s_end = s_begin + len - 1;
+    if (s_begin > p || s_end < lo) return;
+    __shared__ uint32_t knew[kD / 2], vnew[kD / 2];
+    const bool fused = a.qkv != nullptr;
+    if (fused) decode_rope(a, g, hpg, p, s_end >= p, qs, knew, vnew);
+    else
+        for (int i = threadIdx.x; i < hpg * kD; i += blockDim.x) qs[i] = a.q[size_t(g) * hpg * kD + i];
+    SplitState<1> st;
+    reset(st);
+    for (int kb = s_begin; kb <= s_end; kb += kBlock) {
+        if (kb > p || kb + kBlock - 1 < lo) continue;
+        if (kb != pre_kb) {
+            __syncthreads();
+            load_kv_block<256>(a, pos0, kb, fused ? p - 1 : p, g, ks, vs, threadIdx.x);
+        }
+        if (fused && kb + kBlock > p) {  // the new key's row (block-uniform condition)
+            __syncthreads();
+            if (threadIdx.x < kD / 2) {
+                ks[(p - kb) * kRowWords + threadIdx.x] = knew[threadIdx.x];
+                vs[(p - kb) * kRowWords + threadIdx.x] = vnew[threadIdx.x];
+            }
+        }
+        __syncthreads();
+        if (warp < hpg) attend_block<1>(st, qs + warp * kD, ks, vs, ps_all + warp * kBlock, kb, lo, p, 1, lane);
+    }
+    finish_split(a, st, lo / len, p / len, s_rel, partial, counters, max_splits);
+}
+
+// ---------------------------------------------------------------------------
+// Tensor-core decode split (GPTOSS_DECODE_ATTN_MMA=1; off by default until measured): the grid,
+// partials and merges of attention_decode_cta, but the split's keys go through mma.sync
+// m16n8k16 instead of per-head FMA loops (which issue ~2.75 instructions per FMA and made the
+// 130k-key split instruction-bound). The group's query heads are the MMA rows 0..7 (rows 8..15
+// are zero); warp w takes the split's 16-key sub-blocks w, w + 8, ... , each cp.async'ed into its
+// own 4 KB of shared memory (K, then V; swizzled for ldmatrix), with its own online softmax;
+// then the 8 warps' states are merged in warp order through shared memory into the per-head
+// state finish_split takes. Numerics as prefill (attention_prefill.cu): q/8 rounded to bf16, P
+// rounded to bf16 for P·V while l sums the fp32 p, exp as ex2.approx; deterministic, the same
+// bits alone or batched.
+constexpr int kSubKeys = 16;
+constexpr int kSubTile = kSubKeys * kD * 2;  // one K or V sub-block: 2 KB
+constexpr int kDecodeWarps = 8;
+constexpr size_t kDecodeSmemMma = sizeof(float) * kMaxHeads * kD + size_t(kDecodeWarps) * 2 * kSubTile;
+static_assert(kDecodeSmemMma <= 48 * 1024, "the decode kernels launch without a shared-memory opt-in");
+static_assert(kMaxHeads * (kD + 2) * sizeof(float) <= 2 * kSubTile, "a warp's state fits its stage");
+
+// Issues warp-lane `lane`'s cp.async of keys [kb, kb + 16) of kv head g into a warp stage (K at
+// stage, V at stage + kSubTile); keys outside [lo, kmax] are zero-filled (kmax: the last cached
+// key; with fused RoPE the new key is patched in afterwards).
+__device__ __forceinline__ void load_sub_block(const AttentionArgs& a, uint32_t stage, int kb, int lo, int kmax,
+                                               int pos0, int g, int lane) {
+    using namespace attn_mma;
+    const int c = lane & 7;
+    const size_t GD = size_t(a.G) * kD;
+#pragma unroll
+    for (int j = 0; j < kSubKeys / 4; ++j) {
+        const int r = (lane >> 3) + 4 * j, kp = kb + r;
+        const bool valid = kp >= lo && kp <= kmax;
+        const uint16_t *kbase = a.k_cache, *vbase = a.v_cache;
+        size_t off = 0;
+        if (valid) {
+            if (kp >= pos0 && a.k_new) {
+                off = size_t(kp - pos0) * GD;
+                kbase = a.k_new;
+                vbase = a.v_new;
+            } else {
+                off = size_t(uint32_t(kp) % a.slots) * GD;
+            }
+            off += size_t(g) * kD + c * 8;
+        }
+        cp_async16_zfill(stage + swz(r, c), kbase + off, valid);
+        cp_async16_zfill(stage + kSubTile + swz(r, c), vbase + off, valid);
+    }
+}
+
+__device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a, int pos0, float* partial,
+                                                         int* counters, uint32_t max_splits) {
+    using namespace attn_mma;
+    extern __shared__ __align__(128) float smem[];
+    float* qs = smem;
+    uint8_t* stages = reinterpret_cast<uint8_t*>(qs + kMaxHeads * kD);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gq = lane >> 2, tq = lane & 3;
+    const int g = blockIdx.y;
+    const int hpg = int(a.Q / a.G);
+    const int p = pos0, lo = visible_lo(p, a.window);
+    const int len = int(decode_split_len(uint32_t(p)));
+    const int s_rel = blockIdx.x, s = lo / len + s_rel;
+    const int s_begin = s * len, s_end = s_begin + len - 1;
+    if (s_begin > p || s_end < lo) return;
+    __shared__ uint32_t knew[kD / 2], vnew[kD / 2];
+    const bool fused = a.qkv != nullptr;
+    const int kmax = fused ? p - 1 : p;
+    uint8_t* my_stage = stages + size_t(warp) * 2 * kSubTile;
+    const uint32_t stage = static_cast<uint32_t>(__cvta_generic_to_shared(my_stage));
+    // This warp's sub-blocks: w, w + 8, ... of the split, those with a visible key.
+    const int sb_first = max(s_begin, lo & ~(kSubKeys - 1)), sb_last = min(s_end, p) & ~(kSubKeys - 1);
+    int kb = sb_first + warp * kSubKeys;
+    if (kb <= sb_last) load_sub_block(a, stage, kb, lo, kmax, pos0, g, lane);
+    cp_async_commit();
+    if (fused) decode_rope(a, g, hpg, p, s_end >= p, qs, knew, vnew);
+    else
+        for (int i = threadIdx.x; i < hpg * kD; i += blockDim.x) qs[i] = a.q[size_t(g) * hpg * kD + i];
+    __syncthreads();
+    uint32_t qf[4][4];  // A fragments of q/8 (row gq = head gq; rows gq + 8 are zero)
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+            const int d = 16 * ks + 8 * hi + 2 * tq;
+            const float2 v = gq < hpg ? *reinterpret_cast<const float2*>(qs + gq * kD + d) : make_float2(0.0f, 0.0f);
+            qf[ks][2 * hi] = pack_bf16x2(v.x * 0.125f, v.y * 0.125f);
+            qf[ks][2 * hi + 1] = 0u;
+        }
+    }
+    float m = -INFINITY, l = 0.0f;  // row gq's running max and this lane's share of its denominator
+    float o[8][4];
+#pragma unroll
+    for (int nd = 0; nd < 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
+    for (; kb <= sb_last; kb += kDecodeWarps * kSubKeys) {
+        cp_async_wait<0>();
+        __syncwarp();
+        if (fused && kb <= p && p < kb + kSubKeys && lane < 16) {  // the new key's row, from knew / vnew
+            const uint32_t* src = (lane < 8 ? knew : vnew) + (lane & 7) * 4;
+            *reinterpret_cast<uint4*>(my_stage + (lane < 8 ? 0 : kSubTile) + swz(p - kb, lane & 7)) =
+                make_uint4(src[0], src[1], src[2], src[3]);
+            __syncwarp();
+        }
+        float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+            uint32_t b0, b1, b2, b3;
+            ldsm_x4(stage + swz((lane >> 4) * 8 + (lane & 7), 2 * ks + ((lane >> 3) & 1)), b0, b1, b2, b3);
+            mma(sc[0], qf[ks], b0, b1);
+            mma(sc[1], qf[ks], b2, b3);
+        }
+        float mx = m;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int key = kb + nt * 8 + 2 * tq + e;
+                if (key > p || key < lo) sc[nt][e] = -INFINITY;
+                mx = fmaxf(mx, sc[nt][e]);
+            }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));  // finite: the sub-block has a visible key
+        const float alpha = ex2(__fmul_rn(__fsub_rn(m, mx), kLog2e));
+        const float ml = __fmul_rn(mx, kLog2e);
+        m = mx;
+        l = __fmul_rn(l, alpha);
+#pragma unroll
+        for (int nd = 0; nd < 8; ++nd) {
+            o[nd][0] = __fmul_rn(o[nd][0], alpha);
+            o[nd][1] = __fmul_rn(o[nd][1], alpha);
+        }
+        uint32_t pa[4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            const float p0 = ex2(__fmaf_rn(sc[nt][0], kLog2e, -ml)), p1 = ex2(__fmaf_rn(sc[nt][1], kLog2e, -ml));
+            l = __fadd_rn(l, __fadd_rn(p0, p1));
+            pa[2 * nt] = pack_bf16x2(p0, p1);
+            pa[2 * nt + 1] = 0u;  // rows gq + 8
+        }
+#pragma unroll
+        for (int dp = 0; dp < 4; ++dp) {
+            uint32_t b0, b1, b2, b3;
+            ldsm_x4_trans(stage + kSubTile + swz(((lane >> 3) & 1) * 8 + (lane & 7), 2 * dp + (lane >> 4)), b0, b1,
+                          b2, b3);
+            mma(o[2 * dp], pa, b0, b1);
+            mma(o[2 * dp + 1], pa, b2, b3);
+        }
+        __syncwarp();  // every lane's ldmatrix is done before the stage is refilled
+        const int next = kb + kDecodeWarps * kSubKeys;
+        if (next <= sb_last) load_sub_block(a, stage, next, lo, kmax, pos0, g, lane);
+        cp_async_commit();
+    }
+    // This warp's state for rows 0..7 into its own stage: [row][0..63] o, [row][64] m, [row][65] l.
+    l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 1));
+    l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 2));
+    cp_async_wait<0>();
+    __syncwarp();
+    float* ws = reinterpret_cast<float*>(my_stage) + gq * (kD + 2);
+#pragma unroll
+    for (int nd = 0; nd < 8; ++nd) {
+        ws[nd * 8 + 2 * tq] = o[nd][0];
+        ws[nd * 8 + 2 * tq + 1] = o[nd][1];
+    }
+    if (tq == 0) {
+        ws[kD] = m;
+        ws[kD + 1] = l;
+    }
+    __syncthreads();
+    // Warp h merges head h's 8 warp states in warp order (empty warps skipped).
+    SplitState<1> st;
+    reset(st);
+    if (warp < hpg) {
+        bool any = false;
+        for (int w = 0; w < kDecodeWarps; ++w) {
+            const float* src = reinterpret_cast<const float*>(stages + size_t(w) * 2 * kSubTile) + warp * (kD + 2);
+            const float mw = src[kD];
+            if (mw == -INFINITY) continue;
+            const float lw = src[kD + 1], o0 = src[2 * lane], o1 = src[2 * lane + 1];
+            if (!any) {
+                st.m[0] = mw;
+                st.l[0] = lw;
+                st.o[0][0] = o0;
+                st.o[0][1] = o1;
+                any = true;
+                continue;
+            }
+            float wa, wb;
+            merge_ml(st.m[0], st.l[0], mw, lw, wa, wb);
+            merge_o(st.o[0][0], o0, wa, wb);
+            merge_o(st.o[0][1], o1, wa, wb);
+        }
+    }
+    finish_split(a, st, lo / len, p / len, s_rel, partial, counters, max_splits);
+}
+
 // prefetch (fused RoPE only; GPTOSS_DECODE_ATTN_PREFETCH): the step's position (uploaded before
 // the graph launch) and the cached K/V of the positions before it (written by earlier launches)
 // are final when this kernel starts, so the CTA's first visible K/V block is loaded before the
@@ -369,9 +576,22 @@ __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const Attent
     attention_decode_cta(a, a.step->pos0, partial, counters, max_splits);
 }
 
+// The tensor-core variant of bf16_attention_decode_kernel (no K/V prefetch before the wait yet).
+// kMinBlocks: CTAs per SM the registers are capped for (2: ~92 registers; 3: 80, a few bytes
+// spilled); the same bits either way.
+template <int kMinBlocks>
+__global__ __launch_bounds__(256, kMinBlocks) void bf16_attention_decode_mma_kernel(const AttentionArgs a,
+                                                                                   float* partial, int* counters,
+                                                                                   uint32_t max_splits) {
+    pdl_wait();
+    pdl_launch_dependents();
+    attention_decode_cta_mma(a, a.step->pos0, partial, counters, max_splits);
+}
+
 // Batched decode: item blockIdx.z is one session's query, with its own cache, position and rows
-// of qkv / out / partial / counters (attention_decode_batch).
-__global__ __launch_bounds__(256) void bf16_attention_decode_batch_kernel(const AttentionArgs a,
+// of qkv / out / partial / counters (attention_decode_batch); kMma: the tensor-core split.
+template <bool kMma>
+__global__ __launch_bounds__(256, 2) void bf16_attention_decode_batch_kernel(const AttentionArgs a,
                                                                          const BatchAttentionItem* items,
                                                                          float* partial, int* counters,
                                                                          uint32_t max_splits) {
@@ -385,8 +605,9 @@ __global__ __launch_bounds__(256) void bf16_attention_decode_batch_kernel(const 
     b.slots = it.slots;
     b.qkv = a.qkv + size_t(i) * (a.Q + 2 * a.G) * kD;
     b.out = a.out + size_t(i) * a.Q * kD;
-    attention_decode_cta(b, it.pos, partial + size_t(i) * a.Q * max_splits * (kD + 2), counters + size_t(i) * a.G,
-                         max_splits);
+    float* const part = partial + size_t(i) * a.Q * max_splits * (kD + 2);
+    if (kMma) attention_decode_cta_mma(b, it.pos, part, counters + size_t(i) * a.G, max_splits);
+    else attention_decode_cta(b, it.pos, part, counters + size_t(i) * a.G, max_splits);
 }
 
 __global__ void bf16_kv_commit_kernel(const uint16_t* __restrict__ k_new, const uint16_t* __restrict__ v_new,
@@ -413,6 +634,35 @@ gptoss_status check(const AttentionArgs& a) {
 
 }  // namespace
 
+namespace {
+std::atomic<int> g_decode_attention_mma{-1};  // -1: not chosen yet (GPTOSS_DECODE_ATTN_MMA decides)
+}  // namespace
+
+bool decode_attention_mma() {
+    int v = g_decode_attention_mma.load();
+    if (v < 0) {
+        const char* s = std::getenv("GPTOSS_DECODE_ATTN_MMA");
+        int expected = -1;
+        g_decode_attention_mma.compare_exchange_strong(expected, s && *s && std::atoi(s) != 0 ? 1 : 0);
+        v = g_decode_attention_mma.load();
+    }
+    return v == 1;
+}
+
+void set_decode_attention_mma(bool on) { g_decode_attention_mma.store(on ? 1 : 0); }
+
+namespace {
+// GPTOSS_DECODE_ATTN_MMA_BLOCKS=3: the one-token tensor-core kernel capped for 3 CTAs per SM
+// (default 2; a tuning knob for gptoss-bench A/B runs, the same bits).
+int decode_attention_mma_blocks() {
+    static const int blocks = [] {
+        const char* s = std::getenv("GPTOSS_DECODE_ATTN_MMA_BLOCKS");
+        return s && std::atoi(s) == 3 ? 3 : 2;
+    }();
+    return blocks;
+}
+}  // namespace
+
 gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* counters, uint32_t max_splits,
                                cudaStream_t stream) {
     GPTOSS_TRY(check(a));
@@ -423,8 +673,15 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* coun
         return !(s && *s) || std::atoi(s) != 0;
     }();
     const int prefetch = prefetch_on && a.qkv != nullptr;
-    GPTOSS_LAUNCH(bf16_attention_decode_kernel, grid, 256, kDecodeSmem, stream, a, partial, counters, max_splits,
-                  prefetch);
+    if (decode_attention_mma() && decode_attention_mma_blocks() == 3)
+        GPTOSS_LAUNCH(bf16_attention_decode_mma_kernel<3>, grid, 256, kDecodeSmemMma, stream, a, partial, counters,
+                      max_splits);
+    else if (decode_attention_mma())
+        GPTOSS_LAUNCH(bf16_attention_decode_mma_kernel<2>, grid, 256, kDecodeSmemMma, stream, a, partial, counters,
+                      max_splits);
+    else
+        GPTOSS_LAUNCH(bf16_attention_decode_kernel, grid, 256, kDecodeSmem, stream, a, partial, counters, max_splits,
+                      prefetch);
     return GPTOSS_OK;
 }
 
@@ -436,8 +693,12 @@ gptoss_status attention_decode_batch(const AttentionArgs& a, const BatchAttentio
     if (n_items == 0) return GPTOSS_OK;
     if (n_items > 65535) return fail(GPTOSS_ERR_INTERNAL, "attention_decode_batch: %u items exceed the grid", n_items);
     const dim3 grid(max_splits, a.G, n_items);
-    GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel, grid, 256, kDecodeSmem, stream, a, items, partial, counters,
-                  max_splits);
+    if (decode_attention_mma())
+        GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel<true>, grid, 256, kDecodeSmemMma, stream, a, items, partial,
+                      counters, max_splits);
+    else
+        GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel<false>, grid, 256, kDecodeSmem, stream, a, items, partial,
+                      counters, max_splits);
     return GPTOSS_OK;
 }
 

@@ -12,6 +12,7 @@
 // share its CTA: a prompt prefilled at once or in chunks gives the same bits.
 // Numerics: q is scaled by 1/8 (exact) and rounded to bf16, scores and P·V accumulate in fp32,
 // P is rounded to bf16 for the P·V MMA while l sums the fp32 p; exp is ex2.approx.
+#include "cuda/attention_mma.cuh"
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
 
@@ -21,6 +22,8 @@
 namespace gptoss {
 namespace cuda {
 namespace {
+
+using namespace attn_mma;
 
 constexpr int kD = 64;                 // head dim
 constexpr int kTok = 16;               // query tokens per CTA (the MMA's M)
@@ -33,44 +36,6 @@ constexpr int kStageBytes = 2 * kTileBytes;     // K + V: 16 KB per pipeline sta
 // same as 2 (H100, 20b pp2048 @ 8192: 26.1k, 26.1k, 26.3k tok/s), so 32 KB of shared memory.
 constexpr int kStages = 2;
 constexpr int kSmemBytes = kStages * kStageBytes;
-constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// 16-byte cp.async that writes zeros when !valid (src-size 0: nothing is read).
-__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most N of this thread's cp.async groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
-                                              uint32_t& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
-}
-
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Byte offset of 16-byte chunk c (0..7) of key row r in a swizzled 64×64 bf16 tile: conflict-free
-// for ldmatrix (8 consecutive rows of one logical chunk land in 8 distinct bank groups).
-__device__ __forceinline__ uint32_t swz(int r, int c) { return uint32_t(r * 128 + ((c ^ (r & 7)) << 4)); }
 
 // Issues the cp.async of keys [kb, kb + 64) of kv head g into one stage; keys outside [lo, hi]
 // (seen by no row of the CTA) are zero-filled. Thread i copies chunk i % 8 of key rows i / 8 and

@@ -461,17 +461,21 @@ TEST_CASE("decode attention past 16k keys (longer splits) matches cpu::attention
     CHECK(cuda::decode_split_len(32767) == 256);
     CHECK(cuda::decode_split_len(32768) == 512);
     CHECK(cuda::decode_splits_needed(131071) <= cuda::kMaxDecodeSplits);
-    for (uint32_t window : {0u, 128u}) {
-        for (uint32_t p : {16383u, 16384u, 16511u, 32767u, 32768u, 70001u}) {
-            const uint32_t slots = window ? 128 : p + 1;
-            AttnCase dec(p, 1, window, slots, 991 + p);
-            const auto d = dec.run(true, cuda::kMaxDecodeSplits);
-            const auto wide = dec.run(true);
-            INFO("window " << window << " position " << p);
-            CHECK(std::memcmp(d.data(), wide.data(), d.size() * 2) == 0);
-            expect_close(unpermuted_rows(d, 1, dec.Q * dec.D), dec.reference(false), 2e-3f, 8e-3f, "decode");
+    for (const bool mma : {false, true}) {  // both decode splits (kernels.h decode_attention_mma)
+        cuda::set_decode_attention_mma(mma);
+        for (uint32_t window : {0u, 128u}) {
+            for (uint32_t p : {16383u, 16384u, 16511u, 32767u, 32768u, 70001u}) {
+                const uint32_t slots = window ? 128 : p + 1;
+                AttnCase dec(p, 1, window, slots, 991 + p);
+                const auto d = dec.run(true, cuda::kMaxDecodeSplits);
+                const auto wide = dec.run(true);
+                INFO("tensor-core split " << mma << " window " << window << " position " << p);
+                CHECK(std::memcmp(d.data(), wide.data(), d.size() * 2) == 0);
+                expect_close(unpermuted_rows(d, 1, dec.Q * dec.D), dec.reference(mma), 2e-3f, 8e-3f, "decode");
+            }
         }
     }
+    cuda::set_decode_attention_mma(false);
 }
 
 // (Prefill attention against cpu::attention, chunking and the window edges: test-kernels-attn.cu.)
@@ -489,11 +493,17 @@ TEST_CASE("decode attention and a 1-token prefill match cpu::attention; the pref
             dec.q.assign(whole.q.end() - whole.Q * whole.D, whole.q.end());
             dec.sinks = whole.sinks;
             const auto d = dec.run(true);
+            cuda::set_decode_attention_mma(true);
+            const auto d_mma = dec.run(true);
+            cuda::set_decode_attention_mma(false);
             const auto single = dec.run(false);
             const size_t n = size_t(whole.Q) * whole.D;
             INFO("window " << window << " position " << p);
             CHECK(std::memcmp(single.data(), pre.data() + size_t(p) * n, n * 2) == 0);
             expect_close(unpermuted_rows(d, 1, whole.Q * whole.D), dec.reference(false), 2e-3f, 8e-3f, "decode");
+            // The tensor-core split rounds q to bf16 like the prefill kernel.
+            expect_close(unpermuted_rows(d_mma, 1, whole.Q * whole.D), dec.reference(true), 2e-3f, 8e-3f,
+                         "decode, tensor-core split");
             // The prefill kernel rounds q to bf16 (kernels.h); the reference takes the same q.
             expect_close(unpermuted_rows(single, 1, whole.Q * whole.D), dec.reference(true), 2e-3f, 8e-3f, "prefill");
         }
@@ -536,14 +546,18 @@ TEST_CASE("decode attention with fused RoPE is bit-identical to rope_qkv + atten
                 *vc = vd.get();
                 return out.get();
             };
-            std::vector<uint16_t> kf, vf, ku, vu;
-            const auto fused = run(true, &kf, &vf);
-            const auto unfused = run(false, &ku, &vu);
-            INFO("window " << window << " position " << p);
-            CHECK(fused == unfused);
-            CHECK(kf == ku);
-            CHECK(vf == vu);
-            CHECK(kf != kc0);  // the new key was written
+            for (const bool mma : {false, true}) {  // both decode splits (kernels.h decode_attention_mma)
+                cuda::set_decode_attention_mma(mma);
+                std::vector<uint16_t> kf, vf, ku, vu;
+                const auto fused = run(true, &kf, &vf);
+                const auto unfused = run(false, &ku, &vu);
+                INFO("tensor-core split " << mma << " window " << window << " position " << p);
+                CHECK(fused == unfused);
+                CHECK(kf == ku);
+                CHECK(vf == vu);
+                CHECK(kf != kc0);  // the new key was written
+            }
+            cuda::set_decode_attention_mma(false);
         }
     }
 }

@@ -451,8 +451,8 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
             const uint32_t* src = (lane < 8 ? knew : vnew) + (lane & 7) * 4;
             *reinterpret_cast<uint4*>(my_stage + (lane < 8 ? 0 : kSubTile) + swz(p - kb, lane & 7)) =
                 make_uint4(src[0], src[1], src[2], src[3]);
-            __syncwarp();
         }
+        __syncwarp();  // (outside the branch: every lane must reach it)
         float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {

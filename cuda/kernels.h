@@ -269,9 +269,9 @@ constexpr uint32_t decode_splits_needed(uint32_t pos) { return pos / decode_spli
 // counters: int [G], zero before the first call (the merging CTA re-arms them).
 [[nodiscard]] gptoss_status attention_decode(const AttentionArgs& args, float* partial, int* counters,
                                              uint32_t max_splits, cudaStream_t stream);
-// Which decode split attention_decode and attention_decode_batch run: false (default) the
-// per-head FMA split, exact fp32 q and softmax weights; true (GPTOSS_DECODE_ATTN_MMA=1) the
-// tensor-core split, q and the softmax weights rounded to bf16 as in attention_prefill. Both are
+// Which decode split attention_decode and attention_decode_batch run: true (default) the
+// tensor-core split, q and the softmax weights rounded to bf16 as in attention_prefill; false
+// (GPTOSS_DECODE_ATTN_MMA=0) the per-head FMA split, exact fp32 q and softmax weights. Both are
 // deterministic. set_decode_attention_mma is for tests and benchmarks: switch it only while no
 // decode runs, and re-capture decode graphs after.
 bool decode_attention_mma();

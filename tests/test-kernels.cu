@@ -461,6 +461,7 @@ TEST_CASE("decode attention past 16k keys (longer splits) matches cpu::attention
     CHECK(cuda::decode_split_len(32767) == 256);
     CHECK(cuda::decode_split_len(32768) == 512);
     CHECK(cuda::decode_splits_needed(131071) <= cuda::kMaxDecodeSplits);
+    const bool was = cuda::decode_attention_mma();
     for (const bool mma : {false, true}) {  // both decode splits (kernels.h decode_attention_mma)
         cuda::set_decode_attention_mma(mma);
         for (uint32_t window : {0u, 128u}) {
@@ -475,7 +476,7 @@ TEST_CASE("decode attention past 16k keys (longer splits) matches cpu::attention
             }
         }
     }
-    cuda::set_decode_attention_mma(false);
+    cuda::set_decode_attention_mma(was);
 }
 
 // (Prefill attention against cpu::attention, chunking and the window edges: test-kernels-attn.cu.)
@@ -492,10 +493,12 @@ TEST_CASE("decode attention and a 1-token prefill match cpu::attention; the pref
             dec.v = whole.v;
             dec.q.assign(whole.q.end() - whole.Q * whole.D, whole.q.end());
             dec.sinks = whole.sinks;
+            const bool was = cuda::decode_attention_mma();
+            cuda::set_decode_attention_mma(false);
             const auto d = dec.run(true);
             cuda::set_decode_attention_mma(true);
             const auto d_mma = dec.run(true);
-            cuda::set_decode_attention_mma(false);
+            cuda::set_decode_attention_mma(was);
             const auto single = dec.run(false);
             const size_t n = size_t(whole.Q) * whole.D;
             INFO("window " << window << " position " << p);
@@ -546,6 +549,7 @@ TEST_CASE("decode attention with fused RoPE is bit-identical to rope_qkv + atten
                 *vc = vd.get();
                 return out.get();
             };
+            const bool was = cuda::decode_attention_mma();
             for (const bool mma : {false, true}) {  // both decode splits (kernels.h decode_attention_mma)
                 cuda::set_decode_attention_mma(mma);
                 std::vector<uint16_t> kf, vf, ku, vu;
@@ -557,7 +561,7 @@ TEST_CASE("decode attention with fused RoPE is bit-identical to rope_qkv + atten
                 CHECK(vf == vu);
                 CHECK(kf != kc0);  // the new key was written
             }
-            cuda::set_decode_attention_mma(false);
+            cuda::set_decode_attention_mma(was);
         }
     }
 }

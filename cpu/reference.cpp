@@ -40,18 +40,18 @@ int spin_micros(size_t pool_threads) {
     }();
     return pool_threads > 1 ? env : 0;
 }
+// Spins until ready(), or until `until`, or until give_up() (checked with the clock every 64 turns).
+template <typename Ready, typename GiveUp>
+void spin(std::chrono::steady_clock::time_point until, const Ready& ready, const GiveUp& give_up) {
+    for (int i = 0; !ready(); i++) {
+        cpu_relax();
+        if ((i & 63) == 63 && (give_up() || std::chrono::steady_clock::now() > until)) return;
+    }
+}
 template <typename Ready>
 void spin_until(int micros, const Ready& ready) {
     if (micros <= 0) return;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(micros);
-    for (int i = 0; !ready(); i++) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#else
-        std::this_thread::yield();
-#endif
-        if ((i & 63) == 63 && std::chrono::steady_clock::now() > until) return;
-    }
+    spin(std::chrono::steady_clock::now() + std::chrono::microseconds(micros), ready, [] { return false; });
 }
 
 std::atomic<bool> g_spin_hint{false};  // pool_spin_hint
@@ -60,17 +60,8 @@ std::atomic<bool> g_spin_hint{false};  // pool_spin_hint
 template <typename Ready>
 void spin_while_hinted(const Ready& ready) {
     if (!g_spin_hint.load(std::memory_order_relaxed)) return;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
-    for (int i = 0; !ready(); i++) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#else
-        std::this_thread::yield();
-#endif
-        if ((i & 63) == 63 &&
-            (!g_spin_hint.load(std::memory_order_relaxed) || std::chrono::steady_clock::now() > until))
-            return;
-    }
+    spin(std::chrono::steady_clock::now() + std::chrono::milliseconds(50), ready,
+         [] { return !g_spin_hint.load(std::memory_order_relaxed); });
 }
 
 struct Pool {

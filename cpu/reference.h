@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <thread>
 
 namespace gptoss {
 struct Config;
@@ -22,6 +23,14 @@ void parallel_for(size_t n, void (*fn)(void* ctx, size_t i), void* ctx);
 // How many threads a parallel_for started now would run on (the pool's workers + the caller;
 // 1 without a live PoolHold). For callers that size their work items by it.
 size_t parallel_threads();
+// One iteration of a spin-wait: the x86 pause hint, elsewhere a yield.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    std::this_thread::yield();
+#endif
+}
 // While on, the pool's workers spin between jobs instead of sleeping on a condition variable (at
 // most 50 ms after their last job), and parallel_for's caller spins for its workers: for a caller
 // that issues many short jobs in a burst and frees a core per worker meanwhile (the CUDA backend's

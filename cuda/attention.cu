@@ -378,27 +378,12 @@ static_assert(kMaxHeads * (kD + 2) * sizeof(float) <= 2 * kSubTile, "a warp's st
 // key; with fused RoPE the new key is patched in afterwards).
 __device__ __forceinline__ void load_sub_block(const AttentionArgs& a, uint32_t stage, int kb, int lo, int kmax,
                                                int pos0, int g, int lane) {
-    using namespace attn_mma;
     const int c = lane & 7;
-    const size_t GD = size_t(a.G) * kD;
 #pragma unroll
     for (int j = 0; j < kSubKeys / 4; ++j) {
-        const int r = (lane >> 3) + 4 * j, kp = kb + r;
-        const bool valid = kp >= lo && kp <= kmax;
-        const uint16_t *kbase = a.k_cache, *vbase = a.v_cache;
-        size_t off = 0;
-        if (valid) {
-            if (kp >= pos0 && a.k_new) {
-                off = size_t(kp - pos0) * GD;
-                kbase = a.k_new;
-                vbase = a.v_new;
-            } else {
-                off = size_t(uint32_t(kp) % a.slots) * GD;
-            }
-            off += size_t(g) * kD + c * 8;
-        }
-        cp_async16_zfill(stage + swz(r, c), kbase + off, valid);
-        cp_async16_zfill(stage + kSubTile + swz(r, c), vbase + off, valid);
+        const int r = (lane >> 3) + 4 * j;
+        attn_mma::cp_async_kv_chunk(a, kb + r, lo, kmax, pos0, g, c, stage + attn_mma::swz(r, c),
+                                    stage + kSubTile + attn_mma::swz(r, c));
     }
 }
 
@@ -579,12 +564,8 @@ __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const Attent
 }
 
 // The tensor-core variant of bf16_attention_decode_kernel (no K/V prefetch before the wait yet).
-// kMinBlocks: CTAs per SM the registers are capped for (2: ~92 registers; 3: 80, a few bytes
-// spilled); the same bits either way.
-template <int kMinBlocks>
-__global__ __launch_bounds__(256, kMinBlocks) void bf16_attention_decode_mma_kernel(const AttentionArgs a,
-                                                                                   float* partial, int* counters,
-                                                                                   uint32_t max_splits) {
+__global__ __launch_bounds__(256, 2) void bf16_attention_decode_mma_kernel(const AttentionArgs a, float* partial,
+                                                                          int* counters, uint32_t max_splits) {
     pdl_wait();
     pdl_launch_dependents();
     attention_decode_cta_mma(a, a.step->pos0, partial, counters, max_splits);
@@ -653,17 +634,6 @@ bool decode_attention_mma() {
 
 void set_decode_attention_mma(bool on) { g_decode_attention_mma.store(on ? 1 : 0); }
 
-namespace {
-// GPTOSS_DECODE_ATTN_MMA_BLOCKS=3: the one-token tensor-core kernel capped for 3 CTAs per SM
-// (default 2; a tuning knob for gptoss-bench A/B runs, the same bits).
-int decode_attention_mma_blocks() {
-    static const int blocks = [] {
-        const char* s = std::getenv("GPTOSS_DECODE_ATTN_MMA_BLOCKS");
-        return s && std::atoi(s) == 3 ? 3 : 2;
-    }();
-    return blocks;
-}
-}  // namespace
 
 gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* counters, uint32_t max_splits,
                                cudaStream_t stream) {
@@ -675,11 +645,8 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* coun
         return !(s && *s) || std::atoi(s) != 0;
     }();
     const int prefetch = prefetch_on && a.qkv != nullptr;
-    if (decode_attention_mma() && decode_attention_mma_blocks() == 3)
-        GPTOSS_LAUNCH(bf16_attention_decode_mma_kernel<3>, grid, 256, kDecodeSmemMma, stream, a, partial, counters,
-                      max_splits);
-    else if (decode_attention_mma())
-        GPTOSS_LAUNCH(bf16_attention_decode_mma_kernel<2>, grid, 256, kDecodeSmemMma, stream, a, partial, counters,
+    if (decode_attention_mma())
+        GPTOSS_LAUNCH(bf16_attention_decode_mma_kernel, grid, 256, kDecodeSmemMma, stream, a, partial, counters,
                       max_splits);
     else
         GPTOSS_LAUNCH(bf16_attention_decode_kernel, grid, 256, kDecodeSmem, stream, a, partial, counters, max_splits,

@@ -5,6 +5,8 @@
 // exp2 on the SFU. Device code only.
 #pragma once
 
+#include "cuda/kernels.h"
+
 #include <cstdint>
 
 namespace gptoss {
@@ -49,6 +51,30 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
 // Byte offset of 16-byte chunk c (0..7) of key row r in a swizzled 64×64 bf16 tile: conflict-free
 // for ldmatrix (8 consecutive rows of one logical chunk land in 8 distinct bank groups).
 __device__ __forceinline__ uint32_t swz(int r, int c) { return uint32_t(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+// Issues the cp.async of 16-byte chunk c of key kp of kv head g: K to k_dst, V to v_dst (shared
+// addresses); zeros when kp is outside [lo, hi]. Keys at or after pos0 come from k_new / v_new
+// when those are set (the chunk's own keys), the others from the cache ring (slot kp % slots).
+__device__ __forceinline__ void cp_async_kv_chunk(const AttentionArgs& a, int kp, int lo, int hi, int pos0, int g,
+                                                  int c, uint32_t k_dst, uint32_t v_dst) {
+    constexpr int kHeadDim = 64;
+    const size_t GD = size_t(a.G) * kHeadDim;
+    const bool valid = kp >= lo && kp <= hi;
+    const uint16_t *ks = a.k_cache, *vs = a.v_cache;
+    size_t off = 0;
+    if (valid) {
+        if (kp >= pos0 && a.k_new) {
+            off = size_t(kp - pos0) * GD;
+            ks = a.k_new;
+            vs = a.v_new;
+        } else {
+            off = size_t(uint32_t(kp) < a.slots ? uint32_t(kp) : uint32_t(kp) % a.slots) * GD;
+        }
+        off += size_t(g) * kHeadDim + c * 8;
+    }
+    cp_async16_zfill(k_dst, ks + off, valid);
+    cp_async16_zfill(v_dst, vs + off, valid);
+}
 
 }  // namespace attn_mma
 }  // namespace cuda

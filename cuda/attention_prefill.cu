@@ -43,26 +43,10 @@ constexpr int kSmemBytes = kStages * kStageBytes;
 __device__ __forceinline__ void load_block(const AttentionArgs& a, uint32_t stage, int kb, int lo, int hi,
                                            int pos0, int g) {
     const int c = threadIdx.x & 7;
-    const size_t GD = size_t(a.G) * kD;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int r = (threadIdx.x >> 3) + 32 * half;
-        const int kp = kb + r;
-        const bool valid = kp >= lo && kp <= hi;
-        const uint16_t *ks = a.k_cache, *vs = a.v_cache;
-        size_t off = 0;
-        if (valid) {
-            if (kp >= pos0 && a.k_new) {
-                off = size_t(kp - pos0) * GD;
-                ks = a.k_new;
-                vs = a.v_new;
-            } else {
-                off = size_t(uint32_t(kp) < a.slots ? uint32_t(kp) : uint32_t(kp) % a.slots) * GD;
-            }
-            off += size_t(g) * kD + c * 8;
-        }
-        cp_async16_zfill(stage + swz(r, c), ks + off, valid);
-        cp_async16_zfill(stage + kTileBytes + swz(r, c), vs + off, valid);
+        cp_async_kv_chunk(a, kb + r, lo, hi, pos0, g, c, stage + swz(r, c), stage + kTileBytes + swz(r, c));
     }
 }
 

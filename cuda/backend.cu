@@ -1041,7 +1041,7 @@ gptoss_status CudaSession::decode(int32_t token, uint32_t pos) {
         cudaGraphDestroy(graph);
         GPTOSS_TRY(checked(cuda_status(inst, "cudaGraphInstantiate", __FILE__, __LINE__)));
     }
-    if (be_.n_host_ > 0) host_moe_.arm(be_.n_host_);  // the poll thread's requests (host_moe.h)
+    host_moe_.arm(be_.n_host_);  // the poll thread's requests (host_moe.h; no-op unless polling)
     GPTOSS_TRY(checked(cuda_status(cudaGraphLaunch(graph_, stream_), "cudaGraphLaunch", __FILE__, __LINE__)));
     have_logits_ = true;
     return GPTOSS_OK;
@@ -1130,8 +1130,8 @@ void CudaBackend::decode_batch(DecodeItem* const* items, uint32_t n) {
 
 gptoss_status CudaSession::sync() {
     DeviceGuard guard(device_);
-    const cudaError_t err = be_.n_host_ > 0 ? host_moe_.synchronize(stream_) : cudaStreamSynchronize(stream_);
-    GPTOSS_TRY(checked(cuda_status(err, "forward pass", __FILE__, __LINE__)));
+    // (cudaStreamSynchronize unless the host experts asked for a blocking wait; host_moe.h)
+    GPTOSS_TRY(checked(cuda_status(host_moe_.synchronize(stream_), "forward pass", __FILE__, __LINE__)));
     return host_moe_failed();
 }
 

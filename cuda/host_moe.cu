@@ -407,9 +407,7 @@ void HostMoeSession::serve_armed() {
             idle_since = HostTripTimer::now_ns();
             continue;
         }
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
+        cpu::cpu_relax();
         if ((i & 255) != 255) continue;
         const int64_t idle = HostTripTimer::now_ns() - idle_since;
         if (idle > 100000000 || armed_.load() == 0) {

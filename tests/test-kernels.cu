@@ -449,6 +449,14 @@ struct AttnCase {
     }
 };
 
+// Selects the decode attention split (kernels.h decode_attention_mma) for a scope; restores the
+// previous choice after.
+struct DecodeSplit {
+    const bool was = cuda::decode_attention_mma();
+    explicit DecodeSplit(bool mma) { cuda::set_decode_attention_mma(mma); }
+    ~DecodeSplit() { cuda::set_decode_attention_mma(was); }
+};
+
 // Past 16 384 keys the decode splits grow (cuda::decode_split_len) so that at most
 // kMaxDecodeSplits partials are merged: the edges where the length doubles, a 70k-key context,
 // the sliding window there, and the grid the backend launches (kMaxDecodeSplits) against a
@@ -461,9 +469,8 @@ TEST_CASE("decode attention past 16k keys (longer splits) matches cpu::attention
     CHECK(cuda::decode_split_len(32767) == 256);
     CHECK(cuda::decode_split_len(32768) == 512);
     CHECK(cuda::decode_splits_needed(131071) <= cuda::kMaxDecodeSplits);
-    const bool was = cuda::decode_attention_mma();
-    for (const bool mma : {false, true}) {  // both decode splits (kernels.h decode_attention_mma)
-        cuda::set_decode_attention_mma(mma);
+    for (const bool mma : {false, true}) {  // both decode splits
+        const DecodeSplit split(mma);
         for (uint32_t window : {0u, 128u}) {
             for (uint32_t p : {16383u, 16384u, 16511u, 32767u, 32768u, 70001u}) {
                 const uint32_t slots = window ? 128 : p + 1;
@@ -476,7 +483,6 @@ TEST_CASE("decode attention past 16k keys (longer splits) matches cpu::attention
             }
         }
     }
-    cuda::set_decode_attention_mma(was);
 }
 
 // (Prefill attention against cpu::attention, chunking and the window edges: test-kernels-attn.cu.)
@@ -493,12 +499,8 @@ TEST_CASE("decode attention and a 1-token prefill match cpu::attention; the pref
             dec.v = whole.v;
             dec.q.assign(whole.q.end() - whole.Q * whole.D, whole.q.end());
             dec.sinks = whole.sinks;
-            const bool was = cuda::decode_attention_mma();
-            cuda::set_decode_attention_mma(false);
-            const auto d = dec.run(true);
-            cuda::set_decode_attention_mma(true);
-            const auto d_mma = dec.run(true);
-            cuda::set_decode_attention_mma(was);
+            const auto d = [&] { const DecodeSplit split(false); return dec.run(true); }();
+            const auto d_mma = [&] { const DecodeSplit split(true); return dec.run(true); }();
             const auto single = dec.run(false);
             const size_t n = size_t(whole.Q) * whole.D;
             INFO("window " << window << " position " << p);
@@ -549,9 +551,8 @@ TEST_CASE("decode attention with fused RoPE is bit-identical to rope_qkv + atten
                 *vc = vd.get();
                 return out.get();
             };
-            const bool was = cuda::decode_attention_mma();
-            for (const bool mma : {false, true}) {  // both decode splits (kernels.h decode_attention_mma)
-                cuda::set_decode_attention_mma(mma);
+            for (const bool mma : {false, true}) {  // both decode splits
+                const DecodeSplit split(mma);
                 std::vector<uint16_t> kf, vf, ku, vu;
                 const auto fused = run(true, &kf, &vf);
                 const auto unfused = run(false, &ku, &vu);
@@ -561,7 +562,6 @@ TEST_CASE("decode attention with fused RoPE is bit-identical to rope_qkv + atten
                 CHECK(vf == vu);
                 CHECK(kf != kc0);  // the new key was written
             }
-            cuda::set_decode_attention_mma(was);
         }
     }
 }

@@ -369,8 +369,11 @@ __device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int
 constexpr int kSubKeys = 16;
 constexpr int kSubTile = kSubKeys * kD * 2;  // one K or V sub-block: 2 KB
 constexpr int kDecodeWarps = 8;
-constexpr size_t kDecodeSmemMma = sizeof(float) * kMaxHeads * kD + size_t(kDecodeWarps) * 2 * kSubTile;
-static_assert(kDecodeSmemMma <= 48 * 1024, "the decode kernels launch without a shared-memory opt-in");
+constexpr size_t decode_smem_mma(int stages) {
+    return sizeof(float) * kMaxHeads * kD + size_t(kDecodeWarps) * stages * 2 * kSubTile;
+}
+constexpr size_t kDecodeSmemMma = decode_smem_mma(1);
+static_assert(kDecodeSmemMma <= 48 * 1024, "the one-stage decode kernels launch without a shared-memory opt-in");
 static_assert(kMaxHeads * (kD + 2) * sizeof(float) <= 2 * kSubTile, "a warp's state fits its stage");
 
 // Issues warp-lane `lane`'s cp.async of keys [kb, kb + 16) of kv head g into a warp stage (K at
@@ -387,6 +390,10 @@ __device__ __forceinline__ void load_sub_block(const AttentionArgs& a, uint32_t 
     }
 }
 
+// kPrefetch (fused RoPE only): the caller has not waited for the kernel's dependencies yet; the
+// warp's first sub-block (cached keys below the step's position, written by earlier launches) is
+// requested first and the wait follows it, as in bf16_attention_decode_kernel's prefetch.
+template <bool kPrefetch, int kStages>
 __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a, int pos0, float* partial,
                                                          int* counters, uint32_t max_splits) {
     using namespace attn_mma;
@@ -405,13 +412,23 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
     __shared__ uint32_t knew[kD / 2], vnew[kD / 2];
     const bool fused = a.qkv != nullptr;
     const int kmax = fused ? p - 1 : p;
-    uint8_t* my_stage = stages + size_t(warp) * 2 * kSubTile;
-    const uint32_t stage = static_cast<uint32_t>(__cvta_generic_to_shared(my_stage));
-    // This warp's sub-blocks: w, w + 8, ... of the split, those with a visible key.
+    uint8_t* my_stage = stages + size_t(warp) * kStages * 2 * kSubTile;
+    const uint32_t stage0 = static_cast<uint32_t>(__cvta_generic_to_shared(my_stage));
+    // This warp's sub-blocks: w, w + 8, ... of the split, those with a visible key; kStages of
+    // them in flight (one cp.async group each, committed even when empty).
     const int sb_first = max(s_begin, lo & ~(kSubKeys - 1)), sb_last = min(s_end, p) & ~(kSubKeys - 1);
+    constexpr int kStride = kDecodeWarps * kSubKeys;
     int kb = sb_first + warp * kSubKeys;
-    if (kb <= sb_last) load_sub_block(a, stage, kb, lo, kmax, pos0, g, lane);
-    cp_async_commit();
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+        if (kb + st * kStride <= sb_last)
+            load_sub_block(a, stage0 + st * 2 * kSubTile, kb + st * kStride, lo, kmax, pos0, g, lane);
+        cp_async_commit();
+    }
+    if constexpr (kPrefetch) {
+        pdl_wait();
+        pdl_launch_dependents();
+    }
     if (fused) decode_rope(a, g, hpg, p, s_end >= p, qs, knew, vnew);
     else
         for (int i = threadIdx.x; i < hpg * kD; i += blockDim.x) qs[i] = a.q[size_t(g) * hpg * kD + i];
@@ -431,12 +448,14 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
     float o[8][4];
 #pragma unroll
     for (int nd = 0; nd < 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
-    for (; kb <= sb_last; kb += kDecodeWarps * kSubKeys) {
-        cp_async_wait<0>();
+    for (int it = 0; kb <= sb_last; kb += kStride, ++it) {
+        const int cur = kStages == 1 ? 0 : it % kStages;
+        const uint32_t stage = stage0 + cur * 2 * kSubTile;
+        cp_async_wait<kStages - 1>();
         __syncwarp();
         if (fused && kb <= p && p < kb + kSubKeys && lane < 16) {  // the new key's row, from knew / vnew
             const uint32_t* src = (lane < 8 ? knew : vnew) + (lane & 7) * 4;
-            *reinterpret_cast<uint4*>(my_stage + (lane < 8 ? 0 : kSubTile) + swz(p - kb, lane & 7)) =
+            *reinterpret_cast<uint4*>(my_stage + cur * 2 * kSubTile + (lane < 8 ? 0 : kSubTile) + swz(p - kb, lane & 7)) =
                 make_uint4(src[0], src[1], src[2], src[3]);
         }
         __syncwarp();  // (outside the branch: every lane must reach it)
@@ -486,7 +505,7 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
             mma(o[2 * dp + 1], pa, b2, b3);
         }
         __syncwarp();  // every lane's ldmatrix is done before the stage is refilled
-        const int next = kb + kDecodeWarps * kSubKeys;
+        const int next = kb + kStages * kStride;
         if (next <= sb_last) load_sub_block(a, stage, next, lo, kmax, pos0, g, lane);
         cp_async_commit();
     }
@@ -512,7 +531,8 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
     if (warp < hpg) {
         bool any = false;
         for (int w = 0; w < kDecodeWarps; ++w) {
-            const float* src = reinterpret_cast<const float*>(stages + size_t(w) * 2 * kSubTile) + warp * (kD + 2);
+            const float* src =
+                reinterpret_cast<const float*>(stages + size_t(w) * kStages * 2 * kSubTile) + warp * (kD + 2);
             const float mw = src[kD];
             if (mw == -INFINITY) continue;
             const float lw = src[kD + 1], o0 = src[2 * lane], o1 = src[2 * lane + 1];
@@ -563,12 +583,21 @@ __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const Attent
     attention_decode_cta(a, a.step->pos0, partial, counters, max_splits);
 }
 
-// The tensor-core variant of bf16_attention_decode_kernel (no K/V prefetch before the wait yet).
+// The tensor-core variant of bf16_attention_decode_kernel; prefetch as there (each warp's first
+// K/V sub-block is requested before the dependency wait).
+// kStages = 2 (GPTOSS_DECODE_ATTN_STAGES=2): two sub-blocks in flight per warp (66 KB of shared
+// memory, opted in at the launch).
+template <int kStages>
 __global__ __launch_bounds__(256, 2) void bf16_attention_decode_mma_kernel(const AttentionArgs a, float* partial,
-                                                                          int* counters, uint32_t max_splits) {
+                                                                          int* counters, uint32_t max_splits,
+                                                                          int prefetch) {
+    if (prefetch) {
+        attention_decode_cta_mma<true, kStages>(a, a.step->pos0, partial, counters, max_splits);
+        return;
+    }
     pdl_wait();
     pdl_launch_dependents();
-    attention_decode_cta_mma(a, a.step->pos0, partial, counters, max_splits);
+    attention_decode_cta_mma<false, kStages>(a, a.step->pos0, partial, counters, max_splits);
 }
 
 // Batched decode: item blockIdx.z is one session's query, with its own cache, position and rows
@@ -589,7 +618,7 @@ __global__ __launch_bounds__(256, 2) void bf16_attention_decode_batch_kernel(con
     b.qkv = a.qkv + size_t(i) * (a.Q + 2 * a.G) * kD;
     b.out = a.out + size_t(i) * a.Q * kD;
     float* const part = partial + size_t(i) * a.Q * max_splits * (kD + 2);
-    if (kMma) attention_decode_cta_mma(b, it.pos, part, counters + size_t(i) * a.G, max_splits);
+    if (kMma) attention_decode_cta_mma<false, 1>(b, it.pos, part, counters + size_t(i) * a.G, max_splits);
     else attention_decode_cta(b, it.pos, part, counters + size_t(i) * a.G, max_splits);
 }
 
@@ -645,9 +674,20 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* coun
         return !(s && *s) || std::atoi(s) != 0;
     }();
     const int prefetch = prefetch_on && a.qkv != nullptr;
-    if (decode_attention_mma())
-        GPTOSS_LAUNCH(bf16_attention_decode_mma_kernel, grid, 256, kDecodeSmemMma, stream, a, partial, counters,
-                      max_splits);
+    static const int stages = [] {  // GPTOSS_DECODE_ATTN_STAGES=1|2 (default 1), tensor-core split only
+        const char* s = std::getenv("GPTOSS_DECODE_ATTN_STAGES");
+        return s && *s && std::atoi(s) == 2 ? 2 : 1;
+    }();
+    if (decode_attention_mma() && stages == 2) {
+        static const cudaError_t opt_in = cudaFuncSetAttribute(
+            bf16_attention_decode_mma_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(decode_smem_mma(2)));
+        if (opt_in != cudaSuccess)
+            return fail(GPTOSS_ERR_DEVICE, "attention_decode: shared-memory opt-in: %s", cudaGetErrorString(opt_in));
+        GPTOSS_LAUNCH(bf16_attention_decode_mma_kernel<2>, grid, 256, decode_smem_mma(2), stream, a, partial,
+                      counters, max_splits, prefetch);
+    } else if (decode_attention_mma())
+        GPTOSS_LAUNCH(bf16_attention_decode_mma_kernel<1>, grid, 256, kDecodeSmemMma, stream, a, partial, counters,
+                      max_splits, prefetch);
     else
         GPTOSS_LAUNCH(bf16_attention_decode_kernel, grid, 256, kDecodeSmem, stream, a, partial, counters, max_splits,
                       prefetch);

@@ -14,6 +14,7 @@
 // grouping or the thread count. Rows holding a scale ≥ 253 take the reference's exact order.
 #include "cpu/host_experts.h"
 
+#include "cpu/host_experts_profile.h"
 #include "cpu/host_experts_q8.h"
 #include "gptoss-internal.h"
 
@@ -433,7 +434,7 @@ void group_pairs(const int32_t* experts, uint32_t pairs, Scratch& s) {
 struct Kernels {
     RowsFn rows;
     host_q8::RowsFn q8;
-    uint32_t prefetch;  // host_q8::Mat::prefetch for the int8 kernels
+    host_q8::Prefetch prefetch;  // host_q8::Mat::prefetch for the int8 kernels
 };
 
 // Rows [r0, r1) of m times the n inputs xs (float) / xq (int8, when k.q8): the int8 kernel sends
@@ -591,6 +592,12 @@ Split make_split(uint32_t rows, uint32_t unit_rows, uint32_t groups, uint32_t ra
     return {unit_rows, units, parts};
 }
 
+// The weight bytes (blocks + scales) of units [u0, u1) of a split of `rows` rows of k inputs.
+uint64_t range_bytes(uint32_t u0, uint32_t u1, const Split& split, uint32_t rows, uint32_t k) {
+    const uint64_t r = std::min(rows, u1 * split.unit_rows) - std::min(rows, u0 * split.unit_rows);
+    return r * (k / 32) * 17;
+}
+
 // Spins until `count` reaches `target` (acquire: the gate_up ranges' y writes are visible),
 // yielding the core after a while (the thread it waits for may be descheduled).
 void wait_until(const std::atomic<uint32_t>& count, uint32_t target) {
@@ -622,6 +629,8 @@ HostMoeTuning tuning_from_env() {
     t.ranges_per_thread = env_u32("GPTOSS_HOST_MOE_RANGES", t.ranges_per_thread, 64);
     t.prefetch_bytes = env_u32("GPTOSS_HOST_MOE_PREFETCH", t.prefetch_bytes, 1u << 16);
     t.one_pass = env_u32("GPTOSS_HOST_MOE_ONE_PASS", t.one_pass ? 1 : 0, 1) != 0;
+    t.prefetch_locality = env_u32("GPTOSS_HOST_MOE_PREFETCH_HINT", t.prefetch_locality, 3);
+    t.scale_prefetch_bytes = env_u32("GPTOSS_HOST_MOE_PREFETCH_SCALES", t.scale_prefetch_bytes, 1u << 16);
     return t;
 }
 HostMoeTuning g_tuning = tuning_from_env();  // guarded by g_scratch_mutex after start-up
@@ -635,6 +644,8 @@ void run_experts(RowsFn rows, host_q8::RowsFn q8_kernel, const uint16_t* x_bf16,
     std::lock_guard<std::mutex> lock(g_scratch_mutex);
     Scratch& s = g_scratch;
     const HostMoeTuning tuning = g_tuning;
+    const bool prof = T == 1 && host_profile::on();  // cpu/host_experts_profile.h
+    if (prof) host_profile::call_begin();
     const uint32_t pairs = T * K;
     s.xp.resize(size_t(T) * H);
     for (uint32_t t = 0; t < T; t++)
@@ -647,12 +658,14 @@ void run_experts(RowsFn rows, host_q8::RowsFn q8_kernel, const uint16_t* x_bf16,
     for (size_t i = 0; i < s.xp.size() && x_in_range; i++) x_in_range = std::fabs(s.xp[i]) < kAvx2MaxInput;
     const bool y_in_range = std::fabs(swiglu_limit) < 1e12f;
     const bool avx2 = rows == rows_fn(HostSimd::avx2) && rows != rows_fn(HostSimd::scalar);
-    Kernels gu{avx2 && !x_in_range ? rows_scalar : rows, nullptr, 0};
-    Kernels dn{avx2 && !y_in_range ? rows_scalar : rows, nullptr, 0};
+    Kernels gu{avx2 && !x_in_range ? rows_scalar : rows, nullptr, {}};
+    Kernels dn{avx2 && !y_in_range ? rows_scalar : rows, nullptr, {}};
     // A non-finite activation sends the whole call to the float kernels.
+    const int64_t q0 = prof ? host_profile::now_ns() : 0;
     const host_q8::RowsFn q8 = q8_kernel && quantize_rows(s.xp.data(), T, H, s.xq) ? q8_kernel : nullptr;
+    if (prof) host_profile::quantized(host_profile::now_ns() - q0);
     gu.q8 = q8;
-    gu.prefetch = dn.prefetch = tuning.prefetch_bytes;
+    gu.prefetch = dn.prefetch = host_q8::Prefetch{tuning.prefetch_bytes, tuning.prefetch_locality, tuning.scale_prefetch_bytes};
     uint8_t* yq = nullptr;
     if (q8) {
         s.yq.assign(size_t(pairs) * host_q8::row_bytes(I), 0);
@@ -669,25 +682,33 @@ void run_experts(RowsFn rows, host_q8::RowsFn q8_kernel, const uint16_t* x_bf16,
     const Split dns = make_split(H, kRowBlock, G, tuning.ranges_per_thread, threads);
     float* yp = s.yp.data();
     auto gate_up_range = [&](size_t item) {
+        const int64_t t0 = prof ? host_profile::now_ns() : 0;
         const uint32_t g = uint32_t(item / gus.parts), p = uint32_t(item % gus.parts);
-        for (uint32_t u = gus.first_unit(p); u < gus.first_unit(p + 1); u++) {
+        const uint32_t u0 = gus.first_unit(p), u1 = gus.first_unit(p + 1);
+        for (uint32_t u = u0; u < u1; u++) {
             const uint32_t r0 = u * gus.unit_rows;
             gate_up_item(gu, w, s, s.groups[g], r0, std::min(2 * I, r0 + gus.unit_rows), K, H, I, swiglu_limit, yp, yq,
                          &s.sync[g].y_ok);
         }
         s.sync[g].gu_done.fetch_add(1, std::memory_order_release);
+        if (prof) host_profile::item(t0, host_profile::now_ns(), range_bytes(u0, u1, gus, 2 * I, H), 0);
     };
     auto down_range = [&](size_t item, bool wait) {
+        const int64_t t0 = prof ? host_profile::now_ns() : 0;
         const uint32_t g = uint32_t(item / dns.parts), p = uint32_t(item % dns.parts);
         if (wait) wait_until(s.sync[g].gu_done, gus.parts);
+        const int64_t waited = prof ? host_profile::now_ns() - t0 : 0;
         Kernels k = dn;
         if (q8 && s.sync[g].y_ok.load(std::memory_order_relaxed)) k.q8 = q8;
-        for (uint32_t u = dns.first_unit(p); u < dns.first_unit(p + 1); u++) {
+        const uint32_t u0 = dns.first_unit(p), u1 = dns.first_unit(p + 1);
+        for (uint32_t u = u0; u < u1; u++) {
             const uint32_t r0 = u * dns.unit_rows;
             down_item(k, w, s, s.groups[g], r0, std::min(H, r0 + dns.unit_rows), H, I, out);
         }
+        if (prof) host_profile::item(t0, host_profile::now_ns(), range_bytes(u0, u1, dns, H, I), waited);
     };
     const size_t n_gu = size_t(G) * gus.parts, n_dn = size_t(G) * dns.parts;
+    if (prof) host_profile::dispatch();
     if (tuning.one_pass) {
         // Every gate_up range is handed out before any down range, and a gate_up range waits
         // for nothing, so the waits end (on the calling thread alone too).
@@ -696,6 +717,7 @@ void run_experts(RowsFn rows, host_q8::RowsFn q8_kernel, const uint16_t* x_bf16,
         parallel(n_gu, gate_up_range);
         parallel(n_dn, [&](size_t item) { down_range(item, false); });
     }
+    if (prof) host_profile::call_end();
 }
 
 // The int8 kernel host_moe_experts uses: on unless GPTOSS_HOST_MOE_Q8=0, the AVX-512 one when the

@@ -80,7 +80,8 @@ bool host_moe_experts_q8(const char* kernel, const uint16_t* x_bf16, uint32_t T,
 // the order of operations inside it. The defaults below were the fastest at T = 1 on the H200
 // machine's 16-core Xeon (0.42 ms per 120b layer against v13's 0.60: the prefetch is most of
 // it); the environment overrides them, read once: GPTOSS_HOST_MOE_RANGES, GPTOSS_HOST_MOE_PREFETCH,
-// GPTOSS_HOST_MOE_ONE_PASS (0|1); 0, 0, 0 is v13's split.
+// GPTOSS_HOST_MOE_ONE_PASS (0|1), GPTOSS_HOST_MOE_PREFETCH_HINT, GPTOSS_HOST_MOE_PREFETCH_SCALES;
+// 0, 0, 0 is v13's split.
 struct HostMoeTuning {
     // 0: fixed work items of 64 (int8 gate_up) or 32 rows, handed out in small interleaved
     // chunks (the v13 split). n ≥ 1: each projection's rows of each chosen expert are split into
@@ -93,6 +94,13 @@ struct HostMoeTuning {
     // One parallel_for per call: an expert's down ranges spin-wait for its gate_up ranges
     // (all of which were handed out before any down range) instead of a second fork/join.
     bool one_pass = true;
+    // The prefetches' locality hint (GPTOSS_HOST_MOE_PREFETCH_HINT): 3 = prefetcht0 (v14), 2 =
+    // t1, 1 = t2, 0 = prefetchnta.
+    uint32_t prefetch_locality = 3;
+    // Scale stream (GPTOSS_HOST_MOE_PREFETCH_SCALES): 0 = one line prefetch_bytes / 16 ahead per
+    // row (v14: a row's 90 scale bytes can span a line it never asks for); n = both lines of
+    // the scales n bytes ahead.
+    uint32_t scale_prefetch_bytes = 0;
 };
 HostMoeTuning host_moe_tuning();
 // Sets the tuning of later calls (the bench's sweeps, tests); not during a call.

@@ -118,14 +118,31 @@ struct GroupSrc {
     }
 };
 
-// Software prefetch (Mat::prefetch bytes ahead): the two cache lines of group g of row r's
-// blocks, and at the row's start the scale line as far ahead (/16: a row's scales are 1/16 of
-// its blocks). Hints only: an address past the matrix is harmless.
+// Software prefetch (Mat::prefetch.bytes ahead): the two cache lines of group g of row r's
+// blocks, and at the row's start its scales as far ahead in the scale stream (v14: one line at
+// bytes / 16, a row's scales being 1/16 of its blocks; with scale_bytes, both lines a row's
+// 90 scale bytes may span, scale_bytes ahead). Hints only: an address past the matrix is harmless.
+template <int L>
+inline void prefetch_group_l(const Mat& m, uint32_t r, uint32_t g) {
+    const uint8_t* p = m.blocks + (size_t(r) * m.nb + size_t(g) * kGroupBlocks) * 16 + m.prefetch.bytes;
+    __builtin_prefetch(p, 0, L);
+    __builtin_prefetch(p + 64, 0, L);
+    if (g != 0) return;
+    const uint8_t* s = m.scales + size_t(r) * m.nb;
+    if (m.prefetch.scale_bytes == 0) {
+        __builtin_prefetch(s + m.prefetch.bytes / 16, 0, L);
+    } else {
+        __builtin_prefetch(s + m.prefetch.scale_bytes, 0, L);
+        __builtin_prefetch(s + m.prefetch.scale_bytes + m.nb - 1, 0, L);
+    }
+}
 inline void prefetch_group(const Mat& m, uint32_t r, uint32_t g) {
-    const uint8_t* p = m.blocks + (size_t(r) * m.nb + size_t(g) * kGroupBlocks) * 16 + m.prefetch;
-    __builtin_prefetch(p, 0, 3);
-    __builtin_prefetch(p + 64, 0, 3);
-    if (g == 0) __builtin_prefetch(m.scales + size_t(r) * m.nb + m.prefetch / 16, 0, 3);
+    switch (m.prefetch.locality) {
+        case 0: return prefetch_group_l<0>(m, r, g);
+        case 1: return prefetch_group_l<1>(m, r, g);
+        case 2: return prefetch_group_l<2>(m, r, g);
+        default: return prefetch_group_l<3>(m, r, g);
+    }
 }
 
 // ----- AVX2 -----------------------------------------------------------------------------------
@@ -176,7 +193,7 @@ GPTOSS_TARGET("avx2,fma") void rows_avx2_t(const Mat& m, uint32_t r0, uint32_t r
         GPTOSS_Q8_UNROLL
         for (uint32_t j = 0; j < NT; j++) acc[j] = _mm256_setzero_ps();
         for (uint32_t g = 0; g < ng; g++) {
-            if (m.prefetch) prefetch_group(m, r, g);
+            if (m.prefetch.bytes) prefetch_group(m, r, g);
             src.at(m, r, g);
             const __m256i y0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src.b));
             const __m256i y1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src.b + 32));
@@ -279,7 +296,7 @@ GPTOSS_TARGET(GPTOSS_Q8_AVX512) void rows_avx512_t(const Mat& m, uint32_t r0, ui
         GPTOSS_Q8_UNROLL
         for (uint32_t j = 0; j < NT; j++) acc[j] = _mm256_setzero_ps();
         for (uint32_t g = 0; g < ng; g++) {
-            if (m.prefetch) prefetch_group(m, r, g);
+            if (m.prefetch.bytes) prefetch_group(m, r, g);
             src.at(m, r, g);
             const __m512i a = _mm512_loadu_si512(src.b), b = _mm512_loadu_si512(src.b + 64);
             const __m512i p0 = _mm512_permutex2var_epi32(a, idx0, b), p1 = _mm512_permutex2var_epi32(a, idx1, b);

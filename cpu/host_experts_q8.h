@@ -19,12 +19,20 @@ namespace gptoss {
 namespace cpu {
 namespace host_q8 {
 
+// Software prefetch of a matrix's streams (cpu::HostMoeTuning). Hints only: same results.
+struct Prefetch {
+    uint32_t bytes = 0;        // distance in the block stream (0: no software prefetch at all)
+    uint32_t locality = 3;     // __builtin_prefetch's locality: 3 prefetcht0, 2 t1, 1 t2, 0 nta
+    uint32_t scale_bytes = 0;  // distance in the scale stream, both lines of a row's scales;
+                               // 0: one line at bytes / 16 (v14's)
+};
+
 // One expert's MXFP4 matrix in the checkpoint layout: rows of nb blocks (16 bytes + 1 scale byte each).
 struct Mat {
     const uint8_t* blocks;  // [N, nb, 16]
     const uint8_t* scales;  // [N, nb]
     uint32_t nb;
-    uint32_t prefetch = 0;  // software prefetch distance in bytes of the block stream (0: none)
+    Prefetch prefetch = {};  // software prefetch (bytes 0: none)
 };
 
 // A quantized activation row is ⌈nb / 8⌉ groups of kGroupBytes: 256 bytes of q (int8), in the

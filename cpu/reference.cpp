@@ -55,6 +55,10 @@ void spin_until(int micros, const Ready& ready) {
 }
 
 std::atomic<bool> g_spin_hint{false};  // pool_spin_hint
+std::atomic<int> g_caller_spin{[] {    // pool_set_caller_spin
+    const char* v = std::getenv("GPTOSS_POOL_CALLER_SPIN_US");
+    return v && *v ? std::max(0, std::min(100000, std::atoi(v))) : 0;
+}()};
 
 // Spins for ready() while pool_spin_hint is on, at most 50 ms.
 template <typename Ready>
@@ -179,12 +183,13 @@ void parallel_for(size_t n, void (*fn)(void* ctx, size_t i), void* ctx) {
     pool->run_chunks();
     const auto all_done = [&] { return pool->running.load(std::memory_order_acquire) == 0; };
     spin_while_hinted(all_done);
-    spin_until(spin_micros(pool->n_threads), all_done);
+    spin_until(std::max(spin_micros(pool->n_threads), g_caller_spin.load(std::memory_order_relaxed)), all_done);
     std::unique_lock<std::mutex> lock(pool->mutex);
     pool->done.wait(lock, [&] { return pool->busy == 0; });
 }
 
 void pool_spin_hint(bool on) { g_spin_hint.store(on, std::memory_order_relaxed); }
+void pool_set_caller_spin(int micros) { g_caller_spin.store(std::max(0, micros), std::memory_order_relaxed); }
 
 size_t parallel_threads() {
     std::lock_guard<std::mutex> lock(g_pool_mutex);

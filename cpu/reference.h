@@ -38,6 +38,11 @@ inline void cpu_relax() {
 // on a machine where every core runs a worker a preempted one stalls the job; bench/NOTES.md v15).
 // Any thread.
 void pool_spin_hint(bool on);
+// How long parallel_for's caller, its own share done, spins for the workers still running
+// before it sleeps on a condition variable (its core has nothing else to do meanwhile; a sleeping
+// caller pays a wake-up when the last worker ends). µs; default GPTOSS_POOL_CALLER_SPIN_US, else
+// 0 (bench/NOTES.md "v16 host experts"). Any thread.
+void pool_set_caller_spin(int micros);
 
 // Keeps the worker pool alive; the pool's threads exit when the last hold is destroyed, so no
 // thread outlives the last CPU model (API.md §8). Tests may create one to run ops threaded.

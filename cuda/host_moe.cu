@@ -390,7 +390,8 @@ void HostMoeSession::poll_loop() {
 }
 
 // Spins on the mailbox until the armed requests are served; after 2 ms without one it polls
-// every 50 µs, and after 100 ms it gives up the count (an enqueue that failed after arming).
+// every 50 µs, and after 100 ms it gives up the count (an enqueue that failed after arming);
+// a session being destroyed (stop_) ends the wait at once, whatever is still armed.
 void HostMoeSession::serve_armed() {
     const bool spin = host_trip_options().worker_spin;
     if (spin) cpu::pool_spin_hint(true);
@@ -410,7 +411,7 @@ void HostMoeSession::serve_armed() {
         cpu::cpu_relax();
         if ((i & 255) != 255) continue;
         const int64_t idle = HostTripTimer::now_ns() - idle_since;
-        if (idle > 100000000 || armed_.load() == 0) {
+        if (idle > 100000000 || armed_.load() == 0 || stop_.load(std::memory_order_relaxed)) {
             armed_.store(0);
             break;
         }

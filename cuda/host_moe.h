@@ -164,7 +164,7 @@ private:
     std::thread poller_;
     std::mutex poll_mutex_;
     std::condition_variable poll_cv_;
-    bool stop_ = false;  // under poll_mutex_
+    std::atomic<bool> stop_{false};  // set under poll_mutex_; serve_armed reads it without
     std::atomic<int> armed_{0};
     cudaEvent_t blocking_ = nullptr;
     HostTripTimer timer_;

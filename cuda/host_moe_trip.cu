@@ -2,6 +2,7 @@
 // layer's round trip (cuda/host_moe_trip.h).
 #include "cuda/host_moe_trip.h"
 
+#include "cpu/host_experts_profile.h"
 #include "cuda/common.cuh"
 
 #include <chrono>
@@ -124,6 +125,9 @@ HostTripTimer::~HostTripTimer() {
                      static_cast<unsigned long long>(count_[0]), sum_[0] * a, sum_[1] * a, sum_[2] * a, sum_[3] * b,
                      sum_[4] * b, sum_[5] * b);
     }
+    const std::string pass = cpu::host_profile::report();  // the experts pass's pieces (same switch)
+    if (!pass.empty()) std::fprintf(stderr, "%s\n", pass.c_str());
+    cpu::host_profile::reset();
     cudaFreeHost(g_);
 }
 

@@ -16,6 +16,7 @@
 #include <doctest/doctest.h>
 
 #include "cpu/host_experts.h"
+#include "cpu/host_experts_profile.h"
 #include "cpu/reference.h"
 #include "gptoss-internal.h"
 
@@ -492,7 +493,9 @@ TEST_CASE("work splits (HostMoeTuning): every split gives the same bits; odd row
     const cpu::HostMoeTuning saved = cpu::host_moe_tuning();
     const cpu::HostMoeTuning v13{0, 0, false};
     const std::vector<cpu::HostMoeTuning> tunings = {{1, 0, false}, {1, 256, false}, {2, 2048, true},
-                                                     {3, 64, true}, {64, 65536, true}, {1, 0, true}};
+                                                     {3, 64, true}, {64, 65536, true}, {1, 0, true},
+                                                     {2, 2048, true, 0, 256}, {4, 4096, true, 1, 1024},
+                                                     {1, 8, true, 2, 1}};
     std::vector<std::string> q8_kernels;
     for (const char* k : {"avx2", "avx512-vnni"}) {
         std::vector<float> probe(size_t(K) * H);
@@ -553,4 +556,35 @@ TEST_CASE("host_weights_alloc: 2 MiB-aligned, usable, either page advice") {
         CHECK(p[n - 1] == 0x5a);
         cpu::host_weights_free(p);
     }
+}
+
+TEST_CASE("the experts pass's timer (host_experts_profile): T = 1 calls only, every weight byte counted once") {
+    std::mt19937 rng(12);
+    const uint32_t E = 6, H = 96, I = 160, K = 4;
+    const Experts w = make_experts(E, H, I, rng, random_bytes(rng), random_scales(rng), random_bytes(rng), random_scales(rng));
+    const std::vector<uint16_t> x = random_bf16(size_t(2) * H, 1.0f, rng);
+    const std::vector<int32_t> ids{0, 3, 4, 5, 1, 2, 3, 4};  // token 0: 4 distinct experts
+    const uint64_t per_call = uint64_t(K) * (2 * I * (H / 32) + H * (I / 32)) * 17;  // blocks + scales
+    setenv("GPTOSS_THREADS", "3", 1);
+    cpu::PoolHold hold;
+    cpu::pool_set_caller_spin(500);  // the caller's spin too: same bits, same bytes
+    std::vector<float> off(size_t(K) * H), on(size_t(K) * H), two(size_t(2) * K * H);
+    cpu::host_profile::set_on(false);
+    cpu::host_moe_experts(x.data(), 1, H, I, w.view(), ids.data(), K, kLimit, off.data());
+    cpu::host_profile::reset();
+    CHECK(cpu::host_profile::report().empty());
+    cpu::host_profile::set_on(true);
+    for (int i = 0; i < 3; i++) cpu::host_moe_experts(x.data(), 1, H, I, w.view(), ids.data(), K, kLimit, on.data());
+    cpu::host_moe_experts(x.data(), 2, H, I, w.view(), ids.data(), K, kLimit, two.data());  // T = 2: not recorded
+    cpu::host_profile::set_on(false);
+    cpu::pool_set_caller_spin(0);
+    CHECK(cpu::host_profile::calls() == 3);
+    CHECK(cpu::host_profile::bytes() == 3 * per_call);
+    CHECK(std::memcmp(on.data(), off.data(), on.size() * sizeof(float)) == 0);
+    const std::string line = cpu::host_profile::report();
+    MESSAGE(line);
+    CHECK(line.find("3 calls at T = 1") != std::string::npos);
+    cpu::host_profile::reset();
+    CHECK(cpu::host_profile::calls() == 0);
+    unsetenv("GPTOSS_THREADS");
 }

@@ -12,12 +12,15 @@
 // well under the thread count means the machine was shared and the numbers are not the kernel's).
 // The layer lives in cpu::host_weights_alloc memory (huge pages unless GPTOSS_HOST_HUGEPAGE=0),
 // and the split follows cpu::host_moe_tuning (GPTOSS_HOST_MOE_RANGES / _PREFETCH / _ONE_PASS).
-// gptoss-bench --host-moe-sweep 20b|120b: the int8 path at T = 1 under each split, prefetch
-// distance and page size (two copies of the layer, one on huge pages), in two interleaved rounds,
-// then the pool sizes 8..16 (each with its own read floor), all in one process.
+// gptoss-bench --host-moe-sweep 20b|120b: the int8 path at T = 1 under the default tuning and
+// variants changing one knob each (split, prefetch distance / hint / scale stream, the pool
+// caller's spin), in two interleaved rounds; then the knobs that won together against the default
+// in two more rounds, with the pass's pieces (cpu/host_experts_profile.h), and the environment
+// that gives the better one to the engine; then pool sizes 14..16 and T = 4, 16. One process.
 #pragma once
 
 #include "cpu/host_experts.h"
+#include "cpu/host_experts_profile.h"
 #include "cpu/host_experts_q8.h"
 #include "gptoss-internal.h"
 
@@ -138,6 +141,8 @@ inline int run_host_moe(const std::string& shape, bool json) {
     std::vector<int32_t> chosen(size_t(16) * K);
     std::vector<float> out(size_t(16) * K * H);
     cpu::host_moe_reserve(16, K, H, I);
+    // The int8 line below runs the engine's kernel and split (cpu::host_moe_experts's choice).
+    if (!json) std::printf("host-moe %s: the engine's host experts run %s\n", shape.c_str(), cpu::host_moe_path_name());
     // The paths timed: the float kernels, then the int8 one (cpu/host_experts_q8.h) where present.
     const cpu::HostSimd simd_sel = cpu::host_simd_selected();
     const char* q8_kernel = simd_sel == cpu::HostSimd::avx512 && std::strstr(cpu::host_moe_path_name(), "avx512")
@@ -229,15 +234,62 @@ struct HostMoeVariant {
     const char* name;
     gptoss::cpu::HostMoeTuning tuning;
     bool huge;
+    int caller_spin_us = 0;  // cpu::pool_set_caller_spin
 };
+
+// The environment that gives v's tuning to the engine.
+inline std::string host_moe_env(const HostMoeVariant& v) {
+    const gptoss::cpu::HostMoeTuning& t = v.tuning;
+    return "GPTOSS_HOST_MOE_RANGES=" + std::to_string(t.ranges_per_thread) +
+           " GPTOSS_HOST_MOE_PREFETCH=" + std::to_string(t.prefetch_bytes) +
+           " GPTOSS_HOST_MOE_ONE_PASS=" + std::to_string(t.one_pass ? 1 : 0) +
+           " GPTOSS_HOST_MOE_PREFETCH_HINT=" + std::to_string(t.prefetch_locality) +
+           " GPTOSS_HOST_MOE_PREFETCH_SCALES=" + std::to_string(t.scale_prefetch_bytes) +
+           " GPTOSS_POOL_CALLER_SPIN_US=" + std::to_string(v.caller_spin_us);
+}
 
 inline void print_sweep_line(const char* what, const HostMoeVariant& v, unsigned threads, uint32_t T,
                              const HostMoeTime& t, double floor_gbps) {
-    std::printf("sweep %-6s %-26s ranges/thread %u prefetch %5u one_pass %d %s threads %2u T=%-2u: %.3f ms/layer, "
-                "%6.2f GB/s, %5.1f %% of the read floor (%.2f GB/s)\n",
-                what, v.name, v.tuning.ranges_per_thread, v.tuning.prefetch_bytes, v.tuning.one_pass ? 1 : 0,
-                v.huge ? "2M-pages" : "4K-pages", threads, T, t.ms, t.gbps, 100 * t.gbps / floor_gbps, floor_gbps);
+    std::printf("sweep %-6s %-14s %s %s threads %2u T=%-2u: %.3f ms/layer, %6.2f GB/s, %5.1f %% of the read floor "
+                "(%.2f GB/s)\n",
+                what, v.name, host_moe_env(v).c_str(), v.huge ? "2M-pages" : "4K-pages", threads, T, t.ms, t.gbps,
+                100 * t.gbps / floor_gbps, floor_gbps);
     std::fflush(stdout);
+}
+
+inline HostMoeTime time_variant(const HostMoeVariant& v, const char* kernel, const HostMoeLayer& layer, uint32_t T,
+                                double seconds, HostMoePicker& picker) {
+    gptoss::cpu::host_moe_set_tuning(v.tuning);
+    gptoss::cpu::pool_set_caller_spin(v.caller_spin_us);
+    const HostMoeTime t = time_host_moe(kernel, layer, T, seconds, picker);
+    gptoss::cpu::pool_set_caller_spin(0);
+    return t;
+}
+
+// Each knob's variants (one field changed from the default) that beat the default by ≥ 2 %
+// over the rounds, applied together.
+inline HostMoeVariant combine_winners(const std::vector<HostMoeVariant>& v, const std::vector<double>& sum) {
+    HostMoeVariant c = v[0];
+    c.name = "combined";
+    auto better = [&](size_t i, size_t j) { return sum[i] > sum[j]; };
+    size_t best[6] = {0, 0, 0, 0, 0, 0};  // per knob: ranges, prefetch, one_pass, hint, scales, caller spin
+    for (size_t i = 1; i < v.size(); i++) {
+        const gptoss::cpu::HostMoeTuning &a = v[i].tuning, &d = v[0].tuning;
+        const int knob = a.ranges_per_thread != d.ranges_per_thread ? 0
+                         : a.prefetch_bytes != d.prefetch_bytes     ? 1
+                         : a.one_pass != d.one_pass                 ? 2
+                         : a.prefetch_locality != d.prefetch_locality ? 3
+                         : a.scale_prefetch_bytes != d.scale_prefetch_bytes ? 4
+                                                                            : 5;
+        if (sum[i] > 1.02 * sum[0] && (best[knob] == 0 || better(i, best[knob]))) best[knob] = i;
+    }
+    if (best[0]) c.tuning.ranges_per_thread = v[best[0]].tuning.ranges_per_thread;
+    if (best[1]) c.tuning.prefetch_bytes = v[best[1]].tuning.prefetch_bytes;
+    if (best[2]) c.tuning.one_pass = v[best[2]].tuning.one_pass;
+    if (best[3]) c.tuning.prefetch_locality = v[best[3]].tuning.prefetch_locality;
+    if (best[4]) c.tuning.scale_prefetch_bytes = v[best[4]].tuning.scale_prefetch_bytes;
+    if (best[5]) c.caller_spin_us = v[best[5]].caller_spin_us;
+    return c;
 }
 
 // gptoss-bench --host-moe-sweep 20b|120b (see the header comment).
@@ -248,68 +300,75 @@ inline int run_host_moe_sweep(const std::string& shape) {
         return 2;
     }
     const uint32_t E = shape == "20b" ? 32 : 128;
-    HostMoeLayer huge(E, 2880, 2880, true), small(E, 2880, 2880, false);
+    HostMoeLayer huge(E, 2880, 2880, true);
     huge.fill_random(1);
-    small.copy_from(huge);
     // Whether the kernel granted the huge pages (transparent huge pages are advice).
     if (FILE* f = std::fopen("/proc/meminfo", "r")) {
         char line[256];
         while (std::fgets(line, sizeof line, f))
-            if (std::strncmp(line, "AnonHugePages", 13) == 0) std::printf("sweep: layers allocated; %s", line);
+            if (std::strncmp(line, "AnonHugePages", 13) == 0) std::printf("sweep: layer allocated; %s", line);
         std::fclose(f);
     }
     const char* kernel = cpu::host_q8::rows_fn_named("avx512-vnni") ? "avx512-vnni" : "avx2";
     std::printf("sweep: %s, int8 kernel %s, %s\n", shape.c_str(), kernel, cpu::host_moe_path_name());
-    const std::vector<HostMoeVariant> variants = {
-        {"v13", {0, 0, false}, false},          {"v13+huge", {0, 0, false}, true},
-        {"ranges1", {1, 0, false}, true},       {"ranges2", {2, 0, false}, true},
-        {"ranges4", {4, 0, false}, true},       {"ranges1+pf1k", {1, 1024, false}, true},
-        {"ranges1+pf2k", {1, 2048, false}, true}, {"ranges1+pf4k", {1, 4096, false}, true},
-        {"ranges1+onepass", {1, 0, true}, true}, {"ranges1+pf2k+onepass", {1, 2048, true}, true},
-        {"ranges2+pf2k+onepass", {2, 2048, true}, true}, {"ranges1+pf2k+onepass 4K", {1, 2048, true}, false},
+    // The default first, then one knob changed each (v16: the T = 1 pass's prefetch and split).
+    using T = cpu::HostMoeTuning;
+    std::vector<HostMoeVariant> variants = {
+        {"default", T{}, true},
+        {"ranges1", T{1, 2048, true, 3, 0}, true},  {"ranges4", T{4, 2048, true, 3, 0}, true},
+        {"ranges8", T{8, 2048, true, 3, 0}, true},  {"pf1k", T{2, 1024, true, 3, 0}, true},
+        {"pf4k", T{2, 4096, true, 3, 0}, true},     {"pf8k", T{2, 8192, true, 3, 0}, true},
+        {"hint-t1", T{2, 2048, true, 2, 0}, true},  {"hint-t2", T{2, 2048, true, 1, 0}, true},
+        {"hint-nta", T{2, 2048, true, 0, 0}, true}, {"scales256", T{2, 2048, true, 3, 256}, true},
+        {"scales1k", T{2, 2048, true, 3, 1024}, true}, {"callerspin", T{}, true, 2000},
     };
     HostMoePicker picker(E);
     const double kSeconds = 0.3;  // per line (≥ 20 calls)
     std::vector<double> sum(variants.size(), 0.0);
+    double r34[2] = {0, 0};  // rounds 3 and 4: the default, the combined winners
     {
         cpu::PoolHold pool;
         const unsigned threads = unsigned(cpu::parallel_threads());
         const double floor_gbps = cpu::measure_host_read_gbps(size_t(1) << 30);
         for (int round = 0; round < 2; round++)
             for (size_t i = 0; i < variants.size(); i++) {
-                cpu::host_moe_set_tuning(variants[i].tuning);
-                const HostMoeTime t = time_host_moe(kernel, variants[i].huge ? huge : small, 1, kSeconds, picker);
+                const HostMoeTime t = time_variant(variants[i], kernel, huge, 1, kSeconds, picker);
                 sum[i] += t.gbps;
                 print_sweep_line(round == 0 ? "round1" : "round2", variants[i], threads, 1, t, floor_gbps);
             }
+        // The winners together against the default, two more rounds, each with the pass's pieces.
+        variants.push_back(combine_winners(variants, sum));
+        for (int round = 0; round < 2; round++)
+            for (size_t i : {size_t(0), variants.size() - 1}) {
+                cpu::host_profile::reset();
+                cpu::host_profile::set_on(true);
+                const HostMoeTime t = time_variant(variants[i], kernel, huge, 1, kSeconds, picker);
+                cpu::host_profile::set_on(false);
+                r34[i == 0 ? 0 : 1] += t.gbps;
+                print_sweep_line(round == 0 ? "round3" : "round4", variants[i], threads, 1, t, floor_gbps);
+                std::printf("sweep %s: %s\n", variants[i].name, cpu::host_profile::report().c_str());
+            }
     }
-    size_t best = 2;
-    for (size_t i = 2; i < variants.size(); i++)
-        if (variants[i].huge && sum[i] > sum[best]) best = i;
-    const cpu::HostMoeTuning& bt = variants[best].tuning;
-    std::printf("sweep: best of the new splits (2 rounds): %s (GPTOSS_HOST_MOE_RANGES=%u GPTOSS_HOST_MOE_PREFETCH=%u "
-                "GPTOSS_HOST_MOE_ONE_PASS=%d)\n",
-                variants[best].name, bt.ranges_per_thread, bt.prefetch_bytes, bt.one_pass ? 1 : 0);
+    const size_t best = r34[1] > r34[0] ? variants.size() - 1 : 0;
+    std::printf("sweep: best: %s (%.2f vs default %.2f GB/s, rounds 3 and 4); engine env: %s\n",
+                variants[best].name, r34[1] / 2, r34[0] / 2, host_moe_env(variants[best]).c_str());
     // Pool sizes (the engine leaves cores to the threads driving the GPU), each with its floor.
-    for (unsigned n : {8u, 12u, 14u, 15u, 16u}) {
+    for (unsigned n : {14u, 15u, 16u}) {
         setenv("GPTOSS_THREADS", std::to_string(n).c_str(), 1);
         cpu::PoolHold pool;
         const double floor_gbps = cpu::measure_host_read_gbps(size_t(1) << 30);
-        for (size_t i : {size_t(1), best}) {
-            cpu::host_moe_set_tuning(variants[i].tuning);
-            print_sweep_line("pool", variants[i], n, 1, time_host_moe(kernel, huge, 1, kSeconds, picker), floor_gbps);
-        }
+        for (size_t i : {size_t(0), best})
+            print_sweep_line("pool", variants[i], n, 1, time_variant(variants[i], kernel, huge, 1, kSeconds, picker),
+                             floor_gbps);
     }
     unsetenv("GPTOSS_THREADS");
     {
         cpu::PoolHold pool;
         const double floor_gbps = cpu::measure_host_read_gbps(size_t(1) << 30);
         for (uint32_t T : {4u, 16u})
-            for (size_t i : {size_t(1), best}) {
-                cpu::host_moe_set_tuning(variants[i].tuning);
+            for (size_t i : {size_t(0), best})
                 print_sweep_line("batch", variants[i], unsigned(cpu::parallel_threads()), T,
-                                 time_host_moe(kernel, huge, T, kSeconds, picker), floor_gbps);
-            }
+                                 time_variant(variants[i], kernel, huge, T, kSeconds, picker), floor_gbps);
     }
     return 0;
 }

@@ -140,6 +140,7 @@ public:
     // CudaBackend::decode_batch: checks a decode token at pos and describes it for the step.
     gptoss_status batch_slot(int32_t token, uint32_t pos, BatchSlot* out);
     void batch_done(bool ok) { have_logits_ = ok; }
+    cudaStream_t batch_stream() const { return stream_; }  // the prompt-chunk trace (batch_decode.h)
 
 private:
     gptoss_status upload_step(const int32_t* tokens, uint32_t n, uint32_t pos);
@@ -1090,7 +1091,10 @@ void CudaBackend::decode_batch(DecodeItem* const* items, uint32_t n) {
     for (uint32_t i = 0; i < n; ++i) {
         DecodeItem& item = *items[i];
         if (item.prefill) {  // a prompt chunk: the session's own forward()
+            cudaStream_t ps = static_cast<CudaSession*>(item.session)->batch_stream();
+            batch_.trace_prefill(ps, 0, true);
             Backend::decode_batch(&items[i], 1);
+            batch_.trace_prefill(ps, item.n, false);
             continue;
         }
         BatchSlot slot;

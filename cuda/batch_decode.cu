@@ -14,6 +14,7 @@
 // each session's stream waits for the step before its sampler runs.
 #include "cuda/batch_decode.h"
 #include "cuda/common.cuh"
+#include "cuda/moe_decode_batch.h"
 
 #include <algorithm>
 #include <chrono>
@@ -91,6 +92,17 @@ BatchDecoder::~BatchDecoder() {
                          t.second / double(t.first));
         std::fprintf(stderr, "\n");
     }
+    collect_prefill();
+    auto print = [](const char* what, const std::map<uint32_t, std::pair<uint64_t, double>>& m) {
+        if (m.empty()) return;
+        std::fprintf(stderr, "%s:", what);
+        for (const auto& [n, t] : m)
+            std::fprintf(stderr, " n=%u: %llu x %.3f ms;", n, static_cast<unsigned long long>(t.first),
+                         t.second / double(t.first));
+        std::fprintf(stderr, "\n");
+    };
+    print("decode_batch steps beside a prompt chunk (GPTOSS_DECODE_BATCH_TRACE)", trace_mixed_);
+    print("decode_batch prompt chunks, GPU ms by tokens (GPTOSS_DECODE_BATCH_TRACE)", trace_prefill_);
     for (const auto& [n, p] : profile_) {
         std::fprintf(stderr, "decode_batch profile (GPTOSS_DECODE_BATCH_PROFILE) n=%u, %llu steps, ms per step:", n,
                      static_cast<unsigned long long>(p.steps));
@@ -261,9 +273,56 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
         if (profiling_) GPTOSS_TRY(collect_profile(n));
         auto& t = trace_[n];
         t.first++;
-        t.second += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        t.second += ms;
+        if (!pending_chunks_.empty()) {
+            auto& tm = trace_mixed_[n];
+            tm.first++;
+            tm.second += ms;
+        }
+        collect_prefill();
     }
     return GPTOSS_OK;
+}
+
+void BatchDecoder::trace_prefill(cudaStream_t session_stream, uint32_t tokens, bool begin) {
+    static const bool trace = env_on("GPTOSS_DECODE_BATCH_TRACE", false);
+    if (!trace) return;
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreate(&e) != cudaSuccess || cudaEventRecord(e, session_stream) != cudaSuccess) {
+        cudaGetLastError();  // a trace only: lose this chunk's timing, never the step
+        if (e) cudaEventDestroy(e);
+        if (!begin && !pending_chunks_.empty() && !pending_chunks_.back().end) {
+            cudaEventDestroy(pending_chunks_.back().begin);
+            pending_chunks_.pop_back();
+        }
+        return;
+    }
+    if (begin) {
+        pending_chunks_.push_back(PendingChunk{e, nullptr, 0});
+    } else if (!pending_chunks_.empty() && !pending_chunks_.back().end) {
+        pending_chunks_.back().end = e;
+        pending_chunks_.back().tokens = tokens;
+    } else {
+        cudaEventDestroy(e);
+    }
+}
+
+// Reads the finished chunks' GPU time into trace_prefill_ (waits for them).
+void BatchDecoder::collect_prefill() {
+    for (const PendingChunk& c : pending_chunks_) {
+        float ms = 0;
+        if (c.end && cudaEventSynchronize(c.end) == cudaSuccess &&
+            cudaEventElapsedTime(&ms, c.begin, c.end) == cudaSuccess) {
+            auto& t = trace_prefill_[c.tokens];
+            t.first++;
+            t.second += double(ms);
+        }
+        cudaGetLastError();
+        cudaEventDestroy(c.begin);
+        if (c.end) cudaEventDestroy(c.end);
+    }
+    pending_chunks_.clear();
 }
 
 void BatchDecoder::drop_graphs() {
@@ -301,7 +360,8 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
     cudaStream_t s = stream_;
     const uint32_t QKV = (m.Q + 2 * m.G) * m.D;
     const int nb = dense_nb(n), mnb = moe_nb();
-    const uint32_t tile_tokens = 8u * uint32_t(mnb);
+    const bool persist = moe_batch_enabled();  // cuda/moe_decode_batch.h: tiles of 16, one persistent launch
+    const uint32_t tile_tokens = persist ? 16u : 8u * uint32_t(mnb);
     ResidualArgs embed;
     embed.mode = ResidualMode::kEmbed;
     embed.embed = m.embed;
@@ -337,9 +397,15 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
         r1.max_tiles = route_max_tiles(n, m.E, m.K, tile_tokens);
         GemmRoute r2 = r1;
         r2.in_div = 1;
-        GPTOSS_TRY(gemm(L.gate_up, xn_, n, &r1, Epilogue::kSwiglu, nullptr, act_, m.I, m.swiglu_limit, mnb, s));
-        GPTOSS_TRY(mark("moe gate_up + swiglu"));
-        GPTOSS_TRY(gemm(L.down, act_, n * m.K, &r2, Epilogue::kStore, part_, nullptr, m.H, 0, mnb, s));
+        if (persist) {
+            GPTOSS_TRY(moe_batch_gemm(L.gate_up, xn_, r1, Epilogue::kSwiglu, nullptr, act_, m.I, m.swiglu_limit, 0, s));
+            GPTOSS_TRY(mark("moe gate_up + swiglu"));
+            GPTOSS_TRY(moe_batch_gemm(L.down, act_, r2, Epilogue::kStore, part_, nullptr, m.H, 0, 0, s));
+        } else {
+            GPTOSS_TRY(gemm(L.gate_up, xn_, n, &r1, Epilogue::kSwiglu, nullptr, act_, m.I, m.swiglu_limit, mnb, s));
+            GPTOSS_TRY(mark("moe gate_up + swiglu"));
+            GPTOSS_TRY(gemm(L.down, act_, n * m.K, &r2, Epilogue::kStore, part_, nullptr, m.H, 0, mnb, s));
+        }
         GPTOSS_TRY(mark("moe down"));
         ResidualArgs moe;
         moe.mode = ResidualMode::kMoeAdd;

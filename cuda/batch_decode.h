@@ -100,6 +100,12 @@ public:
     [[nodiscard]] gptoss_status step(const BatchModel& m, const BatchSlot* slots, uint32_t n,
                                      int32_t* sampled = nullptr);
 
+    // GPTOSS_DECODE_BATCH_TRACE=1 only (else nothing): times a prompt chunk that runs beside the
+    // steps on its session's stream (events recorded before it, begin = true, and after it with
+    // its `tokens`); read at the next traced step. At destruction: GPU ms per chunk size, and the
+    // steps' wall split into steps with a chunk pending beside them and steps without.
+    void trace_prefill(cudaStream_t session_stream, uint32_t tokens, bool begin);
+
 private:
     gptoss_status reserve(const BatchModel& m, uint32_t n, uint32_t splits);
     gptoss_status enqueue(const BatchModel& m, uint32_t n, uint32_t full_splits);
@@ -114,6 +120,14 @@ private:
     // GPTOSS_DECODE_BATCH_TRACE=1: each step waits for the device; steps and wall ms per n are
     // printed to stderr when the decoder is destroyed.
     std::map<uint32_t, std::pair<uint64_t, double>> trace_;
+    std::map<uint32_t, std::pair<uint64_t, double>> trace_mixed_;    // steps with a prompt chunk beside them
+    std::map<uint32_t, std::pair<uint64_t, double>> trace_prefill_;  // prompt chunk tokens → count, GPU ms
+    struct PendingChunk {
+        cudaEvent_t begin, end;
+        uint32_t tokens;
+    };
+    std::vector<PendingChunk> pending_chunks_;
+    void collect_prefill();
     // GPTOSS_DECODE_BATCH_PROFILE=1: no graphs, events between the ops of each step (mark), each
     // step waits for the device; ms per op and step for each n go to stderr at destruction.
     struct Profile {

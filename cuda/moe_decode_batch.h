@@ -1,0 +1,34 @@
+// cuda/moe_decode_batch.h - the persistent routed MXFP4 GEMM of the batched decode step
+// (moe_decode_batch.cu; issue 13): one launch per expert GEMM (gate_up + SwiGLU, or down) over
+// (route tile, 16-row slab) work items, a grid of as many CTAs as fit at once, each CTA taking
+// items blockIdx.x, blockIdx.x + gridDim.x, ... (a static schedule: no counters, no atomics).
+// An item streams its expert slab's weights once for the tile's pairs (up to 16: route tiles of
+// tile_tokens <= 16), dequantizing each chunk once for both 8-column groups, and requests the
+// next item's first weight chunks before its own epilogue. Each item computes exactly what one
+// CTA of gemm.cu computes for its (tile, slab) (same per-warp chunk order, same warp order in
+// the reduction, same epilogue), so the outputs are bit-identical to gemm() with the same route
+// and any nb — and a pair's output never depends on which other pairs share the step.
+#pragma once
+
+#include "cuda/kernels.h"
+
+namespace gptoss {
+namespace cuda {
+
+// w: MXFP4 experts [N, K] (K % 64 == 0; SwiGLU: N % 16 == 0). x: bf16 permuted rows; pair p reads
+// row p / route.in_div. route: router_route's tiles with route.tile_tokens <= 16 (tiles[0] read on
+// the device), route.max_tiles >= the tiles in use. epilogue kSwiglu (out_bf16 permuted [pairs,
+// N/2], ldo = N/2) or kStore (out_f32 [pairs, ldo]); kAdd is refused. ctas: CTAs of the grid, 0 =
+// as many as fit on the device at once (GPTOSS_DECODE_BATCH_MOE_CTAS = CTAs per SM caps it).
+// Errors: INTERNAL naming the unsupported shape, tile size, epilogue or missing buffer.
+[[nodiscard]] gptoss_status moe_batch_gemm(const GemmWeights& w, const uint16_t* x, const GemmRoute& route,
+                                           Epilogue epilogue, float* out_f32, uint16_t* out_bf16, uint32_t ldo,
+                                           float swiglu_limit, uint32_t ctas, cudaStream_t stream);
+
+// Whether the batched step runs its MoE through moe_batch_gemm (route tiles of 16 pairs) instead
+// of gemm()'s one CTA per (tile, slab): GPTOSS_DECODE_BATCH_MOE_PERSIST (0/1, read once),
+// default off. Same bits either way.
+bool moe_batch_enabled();
+
+}  // namespace cuda
+}  // namespace gptoss

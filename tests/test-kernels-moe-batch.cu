@@ -1,0 +1,153 @@
+// tests/test-kernels-moe-batch.cu - the persistent routed GEMM of the batched decode step
+// (cuda/moe_decode_batch.cu): gate_up + SwiGLU and down over router_route's tiles of 16 pairs
+// for n = 1, 3, 17, 64 tokens (K = 4 of E = 8 experts, so experts hold 0..64 pairs: several tiles
+// each at n = 64) against (a) gemm() with the same route (nb = 2) and with tiles of 8 (nb = 1),
+// bit for bit, act and part; (b) the CPU reference ops (cpu::matmul_mxfp4 + cpu::swiglu for
+// gate_up; cpu::matmul_mxfp4 on the kernel's own bf16 activations for down); (c) batch
+// invariance: every pair's output rows at n tokens == the same pair's at n = 64, bit for bit;
+// (d) grids of auto / 1 / 7 CTAs (a static schedule: one CTA runs every item). H = 576 (36 slabs
+// of down, not a multiple of the grid). Bad arguments fail with messages naming them. Without a
+// CUDA device the tests are skipped (exit 77).
+#include "cuda/moe_decode_batch.h"
+#include "tests/kernel-test-util.cuh"
+
+namespace {
+
+constexpr uint32_t kE = 8, kK = 4, kH = 576, kI = 320, kMaxN = 64;
+constexpr float kLimit = 7.0f;
+
+std::vector<uint8_t> scales(Rand& r, size_t n, int lo, int span) {
+    std::vector<uint8_t> s(n);
+    for (uint8_t& e : s) e = uint8_t(lo + int(r.below(uint32_t(span))));
+    return s;
+}
+
+// router_route over the first n rows of `logits` [kMaxN, kE] with tiles of `tile` pairs.
+struct Route {
+    Dev<int32_t> experts, tiles, pairs;
+    Dev<float> weights;
+    cuda::GemmRoute r1, r2;
+    Route(const Dev<float>& logits, uint32_t n, uint32_t tile)
+        : experts(size_t(n) * kK), tiles(1 + 3 * size_t(cuda::route_max_tiles(n, kE, kK, tile))),
+          pairs(size_t(n) * kK), weights(size_t(n) * kK) {
+        OK(cuda::router_route(logits.p, n, kE, kK, experts.p, weights.p, tiles.p, pairs.p, tile, nullptr));
+        sync_ok();
+        r1.tiles = tiles.p; r1.pairs = pairs.p; r1.in_div = kK; r1.tile_tokens = tile;
+        r1.max_tiles = cuda::route_max_tiles(n, kE, kK, tile);
+        r2 = r1;
+        r2.in_div = 1;
+    }
+};
+
+struct Out {
+    std::vector<uint16_t> act;
+    std::vector<float> part;
+};
+
+// gate_up + SwiGLU then down for n tokens; persistent = moe_batch_gemm with `ctas`, else gemm(nb).
+Out run(const ExpertsW& gu, const ExpertsW& dn, const Dev<uint16_t>& x, const Route& rt, uint32_t n,
+        bool persistent, uint32_t ctas, int nb) {
+    Dev<uint16_t> act(size_t(n) * kK * kI);
+    Dev<float> part(size_t(n) * kK * kH);
+    if (persistent) {
+        OK(cuda::moe_batch_gemm(gu.w, x.p, rt.r1, cuda::Epilogue::kSwiglu, nullptr, act.p, kI, kLimit, ctas, nullptr));
+        OK(cuda::moe_batch_gemm(dn.w, act.p, rt.r2, cuda::Epilogue::kStore, part.p, nullptr, kH, 0, ctas, nullptr));
+    } else {
+        OK(cuda::gemm(gu.w, x.p, n, &rt.r1, cuda::Epilogue::kSwiglu, nullptr, act.p, kI, kLimit, nb, nullptr));
+        OK(cuda::gemm(dn.w, act.p, n * kK, &rt.r2, cuda::Epilogue::kStore, part.p, nullptr, kH, 0, nb, nullptr));
+    }
+    sync_ok();
+    return Out{act.get(), part.get()};
+}
+
+}  // namespace
+
+TEST_CASE("moe_batch_gemm == gemm() bit for bit, matches the CPU reference, batch-invariant") {
+    Rand r(113);
+    const auto gu_blocks = r.bytes(size_t(kE) * 2 * kI * kH / 2), dn_blocks = r.bytes(size_t(kE) * kH * kI / 2);
+    const auto gu_scales = scales(r, size_t(kE) * 2 * kI * kH / 32, 118, 6);
+    const auto dn_scales = scales(r, size_t(kE) * kH * kI / 32, 115, 14);
+    const auto gu_bias = r.bf16s(size_t(kE) * 2 * kI, 0.5f), dn_bias = r.bf16s(size_t(kE) * kH, 0.1f);
+    ExpertsW gu(gu_blocks, gu_scales, gu_bias, kE, 2 * kI, kH, true), dn(dn_blocks, dn_scales, dn_bias, kE, kH, kI, false);
+    const auto xf = r.floats_bf16(size_t(kMaxN) * kH, 1.0f);
+    const Dev<uint16_t> x(permuted_rows(xf, kMaxN, kH));
+    // Skewed router logits: expert 2 is in every token's top-4, so it holds n pairs (4 tiles at 64).
+    auto logits = r.floats(size_t(kMaxN) * kE, 2.0f);
+    for (uint32_t t = 0; t < kMaxN; ++t) logits[size_t(t) * kE + 2] = 5.0f;
+    const Dev<float> ld(logits);
+
+    const Route full(ld, kMaxN, 16);
+    const Out ref64 = run(gu, dn, x, full, kMaxN, true, 0, 0);
+    const auto experts64 = full.experts.get();
+    for (uint32_t n : {1u, 3u, 17u, 64u}) {
+        const Route rt16(ld, n, 16), rt8(ld, n, 8);
+        const size_t pairs = size_t(n) * kK;
+        const Out want2 = run(gu, dn, x, rt16, n, false, 0, 2);
+        const Out want1 = run(gu, dn, x, rt8, n, false, 0, 1);
+        CHECK(want1.act == want2.act);
+        CHECK(same_bits(want1.part, 0, want2.part, 0, pairs * kH));
+        for (uint32_t ctas : {0u, 1u, 7u}) {
+            const std::string what = "n " + std::to_string(n) + " ctas " + std::to_string(ctas);
+            INFO(what);
+            const Out got = run(gu, dn, x, rt16, n, true, ctas, 0);
+            CHECK(got.act == want2.act);
+            CHECK(same_bits(got.part, 0, want2.part, 0, pairs * kH));
+            // Batch invariance: pair p = token·K + slot reads the same row and expert at n and 64.
+            CHECK(same_bits(got.act, 0, ref64.act, 0, pairs * kI));
+            CHECK(same_bits(got.part, 0, ref64.part, 0, pairs * kH));
+        }
+        // CPU reference: gate_up + SwiGLU from x; down from the GPU's bf16 activations.
+        const auto got_act = unpermuted_rows(want2.act, uint32_t(pairs), kI);
+        std::vector<float> ref_act(pairs * kI), g(2 * kI), ref_part(pairs * kH);
+        for (size_t p = 0; p < pairs; ++p) {
+            const size_t e = size_t(experts64[p]), t = p / kK;
+            cpu::matmul_mxfp4(xf.data() + t * kH, gu_blocks.data() + e * 2 * kI * kH / 2,
+                              gu_scales.data() + e * 2 * kI * kH / 32, gu_bias.data() + e * 2 * kI, 1, kH, 2 * kI,
+                              g.data());
+            cpu::swiglu(g.data(), 1, kI, kLimit, ref_act.data() + p * kI);
+            cpu::matmul_mxfp4(got_act.data() + p * kI, dn_blocks.data() + e * kH * kI / 2,
+                              dn_scales.data() + e * kH * kI / 32, dn_bias.data() + e * kH, 1, kI, kH,
+                              ref_part.data() + p * kH);
+        }
+        expect_close(got_act, ref_act, 1e-3f, 8e-3f, "n " + std::to_string(n) + " gate_up + SwiGLU vs CPU");
+        expect_close(want2.part, ref_part, 1e-4f, 1e-4f, "n " + std::to_string(n) + " down vs CPU");
+    }
+    // Expert 2 really spans several tiles at n = 64 (the multi-tile path is exercised).
+    const auto ti = full.tiles.get();
+    uint32_t tiles_of_2 = 0;
+    for (int32_t i = 0; i < ti[0]; ++i) tiles_of_2 += ti[1 + 3 * size_t(i)] == 2;
+    CHECK(tiles_of_2 == 4);
+}
+
+TEST_CASE("moe_batch_gemm refuses what it does not run, naming it") {
+    Dev<uint16_t> buf(64);
+    Dev<float> out(64);
+    Dev<int32_t> tiles(16);
+    cuda::GemmRoute rt;
+    rt.tiles = tiles.p; rt.pairs = tiles.p; rt.in_div = 1; rt.max_tiles = 2; rt.tile_tokens = 16;
+    cuda::GemmWeights w;
+    w.mxfp4 = true; w.N = 64; w.K = 96;
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 0, nullptr) ==
+          GPTOSS_ERR_INTERNAL);
+    CHECK(std::string(gptoss_last_error()).find("64x96") != std::string::npos);
+    w.K = 128;
+    rt.tile_tokens = 64;
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 0, nullptr) ==
+          GPTOSS_ERR_INTERNAL);
+    CHECK(std::string(gptoss_last_error()).find("tiles of 64 pairs") != std::string::npos);
+    rt.tile_tokens = 16;
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kAdd, out.p, nullptr, 64, 0, 0, nullptr) ==
+          GPTOSS_ERR_INTERNAL);
+    CHECK(std::string(gptoss_last_error()).find("kAdd") != std::string::npos);
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kSwiglu, nullptr, nullptr, 32, 7, 0, nullptr) ==
+          GPTOSS_ERR_INTERNAL);
+    CHECK(std::string(gptoss_last_error()).find("bf16 output") != std::string::npos);
+    w.mxfp4 = false;
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 0, nullptr) ==
+          GPTOSS_ERR_INTERNAL);
+    CHECK(std::string(gptoss_last_error()).find("bf16 64x128") != std::string::npos);
+}
+
+int main(int argc, char** argv) {
+    return run_kernel_tests(argc, argv, "the persistent batched MoE tests (test-kernels-moe-batch)");
+}

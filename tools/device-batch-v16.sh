@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# tools/device-batch-v16.sh - the batched-decode device call of round v16 (issue 13; bench/NOTES.md
+# "v16 batched decode"): builds (sm_90a, -j16, ../build-gbatch) the persistent batched MoE's, the
+# batched step's, the batched sampler's and the engine's tests and gptoss-bench, runs the tests on
+# the tiny checkpoint (test-kernels-batch with the persistent MoE off and on), then in one call:
+#   `gptoss-bench --synthetic 20b --no-gemm-probe --concurrency 1,8,64 -p 512 -n 256 --decode-batch 64`
+#   with GPTOSS_DECODE_BATCH_MOE_PERSIST=0 / 1 / 0 / 1 (A/B/A/B),
+#   the per-op profile at 64 streams (-n 64) for 0, 1 and 1 with 2 or 3 CTAs per SM,
+#   64 streams with -n 1024 (steady state vs the ramp) for 0 and 1, and one traced run (1) that
+#   times the prompt chunks inside steps.
+# Usage: [V16_CALL=2] tools/device-batch-v16.sh --deps DIR/.deps --tokenizer DIR/.tokenizer
+set -uo pipefail
+DEPS="" TOK=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --deps) DEPS="$2"; shift 2;;
+    --tokenizer) TOK="$2"; shift 2;;
+    *) echo "device-batch-v16: unknown option $1"; exit 2;;
+  esac
+done
+OUT="${OUT:-/tmp/device-batch-out}"
+mkdir -p "$OUT"
+B=../build-gbatch
+log() { echo "== $(date +%T) $*" | tee -a "$OUT/summary.txt"; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+log "GPU: $(tail -1 "$OUT/gpu.txt")"
+t0=$(date +%s)
+cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+  ${DEPS:+-DCMAKE_PREFIX_PATH=$DEPS/usr -DCMAKE_BUILD_RPATH=$DEPS/usr/lib/x86_64-linux-gnu} \
+  ${TOK:+-DGPTOSS_TOKENIZER_DIR=$TOK} > "$OUT/build.log" 2>&1 \
+  && cmake --build $B -j16 --target test-kernels-moe-batch test-kernels-sample-batch test-kernels-batch test-batch \
+       gptoss-bench gptoss-synth >> "$OUT/build.log" 2>&1
+rc=$?
+log "build rc=$rc in $(( $(date +%s) - t0 )) s"
+if [ $rc -ne 0 ]; then grep -B2 -A12 -E "error|Error" "$OUT/build.log" | head -80; exit 1; fi
+$B/gptoss-synth --preset tiny --seed 1 --out /tmp/tiny ${TOK:+--tokenizer-dir $TOK} > "$OUT/synth.log" 2>&1
+export GPTOSS_TINY_MODEL=/tmp/tiny GPTOSS_SOURCE_DIR=$PWD
+summ() { grep -E '^\[doctest\] (test cases|assertions)' "$1" | tr '\n' ' '; }
+timeout 90 $B/test-kernels-moe-batch > "$OUT/test-kernels-moe-batch.log" 2>&1
+log "test-kernels-moe-batch rc=$? $(summ "$OUT/test-kernels-moe-batch.log")"
+for p in 0 1; do
+  GPTOSS_DECODE_BATCH_MOE_PERSIST=$p timeout 90 $B/test-kernels-batch > "$OUT/test-kernels-batch-persist$p.log" 2>&1
+  log "test-kernels-batch PERSIST=$p rc=$? $(summ "$OUT/test-kernels-batch-persist$p.log")"
+done
+timeout 90 $B/test-kernels-sample-batch > "$OUT/test-kernels-sample-batch.log" 2>&1
+log "test-kernels-sample-batch rc=$? $(summ "$OUT/test-kernels-sample-batch.log")"
+GPTOSS_DECODE_BATCH_MOE_PERSIST=1 GPTOSS_TEST_BATCH_DEVICE=0 GPTOSS_DECODE_BATCH_SAMPLE=1 timeout 90 $B/test-batch \
+  > "$OUT/test-batch-gpu.log" 2>&1
+log "test-batch on the GPU, PERSIST=1, sampling in the step rc=$? $(summ "$OUT/test-batch-gpu.log")"
+BENCH="$B/gptoss-bench --synthetic 20b --no-gemm-probe --decode-batch 64 -p 512"
+bench() {  # name, args, env...
+  local name=$1 args=$2; shift 2
+  env "$@" timeout 120 $BENCH $args > "$OUT/bench-$name.txt" 2>&1
+  log "bench $name ($* $args) rc=$? $(grep -E '^\| +(1|8|64) ' "$OUT/bench-$name.txt" | awk -F'|' '{printf "%s:%s(%s) ", $2, $6, $10}') $(grep -oE 'n=64: [0-9]+ x [0-9.]+ ms' "$OUT/bench-$name.txt" | tr '\n' ' ')"
+}
+profile() {  # name, env...
+  local name=$1; shift
+  env "$@" GPTOSS_DECODE_BATCH_PROFILE=1 timeout 60 $BENCH --concurrency 64 -n 64 > "$OUT/profile64-$name.txt" 2>&1
+  log "profile 64 $name ($*) rc=$? $(grep -E 'profile.* n=64,' "$OUT/profile64-$name.txt" | cut -c1-600)"
+}
+C="--concurrency 1,8,64 -n 256"
+if [ "${V16_CALL:-1}" = 1 ]; then
+  bench base-a "$C" GPTOSS_DECODE_BATCH_MOE_PERSIST=0
+  bench persist-a "$C" GPTOSS_DECODE_BATCH_MOE_PERSIST=1
+  bench base-b "$C" GPTOSS_DECODE_BATCH_MOE_PERSIST=0
+  bench persist-b "$C" GPTOSS_DECODE_BATCH_MOE_PERSIST=1
+  profile base GPTOSS_DECODE_BATCH_MOE_PERSIST=0
+  profile persist GPTOSS_DECODE_BATCH_MOE_PERSIST=1
+  profile persist-ctas2 GPTOSS_DECODE_BATCH_MOE_PERSIST=1 GPTOSS_DECODE_BATCH_MOE_CTAS=2
+  profile persist-ctas3 GPTOSS_DECODE_BATCH_MOE_PERSIST=1 GPTOSS_DECODE_BATCH_MOE_CTAS=3
+  bench base-n1024 "--concurrency 64 -n 1024" GPTOSS_DECODE_BATCH_MOE_PERSIST=0
+  bench persist-n1024 "--concurrency 64 -n 1024" GPTOSS_DECODE_BATCH_MOE_PERSIST=1
+  bench persist-n1024-trace "--concurrency 64 -n 1024" GPTOSS_DECODE_BATCH_MOE_PERSIST=1 GPTOSS_DECODE_BATCH_TRACE=1
+  grep -E "GPTOSS_DECODE_BATCH_TRACE" "$OUT/bench-persist-n1024-trace.txt" | cut -c1-3000 >> "$OUT/summary.txt"
+fi
+log "done"

@@ -85,22 +85,31 @@ template <bool kHint = false> __device__ __forceinline__ void mbar_wait(uint32_t
 // at ad, token rows h·TW.. at bd + h·TW·128); acc_in false: the first step overwrites. A
 // 256-token tile runs one of two whole main loops (kN = 2 or 1): a branch between the wgmmas
 // makes ptxas inject warpgroup.arrive (C7519) or serialize them (C7520), as the v14 call measured.
-template <int kN, int TW, int kH>
+// kN256 (variant 12): both halves as one wgmma m64n256k16 (A read once per k16 step instead of
+// twice; the same products per output element, so the same bits).
+template <int kN, int TW, int kH, bool kN256 = false>
 __device__ __forceinline__ void wgmma_chunk(float (&acc)[kH][TW / 2], uint32_t ad, uint32_t bd, bool acc_in) {
 #ifdef GPTOSS_SM90A
+    if constexpr (kN256 && kN == 2 && TW == 128) {
+        float(&flat)[128] = *reinterpret_cast<float(*)[128]>(&acc[0][0]);
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < 4; ++j)
+            wgmma_ss_m64n256k16(flat, sw128_desc(ad + 32u * j), sw128_desc(bd + 32u * j), acc_in || j > 0);
+    } else {
 #pragma unroll
-        for (int h = 0; h < kN; ++h)
-            wgmma_ss<TW>(acc[h], sw128_desc(ad + 32u * j), sw128_desc(bd + uint32_t(h * TW * 128) + 32u * j),
-                         acc_in || j > 0);
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int h = 0; h < kN; ++h)
+                wgmma_ss<TW>(acc[h], sw128_desc(ad + 32u * j), sw128_desc(bd + uint32_t(h * TW * 128) + 32u * j),
+                             acc_in || j > 0);
+    }
 #endif
 }
 
 // kLag 1: chunk c + R - 1 is issued (into chunk c - 1's raw stage) after chunk c is dequantized;
 // kLag >= 2: chunk c + R - kLag (into chunk c - kLag's stage) before, so the producer does not
 // wait for the consumers' latest groups. kC CTAs per SM, kSA-deep A ring.
-template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA, bool kHint, int kProdRegs>
+template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA, bool kHint, int kProdRegs, bool kN256 = false>
 __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(const KernelArgs args) {
 #ifdef GPTOSS_SM90A
     extern __shared__ unsigned char smem_raw[];
@@ -287,7 +296,7 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
             for (int h = 0; h < kN; ++h) acc_fence(acc[h]);
             wgmma_fence();
             const uint32_t ad = base + sa_i * kABytes + uint32_t(cw) * (kABytes / 2), bd = ring + st * kRaw;
-            wgmma_chunk<kN, TW>(acc, ad, bd, c > 0);
+            wgmma_chunk<kN, TW, kH, kN256>(acc, ad, bd, c > 0);
             wgmma_commit();
             wgmma_wait<1>();  // chunk c - 1's group is complete: its stages are free
 #pragma unroll
@@ -570,12 +579,12 @@ uint32_t sm_count(int dev) {
 // kPersist: gemm_prefill_wsp_kernel over min(all tiles, kC CTAs per SM); else
 // gemm_prefill_ws_kernel, one CTA per tile.
 template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA, bool kHint = false, bool kPersist = false,
-          bool kTrigger = true, int kProdRegs = 0>
+          bool kTrigger = true, int kProdRegs = 0, bool kN256 = false>
 cudaError_t launch_ws(const KernelArgs& a, uint32_t token_tiles, cudaStream_t stream) {
     static std::atomic<uint64_t> configured{0};
     void (*kernel)(const KernelArgs);
     if constexpr (kPersist) kernel = gemm_prefill_wsp_kernel<kFp4, TN, kP, kLag, kC, kSA, kHint, kTrigger, kProdRegs>;
-    else kernel = gemm_prefill_ws_kernel<kFp4, TN, kP, kLag, kC, kSA, kHint, kProdRegs>;
+    else kernel = gemm_prefill_ws_kernel<kFp4, TN, kP, kLag, kC, kSA, kHint, kProdRegs, kN256>;
     constexpr uint32_t bytes = ws_smem_bytes<kFp4, TN, kC, kSA>();
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
@@ -600,7 +609,9 @@ cudaError_t launch_ws(const KernelArgs& a, uint32_t token_tiles, cudaStream_t st
 // 4 deep, kLag 3; 8 (the default since v14: +0.5 % on the 20b) = 7 with the mbarrier
 // suspend-time hint; 9 = 8 as the persistent kernel;
 // 10 = 8 and 11 = 9, with 256-token MXFP4 route tiles where gemm_prefill_tile_tokens chose 128
-// (two wgmma n128 halves; 4 producer warps, or 8 with setmaxnreg: GPTOSS_SM90_WS_256=8).
+// (two wgmma n128 halves; 4 producer warps, or 8 with setmaxnreg: GPTOSS_SM90_WS_256=8);
+// 12 = 10 with one wgmma m64n256 per k16 step for tiles of more than 128 pairs (A read once;
+// 4 producer warps whatever GPTOSS_SM90_WS_256 says).
 // 64-token tiles: 2 CTAs per SM with 4 producer warps (kLag 1 for variant 1, else 2); 5, 6: 1 CTA,
 // 8 warps; 7 to 11: gemm_prefill_sm90.cu's kernel (2 CTAs per SM of 8
 // lock-step warps, faster there; same operands and wgmma sequence, so the same bits as this
@@ -611,7 +622,7 @@ int ws_variant() {
     static const int v = [] {
         const char* e = std::getenv("GPTOSS_SM90_WS_VARIANT");
         const int x = e ? std::atoi(e) : 0;
-        return x >= 1 && x <= 11 && x != 4 ? x : 8;
+        return x >= 1 && x <= 12 && x != 4 ? x : 8;
     }();
     return v;
 }
@@ -663,6 +674,8 @@ cudaError_t launch_ws_v(const KernelArgs& a, uint32_t tn, uint32_t token_tiles, 
                 if (ws_256() == 8) return launch_wsp<true, 256, 8, 2, 1, 2, 56>(a, token_tiles, stream);
                 return launch_wsp<true, 256, 4, 2, 1, 2>(a, token_tiles, stream);
             }
+            // (8 producer warps cap every thread at 128 registers: too few for m64n256's 128 accumulators)
+            if (v == 12) return launch_ws<true, 256, 4, 2, 1, 2, true, false, true, 0, true>(a, token_tiles, stream);
             if (ws_256() == 8) return launch_ws<true, 256, 8, 2, 1, 2, true, false, true, 56>(a, token_tiles, stream);
             return launch_ws<true, 256, 4, 2, 1, 2, true>(a, token_tiles, stream);
         }
@@ -672,7 +685,7 @@ cudaError_t launch_ws_v(const KernelArgs& a, uint32_t tn, uint32_t token_tiles, 
         if ((v == 9 || v == 11) && !ws_hint())
             return launch_ws<kFp4, 128, 8, 3, 1, kSA6, false, true>(a, token_tiles, stream);
         if (v == 9 || v == 11) return launch_wsp<kFp4, 128, 8, 3, 1, kSA6>(a, token_tiles, stream);
-        if (v == 8 || v == 10) return launch_ws<kFp4, 128, 8, 3, 1, kSA6, true>(a, token_tiles, stream);
+        if (v == 8 || v == 10 || v == 12) return launch_ws<kFp4, 128, 8, 3, 1, kSA6, true>(a, token_tiles, stream);
         if (v >= 6) return launch_ws<kFp4, 128, 8, 3, 1, kSA6>(a, token_tiles, stream);
         return v == 1   ? launch_ws<kFp4, 128, 4, 1, 1, kSA128>(a, token_tiles, stream)
                : v == 2 ? launch_ws<kFp4, 128, 4, 2, 1, kSA128>(a, token_tiles, stream)

@@ -9,12 +9,17 @@
 # A variant is GPTOSS_SM90_WS_VARIANT's number, then x4 / x8 (GPTOSS_SM90_WS_64), w8
 # (GPTOSS_SM90_WS_256=8), p (GPTOSS_SM90_WS_PDL=0), n (GPTOSS_SM90_WS_HINT=0): e.g. 9x4, 10w8p, 9n. --full auto = the fastest 20b
 # variant with the 64-token choice of the fastest 120b one. --profile adds gptoss-bench --profile.
+# --smem "8 12": per variant, Nsight Compute of layer 0's four prefill GEMMs of the 20b with the
+# shared-memory, pipe and tensor-core counters this ncu knows (picked from --query-metrics; the
+# list is written to $OUT/ncu-metrics.txt); the first variant also with the SpeedOfLight /
+# ComputeWorkload / MemoryWorkload sections; --smem120 "8": the same counters on the 120b.
 # Output: $OUT/summary.txt and one file per kind (bench, tests, ncu), few files in all.
 # Usage (repository root, GPU machine):
 #   tools/device-prefill-gemm.sh --deps DIR/.deps --tokenizer DIR/.tokenizer [--build DIR]
 #     [--test "8 9x4"] [--v20 "7 8 9"] [--v120 "7 9 9x4"] [--full "9"|auto] [--ncu "8 9"|auto] [--profile]
+#     [--smem "8 12"] [--smem120 "8"]
 set -uo pipefail
-DEPS="" TOK="" TEST="" V20="7" V120="7" FULL="" NCU="" B=build-gpu PROF=""
+DEPS="" TOK="" TEST="" V20="7" V120="7" FULL="" NCU="" B=build-gpu PROF="" SMEM="" SMEM120=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps) DEPS="$2"; shift 2;;
@@ -26,6 +31,8 @@ while [ $# -gt 0 ]; do
     --ncu) NCU="$2"; shift 2;;
     --build) B="$2"; shift 2;;
     --profile) PROF=--profile; shift;;
+    --smem) SMEM="$2"; shift 2;;
+    --smem120) SMEM120="$2"; shift 2;;
     *) echo "device-prefill-gemm: unknown option $1"; exit 2;;
   esac
 done
@@ -108,4 +115,33 @@ gpu__time_duration.sum,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_ac
     ./$B/gptoss-bench --synthetic 20b --no-gemm-probe -p 2048 -n 0 -d 0 -r 1 >> "$OUT/ncu.txt" 2>&1
   log "ncu v$v rc=$?"
 done
+if [ -n "$SMEM$SMEM120" ]; then
+  # Counters this ncu has: Counter -> .sum (cycles_active also as % of peak), Throughput -> % of peak.
+  ncu --query-metrics > /tmp/qm.txt 2>&1
+  grep -E '^(l1tex__data_pipe_lsu_wavefronts_mem_shared|l1tex__data_bank_conflicts_pipe_lsu_mem_shared|sm__pipe_tensor_op|sm__pipe_shared|smsp__inst_executed_pipe_(lsu|alu|fma|fmaheavy|fmalite|uniform|tensor|xu)|sm__inst_executed_pipe_(lsu|tensor|uniform)|smsp__inst_executed_op_(ldsm|shared)|l1tex__throughput|sm__memory_throughput|l1tex__data_pipe|lts__t_sectors_srcunit_tex|sm__sass_inst_executed_op_shared|sm__sass_data_bytes_mem_shared|smsp__sass_inst_executed_op_shared)' /tmp/qm.txt > "$OUT/ncu-metrics.txt"
+  MET=$(awk '$2 == "Counter" { print $1 ".sum"; if ($1 ~ /cycles_active/) print $1 ".avg.pct_of_peak_sustained_active" }
+             $2 == "Throughput" { print $1 ".avg.pct_of_peak_sustained_elapsed" }' "$OUT/ncu-metrics.txt" | sort -u | paste -sd,)
+  MET="gpu__time_duration.sum,sm__cycles_active.avg,sm__inst_issued.avg.per_cycle_active,launch__grid_size,${MET}"
+  first=1
+  for v in $SMEM; do
+    echo "=== ncu counters 20b v$v" >> "$OUT/ncu.txt"
+    venv $v timeout 120 ncu -k regex:gemm_prefill -c 4 --metrics "$MET" \
+      ./$B/gptoss-bench --synthetic 20b --no-gemm-probe -p 2048 -n 0 -d 0 -r 1 >> "$OUT/ncu.txt" 2>&1
+    log "ncu counters 20b v$v rc=$?"
+    if [ $first = 1 ]; then
+      first=0
+      echo "=== ncu sections 20b v$v" >> "$OUT/ncu.txt"
+      venv $v timeout 120 ncu -k regex:gemm_prefill -s 2 -c 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --print-details all \
+        ./$B/gptoss-bench --synthetic 20b --no-gemm-probe -p 2048 -n 0 -d 0 -r 1 >> "$OUT/ncu.txt" 2>&1
+      log "ncu sections 20b v$v rc=$?"
+    fi
+  done
+  for v in $SMEM120; do
+    echo "=== ncu counters 120b v$v" >> "$OUT/ncu.txt"
+    venv $v timeout 150 ncu -k regex:gemm_prefill -c 4 --metrics "$MET" \
+      ./$B/gptoss-bench --synthetic 120b --no-gemm-probe -p 2048 -n 0 -d 0 -r 1 >> "$OUT/ncu.txt" 2>&1
+    log "ncu counters 120b v$v rc=$?"
+  done
+fi
 log "done in $(( $(date +%s) - t0 )) s"

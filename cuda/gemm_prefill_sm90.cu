@@ -35,23 +35,29 @@ template <bool kFp4, int kM> constexpr uint32_t raw_bytes() { return kM * (a_byt
 template <bool kFp4, int TN, int kM> constexpr uint32_t sm90_stage_bytes() {
     return (TN * 128 + raw_bytes<kFp4, kM>() + 1023u) & ~1023u;
 }
-// Ring depth: as deep as 227 KB (1 CTA/SM) or half of the SM (kM = 1, TN = 64: 2 CTAs) allow.
-template <bool kFp4, int TN, int kM> constexpr int sm90_stages() {
+// CTAs per SM: 1, or 2 for kM = 1, TN = 64 (3 with GPTOSS_SM90_64C=3: kC3).
+template <bool kFp4, int TN, int kM, bool kC3 = false> constexpr int sm90_ctas() {
+    return kM == 1 && TN == 64 ? (kC3 ? 3 : 2) : 1;
+}
+// Ring depth: as deep as 227 KB (1 CTA/SM) or half / a third of the SM (TN = 64) allow.
+template <bool kFp4, int TN, int kM, bool kC3 = false> constexpr int sm90_stages() {
+    if constexpr (kC3) return 3;
     if constexpr (kM == 1) return kFp4 ? (TN == 128 ? 8 : 6) : (TN == 128 ? 5 : 3);
     constexpr int fit = int((232448u - 1024u - 2 * abuf_bytes<kM>() - TN * 4) / sm90_stage_bytes<kFp4, TN, kM>());
     return fit < 8 ? fit : 8;
 }
-template <bool kFp4, int TN, int kM> constexpr uint32_t sm90_smem_bytes() {
-    return 1024 + 2 * abuf_bytes<kM>() + sm90_stages<kFp4, TN, kM>() * sm90_stage_bytes<kFp4, TN, kM>() + TN * 4;
+template <bool kFp4, int TN, int kM, bool kC3 = false> constexpr uint32_t sm90_smem_bytes() {
+    return 1024 + 2 * abuf_bytes<kM>() + sm90_stages<kFp4, TN, kM, kC3>() * sm90_stage_bytes<kFp4, TN, kM>() + TN * 4;
 }
-template <bool kFp4, int TN, int kM> constexpr int sm90_ctas() { return kM == 1 && TN == 64 ? 2 : 1; }
-template <bool kFp4, int TN, int kM> constexpr bool sm90_fits() {
-    return sm90_stages<kFp4, TN, kM>() >= 3 &&
-           (sm90_smem_bytes<kFp4, TN, kM>() + 1024) * sm90_ctas<kFp4, TN, kM>() <= 233472 &&
-           sm90_smem_bytes<kFp4, TN, kM>() <= 232448;
+template <bool kFp4, int TN, int kM, bool kC3 = false> constexpr bool sm90_fits() {
+    return sm90_stages<kFp4, TN, kM, kC3>() >= 3 &&
+           (sm90_smem_bytes<kFp4, TN, kM, kC3>() + 1024) * sm90_ctas<kFp4, TN, kM, kC3>() <= 233472 &&
+           sm90_smem_bytes<kFp4, TN, kM, kC3>() <= 232448;
 }
 static_assert(sm90_fits<true, 128, 1>() && sm90_fits<true, 64, 1>() && sm90_fits<false, 128, 1>() &&
-              sm90_fits<false, 64, 1>() && sm90_fits<true, 128, 2>() && sm90_fits<true, 64, 2>(), "shared memory");
+                  sm90_fits<false, 64, 1>() && sm90_fits<true, 128, 2>() && sm90_fits<true, 64, 2>() &&
+                  sm90_fits<true, 64, 1, true>(),
+              "shared memory");
 
 // cp.async of weight chunk c of slabs [slab0, slab0 + 8·kM) into sa (layout as load_weight_chunk:
 // slab i's 512 / 2048 bytes at i·512 / i·2048, MXFP4 scales (64 bytes a slab) after all slabs).
@@ -83,11 +89,11 @@ __device__ __forceinline__ void load_weights_m(uint32_t sa, const char* wsrc, co
 }
 
 
-template <bool kFp4, int TN, int kM>
-__global__ __launch_bounds__(kThreads, (sm90_ctas<kFp4, TN, kM>())) void gemm_prefill_sm90_kernel(const KernelArgs args) {
+template <bool kFp4, int TN, int kM, bool kC3>
+__global__ __launch_bounds__(kThreads, (sm90_ctas<kFp4, TN, kM, kC3>())) void gemm_prefill_sm90_kernel(const KernelArgs args) {
 #ifdef GPTOSS_SM90A
     extern __shared__ unsigned char smem_raw[];
-    constexpr int S = sm90_stages<kFp4, TN, kM>();
+    constexpr int S = sm90_stages<kFp4, TN, kM, kC3>();
     constexpr uint32_t kA = kM * a_bytes<kFp4>(), kBst = TN * 128, kStage = sm90_stage_bytes<kFp4, TN, kM>();
     constexpr uint32_t kABuf = abuf_bytes<kM>();
     constexpr int kBUnits = TN / 32;  // 16-byte token units per thread per chunk
@@ -232,11 +238,11 @@ __global__ __launch_bounds__(kThreads, (sm90_ctas<kFp4, TN, kM>())) void gemm_pr
 #endif
 }
 
-template <bool kFp4, int TN, int kM>
+template <bool kFp4, int TN, int kM, bool kC3 = false>
 cudaError_t launch_sm90(const KernelArgs& a, uint32_t token_tiles, cudaStream_t stream) {
     static std::atomic<uint64_t> configured{0};
-    auto* kernel = gemm_prefill_sm90_kernel<kFp4, TN, kM>;
-    constexpr uint32_t bytes = sm90_smem_bytes<kFp4, TN, kM>();
+    auto* kernel = gemm_prefill_sm90_kernel<kFp4, TN, kM, kC3>;
+    constexpr uint32_t bytes = sm90_smem_bytes<kFp4, TN, kM, kC3>();
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
@@ -261,12 +267,22 @@ bool tall_fp4() {
     }();
     return tall;
 }
+// GPTOSS_SM90_64C=3: MXFP4 tiles of 64 tokens (the 120b's) at 3 CTAs per SM with a 3-deep ring
+// (more warps to hide the dequantization, a shallower prefetch); else 2 CTAs, 6 stages.
+bool fp4_64_c3() {
+    static const bool v = [] {
+        const char* e = std::getenv("GPTOSS_SM90_64C");
+        return e && std::strcmp(e, "3") == 0;
+    }();
+    return v;
+}
 
 }  // namespace
 
 cudaError_t launch_prefill_sm90(const KernelArgs& a, bool fp4, uint32_t tn, uint32_t token_tiles, cudaStream_t stream) {
     if (fp4 && tall_fp4())
         return tn == 128 ? launch_sm90<true, 128, 2>(a, token_tiles, stream) : launch_sm90<true, 64, 2>(a, token_tiles, stream);
+    if (fp4 && tn == 64 && fp4_64_c3()) return launch_sm90<true, 64, 1, true>(a, token_tiles, stream);
     if (fp4) return tn == 128 ? launch_sm90<true, 128, 1>(a, token_tiles, stream) : launch_sm90<true, 64, 1>(a, token_tiles, stream);
     return tn == 128 ? launch_sm90<false, 128, 1>(a, token_tiles, stream) : launch_sm90<false, 64, 1>(a, token_tiles, stream);
 }

@@ -14,8 +14,8 @@
 // accumulator, in the same order as gemm_prefill_sm90.cu's kernel (same operands, same bits),
 // whatever the tile width, chunk or pair order. The default on sm_90a (gemm_prefill.cu;
 // GPTOSS_SM90_WS=0 selects the lock-step kernel) or PrefillKernel::kSm90Ws; variants below
-// (opt-in: a persistent form, 256-token MXFP4 tiles as two n128 halves, setmaxnreg; all slower
-// on the H200, bench/NOTES.md v14).
+// (the default: 256-token MXFP4 route tiles with one wgmma m64n256 per k16 step, bench/NOTES.md
+// v16; opt-in: a persistent form, 256-token tiles as two n128 halves, setmaxnreg; slower, v14).
 #include "cuda/gemm_prefill.cuh"
 
 #include <algorithm>
@@ -603,17 +603,17 @@ cudaError_t launch_ws(const KernelArgs& a, uint32_t token_tiles, cudaStream_t st
     return launch_pdl(kernel, dim3(token_tiles, row_tiles), ws_threads<kP>(), bytes, stream, a);
 }
 
-// Variant (GPTOSS_SM90_WS_VARIANT = 1..11, one per process; measured in bench/NOTES.md v13b and
+// Variant (GPTOSS_SM90_WS_VARIANT = 1..12, one per process; measured in bench/NOTES.md v13b and
 // v14). 128-token tiles: 1 = 4 producer warps, refill after the dequantization (kLag 1); 2 =
 // refill first (kLag 2); 3, 5 = as 2 with 8 producer warps; 6, 7 = 8 producer warps, MXFP4 A ring
-// 4 deep, kLag 3; 8 (the default since v14: +0.5 % on the 20b) = 7 with the mbarrier
+// 4 deep, kLag 3; 8 (the default in v14: +0.5 % on the 20b) = 7 with the mbarrier
 // suspend-time hint; 9 = 8 as the persistent kernel;
 // 10 = 8 and 11 = 9, with 256-token MXFP4 route tiles where gemm_prefill_tile_tokens chose 128
 // (two wgmma n128 halves; 4 producer warps, or 8 with setmaxnreg: GPTOSS_SM90_WS_256=8);
-// 12 = 10 with one wgmma m64n256 per k16 step for tiles of more than 128 pairs (A read once;
-// 4 producer warps whatever GPTOSS_SM90_WS_256 says).
+// 12 (the default since v16: 20b +1 %) = 10 with one wgmma m64n256 per k16 step for tiles of
+// more than 128 pairs (A read once; 4 producer warps whatever GPTOSS_SM90_WS_256 says).
 // 64-token tiles: 2 CTAs per SM with 4 producer warps (kLag 1 for variant 1, else 2); 5, 6: 1 CTA,
-// 8 warps; 7 to 11: gemm_prefill_sm90.cu's kernel (2 CTAs per SM of 8
+// 8 warps; 7 to 12: gemm_prefill_sm90.cu's kernel (2 CTAs per SM of 8
 // lock-step warps, faster there; same operands and wgmma sequence, so the same bits as this
 // kernel), or with 9, 11 and GPTOSS_SM90_WS_64 = 4 / 8: the persistent kernel, 2 CTAs per SM
 // with 4 / 8 producer warps.
@@ -622,7 +622,7 @@ int ws_variant() {
     static const int v = [] {
         const char* e = std::getenv("GPTOSS_SM90_WS_VARIANT");
         const int x = e ? std::atoi(e) : 0;
-        return x >= 1 && x <= 12 && x != 4 ? x : 8;
+        return x >= 1 && x <= 12 && x != 4 ? x : 12;
     }();
     return v;
 }

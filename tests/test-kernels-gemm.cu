@@ -250,10 +250,12 @@ TEST_CASE("gemm_prefill MXFP4 gate_up with fused SwiGLU matches cpu::matmul_mxfp
 }
 
 TEST_CASE("gemm_prefill_tile_tokens and the argument checks") {
-    // 20b, 2048 tokens: 256 pairs per expert (256-token tiles on kSm90Ws variants 10, 11, 12).
+    // 20b, 2048 tokens: 256 pairs per expert (256-token tiles on kSm90Ws variants 10, 11 and 12,
+    // the default; an unknown GPTOSS_SM90_WS_VARIANT means the default).
     auto env = [](const char* name) { const char* e = std::getenv(name); return std::string(e ? e : ""); };
-    const std::string v = env("GPTOSS_SM90_WS_VARIANT");
-    const bool wide = cuda::gemm_prefill_wgmma_supported() && (v == "10" || v == "11" || v == "12") && env("GPTOSS_SM90_WS") != "0" &&
+    const int v = std::atoi(env("GPTOSS_SM90_WS_VARIANT").c_str());
+    const bool wide_v = v >= 10 && v <= 12 ? true : !(v >= 1 && v <= 12 && v != 4);
+    const bool wide = cuda::gemm_prefill_wgmma_supported() && wide_v && env("GPTOSS_SM90_WS") != "0" &&
                       env("GPTOSS_GEMM_SM90") != "0";
     CHECK(cuda::gemm_prefill_tile_tokens(2048 * 4, 32) == (wide ? 256u : 128u));
     CHECK(cuda::gemm_prefill_tile_tokens(2048 * 4, 128) == 64);   // 120b: 64

@@ -52,12 +52,10 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_kerne
     PrefillTile tile;
     if (!prefill_tile<TN>(args, &tile)) return;
     const int expert = tile.expert;
-    const uint32_t col_base = tile.col_base, n_cols = tile.n_cols;
-    const int32_t* pairs = tile.pairs;
+    const uint32_t n_cols = tile.n_cols;
 
-    const char* wsrc = static_cast<const char*>(args.w.w) + size_t(expert) * args.w.w_expert_stride;
-    const char* ssrc = kFp4 ? reinterpret_cast<const char*>(args.w.scales + size_t(expert) * args.w.s_expert_stride)
-                            : nullptr;
+    const char *wsrc, *ssrc;
+    expert_weights<kFp4>(args, expert, &wsrc, &ssrc);
     auto load_a = [&](uint32_t stage, uint32_t c) {
         load_weight_chunk<kFp4>(smem_base + stage * kStage, wsrc, ssrc, slab0, n_slabs, n_chunks, c, tid);
     };
@@ -71,18 +69,16 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_kerne
 
     // Token rows: this thread copies unit (tid & 7) of rows tid / 8 + 32 i; columns past n_cols
     // are zero-filled.
-    if (tid < TN) out_rows[tid] = tid < int(n_cols) ? (args.routed ? pairs[tid] : int32_t(col_base) + tid) : 0;
+    if (tid < TN) out_rows[tid] = tile_out_row(args, tile, uint32_t(tid));
     const uint16_t* bsrc[kBUnits];
     bool bvalid[kBUnits];
     uint32_t bdst[kBUnits];
 #pragma unroll
     for (int i = 0; i < kBUnits; ++i) {
-        const uint32_t row = uint32_t(tid >> 3) + 32u * i, u = uint32_t(tid & 7);
-        bvalid[i] = row < n_cols;
-        uint32_t src_row = 0;
-        if (bvalid[i]) src_row = args.routed ? uint32_t(pairs[row]) / args.route.in_div : col_base + row;
-        bsrc[i] = bvalid[i] ? args.x + size_t(src_row) * K + u * 8 : args.x;
-        bdst[i] = kA + kS + row * 128 + ((u ^ (row & 7)) * 16);
+        const TokenUnit tu = token_unit(args, tile, uint32_t(tid >> 3) + 32u * i, uint32_t(tid & 7));
+        bsrc[i] = tu.src;
+        bvalid[i] = tu.valid;
+        bdst[i] = kA + kS + tu.dst;
     }
     auto load_b = [&](uint32_t stage, uint32_t c) {
         const uint32_t sb = smem_base + stage * kStage;
@@ -288,12 +284,10 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_wgmma
     PrefillTile tile;
     if (!prefill_tile<TN>(args, &tile)) return;
     const int expert = tile.expert;
-    const uint32_t col_base = tile.col_base, n_cols = tile.n_cols;
-    const int32_t* pairs = tile.pairs;
+    const uint32_t n_cols = tile.n_cols;
 
-    const char* wsrc = static_cast<const char*>(args.w.w) + size_t(expert) * args.w.w_expert_stride;
-    const char* ssrc = kFp4 ? reinterpret_cast<const char*>(args.w.scales + size_t(expert) * args.w.s_expert_stride)
-                            : nullptr;
+    const char *wsrc, *ssrc;
+    expert_weights<kFp4>(args, expert, &wsrc, &ssrc);
     auto load_a = [&](uint32_t stage, uint32_t c) {
         load_weight_chunk<kFp4>(a_base + stage * kAst, wsrc, ssrc, slab0, n_slabs, n_chunks, c, tid);
     };
@@ -306,7 +300,7 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_wgmma
     if (tid < TN) {
         int32_t src = -1, dst = 0;
         if (uint32_t(tid) < n_cols) {
-            dst = args.routed ? pairs[tid] : int32_t(col_base) + tid;
+            dst = tile_out_row(args, tile, uint32_t(tid));
             src = args.routed ? int32_t(uint32_t(dst) / args.route.in_div) : dst;
         }
         src_rows[tid] = src;
@@ -412,15 +406,8 @@ cudaError_t launch(const KernelArgs& a, dim3 grid, cudaStream_t stream) {
     static std::atomic<uint64_t> configured{0};
     auto* kernel = kWgmma ? gemm_prefill_wgmma_kernel<kFp4, TN> : gemm_prefill_kernel<kFp4, TN>;
     constexpr uint32_t bytes = kWgmma ? wg_smem_bytes<kFp4, TN>() : smem_bytes<kFp4, TN>();
-    int dev = 0;
-    cudaError_t err = cudaGetDevice(&dev);
+    const cudaError_t err = set_smem_once(kernel, bytes, configured);
     if (err != cudaSuccess) return err;
-    const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
-    if (!bit || !(configured.load() & bit)) {
-        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-        if (err != cudaSuccess) return err;
-        configured.fetch_or(bit);
-    }
     return launch_pdl(kernel, grid, kThreads, bytes, stream, a);
 }
 

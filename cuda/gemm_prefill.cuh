@@ -1,14 +1,19 @@
-// cuda/gemm_prefill.cuh - the device pieces the prefill GEMM kernels share (gemm_prefill.cu: the
-// mma.sync and register-A wgmma kernels; gemm_prefill_sm90.cu: the shared-memory-A wgmma kernel):
-// the CTA tile geometry (256 threads, 8 fragment slabs = 128 weight rows), the cp.async helpers,
-// the token tile a CTA owns, the cp.async of one 64-k weight chunk in repack.cu's fragment
-// layout, the sm_90a wgmma helpers and the epilogue of a warpgroup accumulator tile (bias,
-// residual add, SwiGLU with clamp into the permuted activations, per-pair output rows).
+// cuda/gemm_prefill.cuh - the pieces the prefill GEMM kernels share (gemm_prefill.cu: the
+// mma.sync and register-A wgmma kernels; gemm_prefill_sm90.cu: the shared-memory-A wgmma kernel;
+// gemm_prefill_ws.cu: its warp-specialized form): the CTA tile geometry (256 threads, 8 fragment
+// slabs = 128 weight rows), the cp.async helpers, the token tile a CTA owns (its output rows,
+// the swizzled token-row units, the expert's weights), the cp.async of one 64-k weight chunk in
+// repack.cu's fragment layout (by the CTA or by one warp), the dequantization of a weight slab
+// into the bf16 A tile wgmma reads, the sm_90a wgmma helpers, the epilogue of a warpgroup
+// accumulator tile (bias, residual add, SwiGLU with clamp into the permuted activations,
+// per-pair output rows) and the once-per-device shared-memory limit of a kernel.
 #pragma once
 
 #include "cuda/common.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/kernels.h"
+
+#include <atomic>
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define GPTOSS_SM90A 1
@@ -61,6 +66,33 @@ template <int TN> __device__ __forceinline__ bool prefill_tile_at(const KernelAr
 template <int TN> __device__ __forceinline__ bool prefill_tile(const KernelArgs& args, PrefillTile* t) {
     return prefill_tile_at<TN>(args, blockIdx.x, t);
 }
+// The output row of tile column col: its pair (routed) or token (dense); 0 past n_cols.
+__device__ __forceinline__ int32_t tile_out_row(const KernelArgs& args, const PrefillTile& t, uint32_t col) {
+    return col < t.n_cols ? (args.routed ? t.pairs[col] : int32_t(t.col_base + col)) : 0;
+}
+// The 16-byte unit u (0..7) of chunk 0 of tile column `row`'s token row (routed: the pair's
+// token) and where it goes in a stage's 128B-swizzled token tile (unit u ^ (row & 7) of row
+// `row`). Columns past n_cols: src = args.x, valid false (cp.async zero-fills them).
+struct TokenUnit {
+    const uint16_t* src;
+    uint32_t dst;
+    bool valid;
+};
+__device__ __forceinline__ TokenUnit token_unit(const KernelArgs& args, const PrefillTile& t, uint32_t row, uint32_t u) {
+    TokenUnit r;
+    r.valid = row < t.n_cols;
+    uint32_t src_row = 0;
+    if (r.valid) src_row = args.routed ? uint32_t(t.pairs[row]) / args.route.in_div : t.col_base + row;
+    r.src = r.valid ? args.x + size_t(src_row) * args.w.K + u * 8 : args.x;
+    r.dst = row * 128 + ((u ^ (row & 7)) * 16);
+    return r;
+}
+// Expert `expert`'s weight bytes (*w) and MXFP4 scale bytes (*s; nullptr for bf16).
+template <bool kFp4>
+__device__ __forceinline__ void expert_weights(const KernelArgs& args, int expert, const char** w, const char** s) {
+    *w = static_cast<const char*>(args.w.w) + size_t(expert) * args.w.w_expert_stride;
+    *s = kFp4 ? reinterpret_cast<const char*>(args.w.scales + size_t(expert) * args.w.s_expert_stride) : nullptr;
+}
 
 // cp.async of weight chunk c (64 k) of this CTA's slabs [slab0, slab0 + kSlabs) into shared
 // memory at sa: bf16 4 units of 16 B per thread (unit u = tid + 256 r: slab u / 128); MXFP4 one
@@ -89,6 +121,68 @@ __device__ __forceinline__ void load_weight_chunk(uint32_t sa, const char* wsrc,
                 cp_async16_zfill(sa + u * 16, wsrc + (size_t(slab) * n_chunks + c) * 2048 + (u & 127) * 16, true);
         }
     }
+}
+
+// cp.async of weight chunk c of kSpw slabs (sl = kSpw·warp + m, global slab0 + sl) by one warp
+// into sa (slab sl's 512 / 2048 bytes at sl·512 / sl·2048; MXFP4 scales, 64 bytes a slab, at
+// sa + a_bytes by lanes 0..4·kSpw-1), so the lanes that dequantize a slab loaded it.
+template <bool kFp4, int kSpw>
+__device__ __forceinline__ void load_warp_slabs(uint32_t sa, const char* wsrc, const char* ssrc, uint32_t slab0,
+                                                uint32_t n_slabs, uint32_t n_chunks, uint32_t c, int warp, int lane) {
+#pragma unroll
+    for (int m = 0; m < kSpw; ++m) {
+        const uint32_t sl = uint32_t(kSpw * warp + m), slab = slab0 + sl;
+        if (slab >= n_slabs) continue;
+        if constexpr (kFp4) {
+            cp_async16_zfill(sa + sl * 512 + uint32_t(lane) * 16,
+                             wsrc + (size_t(slab) * n_chunks + c) * 512 + uint32_t(lane) * 16, true);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                cp_async16_zfill(sa + sl * 2048 + uint32_t(j * 512 + lane * 16),
+                                 wsrc + (size_t(slab) * n_chunks + c) * 2048 + j * 512 + lane * 16, true);
+        }
+    }
+    if constexpr (kFp4) {
+        if (lane < 4 * kSpw) {
+            const uint32_t sl = uint32_t(kSpw * warp + (lane >> 2)), slab = slab0 + sl;
+            if (slab < n_slabs)
+                cp_async16_zfill(sa + a_bytes<kFp4>() + sl * 64 + uint32_t(lane & 3) * 16,
+                                 ssrc + (size_t(slab) * n_chunks + c) * 64 + uint32_t(lane & 3) * 16, true);
+        }
+    }
+}
+
+// One warp turns slab sl of a landed 64-k weight chunk (at sa in load_weight_chunk's layout,
+// scales at sa + kA) into bf16 rows 16·sl + g and + 8 of the A tile at ab (128 bytes a row, the
+// activations' permuted k order, 16-byte units XOR-swizzled by row: wgmma's 128B-swizzle K-major
+// layout). Fragment regs 0 / 2 are row g at k 2t.. / 2t+8.. of k16 step j: permuted positions
+// 16t + 4j + {0,1} / {2,3}; regs 1 / 3 the same for row g + 8 (two 16-byte stores a row).
+template <bool kFp4, uint32_t kA>
+__device__ __forceinline__ void store_a_slab(unsigned char* ab, const unsigned char* sa, int sl, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const uint32_t u0 = (uint32_t(2 * t) ^ uint32_t(g)) * 16, u1 = (uint32_t(2 * t + 1) ^ uint32_t(g)) * 16;
+    uint32_t a[4][4];
+    if constexpr (kFp4) {
+        Chunk ch;
+        ch.v[0] = *reinterpret_cast<const uint4*>(sa + sl * 512 + lane * 16);
+        const uint2 s = *reinterpret_cast<const uint2*>(sa + kA + sl * 64 + g * 8);
+        ch.v[1].x = s.x;
+        ch.v[1].y = s.y;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) fragment<true>(ch, j, a[j]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint4 v = *reinterpret_cast<const uint4*>(sa + sl * 2048 + j * 512 + lane * 16);
+            a[j][0] = v.x; a[j][1] = v.y; a[j][2] = v.z; a[j][3] = v.w;
+        }
+    }
+    const uint32_t a_lo = uint32_t(sl * 16 + g) * 128, a_hi = a_lo + 8 * 128;
+    *reinterpret_cast<uint4*>(ab + a_lo + u0) = make_uint4(a[0][0], a[0][2], a[1][0], a[1][2]);
+    *reinterpret_cast<uint4*>(ab + a_lo + u1) = make_uint4(a[2][0], a[2][2], a[3][0], a[3][2]);
+    *reinterpret_cast<uint4*>(ab + a_hi + u0) = make_uint4(a[0][1], a[0][3], a[1][1], a[1][3]);
+    *reinterpret_cast<uint4*>(ab + a_hi + u1) = make_uint4(a[2][1], a[2][3], a[3][1], a[3][3]);
 }
 
 #ifdef GPTOSS_SM90A
@@ -223,6 +317,22 @@ __device__ __forceinline__ void store_wg_tile(const KernelArgs& args, int expert
             }
         }
     }
+}
+
+// Raises `kernel`'s dynamic shared memory limit to `bytes` on the current device, once per device
+// (`configured`: one bit per device, the caller's static).
+template <class Kernel>
+cudaError_t set_smem_once(Kernel kernel, uint32_t bytes, std::atomic<uint64_t>& configured) {
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
+    if (!bit || !(configured.load() & bit)) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+        if (err != cudaSuccess) return err;
+        configured.fetch_or(bit);
+    }
+    return cudaSuccess;
 }
 
 // Launches gemm_prefill_sm90.cu's kernel (MXFP4 when fp4, else bf16; tn = 64 or 128 tokens per

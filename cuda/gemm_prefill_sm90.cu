@@ -111,12 +111,10 @@ __global__ __launch_bounds__(kThreads, (sm90_ctas<kFp4, TN, kM, kC3>())) void ge
     PrefillTile tile;
     if (!prefill_tile<TN>(args, &tile)) return;
     const int expert = tile.expert;
-    const uint32_t col_base = tile.col_base, n_cols = tile.n_cols;
-    const int32_t* pairs = tile.pairs;
+    const uint32_t n_cols = tile.n_cols;
 
-    const char* wsrc = static_cast<const char*>(args.w.w) + size_t(expert) * args.w.w_expert_stride;
-    const char* ssrc = kFp4 ? reinterpret_cast<const char*>(args.w.scales + size_t(expert) * args.w.s_expert_stride)
-                            : nullptr;
+    const char *wsrc, *ssrc;
+    expert_weights<kFp4>(args, expert, &wsrc, &ssrc);
     auto load_a = [&](uint32_t stage, uint32_t c) {
         load_weights_m<kFp4, kM>(st_base + stage * kStage + kBst, wsrc, ssrc, slab0, n_slabs, n_chunks, c, tid);
     };
@@ -129,18 +127,16 @@ __global__ __launch_bounds__(kThreads, (sm90_ctas<kFp4, TN, kM, kC3>())) void ge
 
     // Token rows: this thread copies unit (tid & 7) of rows tid / 8 + 32 i; columns past n_cols
     // are zero-filled.
-    if (tid < TN) out_rows[tid] = tid < int(n_cols) ? (args.routed ? pairs[tid] : int32_t(col_base) + tid) : 0;
+    if (tid < TN) out_rows[tid] = tile_out_row(args, tile, uint32_t(tid));
     const uint16_t* bsrc[kBUnits];
     bool bvalid[kBUnits];
     uint32_t bdst[kBUnits];
 #pragma unroll
     for (int i = 0; i < kBUnits; ++i) {
-        const uint32_t row = uint32_t(tid >> 3) + 32u * i, u = uint32_t(tid & 7);
-        bvalid[i] = row < n_cols;
-        uint32_t src_row = 0;
-        if (bvalid[i]) src_row = args.routed ? uint32_t(pairs[row]) / args.route.in_div : col_base + row;
-        bsrc[i] = bvalid[i] ? args.x + size_t(src_row) * K + u * 8 : args.x;
-        bdst[i] = row * 128 + ((u ^ (row & 7)) * 16);
+        const TokenUnit tu = token_unit(args, tile, uint32_t(tid >> 3) + 32u * i, uint32_t(tid & 7));
+        bsrc[i] = tu.src;
+        bvalid[i] = tu.valid;
+        bdst[i] = tu.dst;
     }
     auto load_b = [&](uint32_t stage, uint32_t c) {
         const uint32_t sb = st_base + stage * kStage;
@@ -161,8 +157,6 @@ __global__ __launch_bounds__(kThreads, (sm90_ctas<kFp4, TN, kM, kC3>())) void ge
     pdl_launch_dependents();
 
     float acc[kM][TN / 2];  // the first wgmma overwrites it
-    // This lane's A rows in slab (warp·kM + m): 16·slab + g and + 8, units 2t and 2t + 1 (swizzled).
-    const uint32_t u0 = (uint32_t(2 * t) ^ uint32_t(g)) * 16, u1 = (uint32_t(2 * t + 1) ^ uint32_t(g)) * 16;
     uint32_t st = 0, st_fill = S - 2;  // ring stages of chunk c and of chunk c + S - 2
     for (uint32_t c = 0; c < n_chunks; ++c) {
         cp_async_wait<S - 3>();
@@ -174,36 +168,11 @@ __global__ __launch_bounds__(kThreads, (sm90_ctas<kFp4, TN, kM, kC3>())) void ge
         }
         cp_async_commit();
 
-        // Warp i: slabs i·kM .. i·kM + kM - 1 of chunk c → bf16 A rows, permuted k order. Fragment
-        // regs 0 / 2 are row g at k 2t.. / 2t+8.. of k16 step j: permuted positions 16t + 4j +
-        // {0,1} / {2,3}; regs 1 / 3 the same for row g + 8.
+        // Warp i: slabs i·kM .. i·kM + kM - 1 of chunk c → bf16 A rows, permuted k order.
         const unsigned char* sa = smem + 2 * kABuf + st * kStage + kBst;
         unsigned char* ab = smem + (c & 1) * kABuf;
 #pragma unroll
-        for (int m = 0; m < kM; ++m) {
-            const int sl = warp * kM + m;
-            uint32_t a[4][4];
-            if constexpr (kFp4) {
-                Chunk ch;
-                ch.v[0] = *reinterpret_cast<const uint4*>(sa + sl * 512 + lane * 16);
-                const uint2 s = *reinterpret_cast<const uint2*>(sa + kA + sl * 64 + g * 8);
-                ch.v[1].x = s.x;
-                ch.v[1].y = s.y;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) fragment<true>(ch, j, a[j]);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const uint4 v = *reinterpret_cast<const uint4*>(sa + sl * 2048 + j * 512 + lane * 16);
-                    a[j][0] = v.x; a[j][1] = v.y; a[j][2] = v.z; a[j][3] = v.w;
-                }
-            }
-            const uint32_t a_lo = uint32_t(sl * 16 + g) * 128, a_hi = a_lo + 8 * 128;
-            *reinterpret_cast<uint4*>(ab + a_lo + u0) = make_uint4(a[0][0], a[0][2], a[1][0], a[1][2]);
-            *reinterpret_cast<uint4*>(ab + a_lo + u1) = make_uint4(a[2][0], a[2][2], a[3][0], a[3][2]);
-            *reinterpret_cast<uint4*>(ab + a_hi + u0) = make_uint4(a[0][1], a[0][3], a[1][1], a[1][3]);
-            *reinterpret_cast<uint4*>(ab + a_hi + u1) = make_uint4(a[2][1], a[2][3], a[3][1], a[3][3]);
-        }
+        for (int m = 0; m < kM; ++m) store_a_slab<kFp4, kA>(ab, sa, warp * kM + m, lane);
         fence_proxy_async();
         asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");  // this warpgroup's 64 A rows written
 
@@ -243,15 +212,8 @@ cudaError_t launch_sm90(const KernelArgs& a, uint32_t token_tiles, cudaStream_t 
     static std::atomic<uint64_t> configured{0};
     auto* kernel = gemm_prefill_sm90_kernel<kFp4, TN, kM, kC3>;
     constexpr uint32_t bytes = sm90_smem_bytes<kFp4, TN, kM, kC3>();
-    int dev = 0;
-    cudaError_t err = cudaGetDevice(&dev);
+    const cudaError_t err = set_smem_once(kernel, bytes, configured);
     if (err != cudaSuccess) return err;
-    const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
-    if (!bit || !(configured.load() & bit)) {
-        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-        if (err != cudaSuccess) return err;
-        configured.fetch_or(bit);
-    }
     const dim3 grid(token_tiles, ceil_div(ceil_div(a.w.N, 16), uint32_t(kSlabs * kM)));
     return launch_pdl(kernel, grid, kThreads, bytes, stream, a);
 }

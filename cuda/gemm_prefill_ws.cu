@@ -147,38 +147,13 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
     PrefillTile tile;
     if (!prefill_tile<TN>(args, &tile)) return;
     const int expert = tile.expert;
-    const uint32_t col_base = tile.col_base, n_cols = tile.n_cols;
-    const int32_t* pairs = tile.pairs;
+    const uint32_t n_cols = tile.n_cols;
 
-    const char* wsrc = static_cast<const char*>(args.w.w) + size_t(expert) * args.w.w_expert_stride;
-    const char* ssrc = kFp4 ? reinterpret_cast<const char*>(args.w.scales + size_t(expert) * args.w.s_expert_stride)
-                            : nullptr;
-    // Producer warp `warp` (0..kP-1): slabs kSpw·warp .. + kSpw - 1 of the CTA (weights by every
-    // lane, MXFP4 scales by lanes 0..4·kSpw-1), so the lanes that dequantize a slab loaded it.
+    const char *wsrc, *ssrc;
+    expert_weights<kFp4>(args, expert, &wsrc, &ssrc);
+    // Producer warp `warp` (0..kP-1): slabs kSpw·warp .. + kSpw - 1 of the CTA.
     auto load_a = [&](uint32_t stage, uint32_t c) {
-        const uint32_t sa = ring + stage * kRaw + kBst;
-#pragma unroll
-        for (int m = 0; m < kSpw; ++m) {
-            const uint32_t sl = uint32_t(kSpw * warp + m), slab = slab0 + sl;
-            if (slab >= n_slabs) continue;
-            if constexpr (kFp4) {
-                cp_async16_zfill(sa + sl * 512 + uint32_t(lane) * 16,
-                                 wsrc + (size_t(slab) * n_chunks + c) * 512 + uint32_t(lane) * 16, true);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    cp_async16_zfill(sa + sl * 2048 + uint32_t(j * 512 + lane * 16),
-                                     wsrc + (size_t(slab) * n_chunks + c) * 2048 + j * 512 + lane * 16, true);
-            }
-        }
-        if constexpr (kFp4) {
-            if (lane < 4 * kSpw) {
-                const uint32_t sl = uint32_t(kSpw * warp + (lane >> 2)), slab = slab0 + sl;
-                if (slab < n_slabs)
-                    cp_async16_zfill(sa + kA + sl * 64 + uint32_t(lane & 3) * 16,
-                                     ssrc + (size_t(slab) * n_chunks + c) * 64 + uint32_t(lane & 3) * 16, true);
-            }
-        }
+        load_warp_slabs<kFp4, kSpw>(ring + stage * kRaw + kBst, wsrc, ssrc, slab0, n_slabs, n_chunks, c, warp, lane);
     };
     const bool producer = warp < kP;
     if (producer && !args.routed) {
@@ -186,7 +161,7 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
             if (uint32_t(s) < n_chunks) load_a(uint32_t(s), uint32_t(s));
     }
     if (!args.routed) pdl_wait();
-    if (tid < TN) out_rows[tid] = tid < int(n_cols) ? (args.routed ? pairs[tid] : int32_t(col_base) + tid) : 0;
+    if (tid < TN) out_rows[tid] = tile_out_row(args, tile, uint32_t(tid));
     __syncthreads();  // barriers initialized, out_rows written
     pdl_launch_dependents();
 
@@ -200,13 +175,10 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
         uint32_t bvalid = 0;
 #pragma unroll
         for (int i = 0; i < kBUnits; ++i) {
-            const uint32_t row = uint32_t(tid >> 3) + uint32_t(4 * kP * i), u = uint32_t(tid & 7);
-            const bool v = row < n_cols;
-            uint32_t src_row = 0;
-            if (v) src_row = args.routed ? uint32_t(pairs[row]) / args.route.in_div : col_base + row;
-            bsrc[i] = v ? args.x + size_t(src_row) * K + u * 8 : args.x;
-            bdst[i] = row * 128 + ((u ^ (row & 7)) * 16);
-            bvalid |= v ? 1u << i : 0u;
+            const TokenUnit tu = token_unit(args, tile, uint32_t(tid >> 3) + uint32_t(4 * kP * i), uint32_t(tid & 7));
+            bsrc[i] = tu.src;
+            bdst[i] = tu.dst;
+            bvalid |= tu.valid ? 1u << i : 0u;
         }
         auto load_b = [&](uint32_t stage, uint32_t c) {
             const uint32_t sb = ring + stage * kRaw;
@@ -224,8 +196,6 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
             if (uint32_t(s) < n_chunks) load_b(uint32_t(s), uint32_t(s));
             cp_async_commit();
         }
-        // This lane's A rows in slab sl: 16·sl + g and + 8, units 2t and 2t + 1 (swizzled).
-        const uint32_t u0 = (uint32_t(2 * t) ^ uint32_t(g)) * 16, u1 = (uint32_t(2 * t + 1) ^ uint32_t(g)) * 16;
         uint32_t st = 0, sa_i = 0;  // raw stage and A stage of chunk c
         // Chunk c + L goes into the raw stage of chunk c + L - R once the consumers are done with it.
         auto refill = [&](uint32_t c, uint32_t st) {
@@ -246,30 +216,7 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
             const unsigned char* sa = smem + SA * kABytes + st * kRaw + kBst;
             unsigned char* ab = smem + sa_i * kABytes;
 #pragma unroll
-            for (int m = 0; m < kSpw; ++m) {
-                const int sl = kSpw * warp + m;
-                uint32_t a[4][4];
-                if constexpr (kFp4) {
-                    Chunk ch;
-                    ch.v[0] = *reinterpret_cast<const uint4*>(sa + sl * 512 + lane * 16);
-                    const uint2 s = *reinterpret_cast<const uint2*>(sa + kA + sl * 64 + g * 8);
-                    ch.v[1].x = s.x;
-                    ch.v[1].y = s.y;
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) fragment<true>(ch, j, a[j]);
-                } else {
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const uint4 v = *reinterpret_cast<const uint4*>(sa + sl * 2048 + j * 512 + lane * 16);
-                        a[j][0] = v.x; a[j][1] = v.y; a[j][2] = v.z; a[j][3] = v.w;
-                    }
-                }
-                const uint32_t a_lo = uint32_t(sl * 16 + g) * 128, a_hi = a_lo + 8 * 128;
-                *reinterpret_cast<uint4*>(ab + a_lo + u0) = make_uint4(a[0][0], a[0][2], a[1][0], a[1][2]);
-                *reinterpret_cast<uint4*>(ab + a_lo + u1) = make_uint4(a[2][0], a[2][2], a[3][0], a[3][2]);
-                *reinterpret_cast<uint4*>(ab + a_hi + u0) = make_uint4(a[0][1], a[0][3], a[1][1], a[1][3]);
-                *reinterpret_cast<uint4*>(ab + a_hi + u1) = make_uint4(a[2][1], a[2][3], a[3][1], a[3][3]);
-            }
+            for (int m = 0; m < kSpw; ++m) store_a_slab<kFp4, kA>(ab, sa, kSpw * warp + m, lane);
             fence_proxy_async();  // this thread's A stores and token copies → visible to wgmma
             mbar_arrive(full(sa_i));
             if constexpr (!kEarly) refill(c, st);
@@ -398,45 +345,19 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_wsp_kernel(
         auto set_tile = [&](uint32_t i) {
             PrefillTile tl;
             lslab0 = tile_of(i, &tl);
-            wsrc = static_cast<const char*>(args.w.w) + size_t(tl.expert) * args.w.w_expert_stride;
-            ssrc = kFp4 ? reinterpret_cast<const char*>(args.w.scales + size_t(tl.expert) * args.w.s_expert_stride)
-                        : nullptr;
+            expert_weights<kFp4>(args, tl.expert, &wsrc, &ssrc);
             bvalid = 0;
 #pragma unroll
             for (int j = 0; j < kBUnits; ++j) {
-                const uint32_t row = uint32_t(tid >> 3) + uint32_t(4 * kP * j), u = uint32_t(tid & 7);
-                const bool v = row < tl.n_cols;
-                uint32_t src_row = 0;
-                if (v) src_row = args.routed ? uint32_t(tl.pairs[row]) / args.route.in_div : tl.col_base + row;
-                bsrc[j] = v ? args.x + size_t(src_row) * K + u * 8 : args.x;
-                bvalid |= v ? 1u << j : 0u;
+                const TokenUnit tu = token_unit(args, tl, uint32_t(tid >> 3) + uint32_t(4 * kP * j), uint32_t(tid & 7));
+                bsrc[j] = tu.src;
+                bvalid |= tu.valid ? 1u << j : 0u;
             }
         };
         // Loads the item at the cursor into raw stage `stage` and advances the cursor.
         auto load = [&](uint32_t stage) {
-            const uint32_t sa = ring + stage * kRaw + kBst, sb = ring + stage * kRaw;
-#pragma unroll
-            for (int m = 0; m < kSpw; ++m) {
-                const uint32_t sl = uint32_t(kSpw * warp + m), slab = lslab0 + sl;
-                if (slab >= n_slabs) continue;
-                if constexpr (kFp4) {
-                    cp_async16_zfill(sa + sl * 512 + uint32_t(lane) * 16,
-                                     wsrc + (size_t(slab) * n_chunks + lc) * 512 + uint32_t(lane) * 16, true);
-                } else {
-#pragma unroll
-                    for (int j = 0; j < 4; ++j)
-                        cp_async16_zfill(sa + sl * 2048 + uint32_t(j * 512 + lane * 16),
-                                         wsrc + (size_t(slab) * n_chunks + lc) * 2048 + j * 512 + lane * 16, true);
-                }
-            }
-            if constexpr (kFp4) {
-                if (lane < 4 * kSpw) {
-                    const uint32_t sl = uint32_t(kSpw * warp + (lane >> 2)), slab = lslab0 + sl;
-                    if (slab < n_slabs)
-                        cp_async16_zfill(sa + kA + sl * 64 + uint32_t(lane & 3) * 16,
-                                         ssrc + (size_t(slab) * n_chunks + lc) * 64 + uint32_t(lane & 3) * 16, true);
-                }
-            }
+            const uint32_t sb = ring + stage * kRaw;
+            load_warp_slabs<kFp4, kSpw>(sb + kBst, wsrc, ssrc, lslab0, n_slabs, n_chunks, lc, warp, lane);
 #pragma unroll
             for (int i = 0; i < kBUnits; ++i) {
                 const bool v = (bvalid >> i) & 1u;
@@ -452,8 +373,6 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_wsp_kernel(
             if (uint32_t(s) < n_items) load(uint32_t(s));
             cp_async_commit();
         }
-        // This lane's A rows in slab sl: 16·sl + g and + 8, units 2t and 2t + 1 (swizzled).
-        const uint32_t u0 = (uint32_t(2 * t) ^ uint32_t(g)) * 16, u1 = (uint32_t(2 * t + 1) ^ uint32_t(g)) * 16;
         uint32_t st = 0, sa_i = 0;  // raw stage and A stage of item q
         // Item q + L goes into the raw stage of item q + L - R once the consumers are done with it.
         auto refill = [&](uint32_t q, uint32_t st) {
@@ -473,30 +392,7 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_wsp_kernel(
             const unsigned char* sa = smem + SA * kABytes + st * kRaw + kBst;
             unsigned char* ab = smem + sa_i * kABytes;
 #pragma unroll
-            for (int m = 0; m < kSpw; ++m) {
-                const int sl = kSpw * warp + m;
-                uint32_t a[4][4];
-                if constexpr (kFp4) {
-                    Chunk ch;
-                    ch.v[0] = *reinterpret_cast<const uint4*>(sa + sl * 512 + lane * 16);
-                    const uint2 s = *reinterpret_cast<const uint2*>(sa + kA + sl * 64 + g * 8);
-                    ch.v[1].x = s.x;
-                    ch.v[1].y = s.y;
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) fragment<true>(ch, j, a[j]);
-                } else {
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const uint4 v = *reinterpret_cast<const uint4*>(sa + sl * 2048 + j * 512 + lane * 16);
-                        a[j][0] = v.x; a[j][1] = v.y; a[j][2] = v.z; a[j][3] = v.w;
-                    }
-                }
-                const uint32_t a_lo = uint32_t(sl * 16 + g) * 128, a_hi = a_lo + 8 * 128;
-                *reinterpret_cast<uint4*>(ab + a_lo + u0) = make_uint4(a[0][0], a[0][2], a[1][0], a[1][2]);
-                *reinterpret_cast<uint4*>(ab + a_lo + u1) = make_uint4(a[2][0], a[2][2], a[3][0], a[3][2]);
-                *reinterpret_cast<uint4*>(ab + a_hi + u0) = make_uint4(a[0][1], a[0][3], a[1][1], a[1][3]);
-                *reinterpret_cast<uint4*>(ab + a_hi + u1) = make_uint4(a[2][1], a[2][3], a[3][1], a[3][3]);
-            }
+            for (int m = 0; m < kSpw; ++m) store_a_slab<kFp4, kA>(ab, sa, kSpw * warp + m, lane);
             fence_proxy_async();  // this thread's A stores and token copies → visible to wgmma
             mbar_arrive(full(sa_i));
             if constexpr (!kEarly) refill(q, st);
@@ -519,7 +415,7 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_wsp_kernel(
         const bool two = kH == 2 && tl.n_cols > uint32_t(TW);
         asm volatile("bar.sync 1, 256;" ::: "memory");  // the previous tile's epilogue read out_rows
         for (int r = ctid; r < TN; r += 256)
-            out_rows[r] = r < int(tl.n_cols) ? (args.routed ? tl.pairs[r] : int32_t(tl.col_base) + r) : 0;
+            out_rows[r] = tile_out_row(args, tl, uint32_t(r));
         // One whole loop per half count (no branch between the wgmmas; see gemm_prefill_ws_kernel).
         auto main_loop = [&](auto halves) {
             constexpr int kN = decltype(halves)::value;
@@ -586,15 +482,11 @@ cudaError_t launch_ws(const KernelArgs& a, uint32_t token_tiles, cudaStream_t st
     if constexpr (kPersist) kernel = gemm_prefill_wsp_kernel<kFp4, TN, kP, kLag, kC, kSA, kHint, kTrigger, kProdRegs>;
     else kernel = gemm_prefill_ws_kernel<kFp4, TN, kP, kLag, kC, kSA, kHint, kProdRegs, kN256>;
     constexpr uint32_t bytes = ws_smem_bytes<kFp4, TN, kC, kSA>();
-    int dev = 0;
-    cudaError_t err = cudaGetDevice(&dev);
+    cudaError_t err = set_smem_once(kernel, bytes, configured);
     if (err != cudaSuccess) return err;
-    const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
-    if (!bit || !(configured.load() & bit)) {
-        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-        if (err != cudaSuccess) return err;
-        configured.fetch_or(bit);
-    }
+    int dev = 0;
+    err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
     const uint32_t row_tiles = ceil_div(ceil_div(a.w.N, 16), uint32_t(kSlabs));
     if constexpr (kPersist) {
         const uint32_t ctas = std::min(token_tiles * row_tiles, sm_count(dev) * uint32_t(kC));

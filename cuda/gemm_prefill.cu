@@ -479,8 +479,23 @@ PrefillKernel auto_kernel(bool mxfp4) {
 }
 }  // namespace
 
+namespace {
+// GPTOSS_PREFILL_TILE_MIN=128 (off; not yet run on a GPU, bench/NOTES.md v16 "Next"): 128-token
+// route tiles on the warp-specialized kernel from 32 pairs per expert on average (the 120b's 64
+// at 2048 tokens): about half the tiles, so half the weight dequantization, for padded MMA work.
+bool tile_min_128() {
+    static const bool v = [] {
+        const char* e = std::getenv("GPTOSS_PREFILL_TILE_MIN");
+        return e && std::strcmp(e, "128") == 0;
+    }();
+    return v;
+}
+}  // namespace
+
 uint32_t gemm_prefill_tile_tokens(uint32_t n_pairs, uint32_t n_experts) {
-    if (n_experts == 0 || n_pairs / n_experts < 128) return 64u;
+    if (n_experts == 0) return 64u;
+    const uint32_t avg = n_pairs / n_experts;
+    if (avg < 128) return avg >= 32 && tile_min_128() && auto_kernel(true) == PrefillKernel::kSm90Ws ? 128u : 64u;
     return ws_wide_tiles() && auto_kernel(true) == PrefillKernel::kSm90Ws ? 256u : 128u;
 }
 

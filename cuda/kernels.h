@@ -130,7 +130,8 @@ enum class PrefillKernel : int { kAuto = 0, kMmaSync = 1, kWgmma = 2, kSm90 = 3,
 // The first call per device runs a one-thread probe kernel and waits for it.
 bool gemm_prefill_wgmma_supported();
 // Route tile width for gemm_prefill: 128 when the average expert has >= 128 pairs (256 instead
-// where kAuto's MXFP4 kernel is kSm90Ws and GPTOSS_SM90_WS_VARIANT is 10 or 11), else 64.
+// where kAuto's MXFP4 kernel is kSm90Ws and GPTOSS_SM90_WS_VARIANT is 10, 11 or 12, the
+// default), else 64 (128 from 32 pairs with GPTOSS_PREFILL_TILE_MIN=128 on kSm90Ws).
 uint32_t gemm_prefill_tile_tokens(uint32_t n_pairs, uint32_t n_experts);
 
 // Decode GEMV (gemm_decode.cu), one token: the same products as gemm(nb = 1) summed in an order

@@ -255,11 +255,14 @@ TEST_CASE("gemm_prefill_tile_tokens and the argument checks") {
     auto env = [](const char* name) { const char* e = std::getenv(name); return std::string(e ? e : ""); };
     const int v = std::atoi(env("GPTOSS_SM90_WS_VARIANT").c_str());
     const bool wide_v = v >= 10 && v <= 12 ? true : !(v >= 1 && v <= 12 && v != 4);
-    const bool wide = cuda::gemm_prefill_wgmma_supported() && wide_v && env("GPTOSS_SM90_WS") != "0" &&
-                      env("GPTOSS_GEMM_SM90") != "0";
+    const bool ws = cuda::gemm_prefill_wgmma_supported() && env("GPTOSS_SM90_WS") != "0" && env("GPTOSS_GEMM_SM90") != "0";
+    const bool wide = ws && wide_v;
+    // 120b: 64 pairs per expert, 64-token tiles (128 with GPTOSS_PREFILL_TILE_MIN=128 on kSm90Ws).
+    const uint32_t narrow = ws && env("GPTOSS_PREFILL_TILE_MIN") == "128" ? 128u : 64u;
     CHECK(cuda::gemm_prefill_tile_tokens(2048 * 4, 32) == (wide ? 256u : 128u));
-    CHECK(cuda::gemm_prefill_tile_tokens(2048 * 4, 128) == 64);   // 120b: 64
-    CHECK(cuda::gemm_prefill_tile_tokens(512 * 4, 32) == 64);
+    CHECK(cuda::gemm_prefill_tile_tokens(2048 * 4, 128) == narrow);
+    CHECK(cuda::gemm_prefill_tile_tokens(512 * 4, 32) == narrow);
+    CHECK(cuda::gemm_prefill_tile_tokens(127 * 4, 16) == 64);  // 31 pairs per expert
     CHECK(cuda::gemm_prefill_tile_tokens(0, 32) == 64);
     cuda::GemmWeights w;
     w.N = 16; w.K = 100;

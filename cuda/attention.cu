@@ -586,9 +586,10 @@ __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const Attent
 // The tensor-core variant of bf16_attention_decode_kernel; prefetch as there (each warp's first
 // K/V sub-block is requested before the dependency wait).
 // kStages = 2 (GPTOSS_DECODE_ATTN_STAGES=2): two sub-blocks in flight per warp (66 KB of shared
-// memory, opted in at the launch).
-template <int kStages>
-__global__ __launch_bounds__(256, 2) void bf16_attention_decode_mma_kernel(const AttentionArgs a, float* partial,
+// memory, opted in at the launch). kMinBlocks = 3 (GPTOSS_DECODE_ATTN_BLOCKS=3): registers capped
+// for 3 CTAs per SM (from 109 to 80; ptxas may spill).
+template <int kStages, int kMinBlocks>
+__global__ __launch_bounds__(256, kMinBlocks) void bf16_attention_decode_mma_kernel(const AttentionArgs a, float* partial,
                                                                           int* counters, uint32_t max_splits,
                                                                           int prefetch) {
     if (prefetch) {
@@ -678,19 +679,26 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* coun
         const char* s = std::getenv("GPTOSS_DECODE_ATTN_STAGES");
         return s && *s && std::atoi(s) == 2 ? 2 : 1;
     }();
-    if (decode_attention_mma() && stages == 2) {
-        static const cudaError_t opt_in = cudaFuncSetAttribute(
-            bf16_attention_decode_mma_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(decode_smem_mma(2)));
-        if (opt_in != cudaSuccess)
-            return fail(GPTOSS_ERR_DEVICE, "attention_decode: shared-memory opt-in: %s", cudaGetErrorString(opt_in));
-        GPTOSS_LAUNCH(bf16_attention_decode_mma_kernel<2>, grid, 256, decode_smem_mma(2), stream, a, partial,
-                      counters, max_splits, prefetch);
-    } else if (decode_attention_mma())
-        GPTOSS_LAUNCH(bf16_attention_decode_mma_kernel<1>, grid, 256, kDecodeSmemMma, stream, a, partial, counters,
-                      max_splits, prefetch);
-    else
+    static const int blocks = [] {  // GPTOSS_DECODE_ATTN_BLOCKS=2|3 (default 2), tensor-core split only
+        const char* s = std::getenv("GPTOSS_DECODE_ATTN_BLOCKS");
+        return s && *s && std::atoi(s) == 3 ? 3 : 2;
+    }();
+    if (decode_attention_mma()) {
+        const auto kernel = stages == 2 ? (blocks == 3 ? bf16_attention_decode_mma_kernel<2, 3>
+                                                       : bf16_attention_decode_mma_kernel<2, 2>)
+                                        : (blocks == 3 ? bf16_attention_decode_mma_kernel<1, 3>
+                                                       : bf16_attention_decode_mma_kernel<1, 2>);
+        const size_t smem = decode_smem_mma(stages);
+        if (smem > 48 * 1024) {
+            const cudaError_t opt_in = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+            if (opt_in != cudaSuccess)
+                return fail(GPTOSS_ERR_DEVICE, "attention_decode: shared-memory opt-in: %s", cudaGetErrorString(opt_in));
+        }
+        GPTOSS_LAUNCH(kernel, grid, 256, smem, stream, a, partial, counters, max_splits, prefetch);
+    } else {
         GPTOSS_LAUNCH(bf16_attention_decode_kernel, grid, 256, kDecodeSmem, stream, a, partial, counters, max_splits,
                       prefetch);
+    }
     return GPTOSS_OK;
 }
 

@@ -585,11 +585,11 @@ __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const Attent
 
 // The tensor-core variant of bf16_attention_decode_kernel; prefetch as there (each warp's first
 // K/V sub-block is requested before the dependency wait).
-// kStages = 2 (GPTOSS_DECODE_ATTN_STAGES=2): two sub-blocks in flight per warp (66 KB of shared
-// memory, opted in at the launch). kMinBlocks = 3 (GPTOSS_DECODE_ATTN_BLOCKS=3): registers capped
-// for 3 CTAs per SM (from 109 to 80; ptxas may spill).
-template <int kStages, int kMinBlocks>
-__global__ __launch_bounds__(256, kMinBlocks) void bf16_attention_decode_mma_kernel(const AttentionArgs a, float* partial,
+// kStages = 2 (decode_attention_stages, the default): two sub-blocks in flight per warp (66 KB of
+// shared memory, opted in at the launch). (Registers capped for 3 CTAs per SM lost 2–9 % at depth:
+// bench/NOTES.md "v16 decode attention".)
+template <int kStages>
+__global__ __launch_bounds__(256, 2) void bf16_attention_decode_mma_kernel(const AttentionArgs a, float* partial,
                                                                           int* counters, uint32_t max_splits,
                                                                           int prefetch) {
     if (prefetch) {
@@ -664,6 +664,23 @@ bool decode_attention_mma() {
 
 void set_decode_attention_mma(bool on) { g_decode_attention_mma.store(on ? 1 : 0); }
 
+namespace {
+std::atomic<int> g_decode_attention_stages{0};  // 0: not chosen yet (GPTOSS_DECODE_ATTN_STAGES=1|2)
+}  // namespace
+
+int decode_attention_stages() {
+    int v = g_decode_attention_stages.load();
+    if (v == 0) {
+        const char* s = std::getenv("GPTOSS_DECODE_ATTN_STAGES");
+        int expected = 0;
+        g_decode_attention_stages.compare_exchange_strong(expected, s && *s && std::atoi(s) == 1 ? 1 : 2);
+        v = g_decode_attention_stages.load();
+    }
+    return v;
+}
+
+void set_decode_attention_stages(int stages) { g_decode_attention_stages.store(stages == 1 ? 1 : 2); }
+
 
 gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* counters, uint32_t max_splits,
                                cudaStream_t stream) {
@@ -675,21 +692,11 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* coun
         return !(s && *s) || std::atoi(s) != 0;
     }();
     const int prefetch = prefetch_on && a.qkv != nullptr;
-    static const int stages = [] {  // GPTOSS_DECODE_ATTN_STAGES=1|2 (default 1), tensor-core split only
-        const char* s = std::getenv("GPTOSS_DECODE_ATTN_STAGES");
-        return s && *s && std::atoi(s) == 2 ? 2 : 1;
-    }();
-    static const int blocks = [] {  // GPTOSS_DECODE_ATTN_BLOCKS=2|3 (default 2), tensor-core split only
-        const char* s = std::getenv("GPTOSS_DECODE_ATTN_BLOCKS");
-        return s && *s && std::atoi(s) == 3 ? 3 : 2;
-    }();
     if (decode_attention_mma()) {
-        const auto kernel = stages == 2 ? (blocks == 3 ? bf16_attention_decode_mma_kernel<2, 3>
-                                                       : bf16_attention_decode_mma_kernel<2, 2>)
-                                        : (blocks == 3 ? bf16_attention_decode_mma_kernel<1, 3>
-                                                       : bf16_attention_decode_mma_kernel<1, 2>);
+        const int stages = decode_attention_stages();
+        const auto kernel = stages == 2 ? bf16_attention_decode_mma_kernel<2> : bf16_attention_decode_mma_kernel<1>;
         const size_t smem = decode_smem_mma(stages);
-        if (smem > 48 * 1024) {
+        if (smem > 48 * 1024) {  // (the attribute is per device: set at each launch, cheap, graphs capture once)
             const cudaError_t opt_in = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
             if (opt_in != cudaSuccess)
                 return fail(GPTOSS_ERR_DEVICE, "attention_decode: shared-memory opt-in: %s", cudaGetErrorString(opt_in));

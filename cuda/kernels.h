@@ -277,6 +277,11 @@ constexpr uint32_t decode_splits_needed(uint32_t pos) { return pos / decode_spli
 // decode runs, and re-capture decode graphs after.
 bool decode_attention_mma();
 void set_decode_attention_mma(bool on);
+// K/V sub-blocks in flight per warp in attention_decode's tensor-core split: 2 (default; 66 KB of
+// shared memory per CTA) or 1 (GPTOSS_DECODE_ATTN_STAGES=1; 35 KB). The same bits either way
+// (only when the loads are issued changes). The batched kernel always uses 1. Setter as above.
+int decode_attention_stages();
+void set_decode_attention_stages(int stages);
 
 // Copies the chunk's k/v [T, G·D] into the cache: positions max(pos0, pos0 + T - slots) ..
 // pos0 + T - 1 to slot = position % slots.

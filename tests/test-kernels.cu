@@ -449,12 +449,19 @@ struct AttnCase {
     }
 };
 
-// Selects the decode attention split (kernels.h decode_attention_mma) for a scope; restores the
-// previous choice after.
+// Selects the decode attention split (kernels.h decode_attention_mma) and, for the tensor-core
+// split, its stages (decode_attention_stages) for a scope; restores the previous choice after.
 struct DecodeSplit {
     const bool was = cuda::decode_attention_mma();
-    explicit DecodeSplit(bool mma) { cuda::set_decode_attention_mma(mma); }
-    ~DecodeSplit() { cuda::set_decode_attention_mma(was); }
+    const int was_stages = cuda::decode_attention_stages();
+    explicit DecodeSplit(bool mma, int stages = 2) {
+        cuda::set_decode_attention_mma(mma);
+        cuda::set_decode_attention_stages(stages);
+    }
+    ~DecodeSplit() {
+        cuda::set_decode_attention_mma(was);
+        cuda::set_decode_attention_stages(was_stages);
+    }
 };
 
 // Past 16 384 keys the decode splits grow (cuda::decode_split_len) so that at most
@@ -469,16 +476,20 @@ TEST_CASE("decode attention past 16k keys (longer splits) matches cpu::attention
     CHECK(cuda::decode_split_len(32767) == 256);
     CHECK(cuda::decode_split_len(32768) == 512);
     CHECK(cuda::decode_splits_needed(131071) <= cuda::kMaxDecodeSplits);
-    for (const bool mma : {false, true}) {  // both decode splits
-        const DecodeSplit split(mma);
+    std::map<std::pair<uint32_t, uint32_t>, std::vector<uint16_t>> one_stage;  // (window, position) → mode 1's output
+    for (const int mode : {0, 1, 2}) {  // the FMA split, the tensor-core split with 1 and 2 stages
+        const bool mma = mode > 0;
+        const DecodeSplit split(mma, mma ? mode : 2);
         for (uint32_t window : {0u, 128u}) {
             for (uint32_t p : {16383u, 16384u, 16511u, 32767u, 32768u, 70001u}) {
                 const uint32_t slots = window ? 128 : p + 1;
                 AttnCase dec(p, 1, window, slots, 991 + p);
                 const auto d = dec.run(true, cuda::kMaxDecodeSplits);
                 const auto wide = dec.run(true);
-                INFO("tensor-core split " << mma << " window " << window << " position " << p);
+                INFO("decode split " << mode << " (0 FMA, 1/2 tensor-core stages) window " << window << " position " << p);
                 CHECK(std::memcmp(d.data(), wide.data(), d.size() * 2) == 0);
+                if (mode == 1) one_stage[{window, p}] = d;
+                if (mode == 2) CHECK(d == one_stage[{window, p}]);  // stages move loads, not sums
                 expect_close(unpermuted_rows(d, 1, dec.Q * dec.D), dec.reference(mma), 2e-3f, 8e-3f, "decode");
             }
         }
@@ -500,11 +511,13 @@ TEST_CASE("decode attention and a 1-token prefill match cpu::attention; the pref
             dec.q.assign(whole.q.end() - whole.Q * whole.D, whole.q.end());
             dec.sinks = whole.sinks;
             const auto d = [&] { const DecodeSplit split(false); return dec.run(true); }();
-            const auto d_mma = [&] { const DecodeSplit split(true); return dec.run(true); }();
+            const auto d_mma = [&] { const DecodeSplit split(true, 2); return dec.run(true); }();
+            const auto d_mma1 = [&] { const DecodeSplit split(true, 1); return dec.run(true); }();
             const auto single = dec.run(false);
             const size_t n = size_t(whole.Q) * whole.D;
             INFO("window " << window << " position " << p);
             CHECK(std::memcmp(single.data(), pre.data() + size_t(p) * n, n * 2) == 0);
+            CHECK(std::memcmp(d_mma.data(), d_mma1.data(), n * 2) == 0);  // stages move loads, not sums
             expect_close(unpermuted_rows(d, 1, whole.Q * whole.D), dec.reference(false), 2e-3f, 8e-3f, "decode");
             // The tensor-core split rounds q to bf16 like the prefill kernel.
             expect_close(unpermuted_rows(d_mma, 1, whole.Q * whole.D), dec.reference(true), 2e-3f, 8e-3f,

@@ -371,12 +371,12 @@ HostSimd best_supported(HostSimd at_most) {
     return HostSimd::scalar;
 }
 
-// Calls body(i) for i in [0, n) on the pool.
+// Calls body(i) for i in [0, n) on the pool (the caller spinning up to caller_spin_us for it).
 template <typename Body>
-void parallel(size_t n, const Body& body) {
+void parallel(size_t n, const Body& body, int caller_spin_us = 0) {
     parallel_for(
         n, [](void* ctx, size_t i) { (*static_cast<const Body*>(ctx))(i); },
-        const_cast<void*>(static_cast<const void*>(&body)));
+        const_cast<void*>(static_cast<const void*>(&body)), caller_spin_us);
 }
 
 // The (token, slot) pairs routed to one expert: order[first, first + count).
@@ -631,6 +631,7 @@ HostMoeTuning tuning_from_env() {
     t.one_pass = env_u32("GPTOSS_HOST_MOE_ONE_PASS", t.one_pass ? 1 : 0, 1) != 0;
     t.prefetch_locality = env_u32("GPTOSS_HOST_MOE_PREFETCH_HINT", t.prefetch_locality, 3);
     t.scale_prefetch_bytes = env_u32("GPTOSS_HOST_MOE_PREFETCH_SCALES", t.scale_prefetch_bytes, 1u << 16);
+    t.caller_spin_us = env_u32("GPTOSS_HOST_MOE_CALLER_SPIN_US", t.caller_spin_us, 100000);
     return t;
 }
 HostMoeTuning g_tuning = tuning_from_env();  // guarded by g_scratch_mutex after start-up
@@ -712,10 +713,12 @@ void run_experts(RowsFn rows, host_q8::RowsFn q8_kernel, const uint16_t* x_bf16,
     if (tuning.one_pass) {
         // Every gate_up range is handed out before any down range, and a gate_up range waits
         // for nothing, so the waits end (on the calling thread alone too).
-        parallel(n_gu + n_dn, [&](size_t item) { item < n_gu ? gate_up_range(item) : down_range(item - n_gu, true); });
+        parallel(
+            n_gu + n_dn, [&](size_t item) { item < n_gu ? gate_up_range(item) : down_range(item - n_gu, true); },
+            int(tuning.caller_spin_us));
     } else {
-        parallel(n_gu, gate_up_range);
-        parallel(n_dn, [&](size_t item) { down_range(item, false); });
+        parallel(n_gu, gate_up_range, int(tuning.caller_spin_us));
+        parallel(n_dn, [&](size_t item) { down_range(item, false); }, int(tuning.caller_spin_us));
     }
     if (prof) host_profile::call_end();
 }

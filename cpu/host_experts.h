@@ -78,16 +78,19 @@ bool host_moe_experts_q8(const char* kernel, const uint16_t* x_bf16, uint32_t T,
 // How host_moe_experts splits a call's work over the pool (bench/NOTES.md "v14 host experts").
 // Every setting gives bit-identical results: only which thread computes a row changes, never
 // the order of operations inside it. The defaults below were the fastest at T = 1 on the H200
-// machine's 16-core Xeon (0.42 ms per 120b layer against v13's 0.60: the prefetch is most of
-// it); the environment overrides them, read once: GPTOSS_HOST_MOE_RANGES, GPTOSS_HOST_MOE_PREFETCH,
-// GPTOSS_HOST_MOE_ONE_PASS (0|1), GPTOSS_HOST_MOE_PREFETCH_HINT, GPTOSS_HOST_MOE_PREFETCH_SCALES;
-// 0, 0, 0 is v13's split.
+// machine's 16-core Xeon (v14: 0.42 ms per 120b layer against v13's 0.60, the prefetch most of
+// it; v16 below); the environment overrides them, read once: GPTOSS_HOST_MOE_RANGES,
+// GPTOSS_HOST_MOE_PREFETCH, GPTOSS_HOST_MOE_ONE_PASS (0|1), GPTOSS_HOST_MOE_PREFETCH_HINT,
+// GPTOSS_HOST_MOE_PREFETCH_SCALES, GPTOSS_HOST_MOE_CALLER_SPIN_US; v15's are 2 2048 1 3 0 0, and
+// 0 0 0 (first three) is v13's split.
 struct HostMoeTuning {
+    // v16's defaults (ranges 4, prefetchnta, the caller spinning 2 ms for its workers) against
+    // v14/v15's (2, prefetcht0, no spin): bench/NOTES.md "v16 host experts".
     // 0: fixed work items of 64 (int8 gate_up) or 32 rows, handed out in small interleaved
     // chunks (the v13 split). n ≥ 1: each projection's rows of each chosen expert are split into
     // contiguous ranges, about n per pool thread over the whole call (at least one per expert),
     // so that a thread streams a few long runs of one expert's weights.
-    uint32_t ranges_per_thread = 2;
+    uint32_t ranges_per_thread = 4;
     // Software prefetch (int8 kernels) this many bytes ahead in a weight row's block stream,
     // and 1/16 of it in the scale stream; 0 = none (the hardware prefetchers only).
     uint32_t prefetch_bytes = 2048;
@@ -95,12 +98,16 @@ struct HostMoeTuning {
     // (all of which were handed out before any down range) instead of a second fork/join.
     bool one_pass = true;
     // The prefetches' locality hint (GPTOSS_HOST_MOE_PREFETCH_HINT): 3 = prefetcht0 (v14), 2 =
-    // t1, 1 = t2, 0 = prefetchnta.
-    uint32_t prefetch_locality = 3;
+    // t1, 1 = t2, 0 = prefetchnta (the weights are read once per step).
+    uint32_t prefetch_locality = 0;
     // Scale stream (GPTOSS_HOST_MOE_PREFETCH_SCALES): 0 = one line prefetch_bytes / 16 ahead per
     // row (v14: a row's 90 scale bytes can span a line it never asks for); n = both lines of
     // the scales n bytes ahead.
     uint32_t scale_prefetch_bytes = 0;
+    // µs the pool's caller (the engine's poll thread), its own items done, spins for the workers
+    // still running before it sleeps (GPTOSS_HOST_MOE_CALLER_SPIN_US; 0 = sleep at once, v15):
+    // it answers the GPU as soon as the last worker ends instead of after a wake-up.
+    uint32_t caller_spin_us = 2000;
 };
 HostMoeTuning host_moe_tuning();
 // Sets the tuning of later calls (the bench's sweeps, tests); not during a call.

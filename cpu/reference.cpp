@@ -158,7 +158,7 @@ PoolHold::~PoolHold() {
     }
 }
 
-void parallel_for(size_t n, void (*fn)(void* ctx, size_t i), void* ctx) {
+void parallel_for(size_t n, void (*fn)(void* ctx, size_t i), void* ctx, int caller_spin_us) {
     if (n == 0) return;
     std::lock_guard<std::mutex> call_lock(g_call_mutex);
     Pool* pool = g_pool;
@@ -183,7 +183,8 @@ void parallel_for(size_t n, void (*fn)(void* ctx, size_t i), void* ctx) {
     pool->run_chunks();
     const auto all_done = [&] { return pool->running.load(std::memory_order_acquire) == 0; };
     spin_while_hinted(all_done);
-    spin_until(std::max(spin_micros(pool->n_threads), g_caller_spin.load(std::memory_order_relaxed)), all_done);
+    spin_until(std::max({spin_micros(pool->n_threads), g_caller_spin.load(std::memory_order_relaxed), caller_spin_us}),
+               all_done);
     std::unique_lock<std::mutex> lock(pool->mutex);
     pool->done.wait(lock, [&] { return pool->busy == 0; });
 }

@@ -19,7 +19,9 @@ namespace cpu {
 // Runs fn(i) for i in [0, n) on the shared worker pool (std::thread; GPTOSS_THREADS or the
 // hardware concurrency). Blocks until all are done. fn must not call parallel_for. Without a
 // live PoolHold it runs on the calling thread (same results: nothing depends on the split).
-void parallel_for(size_t n, void (*fn)(void* ctx, size_t i), void* ctx);
+// caller_spin_us: how long the caller, its share done, spins for the workers before it sleeps
+// (at least pool_set_caller_spin's).
+void parallel_for(size_t n, void (*fn)(void* ctx, size_t i), void* ctx, int caller_spin_us = 0);
 // How many threads a parallel_for started now would run on (the pool's workers + the caller;
 // 1 without a live PoolHold). For callers that size their work items by it.
 size_t parallel_threads();

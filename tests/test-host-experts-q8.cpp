@@ -209,6 +209,35 @@ TEST_CASE("quantize_row: every element within d/2, 12·Σq and d/2 as defined, z
     CHECK_FALSE(q8::quantize_row(permuted(x).data(), 64, row.data()));
 }
 
+TEST_CASE("quantize_row: q = nearbyint(x · 127 / amax) exactly, ties to even (v16's rounding without the libm call)") {
+    std::mt19937 rng(6);
+    const uint32_t k = 2880;
+    std::vector<float> x = random_x(k, 3.0f, rng);
+    // Ties: blocks whose amax is 127, so x · 127 / amax = x, holding every half-integer in ±126.5.
+    for (uint32_t b = 0; b < 8; b++) {
+        x[b * 32] = 127.0f;
+        for (uint32_t e = 1; e < 32; e++) x[b * 32 + e] = float(int(rng() % 253) - 126) + 0.5f * float(rng() % 2);
+    }
+    x[8 * 32 + 3] = -0.0f;
+    std::vector<uint8_t> row(q8::row_bytes(k));
+    REQUIRE(q8::quantize_row(permuted(x).data(), k, row.data()));
+    const Decoded d = decode(row.data(), k);
+    size_t bad = 0, ties = 0;
+    for (uint32_t b = 0; b < k / 32; b++) {
+        float amax = 0;
+        for (uint32_t e = 0; e < 32; e++) amax = std::max(amax, std::fabs(x[b * 32 + e]));
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (uint32_t e = 0; e < 32; e++) {
+            const float v = x[b * 32 + e] * inv;
+            ties += v - std::floor(v) == 0.5f ? 1 : 0;
+            const int want = int(std::min(127.0f, std::max(-127.0f, std::nearbyint(v))));
+            bad += d.q[b * 32 + e] == want ? 0 : 1;
+        }
+    }
+    CHECK(bad == 0);
+    CHECK(ties > 50);  // the half-integers above are there
+}
+
 TEST_CASE("int8 rows: all codes, realistic scales, K = 32·{1, 7, 8, 9, 90}, 1..4 inputs") {
     std::mt19937 rng(11);
     for (const char* name : kKernels) {

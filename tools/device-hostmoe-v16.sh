@@ -2,11 +2,12 @@
 # tools/device-hostmoe-v16.sh - issue 16's host experts pass on the GPU machine in one call
 # (bench/NOTES.md "v16 host experts"): build the few targets; the CPU tests natively
 # (test-host-experts, -q8); test-kernels-offload (tiny + the 20b-shaped 2-layer model) under the
-# defaults and under NEW_ENV (or the sweep's winner), test-kernels-hostmoe-stop; the standalone
-# sweep `gptoss-bench --host-moe-sweep 120b` (its last lines name the better tuning's environment:
-# that becomes "new" unless NEW_ENV is set); one engine run of 120b with GPTOSS_HOST_MOE_TIMING=1
-# (the round trip and the experts pass's pieces); then the engine A/B, old (the defaults) vs new,
-# 120b in 24 GB then 20b in 8 GB, alternated over ROUNDS rounds while time is left.
+# defaults and under NEW_ENV (or the sweep's winner), test-kernels-hostmoe-stop; without NEW_ENV
+# the standalone sweep `gptoss-bench --host-moe-sweep 120b` (its last lines name the better
+# tuning's environment: that becomes "new"); one engine run of 120b with GPTOSS_HOST_MOE_TIMING=1
+# under TIMED_ENV (else OLD_ENV: the round trip and the experts pass's pieces); then the engine
+# A/B, OLD_ENV (default: the defaults) vs NEW vs EXTRA_ENV (if set), 120b in 24 GB then 20b in
+# 8 GB, over ROUNDS rounds (the second in reverse order) while time is left.
 # Usage (repository root): tools/device-hostmoe-v16.sh DEPS_DIR TOKENIZER_DIR [SECONDS]
 set -uo pipefail
 DEPS="$1" TOK="$2" LIMIT="${3:-400}"
@@ -32,8 +33,10 @@ for t in test-host-experts test-host-experts-q8; do
   log "$t rc=$? $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/$t.txt" | tr '\n' ' ') $(grep -o 'host-moe experts pass.*' "$OUT/$t.txt" | cut -c1-120)"
 done
 ./$B/gptoss-synth --preset tiny --seed 1 --out $B/models/tiny --tokenizer-dir $TOK > /dev/null 2>&1
-timeout 60 ./$B/gptoss-bench --host-moe-sweep 120b > "$OUT/sweep-120b.txt" 2>&1
-log "sweep rc=$? $(grep -E '^sweep: best' "$OUT/sweep-120b.txt")"
+if [ -z "${NEW_ENV:-}" ]; then
+  timeout 60 ./$B/gptoss-bench --host-moe-sweep 120b > "$OUT/sweep-120b.txt" 2>&1
+  log "sweep rc=$? $(grep -E '^sweep: best' "$OUT/sweep-120b.txt")"
+fi
 NEW="${NEW_ENV:-$(grep -oE 'engine env: .*' "$OUT/sweep-120b.txt" | sed 's/engine env: //')}"
 [ -n "$NEW" ] || NEW="GPTOSS_HOST_MOE_TIMING=0"
 log "new = [$NEW]"
@@ -57,14 +60,21 @@ run_engine() {  # model, name, environment
   log "$m $name [$e] rc=$rc $(grep -E '^tg[0-9]+ @' "$f" | tr '\n' ' ') $(grep -o 'host streaming read [0-9.]* GB/s' "$f") $(grep -o '= [0-9.]* tok/s (% floor' "$f") $(grep -oE '^\| tg[0-9]+ .*' "$f" | awk -F'|' '{print "pct_floor" $7}') $(grep -o 'host-moe timing (.*' "$f" | cut -c1-400) $(grep -o 'host-moe experts pass.*' "$f")"
   rm -f "$f"
 }
-run_engine 120b timed-old "GPTOSS_HOST_MOE_TIMING=1"
+OLD="${OLD_ENV:-GPTOSS_HOST_MOE_TIMING=0}"
+run_engine 120b timed "${TIMED_ENV:-$OLD} GPTOSS_HOST_MOE_TIMING=1"
+# The variants: old, new, and EXTRA_ENV's if set; round 2 runs them in reverse order.
+names="old new"; [ -n "${EXTRA_ENV:-}" ] && names="old new extra"
 for r in $(seq "${ROUNDS:-2}"); do
-  order="old new"; [ $((r % 2)) -eq 0 ] && order="new old"  # alternate which runs first
+  order="$names"; [ $((r % 2)) -eq 0 ] && order="$(echo $names | tr ' ' '\n' | tac | tr '\n' ' ')"
   for m in 120b 20b; do
-    need=$([ $m = 120b ] && echo 42 || echo 12)  # the pair's seconds
-    [ "$(left)" -gt $need ] || continue
     for v in $order; do
-      if [ $v = old ]; then run_engine $m old-r$r "GPTOSS_HOST_MOE_TIMING=0"; else run_engine $m new-r$r "$NEW"; fi
+      need=$([ $m = 120b ] && echo 21 || echo 7)
+      [ "$(left)" -gt $need ] || continue
+      case $v in
+        old) run_engine $m old-r$r "$OLD" ;;
+        new) run_engine $m new-r$r "$NEW" ;;
+        extra) run_engine $m extra-r$r "$EXTRA_ENV" ;;
+      esac
     done
   done
 done

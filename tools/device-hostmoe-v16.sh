@@ -2,7 +2,7 @@
 # tools/device-hostmoe-v16.sh - issue 16's host experts pass on the GPU machine in one call
 # (bench/NOTES.md "v16 host experts"): build the few targets; the CPU tests natively
 # (test-host-experts, -q8); test-kernels-offload (tiny + the 20b-shaped 2-layer model) under the
-# defaults and under NEW_ENV (or the sweep's winner), test-kernels-hostmoe-stop; without NEW_ENV
+# OLD_ENV (default: the defaults) and NEW_ENV (or the sweep's winner), test-kernels-hostmoe-stop; without NEW_ENV
 # the standalone sweep `gptoss-bench --host-moe-sweep 120b` (its last lines name the better
 # tuning's environment: that becomes "new"); one engine run of 120b with GPTOSS_HOST_MOE_TIMING=1
 # under TIMED_ENV (else OLD_ENV: the round trip and the experts pass's pieces); then the engine
@@ -41,7 +41,8 @@ NEW="${NEW_ENV:-$(grep -oE 'engine env: .*' "$OUT/sweep-120b.txt" | sed 's/engin
 [ -n "$NEW" ] || NEW="GPTOSS_HOST_MOE_TIMING=0"
 log "new = [$NEW]"
 ./$B/gptoss-synth --preset 20b --layers 2 --seed 3 --out /tmp/m20b2l > /dev/null 2>&1
-for env in "GPTOSS_HOST_MOE_TIMING=0" "$NEW"; do
+OLD="${OLD_ENV:-GPTOSS_HOST_MOE_TIMING=0}"
+for env in "$OLD" "$NEW"; do
   env $env GPTOSS_TINY_MODEL=$PWD/$B/models/tiny GPTOSS_20B_2L_MODEL=/tmp/m20b2l timeout 120 ./$B/test-kernels-offload \
     > "$OUT/test-offload.txt" 2>&1
   log "test-kernels-offload [$env] rc=$? $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/test-offload.txt" | tr '\n' ' ')"
@@ -60,7 +61,6 @@ run_engine() {  # model, name, environment
   log "$m $name [$e] rc=$rc $(grep -E '^tg[0-9]+ @' "$f" | tr '\n' ' ') $(grep -o 'host streaming read [0-9.]* GB/s' "$f") $(grep -o '= [0-9.]* tok/s (% floor' "$f") $(grep -oE '^\| tg[0-9]+ .*' "$f" | awk -F'|' '{print "pct_floor" $7}') $(grep -o 'host-moe timing (.*' "$f" | cut -c1-400) $(grep -o 'host-moe experts pass.*' "$f")"
   rm -f "$f"
 }
-OLD="${OLD_ENV:-GPTOSS_HOST_MOE_TIMING=0}"
 run_engine 120b timed "${TIMED_ENV:-$OLD} GPTOSS_HOST_MOE_TIMING=1"
 # The variants: old, new, and EXTRA_ENV's if set; round 2 runs them in reverse order.
 names="old new"; [ -n "${EXTRA_ENV:-}" ] && names="old new extra"

@@ -30,15 +30,29 @@ constexpr size_t kAlign = 256;
 size_t align_up(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
 
 // 8-column tiles per CTA of the dense projections: nb = 8 (one CTA per slab carries up to 64
-// tokens) above 8 tokens, else 1 (the decode ring). GPTOSS_DECODE_BATCH_NB = 1 | 8 forces one
+// tokens) above 8 tokens, else 1 (the decode ring). GPTOSS_DECODE_BATCH_NB = 1 | 2 | 8 forces one
 // (A/B runs); the results are the same bits either way (gemm.cu).
 int dense_nb(uint32_t n) {
     static const int forced = [] {
         const char* e = std::getenv("GPTOSS_DECODE_BATCH_NB");
         return e ? std::atoi(e) : 0;
     }();
-    if (forced == 1 || forced == 8) return forced;
+    if (forced == 1 || forced == 2 || forced == 8) return forced;
     return n > 8 ? 8 : 1;
+}
+// The per-layer projections (QKV, O, router): 2 column tiles per CTA above 8 tokens (the decode
+// ring for both; 4 CTAs per 16-row slab at 64 tokens instead of one: O has only 180 slabs), else
+// 1. GPTOSS_DECODE_BATCH_PROJ_NB = 1 | 2 | 8 forces one, 0 = dense_nb (v14's choice). lm_head
+// keeps dense_nb: its CTAs run slab-major, so at nb < 8 each column tile would read its 1.2 GB
+// again. Same bits whichever.
+int proj_nb(uint32_t n) {
+    static const int forced = [] {
+        const char* e = std::getenv("GPTOSS_DECODE_BATCH_PROJ_NB");
+        return e && *e ? std::atoi(e) : -1;
+    }();
+    if (forced == 1 || forced == 2 || forced == 8) return forced;
+    if (forced == 0) return dense_nb(n);
+    return n > 8 ? 2 : 1;
 }
 // MoE: route tiles of 8·nb pairs, one CTA per (expert tile, 16-row slab); nb = 1 (tiles of 8
 // pairs). GPTOSS_DECODE_BATCH_MOE_NB = 2: tiles of 16 pairs (the activation ring of decode for
@@ -359,8 +373,9 @@ gptoss_status BatchDecoder::launch(const BatchModel& m, uint32_t n, uint32_t spl
 gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t full_splits) {
     cudaStream_t s = stream_;
     const uint32_t QKV = (m.Q + 2 * m.G) * m.D;
-    const int nb = dense_nb(n), mnb = moe_nb();
-    const bool persist = moe_batch_enabled();  // cuda/moe_decode_batch.h: tiles of 16, one persistent launch
+    const int nb = dense_nb(n), pnb = proj_nb(n), mnb = moe_nb();
+    // cuda/moe_decode_batch.h: tiles of 16, one persistent launch per GEMM (same bits as gemm()).
+    const int persist = n >= moe_batch_min_items() ? moe_batch_mode() : 0;
     const uint32_t tile_tokens = persist ? 16u : 8u * uint32_t(mnb);
     ResidualArgs embed;
     embed.mode = ResidualMode::kEmbed;
@@ -371,7 +386,7 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
     GPTOSS_TRY(mark("embed + rmsnorm"));
     for (size_t l = 0; l < m.layers.size(); ++l) {
         const BatchLayer& L = m.layers[l];
-        GPTOSS_TRY(gemm(L.qkv, xn_, n, nullptr, Epilogue::kStore, qkv_, nullptr, QKV, 0, nb, s));
+        GPTOSS_TRY(gemm(L.qkv, xn_, n, nullptr, Epilogue::kStore, qkv_, nullptr, QKV, 0, pnb, s));
         GPTOSS_TRY(mark("qkv gemm"));
         AttentionArgs aa;
         aa.window = L.sliding ? m.sliding_window : 0;
@@ -385,11 +400,11 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
             L.sliding ? std::min(full_splits, ceil_div(m.sliding_window, kAttentionSplit) + 1) : full_splits;
         GPTOSS_TRY(attention_decode_batch(aa, items_ + l * cap_items_, n, partial_, counters_, splits, s));
         GPTOSS_TRY(mark(L.sliding ? "rope + attention (sliding)" : "rope + attention (full)"));
-        GPTOSS_TRY(gemm(L.o, attn_, n, nullptr, Epilogue::kAdd, x_, nullptr, m.H, 0, nb, s));
+        GPTOSS_TRY(gemm(L.o, attn_, n, nullptr, Epilogue::kAdd, x_, nullptr, m.H, 0, pnb, s));
         GPTOSS_TRY(mark("o gemm + residual"));
         ResidualArgs none;
         GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, m.rms_norm_eps, xn_, n, m.H, s));
-        GPTOSS_TRY(gemm(L.router, xn_, n, nullptr, Epilogue::kStore, rlogits_, nullptr, m.E, 0, nb, s));
+        GPTOSS_TRY(gemm(L.router, xn_, n, nullptr, Epilogue::kStore, rlogits_, nullptr, m.E, 0, pnb, s));
         GPTOSS_TRY(router_route(rlogits_, n, m.E, m.K, experts_, weights_, tiles_, pairs_, tile_tokens, s));
         GPTOSS_TRY(mark("rmsnorm + router + route"));
         GemmRoute r1;
@@ -398,9 +413,10 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
         GemmRoute r2 = r1;
         r2.in_div = 1;
         if (persist) {
-            GPTOSS_TRY(moe_batch_gemm(L.gate_up, xn_, r1, Epilogue::kSwiglu, nullptr, act_, m.I, m.swiglu_limit, 0, s));
+            GPTOSS_TRY(
+                moe_batch_gemm(L.gate_up, xn_, r1, Epilogue::kSwiglu, nullptr, act_, m.I, m.swiglu_limit, persist, 0, s));
             GPTOSS_TRY(mark("moe gate_up + swiglu"));
-            GPTOSS_TRY(moe_batch_gemm(L.down, act_, r2, Epilogue::kStore, part_, nullptr, m.H, 0, 0, s));
+            GPTOSS_TRY(moe_batch_gemm(L.down, act_, r2, Epilogue::kStore, part_, nullptr, m.H, 0, persist, 0, s));
         } else {
             GPTOSS_TRY(gemm(L.gate_up, xn_, n, &r1, Epilogue::kSwiglu, nullptr, act_, m.I, m.swiglu_limit, mnb, s));
             GPTOSS_TRY(mark("moe gate_up + swiglu"));

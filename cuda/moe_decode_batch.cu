@@ -40,10 +40,10 @@ struct Item {
     const uint4* xrow[NB];
 };
 
-// Reads item `item`'s tile, points this lane at its weights and activations and requests the
-// first kDepth chunks of both (gemm.cu's prologue for one CTA).
-__device__ __forceinline__ void begin_item(const KernelArgs& a, uint32_t item, uint32_t slabs, uint32_t n_chunks,
-                                           Item& it, Chunk (&ring)[kDepth], uint4 (&xring)[kDepth][NB][2]) {
+// Reads item `item`'s tile and points this lane at its activations, requesting the first kDepth
+// chunks of them (gemm.cu's prologue for one CTA, without the weights).
+__device__ __forceinline__ void begin_x(const KernelArgs& a, uint32_t item, uint32_t slabs, uint32_t n_chunks, Item& it,
+                                        uint4 (&xring)[kDepth][NB][2]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const uint32_t tile = item / slabs;
@@ -52,12 +52,6 @@ __device__ __forceinline__ void begin_item(const KernelArgs& a, uint32_t item, u
     it.expert = ti[0];
     it.col_base = uint32_t(ti[1]);
     it.n_cols = uint32_t(ti[2]);
-    slab_pointers<true>(a.w, it.expert, it.slab, n_chunks, lane, &it.wp, &it.sp);
-#pragma unroll
-    for (int i = 0; i < kDepth; ++i) {
-        const uint32_t cc = uint32_t(warp) + 4u * i;
-        if (cc < n_chunks) load_chunk<true>(ring[i], it.wp, it.sp, cc);
-    }
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
         const uint32_t c = uint32_t(nb * 8 + g);
@@ -79,6 +73,21 @@ __device__ __forceinline__ void begin_item(const KernelArgs& a, uint32_t item, u
             }
         }
     }
+}
+
+// begin_x, then this lane's weight pointers and the first kDepth weight chunks from global memory.
+__device__ __forceinline__ void begin_item(const KernelArgs& a, uint32_t item, uint32_t slabs, uint32_t n_chunks,
+                                           Item& it, Chunk (&ring)[kDepth], uint4 (&xring)[kDepth][NB][2]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t tile = item / slabs;
+    const int expert = a.route.tiles[1 + 3 * tile];
+    slab_pointers<true>(a.w, expert, item - tile * slabs, n_chunks, lane, &it.wp, &it.sp);
+#pragma unroll
+    for (int i = 0; i < kDepth; ++i) {
+        const uint32_t cc = uint32_t(warp) + 4u * i;
+        if (cc < n_chunks) load_chunk<true>(ring[i], it.wp, it.sp, cc);
+    }
+    begin_x(a, item, slabs, n_chunks, it, xring);
 }
 
 // gemm.cu's epilogue for one item from the four warps' tiles in red (threads 0..63).
@@ -118,9 +127,55 @@ __device__ __forceinline__ void finish_item(const KernelArgs& a, const Item& it,
     }
 }
 
+// One item's mma chain (gemm.cu's main loop at nb = 2): warp w sums chunks w, w + 4, ... in order;
+// ring[i] / xring[i] hold chunk w + 4i on entry; load_w(chunk, c) refills a weight chunk.
+// Leaves the warp's tile in red[warp].
+template <typename LoadW>
+__device__ __forceinline__ void mma_chain(const Item& cur, uint32_t n_chunks, Chunk (&ring)[kDepth],
+                                          uint4 (&xring)[kDepth][NB][2], float (&red)[4][NB * 32 * 4], LoadW load_w) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float acc[NB][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
+    for (uint32_t base = uint32_t(warp); base < n_chunks; base += 4u * kDepth) {
+#pragma unroll
+        for (int i = 0; i < kDepth; ++i) {
+            const uint32_t c = base + 4u * i;
+            if (c >= n_chunks) break;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                uint32_t af[4];
+                fragment<true>(ring[i], j, af);
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+                    if (nb > 0 && uint32_t(nb) * 8u >= cur.n_cols) break;  // uniform over the CTA
+                    const uint4 b = xring[i][nb][j >> 1];
+                    mma(acc[nb], af, (j & 1) ? b.z : b.x, (j & 1) ? b.w : b.y);
+                }
+            }
+            const uint32_t cn = c + 4u * kDepth;
+            if (cn < n_chunks) {
+                load_w(ring[i], cn);
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+                    if (cur.xrow[nb]) {
+                        xring[i][nb][0] = __ldg(cur.xrow[nb] + size_t(cn) * 8);
+                        xring[i][nb][1] = __ldg(cur.xrow[nb] + size_t(cn) * 8 + 1);
+                    }
+                }
+            }
+        }
+    }
+    float* mine = red[warp];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine[(nb * 32 + lane) * 4 + e] = acc[nb][e];
+}
+
+// Mode 1: every lane streams its weight chunks from global memory through its register ring.
 __global__ __launch_bounds__(128, kMinCtas) void moe_batch_kernel(const KernelArgs a) {
     __shared__ float red[4][NB * 32 * 4];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     pdl_wait();  // the route and the activations are the previous kernels'
     const uint32_t n_tiles = min(uint32_t(a.route.tiles[0]), a.route.max_tiles);
     const uint32_t slabs = (a.w.N + 15) / 16, total = n_tiles * slabs, n_chunks = a.w.K >> 6;
@@ -131,43 +186,8 @@ __global__ __launch_bounds__(128, kMinCtas) void moe_batch_kernel(const KernelAr
     if (item < total) begin_item(a, item, slabs, n_chunks, cur, ring, xring);
     pdl_launch_dependents();
     while (item < total) {
-        float acc[NB][4];
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
-        for (uint32_t base = uint32_t(warp); base < n_chunks; base += 4u * kDepth) {
-#pragma unroll
-            for (int i = 0; i < kDepth; ++i) {
-                const uint32_t c = base + 4u * i;
-                if (c >= n_chunks) break;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    uint32_t af[4];
-                    fragment<true>(ring[i], j, af);
-#pragma unroll
-                    for (int nb = 0; nb < NB; ++nb) {
-                        if (nb > 0 && uint32_t(nb) * 8u >= cur.n_cols) break;  // uniform over the CTA
-                        const uint4 b = xring[i][nb][j >> 1];
-                        mma(acc[nb], af, (j & 1) ? b.z : b.x, (j & 1) ? b.w : b.y);
-                    }
-                }
-                const uint32_t cn = c + 4u * kDepth;
-                if (cn < n_chunks) {
-                    load_chunk<true>(ring[i], cur.wp, cur.sp, cn);
-#pragma unroll
-                    for (int nb = 0; nb < NB; ++nb) {
-                        if (cur.xrow[nb]) {
-                            xring[i][nb][0] = __ldg(cur.xrow[nb] + size_t(cn) * 8);
-                            xring[i][nb][1] = __ldg(cur.xrow[nb] + size_t(cn) * 8 + 1);
-                        }
-                    }
-                }
-            }
-        }
-        float* mine = red[warp];
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) mine[(nb * 32 + lane) * 4 + e] = acc[nb][e];
+        mma_chain(cur, n_chunks, ring, xring, red,
+                  [&](Chunk& ch, uint32_t c) { load_chunk<true>(ch, cur.wp, cur.sp, c); });
         __syncthreads();
         // The ring is empty: request the next item's first chunks before this item's epilogue.
         const Item done = cur;
@@ -179,44 +199,178 @@ __global__ __launch_bounds__(128, kMinCtas) void moe_batch_kernel(const KernelAr
     }
 }
 
+// Mode 2: each item's whole weight slab (n_chunks × 512 bytes of nibbles, then n_chunks × 64
+// bytes of scales: contiguous in repack.cu's layout) arrives in shared memory by two bulk copies
+// (cp.async.bulk, completion on an mbarrier) issued kStages items ahead by thread 0, so the bytes
+// in flight per SM no longer depend on registers; the lanes read their chunks from the stage.
+constexpr int kStages = 2;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void bulk_slab(const KernelArgs& a, uint32_t item, uint32_t slabs, uint32_t wbytes,
+                                          uint32_t sbytes, uint32_t dst, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t tile = item / slabs, slab = item - tile * slabs;
+    const size_t expert = size_t(a.route.tiles[1 + 3 * tile]);
+    const char* gw = static_cast<const char*>(a.w.w) + expert * a.w.w_expert_stride + size_t(slab) * wbytes;
+    const char* gs = reinterpret_cast<const char*>(a.w.scales + expert * a.w.s_expert_stride) + size_t(slab) * sbytes;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(wbytes + sbytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(gw), "r"(wbytes), "r"(bar)
+                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     dst + wbytes),
+                 "l"(gs), "r"(sbytes), "r"(bar)
+                 : "memory");
+#endif
+}
+
+__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n.reg .pred p;\nLAB_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra LAB_WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+#endif
+}
+
+__global__ __launch_bounds__(128, kMinCtas) void moe_batch_bulk_kernel(const KernelArgs a, uint32_t stage_bytes) {
+    extern __shared__ __align__(128) unsigned char stage[];
+    __shared__ float red[4][NB * 32 * 4];
+    __shared__ __align__(8) uint64_t bars[kStages];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    pdl_wait();  // the route and the activations are the previous kernels'
+    const uint32_t n_tiles = min(uint32_t(a.route.tiles[0]), a.route.max_tiles);
+    const uint32_t slabs = (a.w.N + 15) / 16, total = n_tiles * slabs, n_chunks = a.w.K >> 6;
+    const uint32_t wbytes = n_chunks * 512u, sbytes = n_chunks * 64u;
+    const uint32_t stage0 = smem_u32(stage), bar0 = smem_u32(bars);
+    uint32_t item = blockIdx.x;
+    if (threadIdx.x == 0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        for (int s = 0; s < kStages; ++s)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar0 + 8u * s) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+        for (int s = 0; s < kStages; ++s) {
+            const uint32_t it = item + uint32_t(s) * gridDim.x;
+            if (it < total) bulk_slab(a, it, slabs, wbytes, sbytes, stage0 + uint32_t(s) * stage_bytes, bar0 + 8u * s);
+        }
+    }
+    __syncthreads();
+    Chunk ring[kDepth];
+    uint4 xring[kDepth][NB][2];
+    Item cur{};
+    if (item < total) begin_x(a, item, slabs, n_chunks, cur, xring);
+    pdl_launch_dependents();
+    for (uint32_t k = 0; item < total; ++k) {
+        const uint32_t s = k % kStages;
+        bar_wait(bar0 + 8u * s, (k / kStages) & 1u);
+        const uint4* sw = reinterpret_cast<const uint4*>(stage + s * stage_bytes) + lane;
+        const uint2* ss = reinterpret_cast<const uint2*>(stage + s * stage_bytes + wbytes) + (lane >> 2);
+        auto load_w = [&](Chunk& ch, uint32_t c) {
+            ch.v[0] = sw[size_t(c) * 32];
+            const uint2 sc = ss[size_t(c) * 8];
+            ch.v[1].x = sc.x;
+            ch.v[1].y = sc.y;
+        };
+#pragma unroll
+        for (int i = 0; i < kDepth; ++i) {
+            const uint32_t cc = uint32_t(warp) + 4u * i;
+            if (cc < n_chunks) load_w(ring[i], cc);
+        }
+        mma_chain(cur, n_chunks, ring, xring, red, load_w);
+        __syncthreads();  // every lane is done with stage s: refill it kStages items ahead
+        if (threadIdx.x == 0) {
+            const uint32_t it = item + uint32_t(kStages) * gridDim.x;
+            if (it < total) bulk_slab(a, it, slabs, wbytes, sbytes, stage0 + s * stage_bytes, bar0 + 8u * s);
+        }
+        const Item done = cur;
+        const uint32_t next = item + gridDim.x;
+        if (next < total) begin_x(a, next, slabs, n_chunks, cur, xring);
+        finish_item(a, done, red);
+        __syncthreads();  // red is free again
+        item = next;
+    }
+}
+
 int env_int(const char* name, int def) {
     const char* s = std::getenv(name);
     return (s && *s) ? std::atoi(s) : def;
 }
 
-// As many CTAs as fit on the device at once (GPTOSS_DECODE_BATCH_MOE_CTAS = per SM caps it), per
-// device, queried once.
-gptoss_status grid_ctas(uint32_t* out) {
-    static int cached[64] = {};
-    int dev = 0;
+// As many CTAs of `fn` with `smem` dynamic bytes as fit on the device at once
+// (GPTOSS_DECODE_BATCH_MOE_CTAS = per SM caps it).
+template <typename Fn>
+gptoss_status grid_ctas(Fn fn, size_t smem, uint32_t* out) {
+    int dev = 0, sms = 0, per_sm = 0;
     GPTOSS_CUDA_TRY(cudaGetDevice(&dev));
-    if (dev < 0 || dev >= 64 || cached[dev] == 0) {
-        int sms = 0, per_sm = 0;
-        GPTOSS_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        GPTOSS_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_batch_kernel, 128, 0));
-        const int want = env_int("GPTOSS_DECODE_BATCH_MOE_CTAS", 0);
-        if (want > 0) per_sm = std::min(per_sm, want);
-        const int n = std::max(1, per_sm) * std::max(1, sms);
-        if (dev < 0 || dev >= 64) {
-            *out = uint32_t(n);
-            return GPTOSS_OK;
-        }
-        cached[dev] = n;
+    GPTOSS_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    GPTOSS_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 128, smem));
+    static const int want = env_int("GPTOSS_DECODE_BATCH_MOE_CTAS", 0);
+    if (want > 0) per_sm = std::min(per_sm, want);
+    *out = uint32_t(std::max(1, per_sm) * std::max(1, sms));
+    return GPTOSS_OK;
+}
+
+// Mode 2's stage bytes for these weights, 0 where it cannot run here (compute capability below
+// 9.0, a slab not 16-byte aligned, stages beyond the shared memory of a CTA).
+uint32_t bulk_stage_bytes(const GemmWeights& w) {
+    int dev = 0, major = 0, max_smem = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
     }
-    *out = uint32_t(cached[dev]);
+    const uint64_t n_chunks = w.K / 64, bytes = n_chunks * 576;
+    const bool aligned = reinterpret_cast<uintptr_t>(w.w) % 16 == 0 && reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 &&
+                         w.w_expert_stride % 16 == 0 && (w.s_expert_stride * 2) % 16 == 0;
+    const uint64_t stage = (bytes + 127) / 128 * 128;
+    if (major < 9 || !aligned || stage * kStages + 8192 > uint64_t(max_smem) || bytes >= (1u << 20)) return 0;
+    return uint32_t(stage);
+}
+
+// Mode 2's shared-memory carveout: just the stages of the CTAs per SM the grid will hold (all
+// that fit, or GPTOSS_DECODE_BATCH_MOE_CTAS), so the rest of the SM's 256 KB stays L1 for the
+// activation rows (every item reads its tile's rows: ~2x the weight bytes at 64 tokens).
+gptoss_status bulk_carveout(size_t smem) {
+    int dev = 0, per_sm_max = 0;
+    GPTOSS_CUDA_TRY(cudaGetDevice(&dev));
+    GPTOSS_CUDA_TRY(cudaDeviceGetAttribute(&per_sm_max, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    int fit = 0;
+    GPTOSS_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, moe_batch_bulk_kernel, 128, smem));
+    static const int want = env_int("GPTOSS_DECODE_BATCH_MOE_CTAS", 0);
+    const int ctas = want > 0 ? std::min(std::max(fit, 1), want) : std::max(fit, 1);
+    const size_t need = size_t(ctas) * (smem + sizeof(float) * 4 * NB * 32 * 4 + 1024);
+    const size_t max_b = size_t(std::max(per_sm_max, 1));
+    const int percent = int(std::min<size_t>(100, (need * 100 + max_b - 1) / max_b));
+    GPTOSS_CUDA_TRY(cudaFuncSetAttribute(moe_batch_bulk_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
     return GPTOSS_OK;
 }
 
 }  // namespace
 
-bool moe_batch_enabled() {
-    static const bool on = env_int("GPTOSS_DECODE_BATCH_MOE_PERSIST", 0) != 0;
-    return on;
+bool moe_batch_bulk_ok(const GemmWeights& w) { return w.mxfp4 && w.K % 64 == 0 && bulk_stage_bytes(w) != 0; }
+
+int moe_batch_mode() {
+    static const int mode = [] {
+        const int v = env_int("GPTOSS_DECODE_BATCH_MOE_PERSIST", 2);
+        return v == 1 || v == 2 ? v : 0;
+    }();
+    return mode;
+}
+
+uint32_t moe_batch_min_items() {
+    static const uint32_t n = uint32_t(std::max(1, env_int("GPTOSS_DECODE_BATCH_MOE_MIN", 24)));
+    return n;
 }
 
 gptoss_status moe_batch_gemm(const GemmWeights& w, const uint16_t* x, const GemmRoute& route, Epilogue epilogue,
-                             float* out_f32, uint16_t* out_bf16, uint32_t ldo, float swiglu_limit, uint32_t ctas,
-                             cudaStream_t stream) {
+                             float* out_f32, uint16_t* out_bf16, uint32_t ldo, float swiglu_limit, int mode,
+                             uint32_t ctas, cudaStream_t stream) {
     if (!w.mxfp4 || w.K == 0 || w.K % 64 != 0 || w.N == 0)
         return fail(GPTOSS_ERR_INTERNAL, "moe_batch_gemm: needs MXFP4 experts with K %% 64 == 0 and N > 0 (%s %ux%u)",
                     w.mxfp4 ? "MXFP4" : "bf16", w.N, w.K);
@@ -228,11 +382,23 @@ gptoss_status moe_batch_gemm(const GemmWeights& w, const uint16_t* x, const Gemm
     if (epilogue == Epilogue::kStore && !out_f32) return fail(GPTOSS_ERR_INTERNAL, "moe_batch_gemm: fp32 output missing");
     if (!x || !route.tiles || !route.pairs || route.in_div == 0)
         return fail(GPTOSS_ERR_INTERNAL, "moe_batch_gemm: x and a route (tiles, pairs, in_div > 0) are required");
+    if (mode != 1 && mode != 2) return fail(GPTOSS_ERR_INTERNAL, "moe_batch_gemm: mode %d, expected 1 or 2", mode);
     if (route.max_tiles == 0) return GPTOSS_OK;
-    if (ctas == 0) GPTOSS_TRY(grid_ctas(&ctas));
-    const uint64_t items = uint64_t(route.max_tiles) * ((w.N + 15) / 16);
-    ctas = uint32_t(std::min<uint64_t>(ctas, items));
     const KernelArgs a = kernel_args(w, x, 0, &route, epilogue, out_f32, out_bf16, ldo, swiglu_limit);
+    const uint64_t items = uint64_t(route.max_tiles) * ((w.N + 15) / 16);
+    const uint32_t stage = mode == 2 ? bulk_stage_bytes(w) : 0;
+    if (stage != 0) {
+        const size_t smem = size_t(stage) * kStages;
+        GPTOSS_CUDA_TRY(cudaFuncSetAttribute(moe_batch_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        GPTOSS_TRY(bulk_carveout(smem));
+        if (ctas == 0) GPTOSS_TRY(grid_ctas(moe_batch_bulk_kernel, smem, &ctas));
+        ctas = uint32_t(std::min<uint64_t>(ctas, items));
+        GPTOSS_TRY(cuda_status(launch_pdl(moe_batch_bulk_kernel, dim3(ctas), dim3(128), smem, stream, a, stage),
+                               "moe_batch_bulk_kernel", __FILE__, __LINE__));
+        return GPTOSS_OK;
+    }
+    if (ctas == 0) GPTOSS_TRY(grid_ctas(moe_batch_kernel, 0, &ctas));
+    ctas = uint32_t(std::min<uint64_t>(ctas, items));
     GPTOSS_TRY(cuda_status(launch_pdl(moe_batch_kernel, dim3(ctas), dim3(128), 0, stream, a), "moe_batch_kernel",
                            __FILE__, __LINE__));
     return GPTOSS_OK;

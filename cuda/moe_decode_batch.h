@@ -18,17 +18,28 @@ namespace cuda {
 // w: MXFP4 experts [N, K] (K % 64 == 0; SwiGLU: N % 16 == 0). x: bf16 permuted rows; pair p reads
 // row p / route.in_div. route: router_route's tiles with route.tile_tokens <= 16 (tiles[0] read on
 // the device), route.max_tiles >= the tiles in use. epilogue kSwiglu (out_bf16 permuted [pairs,
-// N/2], ldo = N/2) or kStore (out_f32 [pairs, ldo]); kAdd is refused. ctas: CTAs of the grid, 0 =
-// as many as fit on the device at once (GPTOSS_DECODE_BATCH_MOE_CTAS = CTAs per SM caps it).
-// Errors: INTERNAL naming the unsupported shape, tile size, epilogue or missing buffer.
+// N/2], ldo = N/2) or kStore (out_f32 [pairs, ldo]); kAdd is refused. mode 1: each lane streams
+// its weight chunks through a 4-deep register ring; mode 2: each item's slab arrives in shared
+// memory by bulk copies (cp.async.bulk + mbarrier, two stages: the next item's slab is in flight
+// while this one computes); where mode 2 cannot run (compute capability < 9.0, unaligned weights,
+// a slab too large for the stages) mode 1 runs instead. Both give the same bits. ctas: CTAs of
+// the grid, 0 = as many as fit on the device at once (GPTOSS_DECODE_BATCH_MOE_CTAS = CTAs per SM
+// caps it). Errors: INTERNAL naming the unsupported shape, tile size, epilogue, mode or missing
+// buffer.
 [[nodiscard]] gptoss_status moe_batch_gemm(const GemmWeights& w, const uint16_t* x, const GemmRoute& route,
                                            Epilogue epilogue, float* out_f32, uint16_t* out_bf16, uint32_t ldo,
-                                           float swiglu_limit, uint32_t ctas, cudaStream_t stream);
+                                           float swiglu_limit, int mode, uint32_t ctas, cudaStream_t stream);
 
-// Whether the batched step runs its MoE through moe_batch_gemm (route tiles of 16 pairs) instead
-// of gemm()'s one CTA per (tile, slab): GPTOSS_DECODE_BATCH_MOE_PERSIST (0/1, read once),
-// default off. Same bits either way.
-bool moe_batch_enabled();
+// Whether mode 2 runs for these weights on the current device (else moe_batch_gemm runs mode 1).
+bool moe_batch_bulk_ok(const GemmWeights& w);
+
+// How the batched step runs its MoE: 0 = gemm()'s one CTA per (route tile of 8 pairs, slab), 1 or
+// 2 = moe_batch_gemm in that mode (route tiles of 16 pairs). GPTOSS_DECODE_BATCH_MOE_PERSIST (read
+// once), default 2. Same bits whichever.
+int moe_batch_mode();
+// From how many decode tokens a step uses moe_batch_mode() (fewer: gemm()):
+// GPTOSS_DECODE_BATCH_MOE_MIN (read once), default 24.
+uint32_t moe_batch_min_items();
 
 }  // namespace cuda
 }  // namespace gptoss

@@ -5,7 +5,8 @@
 // bit for bit, act and part; (b) the CPU reference ops (cpu::matmul_mxfp4 + cpu::swiglu for
 // gate_up; cpu::matmul_mxfp4 on the kernel's own bf16 activations for down); (c) batch
 // invariance: every pair's output rows at n tokens == the same pair's at n = 64, bit for bit;
-// (d) grids of auto / 1 / 7 CTAs (a static schedule: one CTA runs every item). H = 576 (36 slabs
+// (d) both modes (register ring; bulk copies into shared memory) on grids of auto / 1 / 7 CTAs (a
+// static schedule: one CTA runs every item, its two stages reused many times). H = 576 (36 slabs
 // of down, not a multiple of the grid). Bad arguments fail with messages naming them. Without a
 // CUDA device the tests are skipped (exit 77).
 #include "cuda/moe_decode_batch.h"
@@ -44,14 +45,15 @@ struct Out {
     std::vector<float> part;
 };
 
-// gate_up + SwiGLU then down for n tokens; persistent = moe_batch_gemm with `ctas`, else gemm(nb).
+// gate_up + SwiGLU then down for n tokens: moe_batch_gemm in `mode` with `ctas`, or (mode 0) gemm(nb).
 Out run(const ExpertsW& gu, const ExpertsW& dn, const Dev<uint16_t>& x, const Route& rt, uint32_t n,
-        bool persistent, uint32_t ctas, int nb) {
+        int mode, uint32_t ctas, int nb) {
     Dev<uint16_t> act(size_t(n) * kK * kI);
     Dev<float> part(size_t(n) * kK * kH);
-    if (persistent) {
-        OK(cuda::moe_batch_gemm(gu.w, x.p, rt.r1, cuda::Epilogue::kSwiglu, nullptr, act.p, kI, kLimit, ctas, nullptr));
-        OK(cuda::moe_batch_gemm(dn.w, act.p, rt.r2, cuda::Epilogue::kStore, part.p, nullptr, kH, 0, ctas, nullptr));
+    if (mode != 0) {
+        OK(cuda::moe_batch_gemm(gu.w, x.p, rt.r1, cuda::Epilogue::kSwiglu, nullptr, act.p, kI, kLimit, mode, ctas,
+                                nullptr));
+        OK(cuda::moe_batch_gemm(dn.w, act.p, rt.r2, cuda::Epilogue::kStore, part.p, nullptr, kH, 0, mode, ctas, nullptr));
     } else {
         OK(cuda::gemm(gu.w, x.p, n, &rt.r1, cuda::Epilogue::kSwiglu, nullptr, act.p, kI, kLimit, nb, nullptr));
         OK(cuda::gemm(dn.w, act.p, n * kK, &rt.r2, cuda::Epilogue::kStore, part.p, nullptr, kH, 0, nb, nullptr));
@@ -76,25 +78,32 @@ TEST_CASE("moe_batch_gemm == gemm() bit for bit, matches the CPU reference, batc
     for (uint32_t t = 0; t < kMaxN; ++t) logits[size_t(t) * kE + 2] = 5.0f;
     const Dev<float> ld(logits);
 
+    int major = 0;
+    REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
+    CHECK(cuda::moe_batch_bulk_ok(gu.w) == (major >= 9));  // mode 2 really runs on sm_90
+    CHECK(cuda::moe_batch_bulk_ok(dn.w) == (major >= 9));
     const Route full(ld, kMaxN, 16);
-    const Out ref64 = run(gu, dn, x, full, kMaxN, true, 0, 0);
+    const Out ref64 = run(gu, dn, x, full, kMaxN, 1, 0, 0);
     const auto experts64 = full.experts.get();
     for (uint32_t n : {1u, 3u, 17u, 64u}) {
         const Route rt16(ld, n, 16), rt8(ld, n, 8);
         const size_t pairs = size_t(n) * kK;
-        const Out want2 = run(gu, dn, x, rt16, n, false, 0, 2);
-        const Out want1 = run(gu, dn, x, rt8, n, false, 0, 1);
+        const Out want2 = run(gu, dn, x, rt16, n, 0, 0, 2);
+        const Out want1 = run(gu, dn, x, rt8, n, 0, 0, 1);
         CHECK(want1.act == want2.act);
         CHECK(same_bits(want1.part, 0, want2.part, 0, pairs * kH));
-        for (uint32_t ctas : {0u, 1u, 7u}) {
-            const std::string what = "n " + std::to_string(n) + " ctas " + std::to_string(ctas);
-            INFO(what);
-            const Out got = run(gu, dn, x, rt16, n, true, ctas, 0);
-            CHECK(got.act == want2.act);
-            CHECK(same_bits(got.part, 0, want2.part, 0, pairs * kH));
-            // Batch invariance: pair p = token·K + slot reads the same row and expert at n and 64.
-            CHECK(same_bits(got.act, 0, ref64.act, 0, pairs * kI));
-            CHECK(same_bits(got.part, 0, ref64.part, 0, pairs * kH));
+        for (int mode : {1, 2}) {
+            for (uint32_t ctas : {0u, 1u, 7u}) {
+                const std::string what = "n " + std::to_string(n) + " mode " + std::to_string(mode) + " ctas " +
+                                         std::to_string(ctas);
+                INFO(what);
+                const Out got = run(gu, dn, x, rt16, n, mode, ctas, 0);
+                CHECK(got.act == want2.act);
+                CHECK(same_bits(got.part, 0, want2.part, 0, pairs * kH));
+                // Batch invariance: pair p = token·K + slot reads the same row and expert at n and 64.
+                CHECK(same_bits(got.act, 0, ref64.act, 0, pairs * kI));
+                CHECK(same_bits(got.part, 0, ref64.part, 0, pairs * kH));
+            }
         }
         // CPU reference: gate_up + SwiGLU from x; down from the GPU's bf16 activations.
         const auto got_act = unpermuted_rows(want2.act, uint32_t(pairs), kI);
@@ -127,23 +136,26 @@ TEST_CASE("moe_batch_gemm refuses what it does not run, naming it") {
     rt.tiles = tiles.p; rt.pairs = tiles.p; rt.in_div = 1; rt.max_tiles = 2; rt.tile_tokens = 16;
     cuda::GemmWeights w;
     w.mxfp4 = true; w.N = 64; w.K = 96;
-    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 0, nullptr) ==
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 1, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);
     CHECK(std::string(gptoss_last_error()).find("64x96") != std::string::npos);
     w.K = 128;
     rt.tile_tokens = 64;
-    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 0, nullptr) ==
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 1, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);
     CHECK(std::string(gptoss_last_error()).find("tiles of 64 pairs") != std::string::npos);
     rt.tile_tokens = 16;
-    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kAdd, out.p, nullptr, 64, 0, 0, nullptr) ==
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kAdd, out.p, nullptr, 64, 0, 1, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);
     CHECK(std::string(gptoss_last_error()).find("kAdd") != std::string::npos);
-    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kSwiglu, nullptr, nullptr, 32, 7, 0, nullptr) ==
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kSwiglu, nullptr, nullptr, 32, 7, 1, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);
     CHECK(std::string(gptoss_last_error()).find("bf16 output") != std::string::npos);
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 3, 0, nullptr) ==
+          GPTOSS_ERR_INTERNAL);
+    CHECK(std::string(gptoss_last_error()).find("mode 3") != std::string::npos);
     w.mxfp4 = false;
-    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 0, nullptr) ==
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 1, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);
     CHECK(std::string(gptoss_last_error()).find("bf16 64x128") != std::string::npos);
 }

@@ -8,6 +8,11 @@
 #   the per-op profile at 64 streams (-n 64) for 0, 1 and 1 with 2 or 3 CTAs per SM,
 #   64 streams with -n 1024 (steady state vs the ramp) for 0 and 1, and one traced run (1) that
 #   times the prompt chunks inside steps.
+# V16_CALL=2 (call 2) instead: tests with the bulk-copy MoE (GPTOSS_DECODE_BATCH_MOE_PERSIST=2) and the
+# per-layer projections at 1 / 2 column tiles (GPTOSS_DECODE_BATCH_PROJ_NB), their per-op profiles
+# at 8 and 64 streams, the bench A/B against PERSIST=0, "new" = the defaults of this tree, and the
+# -n 1024 runs (plain and traced) for the defaults. Outputs: summary.txt, tests.txt, benches.txt,
+# profiles.txt (few files: the device call returns only so many).
 # Usage: [V16_CALL=2] tools/device-batch-v16.sh --deps DIR/.deps --tokenizer DIR/.tokenizer
 set -uo pipefail
 DEPS="" TOK=""
@@ -36,27 +41,42 @@ if [ $rc -ne 0 ]; then grep -B2 -A12 -E "error|Error" "$OUT/build.log" | head -8
 $B/gptoss-synth --preset tiny --seed 1 --out /tmp/tiny ${TOK:+--tokenizer-dir $TOK} > "$OUT/synth.log" 2>&1
 export GPTOSS_TINY_MODEL=/tmp/tiny GPTOSS_SOURCE_DIR=$PWD
 summ() { grep -E '^\[doctest\] (test cases|assertions)' "$1" | tr '\n' ' '; }
-timeout 90 $B/test-kernels-moe-batch > "$OUT/test-kernels-moe-batch.log" 2>&1
-log "test-kernels-moe-batch rc=$? $(summ "$OUT/test-kernels-moe-batch.log")"
-for p in 0 1; do
-  GPTOSS_DECODE_BATCH_MOE_PERSIST=$p timeout 90 $B/test-kernels-batch > "$OUT/test-kernels-batch-persist$p.log" 2>&1
-  log "test-kernels-batch PERSIST=$p rc=$? $(summ "$OUT/test-kernels-batch-persist$p.log")"
-done
-timeout 90 $B/test-kernels-sample-batch > "$OUT/test-kernels-sample-batch.log" 2>&1
-log "test-kernels-sample-batch rc=$? $(summ "$OUT/test-kernels-sample-batch.log")"
-GPTOSS_DECODE_BATCH_MOE_PERSIST=1 GPTOSS_TEST_BATCH_DEVICE=0 GPTOSS_DECODE_BATCH_SAMPLE=1 timeout 90 $B/test-batch \
-  > "$OUT/test-batch-gpu.log" 2>&1
-log "test-batch on the GPU, PERSIST=1, sampling in the step rc=$? $(summ "$OUT/test-batch-gpu.log")"
+T=/tmp/v16logs; mkdir -p $T
+# Call 1 ran before the defaults changed: its runs name PERSIST themselves, and these were its defaults.
+[ "${V16_CALL:-1}" = 1 ] && export GPTOSS_DECODE_BATCH_PROJ_NB=0 GPTOSS_DECODE_BATCH_MOE_MIN=1
+test_run() {  # name, env..., -- binary args...
+  local name=$1; shift
+  env "$@" > "$T/$name.log" 2>&1
+  log "$name rc=$? $(summ "$T/$name.log")"
+  cat "$T/$name.log" >> "$OUT/tests.txt"
+}
+test_run test-kernels-moe-batch timeout 90 $B/test-kernels-moe-batch
+if [ "${V16_CALL:-1}" = 1 ]; then
+  test_run test-kernels-batch-persist0 GPTOSS_DECODE_BATCH_MOE_PERSIST=0 timeout 90 $B/test-kernels-batch
+  test_run test-kernels-batch-persist1 GPTOSS_DECODE_BATCH_MOE_PERSIST=1 timeout 90 $B/test-kernels-batch
+  test_run test-batch-gpu-persist1 GPTOSS_DECODE_BATCH_MOE_PERSIST=1 GPTOSS_TEST_BATCH_DEVICE=0 \
+    GPTOSS_DECODE_BATCH_SAMPLE=1 timeout 90 $B/test-batch
+else
+  test_run test-kernels-batch-defaults timeout 90 $B/test-kernels-batch
+  test_run test-kernels-batch-persist2-min1-projnb1 GPTOSS_DECODE_BATCH_MOE_PERSIST=2 GPTOSS_DECODE_BATCH_MOE_MIN=1 \
+    GPTOSS_DECODE_BATCH_PROJ_NB=1 timeout 90 $B/test-kernels-batch
+  test_run test-kernels-batch-persist1-min3 GPTOSS_DECODE_BATCH_MOE_PERSIST=1 GPTOSS_DECODE_BATCH_MOE_MIN=3 \
+    timeout 90 $B/test-kernels-batch
+  test_run test-batch-gpu-defaults GPTOSS_TEST_BATCH_DEVICE=0 GPTOSS_DECODE_BATCH_SAMPLE=1 timeout 90 $B/test-batch
+fi
+test_run test-kernels-sample-batch timeout 90 $B/test-kernels-sample-batch
 BENCH="$B/gptoss-bench --synthetic 20b --no-gemm-probe --decode-batch 64 -p 512"
 bench() {  # name, args, env...
   local name=$1 args=$2; shift 2
-  env "$@" timeout 120 $BENCH $args > "$OUT/bench-$name.txt" 2>&1
-  log "bench $name ($* $args) rc=$? $(grep -E '^\| +(1|8|64) ' "$OUT/bench-$name.txt" | awk -F'|' '{printf "%s:%s(%s) ", $2, $6, $10}') $(grep -oE 'n=64: [0-9]+ x [0-9.]+ ms' "$OUT/bench-$name.txt" | tr '\n' ' ')"
+  env "$@" timeout 120 $BENCH $args > "$T/bench-$name.txt" 2>&1
+  log "bench $name ($* $args) rc=$? $(grep -E '^\| +(1|8|64) ' "$T/bench-$name.txt" | awk -F'|' '{printf "%s:%s(%s) ", $2, $6, $10}') $(grep -oE 'n=(62|63|64): [0-9]+ x [0-9.]+ ms' "$T/bench-$name.txt" | tr '\n' ' ')"
+  { echo "### bench $name: env $* args $args"; cat "$T/bench-$name.txt"; } >> "$OUT/benches.txt"
 }
 profile() {  # name, env...
   local name=$1; shift
-  env "$@" GPTOSS_DECODE_BATCH_PROFILE=1 timeout 60 $BENCH --concurrency 64 -n 64 > "$OUT/profile64-$name.txt" 2>&1
-  log "profile 64 $name ($*) rc=$? $(grep -E 'profile.* n=64,' "$OUT/profile64-$name.txt" | cut -c1-600)"
+  env "$@" GPTOSS_DECODE_BATCH_PROFILE=1 timeout 60 $BENCH --concurrency 8,64 -n 64 > "$T/profile-$name.txt" 2>&1
+  log "profile 64 $name ($*) rc=$? $(grep -E 'profile.* n=64,' "$T/profile-$name.txt" | cut -c1-600)"
+  { echo "### profile $name: env $*"; cat "$T/profile-$name.txt"; } >> "$OUT/profiles.txt"
 }
 C="--concurrency 1,8,64 -n 256"
 if [ "${V16_CALL:-1}" = 1 ]; then
@@ -71,6 +91,25 @@ if [ "${V16_CALL:-1}" = 1 ]; then
   bench base-n1024 "--concurrency 64 -n 1024" GPTOSS_DECODE_BATCH_MOE_PERSIST=0
   bench persist-n1024 "--concurrency 64 -n 1024" GPTOSS_DECODE_BATCH_MOE_PERSIST=1
   bench persist-n1024-trace "--concurrency 64 -n 1024" GPTOSS_DECODE_BATCH_MOE_PERSIST=1 GPTOSS_DECODE_BATCH_TRACE=1
-  grep -E "GPTOSS_DECODE_BATCH_TRACE" "$OUT/bench-persist-n1024-trace.txt" | cut -c1-3000 >> "$OUT/summary.txt"
+else  # call 2: the bulk-copy MoE (mode 2) and the per-layer projections' column tiles
+  V14="GPTOSS_DECODE_BATCH_MOE_PERSIST=0 GPTOSS_DECODE_BATCH_PROJ_NB=0"  # main's step before this round
+  profile base $V14
+  profile p1 GPTOSS_DECODE_BATCH_MOE_PERSIST=1 GPTOSS_DECODE_BATCH_MOE_MIN=1 GPTOSS_DECODE_BATCH_PROJ_NB=0
+  profile p2 GPTOSS_DECODE_BATCH_MOE_PERSIST=2 GPTOSS_DECODE_BATCH_MOE_MIN=1 GPTOSS_DECODE_BATCH_PROJ_NB=0
+  profile p2-proj1 GPTOSS_DECODE_BATCH_MOE_PERSIST=2 GPTOSS_DECODE_BATCH_MOE_MIN=1 GPTOSS_DECODE_BATCH_PROJ_NB=1
+  profile p2-ctas3 GPTOSS_DECODE_BATCH_MOE_PERSIST=2 GPTOSS_DECODE_BATCH_MOE_CTAS=3
+  profile p2-ctas2 GPTOSS_DECODE_BATCH_MOE_PERSIST=2 GPTOSS_DECODE_BATCH_MOE_CTAS=2
+  profile new
+  bench base-a "$C" $V14
+  bench p2-all-a "$C" GPTOSS_DECODE_BATCH_MOE_PERSIST=2 GPTOSS_DECODE_BATCH_MOE_MIN=1 GPTOSS_DECODE_BATCH_PROJ_NB=2
+  bench p2-proj1-a "$C" GPTOSS_DECODE_BATCH_MOE_PERSIST=2 GPTOSS_DECODE_BATCH_PROJ_NB=1
+  bench p1-a "$C" GPTOSS_DECODE_BATCH_MOE_PERSIST=1
+  bench new-a "$C"
+  bench base-b "$C" $V14
+  bench new-b "$C"
+  bench base-n1024 "--concurrency 64 -n 1024" $V14
+  bench new-n1024 "--concurrency 64 -n 1024"
+  bench new-n1024-trace "--concurrency 64 -n 1024" GPTOSS_DECODE_BATCH_TRACE=1
+  grep -E "GPTOSS_DECODE_BATCH_TRACE" "$T/bench-new-n1024-trace.txt" | cut -c1-3000 >> "$OUT/summary.txt"
 fi
 log "done"

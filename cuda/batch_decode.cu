@@ -40,19 +40,25 @@ int dense_nb(uint32_t n) {
     if (forced == 1 || forced == 2 || forced == 8) return forced;
     return n > 8 ? 8 : 1;
 }
-// The per-layer projections (QKV, O, router): 2 column tiles per CTA above 8 tokens (the decode
-// ring for both; 4 CTAs per 16-row slab at 64 tokens instead of one: O has only 180 slabs), else
-// 1. GPTOSS_DECODE_BATCH_PROJ_NB = 1 | 2 | 8 forces one, 0 = dense_nb (v14's choice). lm_head
-// keeps dense_nb: its CTAs run slab-major, so at nb < 8 each column tile would read its 1.2 GB
-// again. Same bits whichever.
+// Column tiles per CTA of the per-layer projections QKV, O and router (GPTOSS_DECODE_BATCH_PROJ_NB;
+// GPTOSS_DECODE_BATCH_ROUTER_NB overrides it for the router): 1 | 2 | 8 forces one, unset or 0 =
+// dense_nb (the default). H200 per-op profile at 64 tokens (bench/NOTES.md "v16 batched decode"): QKV and O at
+// nb 2 or 1 are no faster or slower (0.59 -> 0.86 / 1.33 ms per step for QKV), the router's two
+// 16-row slabs at nb 2 or 1 are 0.27 ms per step faster (not yet benched on their own, so not
+// the default). lm_head keeps dense_nb: its CTAs run slab-major, so at nb < 8 each column tile
+// would read its 1.2 GB again. Same bits whichever.
+int forced_nb(const char* name) {
+    const char* e = std::getenv(name);
+    const int v = e && *e ? std::atoi(e) : 0;
+    return v == 1 || v == 2 || v == 8 ? v : 0;
+}
 int proj_nb(uint32_t n) {
-    static const int forced = [] {
-        const char* e = std::getenv("GPTOSS_DECODE_BATCH_PROJ_NB");
-        return e && *e ? std::atoi(e) : -1;
-    }();
-    if (forced == 1 || forced == 2 || forced == 8) return forced;
-    if (forced == 0) return dense_nb(n);
-    return n > 8 ? 2 : 1;
+    static const int forced = forced_nb("GPTOSS_DECODE_BATCH_PROJ_NB");
+    return forced ? forced : dense_nb(n);
+}
+int router_nb(uint32_t n) {
+    static const int forced = forced_nb("GPTOSS_DECODE_BATCH_ROUTER_NB");
+    return forced ? forced : proj_nb(n);
 }
 // MoE: route tiles of 8·nb pairs, one CTA per (expert tile, 16-row slab); nb = 1 (tiles of 8
 // pairs). GPTOSS_DECODE_BATCH_MOE_NB = 2: tiles of 16 pairs (the activation ring of decode for
@@ -373,7 +379,7 @@ gptoss_status BatchDecoder::launch(const BatchModel& m, uint32_t n, uint32_t spl
 gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t full_splits) {
     cudaStream_t s = stream_;
     const uint32_t QKV = (m.Q + 2 * m.G) * m.D;
-    const int nb = dense_nb(n), pnb = proj_nb(n), mnb = moe_nb();
+    const int nb = dense_nb(n), pnb = proj_nb(n), rnb = router_nb(n), mnb = moe_nb();
     // cuda/moe_decode_batch.h: tiles of 16, one persistent launch per GEMM (same bits as gemm()).
     const int persist = n >= moe_batch_min_items() ? moe_batch_mode() : 0;
     const uint32_t tile_tokens = persist ? 16u : 8u * uint32_t(mnb);
@@ -404,7 +410,7 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
         GPTOSS_TRY(mark("o gemm + residual"));
         ResidualArgs none;
         GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, m.rms_norm_eps, xn_, n, m.H, s));
-        GPTOSS_TRY(gemm(L.router, xn_, n, nullptr, Epilogue::kStore, rlogits_, nullptr, m.E, 0, pnb, s));
+        GPTOSS_TRY(gemm(L.router, xn_, n, nullptr, Epilogue::kStore, rlogits_, nullptr, m.E, 0, rnb, s));
         GPTOSS_TRY(router_route(rlogits_, n, m.E, m.K, experts_, weights_, tiles_, pairs_, tile_tokens, s));
         GPTOSS_TRY(mark("rmsnorm + router + route"));
         GemmRoute r1;

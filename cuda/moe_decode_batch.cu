@@ -357,14 +357,14 @@ bool moe_batch_bulk_ok(const GemmWeights& w) { return w.mxfp4 && w.K % 64 == 0 &
 
 int moe_batch_mode() {
     static const int mode = [] {
-        const int v = env_int("GPTOSS_DECODE_BATCH_MOE_PERSIST", 2);
+        const int v = env_int("GPTOSS_DECODE_BATCH_MOE_PERSIST", 0);
         return v == 1 || v == 2 ? v : 0;
     }();
     return mode;
 }
 
 uint32_t moe_batch_min_items() {
-    static const uint32_t n = uint32_t(std::max(1, env_int("GPTOSS_DECODE_BATCH_MOE_MIN", 24)));
+    static const uint32_t n = uint32_t(std::max(1, env_int("GPTOSS_DECODE_BATCH_MOE_MIN", 1)));
     return n;
 }
 

@@ -35,10 +35,11 @@ bool moe_batch_bulk_ok(const GemmWeights& w);
 
 // How the batched step runs its MoE: 0 = gemm()'s one CTA per (route tile of 8 pairs, slab), 1 or
 // 2 = moe_batch_gemm in that mode (route tiles of 16 pairs). GPTOSS_DECODE_BATCH_MOE_PERSIST (read
-// once), default 2. Same bits whichever.
+// once), default 0: neither mode was faster than gemm() at 1, 8 or 64 streams (H200, bench/NOTES.md
+// "v16 batched decode"). Same bits whichever.
 int moe_batch_mode();
 // From how many decode tokens a step uses moe_batch_mode() (fewer: gemm()):
-// GPTOSS_DECODE_BATCH_MOE_MIN (read once), default 24.
+// GPTOSS_DECODE_BATCH_MOE_MIN (read once), default 1.
 uint32_t moe_batch_min_items();
 
 }  // namespace cuda

@@ -10,8 +10,9 @@
 #   times the prompt chunks inside steps.
 # V16_CALL=2 (call 2) instead: tests with the bulk-copy MoE (GPTOSS_DECODE_BATCH_MOE_PERSIST=2) and the
 # per-layer projections at 1 / 2 column tiles (GPTOSS_DECODE_BATCH_PROJ_NB), their per-op profiles
-# at 8 and 64 streams, the bench A/B against PERSIST=0, "new" = the defaults of this tree, and the
-# -n 1024 runs (plain and traced) for the defaults. Outputs: summary.txt, tests.txt, benches.txt,
+# at 8 and 64 streams, the bench A/B against PERSIST=0, "new" = the defaults of the tree as it ran
+# (PERSIST=2 from 24 tokens, QKV/O/router at nb 2 above 8 tokens; reverted after the call: the
+# defaults are main's again, so "new" now equals base), and the -n 1024 runs (plain and traced). Outputs: summary.txt, tests.txt, benches.txt,
 # profiles.txt (few files: the device call returns only so many).
 # Usage: [V16_CALL=2] tools/device-batch-v16.sh --deps DIR/.deps --tokenizer DIR/.tokenizer
 set -uo pipefail

@@ -6,8 +6,8 @@
 # the standalone sweep `gptoss-bench --host-moe-sweep 120b` (its last lines name the better
 # tuning's environment: that becomes "new"); one engine run of 120b with GPTOSS_HOST_MOE_TIMING=1
 # under TIMED_ENV (else OLD_ENV: the round trip and the experts pass's pieces); then the engine
-# A/B, OLD_ENV (default: the defaults) vs NEW vs EXTRA_ENV (if set), 120b in 24 GB then 20b in
-# 8 GB, over ROUNDS rounds (the second in reverse order) while time is left.
+# A/B, OLD_ENV (default: the defaults) vs NEW, 120b in 24 GB then 20b in 8 GB, over ROUNDS rounds
+# (the second in reverse order) while time is left, then EXTRA_ENV (if set) once each.
 # Usage (repository root): tools/device-hostmoe-v16.sh DEPS_DIR TOKENIZER_DIR [SECONDS]
 set -uo pipefail
 DEPS="$1" TOK="$2" LIMIT="${3:-400}"
@@ -62,20 +62,19 @@ run_engine() {  # model, name, environment
   rm -f "$f"
 }
 run_engine 120b timed "${TIMED_ENV:-$OLD} GPTOSS_HOST_MOE_TIMING=1"
-# The variants: old, new, and EXTRA_ENV's if set; round 2 runs them in reverse order.
-names="old new"; [ -n "${EXTRA_ENV:-}" ] && names="old new extra"
+# old and new over ROUNDS rounds (the second in reverse order), then EXTRA_ENV's once if time is left.
 for r in $(seq "${ROUNDS:-2}"); do
-  order="$names"; [ $((r % 2)) -eq 0 ] && order="$(echo $names | tr ' ' '\n' | tac | tr '\n' ' ')"
+  order="old new"; [ $((r % 2)) -eq 0 ] && order="new old"
   for m in 120b 20b; do
+    need=$([ $m = 120b ] && echo 42 || echo 13)  # the pair's seconds
+    [ "$(left)" -gt $need ] || continue
     for v in $order; do
-      need=$([ $m = 120b ] && echo 21 || echo 7)
-      [ "$(left)" -gt $need ] || continue
-      case $v in
-        old) run_engine $m old-r$r "$OLD" ;;
-        new) run_engine $m new-r$r "$NEW" ;;
-        extra) run_engine $m extra-r$r "$EXTRA_ENV" ;;
-      esac
+      if [ $v = old ]; then run_engine $m old-r$r "$OLD"; else run_engine $m new-r$r "$NEW"; fi
     done
   done
 done
+if [ -n "${EXTRA_ENV:-}" ]; then
+  [ "$(left)" -gt 21 ] && run_engine 120b extra "$EXTRA_ENV"
+  [ "$(left)" -gt 7 ] && run_engine 20b extra "$EXTRA_ENV"
+fi
 log "done"

@@ -65,7 +65,7 @@ inline float round_to_int(float v) {
 
 }  // namespace
 
-bool quantize_block(const float* xp, uint32_t block, uint8_t* dst) {
+bool quantize_block_scalar(const float* xp, uint32_t block, uint8_t* dst) {
     const float* x = xp + size_t(block) * 32;
     float amax = 0.0f;
     for (uint32_t i = 0; i < 32; i++) {
@@ -87,6 +87,70 @@ bool quantize_block(const float* xp, uint32_t block, uint8_t* dst) {
     std::memcpy(g + 256 + lane * 4, &corr, 4);
     std::memcpy(g + 288 + lane * 4, &half_d, 4);
     return true;
+}
+
+#ifdef GPTOSS_Q8_X86
+namespace {
+
+// quantize_block_scalar's bytes with AVX2 (no "fma" target: the product and the rounding's
+// addition stay two roundings, as in the scalar loop). The 32 values in the permuted order
+// (16 even elements, 16 odd) become 8 runs of 4 bytes: run k holds elements of unit k % 4,
+// low (even) or high (odd) nibbles by k / 4, at layout_offset's place for the block's lane.
+GPTOSS_TARGET("avx2") bool quantize_block_avx2(const float* xp, uint32_t block, uint8_t* dst) {
+    const float* x = xp + size_t(block) * 32;
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(v[i], v[i]), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+        amax = _mm256_max_ps(amax, _mm256_and_ps(v[i], abs_mask));
+    }
+    if (_mm256_movemask_ps(bad) != 0) return false;  // x - x is NaN for ±inf and NaN
+    alignas(32) float m8[8];
+    _mm256_store_ps(m8, amax);
+    float am = 0.0f;
+    for (float m : m8) am = std::max(am, m);
+    const float inv = am > 0.0f ? 127.0f / am : 0.0f;
+    const __m256 vinv = _mm256_set1_ps(inv), magic = _mm256_set1_ps(12582912.0f);
+    const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    __m256i q[4], sum = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) {
+        const __m256 r = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(v[i], vinv), magic), magic);
+        // std::min(127, std::max(-127, r)) including its NaN case (0 · inf when 127 / amax
+        // overflows): maxps returns its second operand when unordered, so r goes first.
+        q[i] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+        sum = _mm256_add_epi32(sum, q[i]);
+    }
+    // int32 → int8 (exact: |q| ≤ 127), back in order: dword k = values 4k .. 4k + 3.
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    alignas(32) uint32_t runs[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(runs),
+                       _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    alignas(32) int32_t s8[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s8), sum);
+    int32_t total = 0;
+    for (int32_t t : s8) total += t;
+    uint8_t* g = dst + size_t(block / kGroupBlocks) * kGroupBytes;
+    const uint32_t lane = lane_of(block % kGroupBlocks);
+    static constexpr uint32_t kRunAt[8] = {0, 32, 128, 160, 64, 96, 192, 224};
+    for (int k = 0; k < 8; k++) std::memcpy(g + kRunAt[k] + lane * 4, &runs[k], 4);
+    const int32_t corr = 12 * total;
+    const float half_d = am / 127.0f * 0.5f;
+    std::memcpy(g + 256 + lane * 4, &corr, 4);
+    std::memcpy(g + 288 + lane * 4, &half_d, 4);
+    return true;
+}
+
+}  // namespace
+#endif
+
+bool quantize_block(const float* xp, uint32_t block, uint8_t* dst) {
+#ifdef GPTOSS_Q8_X86
+    static const bool avx2 = GPTOSS_CPU_HAS("avx2");
+    if (avx2) return quantize_block_avx2(xp, block, dst);
+#endif
+    return quantize_block_scalar(xp, block, dst);
 }
 
 bool quantize_group(const float* xp, uint32_t k, uint32_t group, uint8_t* dst) {

@@ -63,6 +63,8 @@ bool quantize_group(const float* xp, uint32_t k, uint32_t group, uint8_t* dst);
 // Block `block` only (its q bytes, 12·Σq and d/2 in its group of dst; nothing else written), for
 // the gate_up work items that produce exactly one block of y each. False if a value is not finite.
 bool quantize_block(const float* xp, uint32_t block, uint8_t* dst);
+// The portable loop quantize_block uses where the CPU lacks AVX2 (tests: the same bytes).
+bool quantize_block_scalar(const float* xp, uint32_t block, uint8_t* dst);
 
 // Rows [r0, r1) of m times the n (1..4) quantized inputs xq[j]: outs[j][r - r0] = the dot (no
 // bias). A row holding a scale byte 0 or ≥ 253 is not computed here: its index goes to

@@ -238,6 +238,32 @@ TEST_CASE("quantize_row: q = nearbyint(x · 127 / amax) exactly, ties to even (v
     CHECK(ties > 50);  // the half-integers above are there
 }
 
+TEST_CASE("quantize_block: the SIMD path writes the portable loop's bytes (ties, zeros, tiny and huge blocks, non-finite)") {
+    std::mt19937 rng(7);
+    const uint32_t k = 32 * 64;
+    std::vector<float> x = random_x(k, 3.0f, rng);
+    for (uint32_t e = 0; e < 32; e++) x[e] = 0.0f;                                          // block 0: zeros
+    for (uint32_t e = 0; e < 32; e++) x[32 + e] = float(int(e) - 16) + 0.5f;                // ties
+    x[32] = 127.0f;
+    for (uint32_t e = 0; e < 32; e++) x[64 + e] = std::ldexp(float(int(e % 7) - 3), -140);  // denormals: 127 / amax = inf
+    for (uint32_t e = 0; e < 32; e++) x[96 + e] = std::ldexp(float(int(e) - 15), 100);      // huge
+    x[128 + 5] = -0.0f;
+    const std::vector<float> xp = permuted(x);
+    std::vector<uint8_t> a(q8::row_bytes(k), 0), b(q8::row_bytes(k), 0);
+    for (uint32_t blk = 0; blk < k / 32; blk++) {
+        REQUIRE(q8::quantize_block(xp.data(), blk, a.data()));
+        REQUIRE(q8::quantize_block_scalar(xp.data(), blk, b.data()));
+    }
+    CHECK(std::memcmp(a.data(), b.data(), a.size()) == 0);
+    for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), std::nanf("")}) {
+        std::vector<float> y = x;
+        y[200] = bad;
+        const std::vector<float> yp = permuted(y);
+        CHECK_FALSE(q8::quantize_block(yp.data(), 200 / 32, a.data()));
+        CHECK_FALSE(q8::quantize_block_scalar(yp.data(), 200 / 32, b.data()));
+    }
+}
+
 TEST_CASE("int8 rows: all codes, realistic scales, K = 32·{1, 7, 8, 9, 90}, 1..4 inputs") {
     std::mt19937 rng(11);
     for (const char* name : kKernels) {

@@ -91,10 +91,16 @@ __device__ __forceinline__ void begin_item(const KernelArgs& a, uint32_t item, u
 }
 
 // gemm.cu's epilogue for one item from the four warps' tiles in red (threads 0..63).
-__device__ __forceinline__ void finish_item(const KernelArgs& a, const Item& it, const float (&red)[4][NB * 32 * 4]) {
+// tid / nthr: this thread's index among the nthr threads that share the item (default: the CTA).
+__device__ __forceinline__ void finish_item(const KernelArgs& a, const Item& it, const float (&red)[4][NB * 32 * 4],
+                                            int tid = -1, int nthr = 0) {
     const float* bias = a.w.bias ? a.w.bias + size_t(it.expert) * a.w.bias_expert_stride : nullptr;
     const int32_t* pairs = a.route.pairs + it.col_base;
-    for (int u = threadIdx.x; u < NB * 32; u += blockDim.x) {
+    if (tid < 0) {
+        tid = int(threadIdx.x);
+        nthr = int(blockDim.x);
+    }
+    for (int u = tid; u < NB * 32; u += nthr) {
         const int nb = u >> 5, l = u & 31, gg = l >> 2, tt = l & 3;
         if (uint32_t(nb) * 8u >= it.n_cols) continue;
         float s[4];
@@ -296,6 +302,140 @@ __global__ __launch_bounds__(128, kMinCtas) void moe_batch_bulk_kernel(const Ker
     }
 }
 
+
+// Mode 3: the activations staged once per CTA. The (tile, slab) items, tile-major, are cut into
+// gridDim.x contiguous ranges (CTA b takes the b-th: a static schedule); a range is one or a few
+// segments of one tile each. Per segment the CTA copies its tile's up to 16 activation rows into
+// shared memory once (rows beyond the tile's pairs zero, as gemm.cu's fragments are), and its
+// kGroups groups of four warps walk the segment's slabs (group g: slabs g, g + kGroups, ...), each
+// group computing exactly one gemm.cu CTA's item (same chunk order per warp, same reduction and
+// epilogue) with its B fragments read from shared memory instead of L1/L2. So the activation bytes
+// per weight byte drop by the slabs per segment (~50 at 64 tokens) and the bits stay gemm()'s.
+constexpr int kGroups = 2;  // group_sync has a barrier for each
+
+__device__ __forceinline__ void group_sync(int grp) {
+    if (grp == 0)  // immediate barrier ids: a register id would reserve all 16 barriers
+        asm volatile("bar.sync 1, 128;" ::: "memory");
+    else
+        asm volatile("bar.sync 2, 128;" ::: "memory");
+}
+
+// One item's mma chain for the group's four warps: weights through the register ring (ring[i]
+// holds chunk warp + 4i on entry), activations from xs ([16][xstride] uint4, row = column of the
+// tile). Leaves the warp's tile in red[warp].
+__device__ __forceinline__ void mma_chain_smem(uint32_t n_cols, uint32_t n_chunks, const uint4* wp, const uint2* sp,
+                                               Chunk (&ring)[kDepth], const uint4* xs, uint32_t xstride,
+                                               float (&red)[4][NB * 32 * 4]) {
+    const int tid = threadIdx.x & 127, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    float acc[NB][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
+    const uint4* xl = xs + size_t(g) * xstride + t * 2;
+    for (uint32_t base = uint32_t(warp); base < n_chunks; base += 4u * kDepth) {
+#pragma unroll
+        for (int i = 0; i < kDepth; ++i) {
+            const uint32_t c = base + 4u * i;
+            if (c >= n_chunks) break;
+            uint4 b[NB][2];
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+                b[nb][0] = xl[size_t(nb * 8) * xstride + c * 8];
+                b[nb][1] = xl[size_t(nb * 8) * xstride + c * 8 + 1];
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                uint32_t af[4];
+                fragment<true>(ring[i], j, af);
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+                    if (nb > 0 && uint32_t(nb) * 8u >= n_cols) break;  // uniform over the CTA
+                    const uint4 bb = b[nb][j >> 1];
+                    mma(acc[nb], af, (j & 1) ? bb.z : bb.x, (j & 1) ? bb.w : bb.y);
+                }
+            }
+            const uint32_t cn = c + 4u * kDepth;
+            if (cn < n_chunks) load_chunk<true>(ring[i], wp, sp, cn);
+        }
+    }
+    float* mine = red[warp];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine[(nb * 32 + lane) * 4 + e] = acc[nb][e];
+}
+
+// Points the group's lanes at slab `slab` of `expert` and requests its first kDepth weight chunks.
+__device__ __forceinline__ void begin_slab(const KernelArgs& a, int expert, uint32_t slab, uint32_t n_chunks,
+                                           const uint4** wp, const uint2** sp, Chunk (&ring)[kDepth]) {
+    const int tid = threadIdx.x & 127, lane = tid & 31, warp = tid >> 5;
+    slab_pointers<true>(a.w, expert, slab, n_chunks, lane, wp, sp);
+#pragma unroll
+    for (int i = 0; i < kDepth; ++i) {
+        const uint32_t cc = uint32_t(warp) + 4u * i;
+        if (cc < n_chunks) load_chunk<true>(ring[i], *wp, *sp, cc);
+    }
+}
+
+__global__ __launch_bounds__(128 * kGroups, 2) void moe_batch_smem_kernel(const KernelArgs a, uint32_t xstride) {
+    extern __shared__ __align__(16) uint4 xs[];  // [16][xstride]: the segment's tile's activation rows
+    __shared__ float red[kGroups][4][NB * 32 * 4];
+    const int grp = int(threadIdx.x >> 7), tid = int(threadIdx.x & 127);
+    pdl_wait();  // the route and the activations are the previous kernels'
+    const uint32_t n_tiles = min(uint32_t(a.route.tiles[0]), a.route.max_tiles);
+    const uint32_t slabs = (a.w.N + 15) / 16, total = n_tiles * slabs, n_chunks = a.w.K >> 6;
+    const uint32_t per = (total + gridDim.x - 1) / gridDim.x, kq = a.w.K / 8;
+    const uint32_t begin = min(total, blockIdx.x * per), end = min(total, begin + per);
+    pdl_launch_dependents();
+    const uint4* x = reinterpret_cast<const uint4*>(a.x);
+    for (uint32_t seg = begin; seg < end;) {
+        const uint32_t tile = seg / slabs, s0 = seg - tile * slabs, s1 = min(end - tile * slabs, slabs);
+        const int32_t* ti = a.route.tiles + 1 + 3 * tile;
+        Item it{};
+        it.expert = ti[0];
+        it.col_base = uint32_t(ti[1]);
+        it.n_cols = uint32_t(ti[2]);
+        Chunk ring[kDepth];
+        const uint4* wp = nullptr;
+        const uint2* sp = nullptr;
+        uint32_t s = s0 + uint32_t(grp);
+        if (s < s1) begin_slab(a, it.expert, s, n_chunks, &wp, &sp, ring);  // weights in flight during the copy
+        __syncthreads();  // the previous segment is done with xs
+        for (uint32_t u = threadIdx.x; u < 16 * kq; u += blockDim.x) {
+            const uint32_t c = u / kq, q = u - c * kq;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (c < it.n_cols) v = __ldg(x + size_t(uint32_t(a.route.pairs[it.col_base + c]) / a.route.in_div) * kq + q);
+            xs[size_t(c) * xstride + q] = v;
+        }
+        __syncthreads();
+        while (s < s1) {
+            mma_chain_smem(it.n_cols, n_chunks, wp, sp, ring, xs, xstride, red[grp]);
+            group_sync(grp);
+            it.slab = s;
+            s += kGroups;
+            if (s < s1) begin_slab(a, it.expert, s, n_chunks, &wp, &sp, ring);  // before this item's epilogue
+            finish_item(a, it, red[grp], tid, 128);
+            group_sync(grp);  // red[grp] is free again
+        }
+        seg = tile * slabs + s1;
+    }
+}
+
+// Mode 3's row stride of xs in uint4 (one uint4 of padding: the eight columns' fragments fall in
+// different banks) and its bytes, 0 where they do not fit two CTAs per SM.
+uint32_t smem_x_stride(const GemmWeights& w, size_t* bytes) {
+    int dev = 0, max_smem = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    const uint32_t stride = w.K / 8 + 1;
+    *bytes = size_t(16) * stride * 16;
+    const size_t per_cta = *bytes + sizeof(float) * kGroups * 4 * NB * 32 * 4 + 1024;
+    return 2 * per_cta <= size_t(max_smem) ? stride : 0;
+}
+
 int env_int(const char* name, int def) {
     const char* s = std::getenv(name);
     return (s && *s) ? std::atoi(s) : def;
@@ -304,11 +444,11 @@ int env_int(const char* name, int def) {
 // As many CTAs of `fn` with `smem` dynamic bytes as fit on the device at once
 // (GPTOSS_DECODE_BATCH_MOE_CTAS = per SM caps it).
 template <typename Fn>
-gptoss_status grid_ctas(Fn fn, size_t smem, uint32_t* out) {
+gptoss_status grid_ctas(Fn fn, size_t smem, uint32_t* out, int threads = 128) {
     int dev = 0, sms = 0, per_sm = 0;
     GPTOSS_CUDA_TRY(cudaGetDevice(&dev));
     GPTOSS_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    GPTOSS_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 128, smem));
+    GPTOSS_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem));
     static const int want = env_int("GPTOSS_DECODE_BATCH_MOE_CTAS", 0);
     if (want > 0) per_sm = std::min(per_sm, want);
     *out = uint32_t(std::max(1, per_sm) * std::max(1, sms));
@@ -358,7 +498,7 @@ bool moe_batch_bulk_ok(const GemmWeights& w) { return w.mxfp4 && w.K % 64 == 0 &
 int moe_batch_mode() {
     static const int mode = [] {
         const int v = env_int("GPTOSS_DECODE_BATCH_MOE_PERSIST", 0);
-        return v == 1 || v == 2 ? v : 0;
+        return v >= 1 && v <= 3 ? v : 0;
     }();
     return mode;
 }
@@ -382,10 +522,20 @@ gptoss_status moe_batch_gemm(const GemmWeights& w, const uint16_t* x, const Gemm
     if (epilogue == Epilogue::kStore && !out_f32) return fail(GPTOSS_ERR_INTERNAL, "moe_batch_gemm: fp32 output missing");
     if (!x || !route.tiles || !route.pairs || route.in_div == 0)
         return fail(GPTOSS_ERR_INTERNAL, "moe_batch_gemm: x and a route (tiles, pairs, in_div > 0) are required");
-    if (mode != 1 && mode != 2) return fail(GPTOSS_ERR_INTERNAL, "moe_batch_gemm: mode %d, expected 1 or 2", mode);
+    if (mode < 1 || mode > 3) return fail(GPTOSS_ERR_INTERNAL, "moe_batch_gemm: mode %d, expected 1, 2 or 3", mode);
     if (route.max_tiles == 0) return GPTOSS_OK;
     const KernelArgs a = kernel_args(w, x, 0, &route, epilogue, out_f32, out_bf16, ldo, swiglu_limit);
     const uint64_t items = uint64_t(route.max_tiles) * ((w.N + 15) / 16);
+    size_t xbytes = 0;
+    const uint32_t xstride = mode == 3 ? smem_x_stride(w, &xbytes) : 0;
+    if (xstride != 0) {
+        GPTOSS_CUDA_TRY(cudaFuncSetAttribute(moe_batch_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(xbytes)));
+        if (ctas == 0) GPTOSS_TRY(grid_ctas(moe_batch_smem_kernel, xbytes, &ctas, 128 * kGroups));
+        ctas = uint32_t(std::min<uint64_t>(ctas, items));
+        GPTOSS_TRY(cuda_status(launch_pdl(moe_batch_smem_kernel, dim3(ctas), dim3(128 * kGroups), xbytes, stream, a, xstride),
+                               "moe_batch_smem_kernel", __FILE__, __LINE__));
+        return GPTOSS_OK;
+    }
     const uint32_t stage = mode == 2 ? bulk_stage_bytes(w) : 0;
     if (stage != 0) {
         const size_t smem = size_t(stage) * kStages;

@@ -22,7 +22,10 @@ namespace cuda {
 // its weight chunks through a 4-deep register ring; mode 2: each item's slab arrives in shared
 // memory by bulk copies (cp.async.bulk + mbarrier, two stages: the next item's slab is in flight
 // while this one computes); where mode 2 cannot run (compute capability < 9.0, unaligned weights,
-// a slab too large for the stages) mode 1 runs instead. Both give the same bits. ctas: CTAs of
+// a slab too large for the stages) mode 1 runs instead. mode 3: the items cut into one contiguous
+// range per CTA; per tile in its range a CTA stages the tile's activation rows in shared memory
+// once and two groups of four warps walk its slabs (weights by register ring); where the rows do
+// not fit two CTAs per SM, mode 1 runs instead. All modes give the same bits. ctas: CTAs of
 // the grid, 0 = as many as fit on the device at once (GPTOSS_DECODE_BATCH_MOE_CTAS = CTAs per SM
 // caps it). Errors: INTERNAL naming the unsupported shape, tile size, epilogue, mode or missing
 // buffer.
@@ -33,8 +36,8 @@ namespace cuda {
 // Whether mode 2 runs for these weights on the current device (else moe_batch_gemm runs mode 1).
 bool moe_batch_bulk_ok(const GemmWeights& w);
 
-// How the batched step runs its MoE: 0 = gemm()'s one CTA per (route tile of 8 pairs, slab), 1 or
-// 2 = moe_batch_gemm in that mode (route tiles of 16 pairs). GPTOSS_DECODE_BATCH_MOE_PERSIST (read
+// How the batched step runs its MoE: 0 = gemm()'s one CTA per (route tile of 8 pairs, slab), 1, 2
+// or 3 = moe_batch_gemm in that mode (route tiles of 16 pairs). GPTOSS_DECODE_BATCH_MOE_PERSIST (read
 // once), default 0: neither mode was faster than gemm() at 1, 8 or 64 streams (H200, bench/NOTES.md
 // "v16 batched decode"). Same bits whichever.
 int moe_batch_mode();

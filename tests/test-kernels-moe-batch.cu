@@ -92,7 +92,7 @@ TEST_CASE("moe_batch_gemm == gemm() bit for bit, matches the CPU reference, batc
         const Out want1 = run(gu, dn, x, rt8, n, 0, 0, 1);
         CHECK(want1.act == want2.act);
         CHECK(same_bits(want1.part, 0, want2.part, 0, pairs * kH));
-        for (int mode : {1, 2}) {
+        for (int mode : {1, 2, 3}) {
             for (uint32_t ctas : {0u, 1u, 7u}) {
                 const std::string what = "n " + std::to_string(n) + " mode " + std::to_string(mode) + " ctas " +
                                          std::to_string(ctas);
@@ -151,9 +151,9 @@ TEST_CASE("moe_batch_gemm refuses what it does not run, naming it") {
     CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kSwiglu, nullptr, nullptr, 32, 7, 1, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);
     CHECK(std::string(gptoss_last_error()).find("bf16 output") != std::string::npos);
-    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 3, 0, nullptr) ==
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 4, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);
-    CHECK(std::string(gptoss_last_error()).find("mode 3") != std::string::npos);
+    CHECK(std::string(gptoss_last_error()).find("mode 4") != std::string::npos);
     w.mxfp4 = false;
     CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 1, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);

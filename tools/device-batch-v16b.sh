@@ -6,7 +6,7 @@
 # engine's tests and gptoss-bench; runs test-kernels-moe-batch (modes 1-3 == gemm() bit for bit),
 # test-kernels-batch and test-batch (GPU, sampling in the step) with mode 3; the per-op profile at
 # 64 streams (-n 64) for mode 0 and 3; `gptoss-bench --synthetic 20b --no-gemm-probe --concurrency
-# 1,8,64 -p 512 -n 256 --decode-batch 64` with mode 0 / 3 / 0 / 3 (A/B/A/B); then ncu (clocks left
+# 1,8,64 -p 512 -n 256 --decode-batch 64` with mode 0 / 3 (A/B, a second A/B at the end); ncu (clocks left
 # alone) of one MoE launch mid-run at 64 streams in mode 3 and mode 1, where counters can be read.
 # Outputs: summary.txt, tests.txt, benches.txt, profiles.txt, ncu.txt.
 # Usage: tools/device-batch-v16b.sh --deps DIR/.deps --tokenizer DIR/.tokenizer
@@ -63,12 +63,10 @@ profile() {  # name, env...
   { echo "### profile $name: env $*"; cat "$T/profile-$name.txt"; } >> "$OUT/profiles.txt"
 }
 C="--concurrency 1,8,64 -n 256"
-profile base GPTOSS_DECODE_BATCH_MOE_PERSIST=0
-profile p3 GPTOSS_DECODE_BATCH_MOE_PERSIST=3
 bench base-a "$C" GPTOSS_DECODE_BATCH_MOE_PERSIST=0
 bench p3-a "$C" GPTOSS_DECODE_BATCH_MOE_PERSIST=3
-bench base-b "$C" GPTOSS_DECODE_BATCH_MOE_PERSIST=0
-bench p3-b "$C" GPTOSS_DECODE_BATCH_MOE_PERSIST=3
+profile base GPTOSS_DECODE_BATCH_MOE_PERSIST=0
+profile p3 GPTOSS_DECODE_BATCH_MOE_PERSIST=3
 # ncu of one MoE launch mid-run at 64 streams (mode 3, then mode 1 = gemm()'s per-item work), if counters read here.
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 for m in 3 1; do
@@ -79,4 +77,6 @@ for m in 3 1; do
   log "ncu p$m rc=$? $(grep -cE 'Duration' "$T/ncu-p$m.txt") launches"
   { echo "### ncu mode $m"; grep -v '^\[' "$T/ncu-p$m.txt" | grep -vE '^ *$' | tail -200; } >> "$OUT/ncu.txt"
 done
+bench base-b "$C" GPTOSS_DECODE_BATCH_MOE_PERSIST=0
+bench p3-b "$C" GPTOSS_DECODE_BATCH_MOE_PERSIST=3
 log "done"

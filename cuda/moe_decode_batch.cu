@@ -322,9 +322,11 @@ __device__ __forceinline__ void group_sync(int grp) {
 
 // One item's mma chain for the group's four warps: weights through the register ring (ring[i]
 // holds chunk warp + 4i on entry), activations from xs ([16][xstride] uint4, row = column of the
-// tile). Leaves the warp's tile in red[warp].
+// tile). Leaves the warp's tile in red[warp]. kDepth3: weight chunks in flight per warp (4 or 8;
+// the chunk order, hence the bits, is the same at any depth).
+template <int kDepth3>
 __device__ __forceinline__ void mma_chain_smem(uint32_t n_cols, uint32_t n_chunks, const uint4* wp, const uint2* sp,
-                                               Chunk (&ring)[kDepth], const uint4* xs, uint32_t xstride,
+                                               Chunk (&ring)[kDepth3], const uint4* xs, uint32_t xstride,
                                                float (&red)[4][NB * 32 * 4]) {
     const int tid = threadIdx.x & 127, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -332,9 +334,9 @@ __device__ __forceinline__ void mma_chain_smem(uint32_t n_cols, uint32_t n_chunk
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
     const uint4* xl = xs + size_t(g) * xstride + t * 2;
-    for (uint32_t base = uint32_t(warp); base < n_chunks; base += 4u * kDepth) {
+    for (uint32_t base = uint32_t(warp); base < n_chunks; base += 4u * kDepth3) {
 #pragma unroll
-        for (int i = 0; i < kDepth; ++i) {
+        for (int i = 0; i < kDepth3; ++i) {
             const uint32_t c = base + 4u * i;
             if (c >= n_chunks) break;
             uint4 b[NB][2];
@@ -354,7 +356,7 @@ __device__ __forceinline__ void mma_chain_smem(uint32_t n_cols, uint32_t n_chunk
                     mma(acc[nb], af, (j & 1) ? bb.z : bb.x, (j & 1) ? bb.w : bb.y);
                 }
             }
-            const uint32_t cn = c + 4u * kDepth;
+            const uint32_t cn = c + 4u * kDepth3;
             if (cn < n_chunks) load_chunk<true>(ring[i], wp, sp, cn);
         }
     }
@@ -365,18 +367,20 @@ __device__ __forceinline__ void mma_chain_smem(uint32_t n_cols, uint32_t n_chunk
         for (int e = 0; e < 4; ++e) mine[(nb * 32 + lane) * 4 + e] = acc[nb][e];
 }
 
-// Points the group's lanes at slab `slab` of `expert` and requests its first kDepth weight chunks.
+// Points the group's lanes at slab `slab` of `expert` and requests its first kDepth3 weight chunks.
+template <int kDepth3>
 __device__ __forceinline__ void begin_slab(const KernelArgs& a, int expert, uint32_t slab, uint32_t n_chunks,
-                                           const uint4** wp, const uint2** sp, Chunk (&ring)[kDepth]) {
+                                           const uint4** wp, const uint2** sp, Chunk (&ring)[kDepth3]) {
     const int tid = threadIdx.x & 127, lane = tid & 31, warp = tid >> 5;
     slab_pointers<true>(a.w, expert, slab, n_chunks, lane, wp, sp);
 #pragma unroll
-    for (int i = 0; i < kDepth; ++i) {
+    for (int i = 0; i < kDepth3; ++i) {
         const uint32_t cc = uint32_t(warp) + 4u * i;
         if (cc < n_chunks) load_chunk<true>(ring[i], *wp, *sp, cc);
     }
 }
 
+template <int kDepth3>
 __global__ __launch_bounds__(128 * kGroups, 2) void moe_batch_smem_kernel(const KernelArgs a, uint32_t xstride) {
     extern __shared__ __align__(16) uint4 xs[];  // [16][xstride]: the segment's tile's activation rows
     __shared__ float red[kGroups][4][NB * 32 * 4];
@@ -395,11 +399,11 @@ __global__ __launch_bounds__(128 * kGroups, 2) void moe_batch_smem_kernel(const 
         it.expert = ti[0];
         it.col_base = uint32_t(ti[1]);
         it.n_cols = uint32_t(ti[2]);
-        Chunk ring[kDepth];
+        Chunk ring[kDepth3];
         const uint4* wp = nullptr;
         const uint2* sp = nullptr;
         uint32_t s = s0 + uint32_t(grp);
-        if (s < s1) begin_slab(a, it.expert, s, n_chunks, &wp, &sp, ring);  // weights in flight during the copy
+        if (s < s1) begin_slab<kDepth3>(a, it.expert, s, n_chunks, &wp, &sp, ring);  // weights in flight during the copy
         __syncthreads();  // the previous segment is done with xs
         for (uint32_t u = threadIdx.x; u < 16 * kq; u += blockDim.x) {
             const uint32_t c = u / kq, q = u - c * kq;
@@ -409,11 +413,11 @@ __global__ __launch_bounds__(128 * kGroups, 2) void moe_batch_smem_kernel(const 
         }
         __syncthreads();
         while (s < s1) {
-            mma_chain_smem(it.n_cols, n_chunks, wp, sp, ring, xs, xstride, red[grp]);
+            mma_chain_smem<kDepth3>(it.n_cols, n_chunks, wp, sp, ring, xs, xstride, red[grp]);
             group_sync(grp);
             it.slab = s;
             s += kGroups;
-            if (s < s1) begin_slab(a, it.expert, s, n_chunks, &wp, &sp, ring);  // before this item's epilogue
+            if (s < s1) begin_slab<kDepth3>(a, it.expert, s, n_chunks, &wp, &sp, ring);  // before this item's epilogue
             finish_item(a, it, red[grp], tid, 128);
             group_sync(grp);  // red[grp] is free again
         }
@@ -529,10 +533,12 @@ gptoss_status moe_batch_gemm(const GemmWeights& w, const uint16_t* x, const Gemm
     size_t xbytes = 0;
     const uint32_t xstride = mode == 3 ? smem_x_stride(w, &xbytes) : 0;
     if (xstride != 0) {
-        GPTOSS_CUDA_TRY(cudaFuncSetAttribute(moe_batch_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(xbytes)));
-        if (ctas == 0) GPTOSS_TRY(grid_ctas(moe_batch_smem_kernel, xbytes, &ctas, 128 * kGroups));
+        static const bool deep = env_int("GPTOSS_DECODE_BATCH_MOE_DEPTH", 4) >= 8;
+        const auto kernel = deep ? moe_batch_smem_kernel<8> : moe_batch_smem_kernel<4>;
+        GPTOSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(xbytes)));
+        if (ctas == 0) GPTOSS_TRY(grid_ctas(kernel, xbytes, &ctas, 128 * kGroups));
         ctas = uint32_t(std::min<uint64_t>(ctas, items));
-        GPTOSS_TRY(cuda_status(launch_pdl(moe_batch_smem_kernel, dim3(ctas), dim3(128 * kGroups), xbytes, stream, a, xstride),
+        GPTOSS_TRY(cuda_status(launch_pdl(kernel, dim3(ctas), dim3(128 * kGroups), xbytes, stream, a, xstride),
                                "moe_batch_smem_kernel", __FILE__, __LINE__));
         return GPTOSS_OK;
     }

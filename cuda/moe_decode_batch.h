@@ -25,7 +25,8 @@ namespace cuda {
 // a slab too large for the stages) mode 1 runs instead. mode 3: the items cut into one contiguous
 // range per CTA; per tile in its range a CTA stages the tile's activation rows in shared memory
 // once and two groups of four warps walk its slabs (weights by register ring); where the rows do
-// not fit two CTAs per SM, mode 1 runs instead. All modes give the same bits. ctas: CTAs of
+// not fit two CTAs per SM, mode 1 runs instead (GPTOSS_DECODE_BATCH_MOE_DEPTH = 8: eight weight
+// chunks in flight per warp instead of four, read once). All modes give the same bits. ctas: CTAs of
 // the grid, 0 = as many as fit on the device at once (GPTOSS_DECODE_BATCH_MOE_CTAS = CTAs per SM
 // caps it). Errors: INTERNAL naming the unsupported shape, tile size, epilogue, mode or missing
 // buffer.

@@ -782,6 +782,7 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
     // Route tiles: 8 token columns per tile of gemm()'s nb, or gemm_prefill's 64 / 128 tokens.
     const uint32_t tile_tokens = decode ? 8u : prefill_gemm_ ? gemm_prefill_tile_tokens(n * d.K, d.E) : 64u;
     const uint32_t max_tiles = route_max_tiles(n, d.E, d.K, tile_tokens);
+    const uint32_t tile_extra = !decode && prefill_gemm_ ? gemm_prefill_tile_extra(tile_tokens) : 0u;
     cudaStream_t s = stream_;
 
     ResidualArgs embed;
@@ -869,11 +870,12 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
             GPTOSS_TRY(project(decode, b.dense(L.router_w, L.router_b, d.E, d.H), xn_, n, nullptr, Epilogue::kStore,
                                rlogits_, nullptr, d.E, 0));
             GPTOSS_TRY(mark("router gemm"));
-            GPTOSS_TRY(router_route(rlogits_, n, d.E, d.K, experts_, weights_, tiles_, pairs_, tile_tokens, s));
+            GPTOSS_TRY(router_route(rlogits_, n, d.E, d.K, experts_, weights_, tiles_, pairs_, tile_tokens, s,
+                                    tile_extra));
             GPTOSS_TRY(mark("router top-k + route"));
         }
         GemmRoute r1;
-        r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = d.K; r1.max_tiles = max_tiles; r1.tile_tokens = tile_tokens;
+        r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = d.K; r1.max_tiles = max_tiles; r1.tile_tokens = tile_tokens; r1.tile_extra = tile_extra;
         GemmRoute r2 = r1;
         r2.in_div = 1;
         const float* next_norm = l + 1 < c.n_layers ? b.layers_[l + 1].attn_norm : b.final_norm_;

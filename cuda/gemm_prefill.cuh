@@ -48,14 +48,16 @@ struct PrefillTile {
     const int32_t* pairs = nullptr;
 };
 // prefill_tile_at: the same for token tile `idx` (the persistent kernels' tile loop).
-template <int TN> __device__ __forceinline__ bool prefill_tile_at(const KernelArgs& args, uint32_t idx, PrefillTile* t) {
+// (kMax: most pairs a routed tile may hold; TN + 32 for GemmRoute::tile_extra tiles.)
+template <int TN, int kMax = TN>
+__device__ __forceinline__ bool prefill_tile_at(const KernelArgs& args, uint32_t idx, PrefillTile* t) {
     if (args.routed) {
         const int32_t n_tiles = args.route.tiles[0];
         if (int32_t(idx) >= n_tiles) return false;
         const int32_t* ti = args.route.tiles + 1 + 3 * idx;
         t->expert = ti[0];
         t->col_base = uint32_t(ti[1]);
-        t->n_cols = min(uint32_t(ti[2]), uint32_t(TN));
+        t->n_cols = min(uint32_t(ti[2]), uint32_t(kMax));
         t->pairs = args.route.pairs + t->col_base;
     } else {
         t->col_base = idx * uint32_t(TN);
@@ -63,8 +65,8 @@ template <int TN> __device__ __forceinline__ bool prefill_tile_at(const KernelAr
     }
     return true;
 }
-template <int TN> __device__ __forceinline__ bool prefill_tile(const KernelArgs& args, PrefillTile* t) {
-    return prefill_tile_at<TN>(args, blockIdx.x, t);
+template <int TN, int kMax = TN> __device__ __forceinline__ bool prefill_tile(const KernelArgs& args, PrefillTile* t) {
+    return prefill_tile_at<TN, kMax>(args, blockIdx.x, t);
 }
 // The output row of tile column col: its pair (routed) or token (dense); 0 past n_cols.
 __device__ __forceinline__ int32_t tile_out_row(const KernelArgs& args, const PrefillTile& t, uint32_t col) {
@@ -272,6 +274,17 @@ __device__ __forceinline__ void wgmma_ss_m64n256k16(float (&d)[128], uint64_t ad
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
         : "l"(adesc), "l"(bdesc), "r"(acc_in));
 }
+// wgmma m64n32k16 (as m64n64k16 on 32 B rows): the tile_extra columns 256..287.
+__device__ __forceinline__ void wgmma_ss_m64n32k16(float (&d)[16], uint64_t adesc, uint64_t bdesc, uint32_t acc_in) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(adesc), "l"(bdesc), "r"(acc_in));
+}
 // d = A·B (+ d when acc_in != 0).
 template <int TN>
 __device__ __forceinline__ void wgmma_ss(float (&d)[TN / 2], uint64_t adesc, uint64_t bdesc, uint32_t acc_in) {
@@ -341,6 +354,9 @@ cudaError_t launch_prefill_sm90(const KernelArgs& a, bool fp4, uint32_t tn, uint
 // Launches gemm_prefill_ws.cu's warp-specialized kernel (same arguments, same bits as
 // launch_prefill_sm90). Needs sm_90a.
 cudaError_t launch_prefill_ws(const KernelArgs& a, bool fp4, uint32_t tn, uint32_t token_tiles, cudaStream_t stream);
+// GPTOSS_PREFILL_TILE_EXTRA (gemm_prefill_tile_extra): 0 off; 2 = 32 (refill lag 2), 1 = 33 (lag 1).
+// Only with variant 12 (the default); 256-pair MXFP4 tiles then take up to 288 pairs.
+int ws_tile_extra();
 // Whether launch_prefill_ws's variant (GPTOSS_SM90_WS_VARIANT 10, 11) wants 256-token MXFP4 route
 // tiles (gemm_prefill_tile_tokens); tn = 256 is MXFP4 only.
 bool ws_wide_tiles();

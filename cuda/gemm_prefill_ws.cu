@@ -106,14 +106,31 @@ __device__ __forceinline__ void wgmma_chunk(float (&acc)[kH][TW / 2], uint32_t a
 #endif
 }
 
+// The 4 k16 steps of one 64-k chunk for the tile_extra columns (32 token rows at bd).
+template <int N> __device__ __forceinline__ void wgmma_chunk_extra(float (&acc)[N], uint32_t ad, uint32_t bd, bool acc_in) {
+#ifdef GPTOSS_SM90A
+    if constexpr (N == 16) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            wgmma_ss_m64n32k16(acc, sw128_desc(ad + 32u * j), sw128_desc(bd + 32u * j), acc_in || j > 0);
+    }
+#endif
+}
+
 // kLag 1: chunk c + R - 1 is issued (into chunk c - 1's raw stage) after chunk c is dequantized;
 // kLag >= 2: chunk c + R - kLag (into chunk c - kLag's stage) before, so the producer does not
 // wait for the consumers' latest groups. kC CTAs per SM, kSA-deep A ring.
-template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA, bool kHint, int kProdRegs, bool kN256 = false>
+// kX (GemmRoute::tile_extra, 0 or 32 with TN = 256 and kN256): a tile may hold TN + kX pairs;
+// columns TN.. go through one more wgmma m64nkXk16 per k16 step on the same A chunk (their own
+// accumulator, the same k order), so an expert of up to TN + kX pairs dequantizes its weights once.
+template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA, bool kHint, int kProdRegs, bool kN256 = false,
+          int kX = 0>
 __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(const KernelArgs args) {
 #ifdef GPTOSS_SM90A
     extern __shared__ unsigned char smem_raw[];
-    constexpr int R = ws_raw_stages<kFp4, TN, kC, kSA>(), SA = kSA, L = R - kLag;
+    constexpr int TNB = TN + kX;  // token rows per stage
+    static_assert(kX == 0 || (kX == 32 && TN == 256 && kN256), "tile_extra: 32 on m64n256 tiles only");
+    constexpr int R = ws_raw_stages<kFp4, TNB, kC, kSA>(), SA = kSA, L = R - kLag;
     constexpr bool kEarly = kLag >= 2;
     static_assert(L >= 1, "raw ring too shallow");
     constexpr int kSpw = kSlabs / kP;  // slabs per producer warp
@@ -121,7 +138,7 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
     // kProdRegs: the producers give registers to the consumers (setmaxnreg; all of the SM's).
     constexpr int kConsRegs = kProdRegs ? ((65536 / (kC * 256) - kProdRegs * kP / 8) / 8) * 8 : 0;
     static_assert(!kProdRegs || (kConsRegs >= 24 && kConsRegs <= 256 && kP % 4 == 0), "setmaxnreg");
-    constexpr uint32_t kRaw = ws_raw_bytes<kFp4, TN>(), kBst = TN * 128, kA = a_bytes<kFp4>();
+    constexpr uint32_t kRaw = ws_raw_bytes<kFp4, TNB>(), kBst = TNB * 128, kA = a_bytes<kFp4>();
     const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const uint32_t K = args.w.K, N = args.w.N, n_chunks = K >> 6;
@@ -131,7 +148,7 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
     unsigned char* smem = smem_raw + (base - raw_base);
     const uint32_t ring = base + SA * kABytes;  // raw stage s at ring + s·kRaw: token rows, weights, scales
     int32_t* out_rows = reinterpret_cast<int32_t*>(smem + SA * kABytes + R * kRaw);
-    const uint32_t bars = base + SA * kABytes + R * kRaw + TN * 4;  // full[SA], empty_a[SA], empty_r[R]
+    const uint32_t bars = base + SA * kABytes + R * kRaw + TNB * 4;  // full[SA], empty_a[SA], empty_r[R]
     auto full = [&](uint32_t s) { return bars + 8 * s; };
     auto empty_a = [&](uint32_t s) { return bars + 8 * (SA + s); };
     auto empty_r = [&](uint32_t s) { return bars + 8 * (2 * SA + s); };
@@ -145,7 +162,7 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
 
     if (args.routed) pdl_wait();
     PrefillTile tile;
-    if (!prefill_tile<TN>(args, &tile)) return;
+    if (!prefill_tile<TN, TNB>(args, &tile)) return;
     const int expert = tile.expert;
     const uint32_t n_cols = tile.n_cols;
 
@@ -161,7 +178,7 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
             if (uint32_t(s) < n_chunks) load_a(uint32_t(s), uint32_t(s));
     }
     if (!args.routed) pdl_wait();
-    if (tid < TN) out_rows[tid] = tile_out_row(args, tile, uint32_t(tid));
+    if (tid < TNB) out_rows[tid] = tile_out_row(args, tile, uint32_t(tid));
     __syncthreads();  // barriers initialized, out_rows written
     pdl_launch_dependents();
 
@@ -169,23 +186,32 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
         if constexpr (kProdRegs != 0) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProdRegs));
         // Token rows: this thread copies unit (tid & 7) of rows tid / 8 + 4·kP·i; columns past
         // n_cols are zero-filled.
-        constexpr int kBUnits = TN / (4 * kP);
-        const uint16_t* bsrc[kBUnits];
-        uint32_t bdst[kBUnits];
+        constexpr int kBUnits = TNB / (4 * kP);
+        static_assert(TNB % (4 * kP) == 0, "token rows per producer thread");
+        // (row & 7 is the same for all of a thread's rows, so unit i lands 4·kP rows after unit 0.)
+        // kX: 32-bit element offsets from args.x instead of pointers (the producers' registers;
+        // gemm_prefill checked that the input has fewer than 2^31 elements).
+        using BSrc = std::conditional_t<kX != 0, uint32_t, const uint16_t*>;
+        BSrc bsrc[kBUnits];
+        uint32_t bdst0 = 0;
         uint32_t bvalid = 0;
 #pragma unroll
         for (int i = 0; i < kBUnits; ++i) {
             const TokenUnit tu = token_unit(args, tile, uint32_t(tid >> 3) + uint32_t(4 * kP * i), uint32_t(tid & 7));
-            bsrc[i] = tu.src;
-            bdst[i] = tu.dst;
+            if constexpr (kX != 0) bsrc[i] = uint32_t(tu.src - args.x);
+            else bsrc[i] = tu.src;
+            if (i == 0) bdst0 = tu.dst;
             bvalid |= tu.valid ? 1u << i : 0u;
         }
         auto load_b = [&](uint32_t stage, uint32_t c) {
-            const uint32_t sb = ring + stage * kRaw;
+            const uint32_t sb = ring + stage * kRaw + bdst0;
 #pragma unroll
             for (int i = 0; i < kBUnits; ++i) {
                 const bool v = (bvalid >> i) & 1u;
-                cp_async16_zfill(sb + bdst[i], v ? bsrc[i] + size_t(c) * 64 : bsrc[i], v);
+                const uint16_t* src;
+                if constexpr (kX != 0) src = args.x + (v ? bsrc[i] + c * 64u : 0u);
+                else src = v ? bsrc[i] + size_t(c) * 64 : bsrc[i];
+                cp_async16_zfill(sb + uint32_t(i * 4 * kP * 128), src, v);
             }
         };
         if (args.routed) {
@@ -231,23 +257,30 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
     if constexpr (kProdRegs != 0) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsRegs));
     const int cw = (warp - kP) >> 2;
     const bool two = kH == 2 && n_cols > uint32_t(TW);  // 256-token tiles: tokens 128.. only if any
+    const bool extra = kX != 0 && n_cols > uint32_t(TN);  // tile_extra: tokens 256.. only if any
     float acc[kH][TW / 2];  // the first wgmma overwrites it
+    float acc_x[kX ? kX / 2 : 1];
     // The main loop over the first N accumulator halves (a 256-token tile takes one of two whole
-    // loops: no branch between the wgmmas, which ptxas would answer with warpgroup.arrive).
-    auto main_loop = [&](auto halves) {
+    // loops: no branch between the wgmmas, which ptxas would answer with warpgroup.arrive);
+    // kE: and the tile_extra columns (a third loop).
+    auto main_loop = [&](auto halves, auto with_extra) {
         constexpr int kN = decltype(halves)::value;
+        constexpr bool kE = decltype(with_extra)::value;
         uint32_t st = 0, sa_i = 0, st_prev = 0, sa_prev = 0;
         for (uint32_t c = 0; c < n_chunks; ++c) {
             mbar_wait<kHint>(full(sa_i), (c / SA) & 1u);
 #pragma unroll
             for (int h = 0; h < kN; ++h) acc_fence(acc[h]);
+            if constexpr (kE) acc_fence(acc_x);
             wgmma_fence();
             const uint32_t ad = base + sa_i * kABytes + uint32_t(cw) * (kABytes / 2), bd = ring + st * kRaw;
             wgmma_chunk<kN, TW, kH, kN256>(acc, ad, bd, c > 0);
+            if constexpr (kE) wgmma_chunk_extra(acc_x, ad, bd + uint32_t(TN * 128), c > 0);
             wgmma_commit();
             wgmma_wait<1>();  // chunk c - 1's group is complete: its stages are free
 #pragma unroll
             for (int h = 0; h < kN; ++h) acc_fence(acc[h]);
+            if constexpr (kE) acc_fence(acc_x);
             if (c > 0) {
                 mbar_arrive(empty_a(sa_prev));
                 mbar_arrive(empty_r(st_prev));
@@ -258,15 +291,26 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
             sa_i = sa_i + 1 == SA ? 0 : sa_i + 1;
         }
     };
-    if (two) main_loop(std::integral_constant<int, kH>{});
-    else main_loop(std::integral_constant<int, 1>{});
+    using no = std::false_type;
+    if constexpr (kX != 0) {
+        if (extra) main_loop(std::integral_constant<int, kH>{}, std::true_type{});
+        else if (two) main_loop(std::integral_constant<int, kH>{}, no{});
+        else main_loop(std::integral_constant<int, 1>{}, no{});
+    } else {
+        if (two) main_loop(std::integral_constant<int, kH>{}, no{});
+        else main_loop(std::integral_constant<int, 1>{}, no{});
+    }
     wgmma_wait<0>();
 #pragma unroll
     for (int h = 0; h < kH; ++h) acc_fence(acc[h]);
+    acc_fence(acc_x);
     const uint32_t slab = slab0 + uint32_t(4 * cw + (warp & 3));
     if (slab < n_slabs) {
+        // (the last columns first: their registers are free for the rest of the epilogue)
+        if constexpr (kX != 0)
+            if (extra) store_wg_tile<kX ? kX : 2>(args, expert, slab, acc_x, n_cols - TN, out_rows + TN, g, t);
+        if (two) store_wg_tile<TW>(args, expert, slab, acc[kH - 1], min(n_cols, uint32_t(TN)) - TW, out_rows + TW, g, t);
         store_wg_tile<TW>(args, expert, slab, acc[0], min(n_cols, uint32_t(TW)), out_rows, g, t);
-        if (two) store_wg_tile<TW>(args, expert, slab, acc[kH - 1], n_cols - TW, out_rows + TW, g, t);
     }
 #endif
 }
@@ -475,13 +519,13 @@ uint32_t sm_count(int dev) {
 // kPersist: gemm_prefill_wsp_kernel over min(all tiles, kC CTAs per SM); else
 // gemm_prefill_ws_kernel, one CTA per tile.
 template <bool kFp4, int TN, int kP, int kLag, int kC, int kSA, bool kHint = false, bool kPersist = false,
-          bool kTrigger = true, int kProdRegs = 0, bool kN256 = false>
+          bool kTrigger = true, int kProdRegs = 0, bool kN256 = false, int kX = 0>
 cudaError_t launch_ws(const KernelArgs& a, uint32_t token_tiles, cudaStream_t stream) {
     static std::atomic<uint64_t> configured{0};
     void (*kernel)(const KernelArgs);
     if constexpr (kPersist) kernel = gemm_prefill_wsp_kernel<kFp4, TN, kP, kLag, kC, kSA, kHint, kTrigger, kProdRegs>;
-    else kernel = gemm_prefill_ws_kernel<kFp4, TN, kP, kLag, kC, kSA, kHint, kProdRegs, kN256>;
-    constexpr uint32_t bytes = ws_smem_bytes<kFp4, TN, kC, kSA>();
+    else kernel = gemm_prefill_ws_kernel<kFp4, TN, kP, kLag, kC, kSA, kHint, kProdRegs, kN256, kX>;
+    constexpr uint32_t bytes = ws_smem_bytes<kFp4, TN + kX, kC, kSA>();
     cudaError_t err = set_smem_once(kernel, bytes, configured);
     if (err != cudaSuccess) return err;
     int dev = 0;
@@ -567,6 +611,11 @@ cudaError_t launch_ws_v(const KernelArgs& a, uint32_t tn, uint32_t token_tiles, 
                 return launch_wsp<true, 256, 4, 2, 1, 2>(a, token_tiles, stream);
             }
             // (8 producer warps cap every thread at 128 registers: too few for m64n256's 128 accumulators)
+            if (v == 12 && a.route.tile_extra != 0) {  // gemm_prefill checked: 32 and ws_tile_extra()
+                if (ws_tile_extra() == 1)
+                    return launch_ws<true, 256, 4, 1, 1, 2, true, false, true, 64, true, 32>(a, token_tiles, stream);
+                return launch_ws<true, 256, 4, 2, 1, 2, true, false, true, 64, true, 32>(a, token_tiles, stream);
+            }
             if (v == 12) return launch_ws<true, 256, 4, 2, 1, 2, true, false, true, 0, true>(a, token_tiles, stream);
             if (ws_256() == 8) return launch_ws<true, 256, 8, 2, 1, 2, true, false, true, 56>(a, token_tiles, stream);
             return launch_ws<true, 256, 4, 2, 1, 2, true>(a, token_tiles, stream);
@@ -595,6 +644,14 @@ cudaError_t launch_ws_v(const KernelArgs& a, uint32_t tn, uint32_t token_tiles, 
 }  // namespace
 
 bool ws_wide_tiles() { return ws_variant() >= 10; }
+int ws_tile_extra() {
+    static const int v = [] {
+        const char* e = std::getenv("GPTOSS_PREFILL_TILE_EXTRA");
+        const int x = e ? std::atoi(e) : 0;
+        return x == 32 ? 2 : x == 33 ? 1 : 0;
+    }();
+    return ws_variant() == 12 ? v : 0;
+}
 
 cudaError_t launch_prefill_ws(const KernelArgs& a, bool fp4, uint32_t tn, uint32_t token_tiles, cudaStream_t stream) {
     return fp4 ? launch_ws_v<true>(a, tn, token_tiles, stream) : launch_ws_v<false>(a, tn, token_tiles, stream);

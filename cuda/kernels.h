@@ -97,6 +97,9 @@ struct GemmRoute {
     uint32_t in_div = 1;
     uint32_t max_tiles = 0;
     uint32_t tile_tokens = 64;  // most pairs per tile (router_route's tile_tokens)
+    // router_route's tile_extra: an expert's last tile may hold up to tile_tokens + tile_extra
+    // pairs (0, or 32 with 256-pair tiles: gemm_prefill_tile_extra).
+    uint32_t tile_extra = 0;
 };
 
 // x: bf16 permuted [n_rows, K] (dense) or indexed through route. nb = 8-token column tiles per
@@ -133,6 +136,11 @@ bool gemm_prefill_wgmma_supported();
 // where kAuto's MXFP4 kernel is kSm90Ws and GPTOSS_SM90_WS_VARIANT is 10, 11 or 12, the
 // default), else 64 (128 from 32 pairs with GPTOSS_PREFILL_TILE_MIN=128 on kSm90Ws).
 uint32_t gemm_prefill_tile_tokens(uint32_t n_pairs, uint32_t n_experts);
+// Extra pairs an expert's last route tile may take for gemm_prefill (GemmRoute::tile_extra):
+// 32 with 256-pair tiles under GPTOSS_PREFILL_TILE_EXTRA=32 (or =33: the variant with a shallower
+// refill lag; off by default, bench/NOTES.md v16 round 5), so an expert of 257..288 pairs is one
+// tile (one dequantization of its weights) instead of 256 + a remainder; else 0.
+uint32_t gemm_prefill_tile_extra(uint32_t tile_tokens);
 
 // Decode GEMV (gemm_decode.cu), one token: the same products as gemm(nb = 1) summed in an order
 // of its own (K split over `warps` warps per 16-row slab, fixed warp order: deterministic, not
@@ -293,10 +301,13 @@ void set_decode_attention_stages(int stages);
 // Router (router.cu): logits fp32 [T, E] → experts int32 [T, K] (descending, ties: lower
 // expert), weights fp32 [T, K] = softmax of the K logits; plus the grouped-GEMM route for
 // tiles of `tile_tokens` pairs (see GemmRoute). tiles: int32 [1 + 3·max_tiles], pairs [T·K].
+// tile_extra > 0: an expert's last tile takes up to tile_extra pairs more instead of a tile of
+// its own (never more tiles than without it, so route_max_tiles still bounds them).
 uint32_t route_max_tiles(uint32_t T, uint32_t E, uint32_t K, uint32_t tile_tokens);
 [[nodiscard]] gptoss_status router_route(const float* logits, uint32_t T, uint32_t E, uint32_t K,
                                          int32_t* experts, float* weights, int32_t* tiles,
-                                         int32_t* pairs, uint32_t tile_tokens, cudaStream_t stream);
+                                         int32_t* pairs, uint32_t tile_tokens, cudaStream_t stream,
+                                         uint32_t tile_extra = 0);
 
 // Decode (T = 1) fused router: xn = RMSNorm(x) · norm_w (bf16 permuted [H], as
 // residual_rmsnorm kNone), logits = router(xn) (as gemm), then experts/weights/tiles/pairs as

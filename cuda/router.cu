@@ -92,7 +92,7 @@ __global__ __launch_bounds__(256) void f32_router_topk_kernel(const float* __res
 // then the threads scatter the pairs.
 __global__ __launch_bounds__(1024) void f32_router_group_kernel(const int32_t* experts, uint32_t n_pairs, uint32_t E,
                                                                int32_t* tiles, int32_t* pairs,
-                                                               uint32_t tile_tokens) {
+                                                               uint32_t tile_tokens, uint32_t tile_extra) {
     __shared__ int32_t count[kMaxExperts], offset[kMaxExperts], cursor[kMaxExperts];
     pdl_wait();
     pdl_launch_dependents();
@@ -100,21 +100,25 @@ __global__ __launch_bounds__(1024) void f32_router_group_kernel(const int32_t* e
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < n_pairs; i += blockDim.x) atomicAdd(&count[experts[i]], 1);
     __syncthreads();
-    const int32_t tt = int32_t(tile_tokens);
+    const int32_t tt = int32_t(tile_tokens), tx = int32_t(tile_extra);
+    // Tiles of an expert with c pairs: ceil(c / tt), or with tile_extra ceil((c - tx) / tt) (at
+    // least 1): the last one then holds c - (n - 1)·tt <= tt + tx pairs.
+    auto n_tiles = [&](int32_t c) { return c <= tt + tx ? (c > 0 ? 1 : 0) : (c - tx + tt - 1) / tt; };
     for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) {
         int32_t off = 0, first_tile = 0;
         for (uint32_t e2 = 0; e2 < e; ++e2) {
             off += count[e2];
-            first_tile += (count[e2] + tt - 1) / tt;
+            first_tile += n_tiles(count[e2]);
         }
         offset[e] = off;
-        for (int32_t s = 0, n = first_tile; s < count[e]; s += tt, ++n) {
-            int32_t* ti = tiles + 1 + 3 * n;
+        const int32_t nt = n_tiles(count[e]);
+        for (int32_t i = 0; i < nt; ++i) {
+            int32_t* ti = tiles + 1 + 3 * (first_tile + i);
             ti[0] = int32_t(e);
-            ti[1] = off + s;
-            ti[2] = min(tt, count[e] - s);
+            ti[1] = off + i * tt;
+            ti[2] = i + 1 < nt ? tt : count[e] - i * tt;
         }
-        if (e == E - 1) tiles[0] = first_tile + (count[e] + tt - 1) / tt;
+        if (e == E - 1) tiles[0] = first_tile + nt;
     }
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < n_pairs; i += blockDim.x) {
@@ -308,7 +312,7 @@ uint32_t route_max_tiles(uint32_t T, uint32_t E, uint32_t K, uint32_t tile_token
 
 gptoss_status router_route(const float* logits, uint32_t T, uint32_t E, uint32_t K, int32_t* experts,
                            float* weights, int32_t* tiles, int32_t* pairs, uint32_t tile_tokens,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, uint32_t tile_extra) {
     if (E > kMaxExperts || K > kMaxK || K == 0 || K > E)
         return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA router: %u experts / top-%u, supported up to %u / %u", E, K,
                     kMaxExperts, kMaxK);
@@ -316,7 +320,8 @@ gptoss_status router_route(const float* logits, uint32_t T, uint32_t E, uint32_t
     if (tile_tokens == 0) return fail(GPTOSS_ERR_INTERNAL, "CUDA router: tile_tokens is 0");
     GPTOSS_LAUNCH(f32_router_topk_kernel, ceil_div(T, 8), 256, 0, stream, logits, T, E, K, experts, weights);
     const uint32_t threads = std::min(1024u, std::max(256u, 32u * ceil_div(T * K, 32)));
-    GPTOSS_LAUNCH(f32_router_group_kernel, 1, threads, 0, stream, experts, T * K, E, tiles, pairs, tile_tokens);
+    GPTOSS_LAUNCH(f32_router_group_kernel, 1, threads, 0, stream, experts, T * K, E, tiles, pairs, tile_tokens,
+                  tile_extra);
     return GPTOSS_OK;
 }
 

@@ -17,7 +17,9 @@
 namespace {
 
 // A route as router_route builds it, on the host: pairs grouped by expert (in increasing expert
-// order; inside a group in the order given, or reversed), cut into tiles of tile_tokens.
+// order; inside a group in the order given, or reversed), cut into tiles of tile_tokens
+// (tile_tokens 288: tiles of 256 whose last one per expert takes up to 32 more, as router_route
+// with tile_extra 32).
 struct HostRoute {
     Dev<int32_t> tiles, pairs;
     cuda::GemmRoute r;
@@ -25,22 +27,26 @@ struct HostRoute {
               bool reverse)
         : tiles(1 + 3 * size_t(expert_of_pair.size() + E)), pairs(std::max<size_t>(expert_of_pair.size(), 1)) {
         std::vector<int32_t> t{0}, p;
+        const uint32_t tx = tile_tokens == 288 ? 32 : 0;
+        if (tx) tile_tokens = 256;
         for (uint32_t e = 0; e < E; ++e) {
             std::vector<int32_t> group;
             for (size_t i = 0; i < expert_of_pair.size(); ++i)
                 if (expert_of_pair[i] == int32_t(e)) group.push_back(int32_t(i));
             if (reverse) std::reverse(group.begin(), group.end());
-            for (size_t s = 0; s < group.size(); s += tile_tokens) {
+            const size_t c = group.size();
+            const size_t n = c <= tile_tokens + tx ? (c > 0) : (c - tx + tile_tokens - 1) / tile_tokens;
+            for (size_t i = 0; i < n; ++i) {
                 t.push_back(int32_t(e));
-                t.push_back(int32_t(p.size() + s));
-                t.push_back(int32_t(std::min<size_t>(tile_tokens, group.size() - s)));
+                t.push_back(int32_t(p.size() + i * tile_tokens));
+                t.push_back(int32_t(i + 1 < n ? tile_tokens : c - i * tile_tokens));
                 ++t[0];
             }
             p.insert(p.end(), group.begin(), group.end());
         }
         REQUIRE(cudaMemcpy(tiles.p, t.data(), t.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
         if (!p.empty()) REQUIRE(cudaMemcpy(pairs.p, p.data(), p.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-        r.tiles = tiles.p; r.pairs = pairs.p; r.in_div = in_div; r.tile_tokens = tile_tokens;
+        r.tiles = tiles.p; r.pairs = pairs.p; r.in_div = in_div; r.tile_tokens = tile_tokens; r.tile_extra = tx;
         r.max_tiles = cuda::route_max_tiles(uint32_t(expert_of_pair.size()), E, 1, tile_tokens);
         REQUIRE(uint32_t(t[0]) <= r.max_tiles);
     }
@@ -68,8 +74,10 @@ void for_each_kernel(void (*body)()) {
 }
 
 // Route tile widths of the MXFP4 tests: 256 too on the warp-specialized kernel (its 256-token
-// tiles: two wgmma n128 halves, the second only for tiles of more than 128 pairs).
+// tiles: two wgmma n128 halves, the second only for tiles of more than 128 pairs), and 288
+// (256 + tile_extra 32) where GPTOSS_PREFILL_TILE_EXTRA turns those on.
 std::vector<uint32_t> tile_widths() {
+    if (g_kern == cuda::PrefillKernel::kSm90Ws && cuda::gemm_prefill_tile_extra(256) == 32) return {64u, 128u, 256u, 288u};
     if (g_kern == cuda::PrefillKernel::kSm90Ws) return {64u, 128u, 256u};
     return {64u, 128u};
 }
@@ -139,15 +147,16 @@ void dense_add() {
 // p / in_div and writes output row p.
 void grouped_mxfp4_matches_cpu() {
     Rand r(104);
-    const uint32_t E = 6, N = 200, K = 384, in_div = 2;
+    const uint32_t E = 7, N = 200, K = 384, in_div = 2;
     const auto blocks = r.bytes(size_t(E) * N * K / 2);
     auto scales = r.bytes(size_t(E) * N * K / 32);
     for (size_t i = 0; i < scales.size(); ++i) scales[i] = uint8_t(i % 9 == 0 ? r.below(129) : 115 + r.below(14));
     const auto bias = r.bf16s(size_t(E) * N, 0.1f);
     ExpertsW ew(blocks, scales, bias, E, N, K, false);
     CHECK(ew.bad.get()[0] == 0);
-    // Expert 0: none; 1: one pair; 2: 300 pairs; 3: 37; 4: 129 (one past a 128 tile); 5: 64.
-    const uint32_t counts[E] = {0, 1, 300, 37, 129, 64};
+    // Expert 0: none; 1: one pair; 2: 300 pairs; 3: 37; 4: 129 (one past a 128 tile); 5: 64;
+    // 6: 270 (one tile of 256 + 14 with tile_extra).
+    const uint32_t counts[E] = {0, 1, 300, 37, 129, 64, 270};
     std::vector<int32_t> expert_of;
     for (uint32_t e = 0; e < E; ++e)
         for (uint32_t i = 0; i < counts[e]; ++i) expert_of.push_back(int32_t(e));
@@ -203,7 +212,7 @@ void grouped_swiglu_matches_cpu() {
     for (uint8_t& s : scales) s = uint8_t(122 + r.below(6));  // large enough to hit the ±7 clamps
     const auto bias = r.bf16s(size_t(E) * N, 0.5f);
     ExpertsW ew(blocks, scales, bias, E, N, K, true);
-    const uint32_t T = 150;  // one pair per token (in_div 1); expert 2 gets most
+    const uint32_t T = 330;  // one pair per token (in_div 1); expert 2 gets most (264: 256 + 8)
     std::vector<int32_t> expert_of(T);
     for (uint32_t t = 0; t < T; ++t) expert_of[t] = t % 10 == 0 ? 0 : t % 10 == 1 ? 1 : 2;
     const auto x = rounded(r.floats(size_t(T) * K, 1.0f));

@@ -8,7 +8,8 @@
 # of layer 0's prefill GEMMs (time, SM active cycles min/avg/max, issue slots) with --ncu "V ...".
 # A variant is GPTOSS_SM90_WS_VARIANT's number, then x4 / x8 (GPTOSS_SM90_WS_64), w8
 # (GPTOSS_SM90_WS_256=8), p (GPTOSS_SM90_WS_PDL=0), n (GPTOSS_SM90_WS_HINT=0), c3 (GPTOSS_SM90_64C=3),
-# t128 (GPTOSS_PREFILL_TILE_MIN=128): e.g. 9x4, 10w8p, 9n, 12c3, 12t128. --full auto = the fastest 20b
+# t128 (GPTOSS_PREFILL_TILE_MIN=128), e32 / e33 (GPTOSS_PREFILL_TILE_EXTRA=32 / 33): e.g. 9x4,
+# 10w8p, 9n, 12c3, 12t128, 12e32. --full auto = the fastest 20b
 # variant with the 64-token choice of the fastest 120b one. --profile adds gptoss-bench --profile.
 # --smem "8 12": per variant, Nsight Compute of layer 0's four prefill GEMMs of the 20b with the
 # shared-memory, pipe and tensor-core counters this ncu knows (picked from --query-metrics; the
@@ -59,8 +60,9 @@ venv() {
   local v=$1; shift
   local x=$(echo "$v" | sed -nE 's/.*x([48]).*/\1/p') w=$(echo "$v" | sed -nE 's/.*w(8).*/\1/p')
   local p=$(case "$v" in *p*) echo 0;; esac) n=$(case "$v" in *n*) echo 0;; esac) c=$(case "$v" in *c3*) echo 3;; esac) t=$(case "$v" in *t128*) echo 128;; esac)
+  local e=$(echo "$v" | sed -nE 's/.*e(3[23]).*/\1/p')
   GPTOSS_SM90_WS_VARIANT=$(echo "$v" | sed -E 's/^([0-9]+).*/\1/') GPTOSS_SM90_WS_64=$x GPTOSS_SM90_WS_256=$w \
-    GPTOSS_SM90_WS_PDL=$p GPTOSS_SM90_WS_HINT=$n GPTOSS_SM90_64C=$c GPTOSS_PREFILL_TILE_MIN=$t "$@"
+    GPTOSS_SM90_WS_PDL=$p GPTOSS_SM90_WS_HINT=$n GPTOSS_SM90_64C=$c GPTOSS_PREFILL_TILE_MIN=$t GPTOSS_PREFILL_TILE_EXTRA=$e "$@"
 }
 T="$OUT/tests.txt"
 for v in $TEST; do

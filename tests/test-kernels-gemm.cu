@@ -258,6 +258,25 @@ TEST_CASE("gemm_prefill MXFP4 gate_up with fused SwiGLU matches cpu::matmul_mxfp
     for_each_kernel(grouped_swiglu_matches_cpu);
 }
 
+TEST_CASE("router_route with tile_extra: an expert's last 256-pair tile takes up to 32 more pairs") {
+    // 4 experts, top-1: 0 none, 1 270 pairs (one tile with tile_extra), 2 300 (256 + 44), 3 30.
+    const uint32_t T = 600, E = 4;
+    std::vector<float> logits(size_t(T) * E, 0.0f);
+    for (uint32_t t = 0; t < T; ++t) logits[size_t(t) * E + (t < 270 ? 1 : t < 570 ? 2 : 3)] = 1.0f;
+    Dev<float> ld(logits), weights(T);
+    Dev<int32_t> experts(T), tiles(1 + 3 * size_t(cuda::route_max_tiles(T, E, 1, 256))), pairs(T);
+    struct Case { uint32_t extra; std::vector<int32_t> want; };
+    for (const Case& c : {Case{0, {5, 1, 0, 256, 1, 256, 14, 2, 270, 256, 2, 526, 44, 3, 570, 30}},
+                          Case{32, {4, 1, 0, 270, 2, 270, 256, 2, 526, 44, 3, 570, 30}}}) {
+        OK(cuda::router_route(ld.p, T, E, 1, experts.p, weights.p, tiles.p, pairs.p, 256, nullptr, c.extra));
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        auto got = tiles.get();
+        got.resize(c.want.size());
+        INFO("tile_extra " << c.extra);
+        CHECK(got == c.want);
+    }
+}
+
 TEST_CASE("gemm_prefill_tile_tokens and the argument checks") {
     // 20b, 2048 tokens: 256 pairs per expert (256-token tiles on kSm90Ws variants 10, 11 and 12,
     // the default; an unknown GPTOSS_SM90_WS_VARIANT means the default).

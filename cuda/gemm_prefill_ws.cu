@@ -31,6 +31,10 @@ namespace {
 
 // kP producer warps (4 or 8) + 2 consumer warpgroups.
 template <int kP> constexpr int ws_threads() { return 32 * kP + 256; }
+// Registers per thread of a full-occupancy launch (kC CTAs per SM; allocation units of 8).
+template <int kP, int kC> constexpr int ws_launch_regs() {
+    return (65536 / (kC * ws_threads<kP>()) / 8 * 8) > 255 ? 248 : 65536 / (kC * ws_threads<kP>()) / 8 * 8;
+}
 constexpr uint32_t kABytes = 128 * 128;   // bf16 A tile of one chunk: 128 rows × 64 k
 template <bool kFp4, int TN> constexpr uint32_t ws_raw_bytes() {  // token rows, weights, scales; 1 KB-padded
     return (TN * 128 + a_bytes<kFp4>() + s_bytes<kFp4>() + 1023u) & ~1023u;
@@ -135,8 +139,11 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
     static_assert(L >= 1, "raw ring too shallow");
     constexpr int kSpw = kSlabs / kP;  // slabs per producer warp
     constexpr int kH = TN == 256 ? 2 : 1, TW = TN / kH;  // 256-token tiles: two halves of wgmma n128
-    // kProdRegs: the producers give registers to the consumers (setmaxnreg; all of the SM's).
-    constexpr int kConsRegs = kProdRegs ? ((65536 / (kC * 256) - kProdRegs * kP / 8) / 8) * 8 : 0;
+    // kProdRegs: the producers give registers to the consumers (setmaxnreg). The pool is what the
+    // CTA was launched with: ws_launch_regs per thread (launch_ws checks it), 168 for 384 threads
+    // (not 65536 / 384: an inc beyond the pool waits forever).
+    constexpr int kConsRegs =
+        kProdRegs ? ((ws_launch_regs<kP, kC>() * ws_threads<kP>() - kProdRegs * 32 * kP) / 256 / 8) * 8 : 0;
     static_assert(!kProdRegs || (kConsRegs >= 24 && kConsRegs <= 256 && kP % 4 == 0), "setmaxnreg");
     constexpr uint32_t kRaw = ws_raw_bytes<kFp4, TNB>(), kBst = TNB * 128, kA = a_bytes<kFp4>();
     const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
@@ -528,6 +535,13 @@ cudaError_t launch_ws(const KernelArgs& a, uint32_t token_tiles, cudaStream_t st
     constexpr uint32_t bytes = ws_smem_bytes<kFp4, TN + kX, kC, kSA>();
     cudaError_t err = set_smem_once(kernel, bytes, configured);
     if (err != cudaSuccess) return err;
+    if constexpr (!kPersist && kProdRegs != 0) {  // setmaxnreg's pool: the registers it was compiled with
+        static const int regs = [&] {
+            cudaFuncAttributes fa{};
+            return cudaFuncGetAttributes(&fa, kernel) == cudaSuccess ? fa.numRegs : 0;
+        }();
+        if (regs < ws_launch_regs<kP, kC>()) return cudaErrorInvalidConfiguration;
+    }
     int dev = 0;
     err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;

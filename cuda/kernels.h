@@ -138,8 +138,9 @@ bool gemm_prefill_wgmma_supported();
 uint32_t gemm_prefill_tile_tokens(uint32_t n_pairs, uint32_t n_experts);
 // Extra pairs an expert's last route tile may take for gemm_prefill (GemmRoute::tile_extra):
 // 32 with 256-pair tiles under GPTOSS_PREFILL_TILE_EXTRA=32 (or =33: the variant with a shallower
-// refill lag; off by default, bench/NOTES.md v16 round 5), so an expert of 257..288 pairs is one
-// tile (one dequantization of its weights) instead of 256 + a remainder; else 0.
+// refill lag; off: 12 % slower on the 20b at 2048 tokens, bench/NOTES.md v16 round 5), so an
+// expert of 257..288 pairs is one tile (one dequantization of its weights) instead of 256 + a
+// remainder; else 0.
 uint32_t gemm_prefill_tile_extra(uint32_t tile_tokens);
 
 // Decode GEMV (gemm_decode.cu), one token: the same products as gemm(nb = 1) summed in an order

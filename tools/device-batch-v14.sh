@@ -14,6 +14,7 @@
 # Usage: [V14_CALL=2] tools/device-batch-v14.sh --deps DIR/.deps --tokenizer DIR/.tokenizer [--quick]
 # --quick: tests and the "after" bench only (call 1).
 set -uo pipefail
+. "$(dirname "$0")/device-lib.sh"
 DEPS="" TOK="" QUICK=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -30,11 +31,8 @@ log() { echo "== $(date +%T) $*" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 log "GPU: $(tail -1 "$OUT/gpu.txt")"
 t0=$(date +%s)
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  ${DEPS:+-DCMAKE_PREFIX_PATH=$DEPS/usr -DCMAKE_BUILD_RPATH=$DEPS/usr/lib/x86_64-linux-gnu} \
-  ${TOK:+-DGPTOSS_TOKENIZER_DIR=$TOK} > "$OUT/build.log" 2>&1 \
-  && cmake --build $B -j16 --target test-kernels-sample-batch test-kernels-batch test-kernels test-batch \
-       gptoss-bench gptoss-synth >> "$OUT/build.log" 2>&1
+dev_build $B "$OUT/build.log" test-kernels-sample-batch test-kernels-batch test-kernels test-batch \
+  gptoss-bench gptoss-synth
 rc=$?
 log "build rc=$rc in $(( $(date +%s) - t0 )) s"
 if [ $rc -ne 0 ]; then grep -B2 -A12 -E "error|Error" "$OUT/build.log" | head -80; exit 1; fi

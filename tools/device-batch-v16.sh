@@ -16,6 +16,7 @@
 # profiles.txt (few files: the device call returns only so many).
 # Usage: [V16_CALL=2] tools/device-batch-v16.sh --deps DIR/.deps --tokenizer DIR/.tokenizer
 set -uo pipefail
+. "$(dirname "$0")/device-lib.sh"
 DEPS="" TOK=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,11 +32,8 @@ log() { echo "== $(date +%T) $*" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 log "GPU: $(tail -1 "$OUT/gpu.txt")"
 t0=$(date +%s)
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  ${DEPS:+-DCMAKE_PREFIX_PATH=$DEPS/usr -DCMAKE_BUILD_RPATH=$DEPS/usr/lib/x86_64-linux-gnu} \
-  ${TOK:+-DGPTOSS_TOKENIZER_DIR=$TOK} > "$OUT/build.log" 2>&1 \
-  && cmake --build $B -j16 --target test-kernels-moe-batch test-kernels-sample-batch test-kernels-batch test-batch \
-       gptoss-bench gptoss-synth >> "$OUT/build.log" 2>&1
+dev_build $B "$OUT/build.log" test-kernels-moe-batch test-kernels-sample-batch test-kernels-batch \
+  test-batch gptoss-bench gptoss-synth
 rc=$?
 log "build rc=$rc in $(( $(date +%s) - t0 )) s"
 if [ $rc -ne 0 ]; then grep -B2 -A12 -E "error|Error" "$OUT/build.log" | head -80; exit 1; fi

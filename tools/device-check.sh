@@ -8,6 +8,7 @@
 # --load-20b writes the 13 GB 20b-shaped checkpoint to /tmp and benches it through the loader
 # (upload GB/s from the page cache, then pp/tg on the loaded weights).
 set -uo pipefail
+. "$(dirname "$0")/device-lib.sh"
 DEPS="" TOK="" SAN=1 BIG=1 BENCH_ARGS="" BENCH120_ARGS="-p 2048" TWO_LAYER=1 LOAD20=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,10 +32,7 @@ log() { echo "== $(date +%T) $*" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 log "GPU: $(tail -1 "$OUT/gpu.txt")"
 t0=$(date +%s)
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  ${DEPS:+-DCMAKE_PREFIX_PATH=$DEPS/usr -DCMAKE_BUILD_RPATH=$DEPS/usr/lib/x86_64-linux-gnu} \
-  ${TOK:+-DGPTOSS_TOKENIZER_DIR=$TOK} > "$OUT/build.log" 2>&1 \
-  && cmake --build $B -j16 >> "$OUT/build.log" 2>&1
+dev_build $B "$OUT/build.log"
 rc=$?
 log "build rc=$rc in $(( $(date +%s) - t0 )) s"
 if [ $rc -ne 0 ]; then tail -60 "$OUT/build.log"; exit 1; fi

@@ -7,6 +7,7 @@
 # each timed variant once with GPTOSS_HOST_MOE_TIMING=1 (where the µs of a host layer go).
 # Usage (repository root): tools/device-hostmoe-trip.sh DEPS_DIR TOKENIZER_DIR [SECONDS]
 set -uo pipefail
+. "$(dirname "$0")/device-lib.sh"
 DEPS="$1" TOK="$2" LIMIT="${3:-400}"
 OUT="${OUT:-/tmp/device-hostmoe-trip-out}"
 mkdir -p "$OUT"
@@ -18,10 +19,7 @@ left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
 { nproc; lscpu | grep -E "Model name|Thread|Core|L3"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader;
   git log --oneline -1 2>/dev/null; } > "$OUT/host.txt" 2>&1
 cat "$OUT/host.txt" >> "$L"
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  -DCMAKE_PREFIX_PATH=$DEPS/usr -DCMAKE_BUILD_RPATH=$DEPS/usr/lib/x86_64-linux-gnu -DGPTOSS_TOKENIZER_DIR=$TOK \
-  > "$OUT/build.log" 2>&1 && cmake --build $B -j16 --target gptoss-bench gptoss-synth test-kernels-offload \
-  >> "$OUT/build.log" 2>&1
+dev_build $B "$OUT/build.log" gptoss-bench gptoss-synth test-kernels-offload
 rc=$?
 log "build rc=$rc"
 [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }

@@ -10,6 +10,7 @@
 # (the second in reverse order) while time is left, then EXTRA_ENV (if set) once each.
 # Usage (repository root): tools/device-hostmoe-v16.sh DEPS_DIR TOKENIZER_DIR [SECONDS]
 set -uo pipefail
+. "$(dirname "$0")/device-lib.sh"
 DEPS="$1" TOK="$2" LIMIT="${3:-400}"
 OUT="${OUT:-/tmp/device-hostmoe-v16-out}"
 mkdir -p "$OUT"
@@ -21,10 +22,8 @@ left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
 { nproc; lscpu | grep -E "Model name|Thread|Core|L3"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader;
   git log --oneline -1 2>/dev/null; } > "$OUT/host.txt" 2>&1
 cat "$OUT/host.txt" >> "$L"
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  -DCMAKE_PREFIX_PATH=$DEPS/usr -DCMAKE_BUILD_RPATH=$DEPS/usr/lib/x86_64-linux-gnu -DGPTOSS_TOKENIZER_DIR=$TOK \
-  > "$OUT/build.log" 2>&1 && cmake --build $B -j16 --target gptoss-bench gptoss-synth test-kernels-offload \
-  test-kernels-hostmoe-stop test-host-experts test-host-experts-q8 >> "$OUT/build.log" 2>&1
+dev_build $B "$OUT/build.log" gptoss-bench gptoss-synth test-kernels-offload test-kernels-hostmoe-stop \
+  test-host-experts test-host-experts-q8
 rc=$?
 log "build rc=$rc"
 [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }

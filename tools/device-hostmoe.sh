@@ -7,6 +7,7 @@
 # environment variables) against v14's (the sweep's best split), and the latter with 15 threads
 # if time is left. Usage (repository root): tools/device-hostmoe.sh DEPS_DIR TOKENIZER_DIR [SECONDS]
 set -uo pipefail
+. "$(dirname "$0")/device-lib.sh"
 DEPS="$1" TOK="$2" LIMIT="${3:-130}"
 OUT="${OUT:-/tmp/device-hostmoe-out}"
 mkdir -p "$OUT"
@@ -16,10 +17,8 @@ log() { echo "== $(( $(date +%s) - T0 )) s: $*" | tee -a "$OUT/summary.txt"; }
 { nproc; lscpu | grep -E "Model name|Thread|Core|Socket|NUMA node|L3"; grep -o -E "avx512_vnni|avx512bw" /proc/cpuinfo | sort -u;
   echo "THP enabled: $(cat /sys/kernel/mm/transparent_hugepage/enabled) defrag: $(cat /sys/kernel/mm/transparent_hugepage/defrag)";
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; } > "$OUT/host.txt" 2>&1
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  -DCMAKE_PREFIX_PATH=$DEPS/usr -DCMAKE_BUILD_RPATH=$DEPS/usr/lib/x86_64-linux-gnu -DGPTOSS_TOKENIZER_DIR=$TOK \
-  > "$OUT/build.log" 2>&1 && cmake --build $B -j16 --target gptoss-bench gptoss-synth test-host-experts \
-  test-host-experts-q8 test-kernels-offload >> "$OUT/build.log" 2>&1
+dev_build $B "$OUT/build.log" gptoss-bench gptoss-synth test-host-experts test-host-experts-q8 \
+  test-kernels-offload
 rc=$?
 log "build rc=$rc"
 [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }

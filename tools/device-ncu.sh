@@ -6,6 +6,7 @@
 # per-kernel-name summary of the last decode step to $OUT/ncu-summary.txt.
 # Usage (repository root, GPU machine): tools/device-ncu.sh --deps DIR/.deps [--model 20b|120b]
 set -uo pipefail
+. "$(dirname "$0")/device-lib.sh"
 DEPS="" MODEL=20b
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -17,9 +18,7 @@ done
 OUT="${OUT:-/tmp/device-ncu-out}"
 mkdir -p "$OUT"
 B=build-gpu
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  ${DEPS:+-DCMAKE_PREFIX_PATH=$DEPS/usr -DCMAKE_BUILD_RPATH=$DEPS/usr/lib/x86_64-linux-gnu} > "$OUT/ncu-build.log" 2>&1 \
-  && cmake --build $B -j16 --target gptoss-bench >> "$OUT/ncu-build.log" 2>&1 || { tail -40 "$OUT/ncu-build.log"; exit 1; }
+dev_build $B "$OUT/ncu-build.log" gptoss-bench || { tail -40 "$OUT/ncu-build.log"; exit 1; }
 timeout 400 ncu --clock-control none --csv --page raw \
   -k regex:"gemm|router|attention|residual|rope|argmax" --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread \
   ./$B/gptoss-bench --synthetic $MODEL --no-gemm-probe -p 16 -n 2 -d 0 -r 1 > "$OUT/ncu-$MODEL.csv" 2> "$OUT/ncu-$MODEL.err"

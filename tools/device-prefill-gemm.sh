@@ -21,6 +21,7 @@
 #     [--test "8 9x4"] [--v20 "7 8 9"] [--v120 "7 9 9x4"] [--full "9"|auto] [--ncu "8 9"|auto] [--profile]
 #     [--smem "8 12"] [--smem120 "8"]
 set -uo pipefail
+. "$(dirname "$0")/device-lib.sh"
 DEPS="" TOK="" TEST="" V20="7" V120="7" FULL="" NCU="" B=build-gpu PROF="" SMEM="" SMEM120=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -47,10 +48,7 @@ dt() { grep -E '^\[doctest\] (test cases|assertions)' "$1" | tr -s ' ' | tr '\n'
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > /tmp/gpu.txt 2>&1
 log "GPU: $(cat /tmp/gpu.txt)"
 t0=$(date +%s)
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  ${DEPS:+-DCMAKE_PREFIX_PATH=$DEPS/usr -DCMAKE_BUILD_RPATH=$DEPS/usr/lib/x86_64-linux-gnu} \
-  ${TOK:+-DGPTOSS_TOKENIZER_DIR=$TOK} > "$OUT/build.log" 2>&1 \
-  && cmake --build $B -j16 --target gptoss-bench gptoss-synth test-kernels-gemm test-kernels >> "$OUT/build.log" 2>&1
+dev_build $B "$OUT/build.log" gptoss-bench gptoss-synth test-kernels-gemm test-kernels
 rc=$?
 log "build rc=$rc in $(( $(date +%s) - t0 )) s"
 if [ $rc -ne 0 ]; then tail -60 "$OUT/build.log"; exit 1; fi

@@ -1,0 +1,16 @@
+# tools/device-lib.sh - sourced by the tools/device-*.sh scripts: the build each device call starts
+# with, in one place. dev_build DIR LOG [TARGET...] configures DIR (Ninja, Release, sm_90a only;
+# the packaged dependencies under $DEPS/usr and the tokenizer directory $TOK when those are set,
+# as tools/install-deps.sh / ../shared/device/carry-deps.sh lay them out) and builds the targets
+# (every target when none is named) with -j16. Both steps write to LOG, which the configure step
+# truncates. Returns the status of the step that failed, 0 when both succeed.
+dev_build() {
+  local dir=$1 log=$2
+  shift 2
+  local targets=()
+  [ $# -gt 0 ] && targets=(--target "$@")
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+    ${DEPS:+-DCMAKE_PREFIX_PATH=$DEPS/usr -DCMAKE_BUILD_RPATH=$DEPS/usr/lib/x86_64-linux-gnu} \
+    ${TOK:+-DGPTOSS_TOKENIZER_DIR=$TOK} > "$log" 2>&1 \
+    && cmake --build "$dir" -j16 "${targets[@]}" >> "$log" 2>&1
+}

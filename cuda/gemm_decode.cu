@@ -23,6 +23,11 @@
 // launch and its kernel boundary disappear; the B fragments then come from shared memory.
 // Folded (MoE down at decode, decode_fold.h): the combine + residual + next RMSNorm run in the
 // tail of the last down CTA to finish (a global counter), so the combine launch disappears.
+// MXFP4: the CTA converts the activation row to fp16 in shared memory once (after the dependency
+// wait), and each chunk runs gemm.cuh's mxfp4_chunk_f16 (fp16 nibbles by bit placement, the e8m0
+// scale on the fp32 block sum): 117 warp instructions per 16 × 64 chunk under ncu against 137 for
+// the bf16 dequantization gemm.cu (prefill) uses, and other bits (decode-vs-prefill is a
+// tolerance comparison); shfl is ignored for MXFP4 and K is limited to kNormMaxK.
 // Floor: bytes of W read once (the activation row is an L2 hit); the variants (warps, ring
 // depth, shfl) are picked by decode_tuning(), overridable by environment variables for A/B
 // runs (bench/NOTES.md, "v12 decode").
@@ -191,6 +196,7 @@ __device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
     __shared__ float red[NW][16];
     __shared__ __align__(16) uint16_t xsm[kNorm ? kNormMaxK : 2];  // kNorm: the normed row, permuted
     __shared__ float npart[kNorm ? kNormThreads / 32 : 1];
+    __shared__ __align__(16) uint16_t xh[kFp4 ? kNormMaxK : 8];  // MXFP4: the row as fp16, permuted
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const uint32_t slab = blockIdx.x;
@@ -260,7 +266,8 @@ __device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
     uint32_t xs[kShfl ? kDepth : 1];
     uint4 xb[kShfl ? 1 : kDepth][2];
     auto load_x = [&](int i, uint32_t c) {
-        if constexpr (kShfl) {
+        if constexpr (kFp4) {
+        } else if constexpr (kShfl) {
             xs[i] = __ldcg(xw + size_t(c) * 32);
         } else if (g == 0) {
             xb[i][0] = __ldcg(xf + size_t(c) * 8);
@@ -269,7 +276,16 @@ __device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
             xb[i][0] = xb[i][1] = make_uint4(0, 0, 0, 0);
         }
     };
-    if constexpr (!kNorm) {
+    if constexpr (kFp4) {
+        // The whole row, converted once per CTA (every chunk of the slab is some warp's).
+        const uint4* src = reinterpret_cast<const uint4*>(xrow);
+        for (uint32_t i = threadIdx.x; i < K / 8; i += R) {
+            const uint4 v = __ldcg(src + i);
+            *reinterpret_cast<uint4*>(xh + 8 * i) =
+                make_uint4(bf16x2_to_f16x2(v.x), bf16x2_to_f16x2(v.y), bf16x2_to_f16x2(v.z), bf16x2_to_f16x2(v.w));
+        }
+        __syncthreads();
+    } else if constexpr (!kNorm) {
 #pragma unroll
         for (int i = 0; i < kDepth; ++i) {
             const uint32_t cc = uint32_t(warp) + uint32_t(NW) * i;
@@ -283,8 +299,15 @@ __device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
         for (int i = 0; i < kDepth; ++i) {
             const uint32_t c = base + uint32_t(NW) * i;
             if (c >= n_chunks) break;
+            if constexpr (kFp4) {
+                // words c·32 + 8t .. + 7 of the fp16 row (sub-tile j: 8t + 2j, + 1).
+                const uint4* xq = reinterpret_cast<const uint4*>(xh) + size_t(c) * 8 + 2 * t;
+                const uint4 lo = xq[0], hi = xq[1];
+                const uint32_t xf16[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+                mxfp4_chunk_f16(acc, ring[i], xf16);
+            }
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < (kFp4 ? 0 : 4); ++j) {
                 uint32_t a[4];
                 fragment<kFp4>(ring[i], j, a);
                 uint32_t b0, b1;
@@ -446,6 +469,9 @@ gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRou
                           const DecodeGemv& variant, cudaStream_t stream) {
     if (w.K == 0 || w.K % 64 != 0 || w.N == 0)
         return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: K=%u must be a positive multiple of 64, N=%u > 0", w.K, w.N);
+    if (w.mxfp4 && w.K > kNormMaxK)
+        return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: MXFP4 K=%u exceeds the %u of the fp16 row in shared memory",
+                    w.K, kNormMaxK);
     if (epilogue == Epilogue::kSwiglu && (w.N % 16 != 0 || !out_bf16 || !route))
         return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: SwiGLU needs a route, N %% 16 == 0 (N=%u) and a bf16 output",
                     w.N);
@@ -514,12 +540,13 @@ bool decode_fold_supported(uint32_t H, uint32_t K, const DecodeGemv& variant) {
 
 gptoss_status gemm_decode_folded(const GemmWeights& w, const uint16_t* act, const GemmRoute& route, bool route_ready,
                                  float* part, const DecodeFold& fold, const DecodeGemv& variant, cudaStream_t stream) {
-    if (!w.mxfp4 || !decode_fold_supported(w.N, fold.K, variant) || w.K == 0 || w.K % 64 != 0 || !act || !part ||
+    if (!w.mxfp4 || !decode_fold_supported(w.N, fold.K, variant) || w.K == 0 || w.K % 64 != 0 || w.K > kNormMaxK ||
+        !act || !part ||
         !fold.x || !fold.weights || !fold.norm_w || !fold.xn || !fold.counter || route.in_div != 1 ||
         (fold.tail != 1 && fold.tail != 2))
         return fail(GPTOSS_ERR_INTERNAL,
                     "gemm_decode_folded: needs MXFP4 weights with N=%u a multiple of 64 up to %u, K=%u a multiple "
-                    "of 64, at most %u MoE slots (%u), a route with in_div 1, every operand, tail 1 or 2 (%d) and an "
+                    "of 64 up to 4096, at most %u MoE slots (%u), a route with in_div 1, every operand, tail 1 or 2 (%d) and an "
                     "MXFP4 variant with the fold (%u warps, ring depth %u, shfl %d)",
                     w.N, kNormMaxK, w.K, kFoldSlots, fold.K, fold.tail, variant.warps, variant.depth,
                     int(variant.shfl_x));

@@ -160,7 +160,9 @@ struct DecodeGemv {
 struct DecodeTuning {
     bool legacy = false;
     DecodeGemv bf16{8, 4, false};
-    DecodeGemv fp4{4, 4, false};
+    // MXFP4: the activation row is staged in shared memory as fp16, so shfl_x has no effect;
+    // 8 chunks in flight per warp (bench/NOTES.md "v17 decode").
+    DecodeGemv fp4{4, 8, true};
     bool route_ready = true;
     bool fuse_norm = false;  // GPTOSS_DECODE_FUSE_NORM: gemm_decode_normed for QKV (layers >= 1)
 };

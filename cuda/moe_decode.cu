@@ -11,9 +11,9 @@
 // item; the reader spins on an acquire load), so the routed weights keep streaming without the
 // drain + launch + dependency wait of a kernel boundary. The last CTA to leave re-arms the
 // counters. Each item computes exactly what one CTA of gemm_decode.cu computes for it (same
-// chunk order per warp, same warp order in the reduction, same epilogue), so results are
-// bit-identical to gemm_decode(gate_up, kSwiglu) + gemm_decode(down, kStore) with the same
-// variant, deterministic, with no floating-point atomics. Switch: GPTOSS_DECODE_MOE (0/1),
+// chunk order per warp, same per-chunk arithmetic: gemm.cuh mxfp4_chunk_f16 on the fp16 row,
+// same warp order in the reduction, same epilogue), so results are bit-identical to
+// gemm_decode(gate_up, kSwiglu) + gemm_decode(down, kStore) with the same variant, deterministic, with no floating-point atomics. Switch: GPTOSS_DECODE_MOE (0/1),
 // GPTOSS_DECODE_MOE_CTAS = CTAs per SM (default: as many as fit). Floor: the routed weight bytes
 // (gate_up + down of K experts) at the copy bandwidth.
 #include "cuda/moe_decode.h"
@@ -148,21 +148,19 @@ __global__ __launch_bounds__(NW * 32, kMinCtas) void moe_decode_kernel(const Moe
             for (int i = 0; i < kDepth; ++i) {
                 const uint32_t c = base + uint32_t(NW) * i;
                 if (c >= n_chunks) break;
+                // The chunk's fp16 B words (gemm_decode's fp16 row; column 0 carries the row).
+                uint32_t xf16[8];
+                if constexpr (kShfl) {
+                    const uint32_t h = bf16x2_to_f16x2(xs[i]);
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    uint32_t af[4];
-                    fragment<true>(ring[i], j, af);
-                    uint32_t b0, b1;
-                    if constexpr (kShfl) {
-                        b0 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j);
-                        b1 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j + 1);
-                    } else {
-                        const uint4 b = xb[i][j >> 1];
-                        b0 = (j & 1) ? b.z : b.x;
-                        b1 = (j & 1) ? b.w : b.y;
-                    }
-                    mma(acc, af, b0, b1);
+                    for (int k = 0; k < 8; ++k) xf16[k] = __shfl_sync(0xffffffffu, h, 8 * t + k);
+                } else {
+                    const uint4 lo = xb[i][0], hi = xb[i][1];
+                    const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) xf16[k] = bf16x2_to_f16x2(w[k]);
                 }
+                mxfp4_chunk_f16(acc, ring[i], xf16);
                 const uint32_t cn = c + uint32_t(NW * kDepth);
                 if (cn < n_chunks) {
                     load_chunk<true>(ring[i], ptr.wp, ptr.sp, cn);

@@ -5,7 +5,8 @@
 // tiles than max_tiles, input rows by in_div) with and without route_ready, plain and with the
 // fused SwiGLU; each result reproduced bit for bit by a second launch (deterministic); the
 // normed QKV variant (MoE combine + RMSNorm prologue) bit for bit against residual_rmsnorm +
-// gemm_decode, and against the CPU reference. Without
+// gemm_decode, and against the CPU reference; MXFP4 activations over the whole fp16 range
+// (the MXFP4 GEMVs run the row in fp16) and a row beyond it (finite results). Without
 // a CUDA device the tests are skipped (exit 77). Tolerance |got − ref| <= atol + rtol·|ref|.
 #include "tests/kernel-test-util.cuh"
 
@@ -176,6 +177,49 @@ TEST_CASE("decode GEMV (MXFP4 routed, every variant, route_ready or not) matches
                 CHECK(got == got2);
             }
         }
+    }
+}
+
+// The MXFP4 decode GEMVs run the activation row in fp16 (gemm.cuh mxfp4_chunk_f16): exact for
+// |x| in [2^-14, 65504], so rows spread over that range (every octave from 2^-13 to 2^15, both
+// signs, and the extreme scales 0 and 128) match the CPU reference; a row beyond it saturates
+// to ±65504 and the result stays finite instead of becoming inf or NaN.
+TEST_CASE("decode GEMV (MXFP4): activations across the fp16 range match the CPU; beyond it finite") {
+    Rand r(73);
+    const uint32_t N = 64, K = 192;
+    const auto blocks = r.bytes(size_t(N) * K / 2);
+    std::vector<uint8_t> scales(size_t(N) * K / 32);
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = i == 0 ? 0 : i == 1 ? 128 : uint8_t(112 + r.below(12));
+    std::vector<float> x(K);
+    for (uint32_t k = 0; k < K; ++k) x[k] = std::ldexp(1.0f + 0.5f * float(k % 2), int(k % 29) - 13) * (k % 3 ? 1.f : -1.f);
+    const std::vector<uint16_t> no_bias(N, 0);
+    Dev<uint8_t> rb(blocks), rs(scales), frag(cuda::mxfp4_fragment_bytes(N, K)), sc(cuda::mxfp4_scale_bytes(N, K));
+    Dev<int> bad(1);
+    REQUIRE(cudaMemset(bad.p, 0, sizeof(int)) == cudaSuccess);
+    OK(cuda::repack_mxfp4(rb.p, rs.p, N, K, false, frag.p, sc.p, bad.p, nullptr));
+    cuda::GemmWeights w;
+    w.w = frag.p; w.scales = reinterpret_cast<uint16_t*>(sc.p); w.mxfp4 = true; w.N = N; w.K = K;
+    w.w_expert_stride = cuda::mxfp4_fragment_bytes(N, K); w.s_expert_stride = cuda::mxfp4_scale_bytes(N, K) / 2;
+    Route route({0}, 1, 1);
+    // ref and, for the error bound, Σ_k |W_nk x_k| (sign bits cleared: |W| · |x|).
+    std::vector<float> ref(N), mag(N), xabs(K);
+    std::vector<uint8_t> wabs(blocks);
+    for (uint8_t& b : wabs) b &= 0x77;
+    for (uint32_t k = 0; k < K; ++k) xabs[k] = std::fabs(x[k]);
+    cpu::matmul_mxfp4(x.data(), blocks.data(), scales.data(), no_bias.data(), 1, K, N, ref.data());
+    cpu::matmul_mxfp4(xabs.data(), wabs.data(), scales.data(), no_bias.data(), 1, K, N, mag.data());
+    std::vector<float> big(K, 1.0e6f);  // bf16 1e6 → fp16 65504
+    for (const cuda::DecodeGemv& v : variants(true)) {
+        Dev<uint16_t> xd(permuted_rows(x, 1, K)), xb(permuted_rows(big, 1, K));
+        Dev<float> out(N), outb(N);
+        OK(cuda::gemm_decode(w, xd.p, &route.r, false, cuda::Epilogue::kStore, out.p, nullptr, N, 0, v, nullptr));
+        OK(cuda::gemm_decode(w, xb.p, &route.r, false, cuda::Epilogue::kStore, outb.p, nullptr, N, 0, v, nullptr));
+        const auto got = out.get();
+        for (uint32_t n = 0; n < N; ++n) {
+            INFO(name(true, v) << " fp16 range, row " << n << ": got " << got[n] << ", ref " << ref[n]);
+            CHECK(std::fabs(got[n] - ref[n]) <= 4e-5f * mag[n] + 1e-30f);
+        }
+        for (float y : outb.get()) CHECK(std::isfinite(y));
     }
 }
 

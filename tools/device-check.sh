@@ -5,16 +5,21 @@
 # Usage (from the repository root on the GPU machine):
 #   tools/device-check.sh --deps DIR/.deps --tokenizer DIR/.tokenizer [--skip-sanitizer] [--skip-120b]
 #                         [--skip-2layer] [--load-20b] [--bench-args "..."] [--bench-120b-args "..."]
+#   tools/device-check.sh --deps DIR/.deps --tokenizer DIR/.tokenizer --racecheck
+# The sanitizer step runs memcheck; racecheck over the same test cases takes ~530 s on an H200
+# (v17), more than one device call has beside the rest, so it runs alone with --racecheck (build,
+# then racecheck only; a second call on the warm machine reuses the build).
 # --load-20b writes the 13 GB 20b-shaped checkpoint to /tmp and benches it through the loader
 # (upload GB/s from the page cache, then pp/tg on the loaded weights).
 set -uo pipefail
 . "$(dirname "$0")/device-lib.sh"
-DEPS="" TOK="" SAN=1 BIG=1 BENCH_ARGS="" BENCH120_ARGS="-p 2048" TWO_LAYER=1 LOAD20=0
+DEPS="" TOK="" SAN=1 RACE=0 BIG=1 BENCH_ARGS="" BENCH120_ARGS="-p 2048" TWO_LAYER=1 LOAD20=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps) DEPS="$2"; shift 2;;
     --tokenizer) TOK="$2"; shift 2;;
     --skip-sanitizer) SAN=0; shift;;
+    --racecheck) RACE=1; shift;;
     --skip-120b) BIG=0; shift;;
     --skip-2layer) TWO_LAYER=0; shift;;
     --load-20b) LOAD20=1; shift;;
@@ -36,6 +41,17 @@ dev_build $B "$OUT/build.log"
 rc=$?
 log "build rc=$rc in $(( $(date +%s) - t0 )) s"
 if [ $rc -ne 0 ]; then tail -60 "$OUT/build.log"; exit 1; fi
+san() {  # san TOOL TIMEOUT: test-kernels under compute-sanitizer, GPTOSS_TEST_QUICK trims the sweeps
+  GPTOSS_TEST_QUICK=1 GPTOSS_TINY_MODEL=$PWD/$B/models/tiny timeout "$2" compute-sanitizer --tool "$1" \
+    --error-exitcode 9 ./$B/test-kernels -tce='*20b-shaped*,*OUT_OF_MEMORY*,*re-captures*,*goldens*' \
+    > "$OUT/sanitizer-$1.log" 2>&1
+  log "compute-sanitizer $1 rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$1.log" | tail -1)"
+}
+if [ $RACE -eq 1 ]; then
+  [ -d "$B/models/tiny" ] || ./$B/gptoss-synth --preset tiny --seed 1 --out $PWD/$B/models/tiny --tokenizer-dir "$TOK" > /dev/null
+  san racecheck 570
+  exit 0
+fi
 
 timeout 300 ctest --test-dir $B --output-on-failure -j4 > "$OUT/ctest.log" 2>&1
 log "ctest rc=$? ($(grep -E 'tests passed|tests failed' "$OUT/ctest.log"))"
@@ -72,11 +88,8 @@ if [ $BIG -eq 1 ]; then
   cat "$OUT/bench-120b.txt"
 fi
 if [ $SAN -eq 1 ]; then
-  for tool in memcheck racecheck; do
-    GPTOSS_TEST_QUICK=1 GPTOSS_TINY_MODEL=$PWD/$B/models/tiny timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 \
-      ./$B/test-kernels -tce='*20b-shaped*,*OUT_OF_MEMORY*,*re-captures*,*goldens*' > "$OUT/sanitizer-$tool.log" 2>&1
-    log "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
-  done
+  san memcheck 240
+  log "racecheck: run tools/device-check.sh --racecheck in a call of its own (~530 s on an H200)"
 fi
 
 cat "$OUT/summary.txt"

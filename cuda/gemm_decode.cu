@@ -194,9 +194,9 @@ template <bool kFp4, int NW, int kDepth, bool kShfl, bool kNorm, int kFold>
 __device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
     constexpr uint32_t R = NW * 32, Q = kNorm ? kNormThreads / R : 1;
     __shared__ float red[NW][16];
-    __shared__ __align__(16) uint16_t xsm[kNorm ? kNormMaxK : 2];  // kNorm: the normed row, permuted
+    // The staged activation row, permuted: kNorm the normed bf16 row, MXFP4 the row as fp16.
+    __shared__ __align__(16) uint16_t xsm[(kNorm || kFp4) ? kNormMaxK : 8];
     __shared__ float npart[kNorm ? kNormThreads / 32 : 1];
-    __shared__ __align__(16) uint16_t xh[kFp4 ? kNormMaxK : 8];  // MXFP4: the row as fp16, permuted
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const uint32_t slab = blockIdx.x;
@@ -266,8 +266,7 @@ __device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
     uint32_t xs[kShfl ? kDepth : 1];
     uint4 xb[kShfl ? 1 : kDepth][2];
     auto load_x = [&](int i, uint32_t c) {
-        if constexpr (kFp4) {
-        } else if constexpr (kShfl) {
+        if constexpr (kShfl) {
             xs[i] = __ldcg(xw + size_t(c) * 32);
         } else if (g == 0) {
             xb[i][0] = __ldcg(xf + size_t(c) * 8);
@@ -281,7 +280,7 @@ __device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
         const uint4* src = reinterpret_cast<const uint4*>(xrow);
         for (uint32_t i = threadIdx.x; i < K / 8; i += R) {
             const uint4 v = __ldcg(src + i);
-            *reinterpret_cast<uint4*>(xh + 8 * i) =
+            *reinterpret_cast<uint4*>(xsm + 8 * i) =
                 make_uint4(bf16x2_to_f16x2(v.x), bf16x2_to_f16x2(v.y), bf16x2_to_f16x2(v.z), bf16x2_to_f16x2(v.w));
         }
         __syncthreads();
@@ -301,35 +300,36 @@ __device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
             if (c >= n_chunks) break;
             if constexpr (kFp4) {
                 // words c·32 + 8t .. + 7 of the fp16 row (sub-tile j: 8t + 2j, + 1).
-                const uint4* xq = reinterpret_cast<const uint4*>(xh) + size_t(c) * 8 + 2 * t;
+                const uint4* xq = reinterpret_cast<const uint4*>(xsm) + size_t(c) * 8 + 2 * t;
                 const uint4 lo = xq[0], hi = xq[1];
                 const uint32_t xf16[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
                 mxfp4_chunk_f16(acc, ring[i], xf16);
-            }
+            } else {
 #pragma unroll
-            for (int j = 0; j < (kFp4 ? 0 : 4); ++j) {
-                uint32_t a[4];
-                fragment<kFp4>(ring[i], j, a);
-                uint32_t b0, b1;
-                if constexpr (kNorm) {
-                    // words c·32 + 8t + 2j and + 1 of the row (the shfl variant's lanes).
-                    const uint2 bb = *reinterpret_cast<const uint2*>(xsm + size_t(c) * 64 + 16 * t + 4 * j);
-                    b0 = bb.x;
-                    b1 = bb.y;
-                } else if constexpr (kShfl) {
-                    b0 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j);
-                    b1 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j + 1);
-                } else {
-                    const uint4 b = xb[i][j >> 1];
-                    b0 = (j & 1) ? b.z : b.x;
-                    b1 = (j & 1) ? b.w : b.y;
+                for (int j = 0; j < 4; ++j) {
+                    uint32_t a[4];
+                    fragment<false>(ring[i], j, a);
+                    uint32_t b0, b1;
+                    if constexpr (kNorm) {
+                        // words c·32 + 8t + 2j and + 1 of the row (the shfl variant's lanes).
+                        const uint2 bb = *reinterpret_cast<const uint2*>(xsm + size_t(c) * 64 + 16 * t + 4 * j);
+                        b0 = bb.x;
+                        b1 = bb.y;
+                    } else if constexpr (kShfl) {
+                        b0 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j);
+                        b1 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j + 1);
+                    } else {
+                        const uint4 b = xb[i][j >> 1];
+                        b0 = (j & 1) ? b.z : b.x;
+                        b1 = (j & 1) ? b.w : b.y;
+                    }
+                    mma(acc, a, b0, b1);
                 }
-                mma(acc, a, b0, b1);
             }
             const uint32_t cn = c + uint32_t(NW * kDepth);
             if (cn < n_chunks) {
                 load_chunk<kFp4>(ring[i], wp, sp, cn);
-                if constexpr (!kNorm) load_x(i, cn);
+                if constexpr (!kNorm && !kFp4) load_x(i, cn);
             }
         }
     }
@@ -541,14 +541,13 @@ bool decode_fold_supported(uint32_t H, uint32_t K, const DecodeGemv& variant) {
 gptoss_status gemm_decode_folded(const GemmWeights& w, const uint16_t* act, const GemmRoute& route, bool route_ready,
                                  float* part, const DecodeFold& fold, const DecodeGemv& variant, cudaStream_t stream) {
     if (!w.mxfp4 || !decode_fold_supported(w.N, fold.K, variant) || w.K == 0 || w.K % 64 != 0 || w.K > kNormMaxK ||
-        !act || !part ||
-        !fold.x || !fold.weights || !fold.norm_w || !fold.xn || !fold.counter || route.in_div != 1 ||
+        !act || !part || !fold.x || !fold.weights || !fold.norm_w || !fold.xn || !fold.counter || route.in_div != 1 ||
         (fold.tail != 1 && fold.tail != 2))
         return fail(GPTOSS_ERR_INTERNAL,
                     "gemm_decode_folded: needs MXFP4 weights with N=%u a multiple of 64 up to %u, K=%u a multiple "
-                    "of 64 up to 4096, at most %u MoE slots (%u), a route with in_div 1, every operand, tail 1 or 2 (%d) and an "
-                    "MXFP4 variant with the fold (%u warps, ring depth %u, shfl %d)",
-                    w.N, kNormMaxK, w.K, kFoldSlots, fold.K, fold.tail, variant.warps, variant.depth,
+                    "of 64 up to %u, at most %u MoE slots (%u), a route with in_div 1, every operand, tail 1 or 2 "
+                    "(%d) and an MXFP4 variant with the fold (%u warps, ring depth %u, shfl %d)",
+                    w.N, kNormMaxK, w.K, kNormMaxK, kFoldSlots, fold.K, fold.tail, variant.warps, variant.depth,
                     int(variant.shfl_x));
     const Instance* in = find_instance(true, variant);
     DecodeArgs a{};

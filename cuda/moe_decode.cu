@@ -13,7 +13,8 @@
 // counters. Each item computes exactly what one CTA of gemm_decode.cu computes for it (same
 // chunk order per warp, same per-chunk arithmetic: gemm.cuh mxfp4_chunk_f16 on the fp16 row,
 // same warp order in the reduction, same epilogue), so results are bit-identical to
-// gemm_decode(gate_up, kSwiglu) + gemm_decode(down, kStore) with the same variant, deterministic, with no floating-point atomics. Switch: GPTOSS_DECODE_MOE (0/1),
+// gemm_decode(gate_up, kSwiglu) + gemm_decode(down, kStore) with the same variant,
+// deterministic, with no floating-point atomics. Switch: GPTOSS_DECODE_MOE (0/1),
 // GPTOSS_DECODE_MOE_CTAS = CTAs per SM (default: as many as fit). Floor: the routed weight bytes
 // (gate_up + down of K experts) at the copy bandwidth.
 #include "cuda/moe_decode.h"

@@ -191,7 +191,8 @@ TEST_CASE("decode GEMV (MXFP4): activations across the fp16 range match the CPU;
     std::vector<uint8_t> scales(size_t(N) * K / 32);
     for (size_t i = 0; i < scales.size(); ++i) scales[i] = i == 0 ? 0 : i == 1 ? 128 : uint8_t(112 + r.below(12));
     std::vector<float> x(K);
-    for (uint32_t k = 0; k < K; ++k) x[k] = std::ldexp(1.0f + 0.5f * float(k % 2), int(k % 29) - 13) * (k % 3 ? 1.f : -1.f);
+    for (uint32_t k = 0; k < K; ++k)
+        x[k] = std::ldexp(1.0f + 0.5f * float(k % 2), int(k % 29) - 13) * (k % 3 ? 1.f : -1.f);
     const std::vector<uint16_t> no_bias(N, 0);
     Dev<uint8_t> rb(blocks), rs(scales), frag(cuda::mxfp4_fragment_bytes(N, K)), sc(cuda::mxfp4_scale_bytes(N, K));
     Dev<int> bad(1);
@@ -208,9 +209,9 @@ TEST_CASE("decode GEMV (MXFP4): activations across the fp16 range match the CPU;
     for (uint32_t k = 0; k < K; ++k) xabs[k] = std::fabs(x[k]);
     cpu::matmul_mxfp4(x.data(), blocks.data(), scales.data(), no_bias.data(), 1, K, N, ref.data());
     cpu::matmul_mxfp4(xabs.data(), wabs.data(), scales.data(), no_bias.data(), 1, K, N, mag.data());
-    std::vector<float> big(K, 1.0e6f);  // bf16 1e6 → fp16 65504
+    const std::vector<float> big(K, 1.0e6f);  // bf16 1e6 → fp16 65504
+    Dev<uint16_t> xd(permuted_rows(x, 1, K)), xb(permuted_rows(big, 1, K));
     for (const cuda::DecodeGemv& v : variants(true)) {
-        Dev<uint16_t> xd(permuted_rows(x, 1, K)), xb(permuted_rows(big, 1, K));
         Dev<float> out(N), outb(N);
         OK(cuda::gemm_decode(w, xd.p, &route.r, false, cuda::Epilogue::kStore, out.p, nullptr, N, 0, v, nullptr));
         OK(cuda::gemm_decode(w, xb.p, &route.r, false, cuda::Epilogue::kStore, outb.p, nullptr, N, 0, v, nullptr));

@@ -1,6 +1,6 @@
 // cuda/host_moe.cu - host-resident MoE experts of the CUDA backend (cuda/host_moe.h): the host
 // store and its loading, the streaming of one layer to the GPU, and the per-session decode path
-// through a host callback running cpu::host_moe_experts.
+// (cpu::host_moe_experts on the pool, and at one token the GPU's share of the experts).
 #include "cuda/host_moe.h"
 
 #include "cpu/host_experts.h"
@@ -78,8 +78,9 @@ bool HostExperts::alloc_huge() {
     void* p = cpu::host_weights_alloc(bytes_, true);
     if (p == nullptr) return false;
     store_ = static_cast<uint8_t*>(p);
-    if (cudaHostRegister(p, bytes_, cudaHostRegisterPortable) == cudaSuccess) {
+    if (cudaHostRegister(p, bytes_, cudaHostRegisterPortable | cudaHostRegisterMapped) == cudaSuccess) {
         pinned_ = registered_ = true;
+        map_store();
     } else {
         cudaGetLastError();  // clear the registration error
         log(GPTOSS_LOG_WARN,
@@ -105,7 +106,7 @@ gptoss_status HostExperts::init(const Config& config, uint32_t n_host) {
         return GPTOSS_OK;
     }
     void* p = nullptr;
-    if (cudaHostAlloc(&p, bytes_, cudaHostAllocPortable) == cudaSuccess) {
+    if (cudaHostAlloc(&p, bytes_, cudaHostAllocPortable | cudaHostAllocMapped) == cudaSuccess) {
         pinned_ = true;
     } else {
         cudaGetLastError();  // clear the allocation error
@@ -120,8 +121,34 @@ gptoss_status HostExperts::init(const Config& config, uint32_t n_host) {
             static_cast<unsigned long long>(bytes_));
     }
     store_ = static_cast<uint8_t*>(p);
+    if (pinned_) map_store();
     pool_.reset(new cpu::PoolHold());
     return GPTOSS_OK;
+}
+
+// The pinned store's address in the current device's space (the GPU's share of decode steps reads
+// it there); without one the GPU computes no experts of host layers.
+void HostExperts::map_store() {
+    void* dev = nullptr;
+    if (cudaHostGetDevicePointer(&dev, store_, 0) == cudaSuccess) {
+        store_dev_ = static_cast<uint8_t*>(dev);
+    } else {
+        cudaGetLastError();
+        log(GPTOSS_LOG_INFO, "host experts: the pinned store is not mapped into the GPU's address space; the CPU "
+                             "computes every expert of host layers");
+    }
+}
+
+bool HostExperts::device_layer(uint32_t l, HostExpertsView* view) const {
+    if (store_dev_ == nullptr || l >= n_host_) return false;
+    const uint8_t* base = store_dev_ + size_t(l) * lay_.layer_bytes;
+    view->gu_blocks = base + lay_.gu_blocks;
+    view->gu_scales = base + lay_.gu_scales;
+    view->gu_bias = reinterpret_cast<const uint16_t*>(base + lay_.gu_bias);
+    view->dn_blocks = base + lay_.dn_blocks;
+    view->dn_scales = base + lay_.dn_scales;
+    view->dn_bias = reinterpret_cast<const uint16_t*>(base + lay_.dn_bias);
+    return true;
 }
 
 cpu::MoeWeights HostExperts::layer(uint32_t l) const {
@@ -266,6 +293,7 @@ HostMoeSession::~HostMoeSession() {
     for (cudaEvent_t e : {raw_ready_, raw_free_, blocking_})
         if (e != nullptr) cudaEventDestroy(e);
     if (seq_dev_ != nullptr) cudaFree(seq_dev_);
+    if (gpu_h_ != nullptr) cudaFree(gpu_h_);
     for (void* p : {static_cast<void*>(step_host_), static_cast<void*>(xn_host_), static_cast<void*>(experts_host_),
                     static_cast<void*>(part_host_), static_cast<void*>(mailbox_)})
         if (p != nullptr) cudaFreeHost(p);
@@ -306,7 +334,32 @@ gptoss_status HostMoeSession::init_trip() {
     std::memset(static_cast<void*>(mailbox_), 0, sizeof(HostMailbox));
     GPTOSS_CUDA_TRY(cudaMalloc(&seq_dev_, sizeof(uint32_t)));
     GPTOSS_CUDA_TRY(cudaMemset(seq_dev_, 0, sizeof(uint32_t)));
+    GPTOSS_TRY(init_gpu_share());
     poller_ = std::thread([this] { poll_loop(); });
+    return GPTOSS_OK;
+}
+
+// The GPU's share of one-token steps (poll way only: the callback way blocks the stream while
+// the CPU computes): host_gpu_slots_default of the K experts, or GPTOSS_HOST_MOE_GPU_SLOTS.
+gptoss_status HostMoeSession::init_gpu_share() {
+    HostExpertsView view{};
+    if (H_ > kHostGpuMaxH || I_ > kHostGpuMaxH || !experts_->device_layer(0, &view)) return GPTOSS_OK;
+    const int want = host_trip_options().gpu_slots;
+    int device = 0;
+    GPTOSS_CUDA_TRY(cudaGetDevice(&device));
+    char link[48];
+    const uint32_t fallback = host_gpu_slots_default(device, K_, link, sizeof link);
+    const uint32_t slots = std::min<uint32_t>(want < 0 ? fallback : uint32_t(want), K_);
+    static std::once_flag said;
+    std::call_once(said, [&] {
+        log(GPTOSS_LOG_INFO,
+            "host experts: the GPU computes %u of each decode token's %u experts of host layers from host memory "
+            "(%s%s), the CPU the rest",
+            slots, K_, link, want < 0 ? "" : "; GPTOSS_HOST_MOE_GPU_SLOTS");
+    });
+    if (slots == 0) return GPTOSS_OK;
+    GPTOSS_CUDA_TRY(cudaMalloc(&gpu_h_, size_t(slots) * I_ * sizeof(float)));
+    gpu_slots_ = slots;
     return GPTOSS_OK;
 }
 
@@ -350,7 +403,12 @@ void HostMoeSession::compute(uint32_t layer) {
     }
     const int64_t h1 = timer_.on() ? HostTripTimer::now_ns() : 0;
     try {  // nothing may unwind into the driver's thread; init() reserved the scratch, so unlikely
-        cpu::host_moe_experts(x, n, H_, I_, experts_->layer(layer), experts_host_, K_, swiglu_limit_, part_host_);
+        // At n = 1 the GPU computes the last gpu_slots_ experts: the CPU's [1, K - g, H] are the
+        // first rows of part_host_ and read the first K - g ids.
+        const uint32_t k_cpu = cpu_slots(n);
+        if (k_cpu > 0)
+            cpu::host_moe_experts(x, n, H_, I_, experts_->layer(layer), experts_host_, k_cpu, swiglu_limit_,
+                                  part_host_);
     } catch (...) {
         failed_.store(true);
     }
@@ -438,7 +496,15 @@ gptoss_status HostMoeSession::enqueue(uint32_t l, uint32_t n, const StepInfo* st
         GPTOSS_CUDA_TRY(launch_host_stage(step, xn, experts, n, H_, K_, step_host_, xn_host_, experts_host_, mailbox_,
                                           seq_dev_, l, stream));
         if (capture == cudaStreamCaptureStatusNone) arm(1);  // a graph's launch arms its requests
-        GPTOSS_CUDA_TRY(launch_host_wait(mailbox_, seq_dev_, part_host_, part, size_t(n) * K_ * H_, stream));
+        const uint32_t k_cpu = cpu_slots(n);
+        if (k_cpu < K_) {  // the GPU's share, while the CPU computes the rest
+            HostExpertsView view{};
+            if (!experts_->device_layer(l, &view))
+                return fail(GPTOSS_ERR_INTERNAL, "host experts: layer %u has no mapped view", l);
+            GPTOSS_CUDA_TRY(launch_host_gpu_experts(view, xn, experts, k_cpu, K_ - k_cpu, H_, I_, swiglu_limit_, gpu_h_,
+                                                    part, stream));
+        }
+        GPTOSS_CUDA_TRY(launch_host_wait(mailbox_, seq_dev_, part_host_, part, size_t(n) * k_cpu * H_, stream));
     } else {
         if (staged_) {
             GPTOSS_CUDA_TRY(launch_host_stage(step, xn, experts, n, H_, K_, step_host_, xn_host_, experts_host_, nullptr,

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "cpu/reference.h"
+#include "cuda/host_moe_gpu.h"
 #include "cuda/host_moe_trip.h"
 #include "cuda/kernels.h"
 #include "gptoss-internal.h"
@@ -56,6 +57,9 @@ public:
     uint32_t n_host() const { return n_host_; }
     uint64_t bytes() const { return bytes_; }
     cpu::MoeWeights layer(uint32_t l) const;   // views into the host store, checkpoint layout
+    // Layer l's experts as device pointers into the mapped store (cuda/host_moe_gpu.h), for the
+    // GPU's share of a decode step; false when the store is not pinned and mapped.
+    bool device_layer(uint32_t l, HostExpertsView* view) const;
     // Device bytes of the streaming buffers (raw layer + repacked slot), 0 when n_host is 0.
     static uint64_t streaming_bytes(const Config& config);
 
@@ -85,6 +89,8 @@ private:
     uint64_t bytes_ = 0;
     bool pinned_ = false;
     bool registered_ = false;  // pinned by cudaHostRegister (huge-page store), not cudaHostAlloc
+    uint8_t* store_dev_ = nullptr;  // the store's device address (mapped), nullptr if not mapped
+    void map_store();
     std::unique_ptr<cpu::PoolHold> pool_;  // the CPU threads live as long as the host experts
     std::mutex slot_mutex_;
 };
@@ -105,7 +111,8 @@ public:
     // Enqueues on `stream` the CPU MoE of host layer l for the n tokens of this step (n also
     // in step->n_tokens, which the callback reads, so a captured graph needs nothing of the
     // host at replay): xn bf16 [n, H] and experts [n, K] (device) → part fp32 [n, K, H]
-    // (device), unweighted. n ≤ max_tokens().
+    // (device), unweighted. n ≤ max_tokens(). With n = 1 on the poll way, the last
+    // gpu_slots() of the K experts run on the GPU instead (cuda/host_moe_gpu.h), beside the CPU.
     [[nodiscard]] gptoss_status enqueue(uint32_t l, uint32_t n, const StepInfo* step, const uint16_t* xn,
                                         const int32_t* experts, float* part, cudaStream_t stream);
     // Long chunks: HostExperts::stream_layer of host layer l on `stream`, except that the raw
@@ -123,6 +130,10 @@ public:
     // launch brings: enqueue() counts its own outside stream capture; a captured graph's launch
     // calls arm(its host layers) first.
     bool polling() const { return poller_.joinable(); }
+    // How many of a one-token step's K experts the GPU computes from the mapped store
+    // (host_gpu_slots_default, or GPTOSS_HOST_MOE_GPU_SLOTS = 0..K; 0 on the callback way or
+    // where the store is not mapped).
+    uint32_t gpu_slots() const { return gpu_slots_; }
     void arm(uint32_t requests);
     // Waits for `stream`: a blocking event (GPTOSS_HOST_MOE_BLOCKING) or cudaStreamSynchronize.
     [[nodiscard]] cudaError_t synchronize(cudaStream_t stream);
@@ -136,6 +147,7 @@ private:
     // The CPU side of host layer l: the staged inputs (un-permuted here unless staged) → part_host_.
     void compute(uint32_t layer);
     gptoss_status init_trip();
+    gptoss_status init_gpu_share();
     void poll_loop();
     void serve_armed();
     bool take_armed();  // one request served: armed_ - 1 unless 0; true while more are due
@@ -148,6 +160,10 @@ private:
     uint16_t* xn_host_ = nullptr;
     int32_t* experts_host_ = nullptr;
     float* part_host_ = nullptr;
+    uint32_t gpu_slots_ = 0;
+    float* gpu_h_ = nullptr;  // device [gpu_slots_, I]: the GPU share's swiglu outputs
+    // Experts the CPU computes per token of an n-token step: K, less the GPU's share at n = 1.
+    uint32_t cpu_slots(uint32_t n) const { return n == 1 ? K_ - gpu_slots_ : K_; }
     gptoss_status queue_copy(uint32_t l, void* raw);
     std::vector<Call> calls_;  // one per host layer; their addresses go to the callbacks
     // Prefill streaming overlap: the copy stream, "raw holds the next layer" and "raw was read".

@@ -8,6 +8,11 @@
 
 #include "cuda/common.cuh"
 
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdio>
+
 namespace gptoss {
 namespace cuda {
 
@@ -143,6 +148,50 @@ cudaError_t launch_host_gpu_experts(const HostExpertsView& w, const uint16_t* xn
     host_gpu_down_kernel<<<dim3(ceil_div(H, kWarps), slots), block, (16 + I) * sizeof(float), stream>>>(w, experts, slot0, H,
                                                                                                  I, h, part);
     return cudaGetLastError();
+}
+
+namespace {
+
+// The GPU's maximum PCIe link through NVML, opened at run time (no build dependency: the driver
+// ships libnvidia-ml.so.1). NVML's C ABI: nvmlReturn_t is an int (0 = success), nvmlDevice_t an
+// opaque pointer. False where the library, the device or the query is missing.
+bool pcie_max_link(int device, unsigned* gen, unsigned* width) {
+    char bus_id[32] = {0};
+    if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    void* lib = dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (lib == nullptr) return false;
+    using InitFn = int (*)();
+    using HandleFn = int (*)(const char*, void**);
+    using LinkFn = int (*)(void*, unsigned*);
+    auto init = reinterpret_cast<InitFn>(dlsym(lib, "nvmlInit_v2"));
+    auto shutdown = reinterpret_cast<InitFn>(dlsym(lib, "nvmlShutdown"));
+    auto handle = reinterpret_cast<HandleFn>(dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
+    auto get_gen = reinterpret_cast<LinkFn>(dlsym(lib, "nvmlDeviceGetMaxPcieLinkGeneration"));
+    auto get_width = reinterpret_cast<LinkFn>(dlsym(lib, "nvmlDeviceGetMaxPcieLinkWidth"));
+    bool ok = false;
+    if (init && shutdown && handle && get_gen && get_width && init() == 0) {
+        void* dev = nullptr;
+        ok = handle(bus_id, &dev) == 0 && get_gen(dev, gen) == 0 && get_width(dev, width) == 0;
+        shutdown();
+    }
+    dlclose(lib);
+    return ok;
+}
+
+}  // namespace
+
+uint32_t host_gpu_slots_default(int device, uint32_t K, char* link, size_t link_len) {
+    unsigned gen = 0, width = 0;
+    const bool known = pcie_max_link(device, &gen, &width);
+    if (link != nullptr && link_len > 0) {
+        if (known) std::snprintf(link, link_len, "PCIe %u x%u", gen, width);
+        else std::snprintf(link, link_len, "PCIe link unknown");
+    }
+    const bool fast = known && gen >= 5 && width >= 16;
+    return std::max(1u, fast ? K / 2 : K / 4);
 }
 
 }  // namespace cuda

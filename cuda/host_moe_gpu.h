@@ -11,6 +11,8 @@
 // bias; gate/up = even/odd rows; swiglu as cpu::swiglu (gate ≤ limit, |up| ≤ limit, gate ·
 // σ(1.702 gate) · (up + 1)) rounded to bf16 as the GPU kernels store it; then the down projection
 // and its bias. Equal to the reference up to fp32 summation order (tests/test-kernels-hostmoe-gpu.cu).
+// How many experts the GPU takes is fixed per process (results depend on it at the bf16 tolerance:
+// the CPU path quantizes activations to int8), from the GPU's PCIe link, not from a timing.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -44,6 +46,14 @@ constexpr uint32_t kHostGpuMaxH = 8192;  // the activation row lives in shared m
                                                   const int32_t* experts, uint32_t slot0, uint32_t slots,
                                                   uint32_t H, uint32_t I, float swiglu_limit, float* h,
                                                   float* part, cudaStream_t stream);
+
+// The default share of a one-token step's K experts for `device`: the GPU reads ~47 GB/s over a
+// PCIe 5.0 x16 link (bench/NOTES.md v18) and a 16-core server computes the CPU path at 45-90 GB/s,
+// so there the GPU takes K / 2; over slower or narrower links (PCIe 4.0 x16: ~25 GB/s, against a
+// desktop's ~50 GB/s of CPU) K / 4, and at least 1. The link is the maximum NVML reports
+// (libnvidia-ml.so.1, opened at run time: the driver's library); where NVML cannot tell, K / 4.
+// `link` receives e.g. "PCIe 5 x16" or "PCIe link unknown".
+uint32_t host_gpu_slots_default(int device, uint32_t K, char* link, size_t link_len);
 
 }  // namespace cuda
 }  // namespace gptoss

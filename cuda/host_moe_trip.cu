@@ -5,6 +5,7 @@
 #include "cpu/host_experts_profile.h"
 #include "cuda/common.cuh"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -84,6 +85,13 @@ const HostTripOptions& host_trip_options() {
         o.blocking = env_flag("GPTOSS_HOST_MOE_BLOCKING", true);
         o.worker_spin = env_flag("GPTOSS_HOST_MOE_WORKER_SPIN", false);
         o.timing = env_flag("GPTOSS_HOST_MOE_TIMING", false);
+        o.gpu_slots = -1;
+        if (const char* v = std::getenv("GPTOSS_HOST_MOE_GPU_SLOTS"); v != nullptr && *v != 0) {
+            char* end = nullptr;
+            const long n = std::strtol(v, &end, 10);
+            if (end != v && *end == 0 && n >= 0 && n <= 64) o.gpu_slots = int(n);
+            else log(GPTOSS_LOG_WARN, "GPTOSS_HOST_MOE_GPU_SLOTS=%s is not a number in 0..64; using the default", v);
+        }
         return o;
     }();
     return options;
@@ -101,7 +109,7 @@ cudaError_t launch_host_stage(const StepInfo* step, const uint16_t* xn, const in
 cudaError_t launch_host_wait(const HostMailbox* mb, const uint32_t* seq_dev, const float* part_host, float* part,
                              size_t count, cudaStream_t stream) {
     const uint32_t count4 = uint32_t(count / 4), threads = 256;
-    host_wait_kernel<<<(count4 + threads - 1) / threads, threads, 0, stream>>>(
+    host_wait_kernel<<<std::max(1u, (count4 + threads - 1) / threads), threads, 0, stream>>>(
         mb, seq_dev, reinterpret_cast<const float4*>(part_host), reinterpret_cast<float4*>(part), count4);
     return cudaGetLastError();
 }

@@ -34,6 +34,8 @@ struct HostTripOptions {
     bool worker_spin;  // GPTOSS_HOST_MOE_WORKER_SPIN=0|1 (poll way): pool workers spin while a step is in flight
                        // (16 spinning threads on 16 cores made the experts ~6x slower: a preempted range)
     bool timing;       // GPTOSS_HOST_MOE_TIMING=1: the timer below, summary on stderr at session end
+    int gpu_slots;     // GPTOSS_HOST_MOE_GPU_SLOTS=n (poll way): the GPU computes n of a decode token's
+                       // K experts from mapped host memory (cuda/host_moe_gpu.h); -1 = the default
 };
 const HostTripOptions& host_trip_options();
 
@@ -54,8 +56,8 @@ struct HostMailbox {
                                             uint32_t H, uint32_t K, StepInfo* step_host, uint16_t* xn_host,
                                             int32_t* experts_host, HostMailbox* mb, uint32_t* seq_dev, uint32_t layer,
                                             cudaStream_t stream);
-// Spins until mb->done equals *seq_dev, then copies count floats (a multiple of 4) of part_host
-// (pinned, mapped) into part (device).
+// Spins until mb->done equals *seq_dev, then copies count floats (a multiple of 4; 0: none) of
+// part_host (pinned, mapped) into part (device).
 [[nodiscard]] cudaError_t launch_host_wait(const HostMailbox* mb, const uint32_t* seq_dev, const float* part_host,
                                            float* part, size_t count, cudaStream_t stream);
 

@@ -152,6 +152,17 @@ TEST_CASE("host experts, the GPU's share: shapes outside its limits are refused"
           cudaErrorInvalidValue);  // I past kHostGpuMaxH
 }
 
+TEST_CASE("host experts, the GPU's share: the default follows the PCIe link (K / 2 on 5.0 x16, else K / 4, at least 1)") {
+    char link[48] = {0};
+    const uint32_t slots = cuda::host_gpu_slots_default(0, 4, link, sizeof link);
+    MESSAGE("device 0: " << link << " -> " << slots << " of 4 experts on the GPU");
+    unsigned gen = 0, width = 0;
+    if (std::sscanf(link, "PCIe %u x%u", &gen, &width) == 2) CHECK(slots == ((gen >= 5 && width >= 16) ? 2u : 1u));
+    else CHECK(slots == 1u);
+    CHECK(cuda::host_gpu_slots_default(0, 1, nullptr, 0) == 1u);  // at least one
+    CHECK(cuda::host_gpu_slots_default(0, 32, nullptr, 0) >= 8u);
+}
+
 int main(int argc, char** argv) {
     return run_kernel_tests(argc, argv, "the host experts' GPU share test (test-kernels-hostmoe-gpu)");
 }

@@ -7,7 +7,9 @@
 # the GPU); test-kernels-hostmoe-stop; one engine run of 120b (24 GB) and 20b (8 GB) with
 # GPTOSS_HOST_MOE_TIMING=1 for each slot count in TIMED (default "1 4": the round trip's pieces, and
 # the GPU alone); then the engine A/B over SLOTS (default "0 1 2"), ROUNDS rounds (every second one in
-# reverse order) while time is left.
+# reverse order) while time is left ("default" in TIMED or SLOTS: no GPTOSS_HOST_MOE_GPU_SLOTS). With
+# FINAL=1, before the timed runs, issue 16's table: 120b in 24 GB and 20b in 8 GB, pp2048 and tg at
+# depths 0 and 32768, the default share (its log line kept).
 # Usage (repository root): tools/device-hostmoe-v18.sh DEPS_DIR TOKENIZER_DIR [SECONDS]
 set -uo pipefail
 . "$(dirname "$0")/device-lib.sh"
@@ -46,17 +48,23 @@ GPTOSS_TINY_MODEL=$PWD/$B/models/tiny timeout 60 ./$B/test-kernels-hostmoe-stop 
 log "test-kernels-hostmoe-stop rc=$? $(summary "$OUT/test-stop.txt")"
 run_engine() {  # model, name, environment
   local m=$1 name=$2 e=$3 args
-  if [ $m = 20b ]; then args="--gpu-memory 8G -p 512 -n 64 -r 2"; else args="--gpu-memory 24G -p 512 -n 32 -r 2"; fi
+  if [ $m = 20b ]; then args="--gpu-memory 8G -p 512 -n 64 -r 2 -d 0"; else args="--gpu-memory 24G -p 512 -n 32 -r 2 -d 0"; fi
+  [ -n "${4:-}" ] && args="$4"
   local f="$OUT/engine-$m-$name.txt"
-  env $e timeout 120 ./$B/gptoss-bench --synthetic $m --no-gemm-probe --n-cpu-moe auto $args -d 0 > "$f" 2>&1
+  env GPTOSS_LOG=info $e timeout 150 ./$B/gptoss-bench --synthetic $m --no-gemm-probe --n-cpu-moe auto $args > "$f" 2>&1
   local rc=$?
-  { echo "===== $m $name [$e] rc=$rc"; cat "$f"; } >> "$OUT/engine-all.txt"
-  log "$m $name [$e] rc=$rc $(grep -E '^tg[0-9]+ @' "$f" | tr '\n' ' ') $(grep -o 'host streaming read [0-9.]* GB/s' "$f") $(grep -oE '^\| tg[0-9]+ .*' "$f" | awk -F'|' '{print "pct_floor" $7}') $(grep -o 'host-moe timing (.*' "$f" | cut -c1-400) $(grep -o 'host-moe experts pass.*' "$f" | cut -c1-300)"
+  { echo "===== $m $name [$e] ($args) rc=$rc"; cat "$f"; } >> "$OUT/engine-all.txt"
+  log "$m $name [$e] rc=$rc $(grep -o 'the GPU computes [0-9]* of.*' "$f" | head -1) $(grep -E '^(tg|pp)[0-9]+ @' "$f" | tr '\n' ' ') $(grep -o 'host streaming read [0-9.]* GB/s' "$f") $(grep -oE '^\| tg[0-9]+ .*' "$f" | awk -F'|' '{print "pct_floor" $7}') $(grep -o 'host-moe timing (.*' "$f" | cut -c1-400) $(grep -o 'host-moe experts pass.*' "$f" | cut -c1-300)"
   rm -f "$f"
 }
+slot_env() { [ "$1" = default ] && echo "GPTOSS_HOST_MOE_TIMING=${2:-0}" || echo "GPTOSS_HOST_MOE_GPU_SLOTS=$1 GPTOSS_HOST_MOE_TIMING=${2:-0}"; }
+if [ "${FINAL:-0}" = 1 ]; then
+  run_engine 120b final "$(slot_env default)" "--gpu-memory 24G -p 2048 -n 32 -r 1 -d 0,32768"
+  run_engine 20b final "$(slot_env default)" "--gpu-memory 8G -p 2048 -n 64 -r 1 -d 0,32768"
+fi
 for s in ${TIMED:-1 4}; do
   for m in 120b 20b; do
-    [ "$(left)" -gt 30 ] && run_engine $m timed-s$s "GPTOSS_HOST_MOE_GPU_SLOTS=$s GPTOSS_HOST_MOE_TIMING=1"
+    [ "$(left)" -gt 30 ] && run_engine $m timed-s$s "$(slot_env $s 1)"
   done
 done
 SL="${SLOTS:-0 1 2}"
@@ -65,7 +73,7 @@ for r in $(seq "${ROUNDS:-2}"); do
   for m in 120b 20b; do
     for s in $order; do
       [ "$(left)" -gt $([ $m = 120b ] && echo 25 || echo 9) ] || continue
-      run_engine $m s$s-r$r "GPTOSS_HOST_MOE_GPU_SLOTS=$s"
+      run_engine $m s$s-r$r "$(slot_env $s)"
     done
   done
 done

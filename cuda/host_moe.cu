@@ -14,21 +14,23 @@
 namespace gptoss {
 namespace cuda {
 
-uint32_t host_moe_stream_min() {
-    // CPU time grows with the tokens (each brings K expert GEMVs of compute), streaming costs
-    // one layer's copy whatever the chunk: a 120b layer is 1.6 GB (~60 ms over PCIe 5), the CPU
-    // does ~1-2 tokens per ms there. Default 32 until measured per machine (bench/NOTES.md).
-    static const uint32_t value = [] {
-        const char* env = std::getenv("GPTOSS_HOST_MOE_STREAM_MIN");
-        if (env != nullptr) {
-            char* end = nullptr;
-            const unsigned long v = std::strtoul(env, &end, 10);
-            if (end != env && *end == '\0' && v >= 1 && v <= 4096) return uint32_t(v);
-            log(GPTOSS_LOG_WARN, "GPTOSS_HOST_MOE_STREAM_MIN=%s is not a number in 1..4096; using 32", env);
-        }
-        return 32u;
+uint32_t host_moe_stream_min(const Config& config) {
+    // A chunk of T tokens costs the CPU about one read of every expert its T·K pairs touch, once
+    // per 4 tokens an expert holds (the int8 kernel's width), plus their arithmetic; streaming
+    // costs one copy of the layer over PCIe whatever T. Measured on the H200 machine
+    // (bench/NOTES.md "v18 host experts", tools/device-hostmoe-crossover.sh): equal at T = 32 for
+    // 20b (32 experts) and at T = 128 for 120b (128), i.e. when the chunk's pairs average K per
+    // expert. So the default is n_experts; GPTOSS_HOST_MOE_STREAM_MIN overrides (1..4096).
+    static const long env = [] {
+        const char* v = std::getenv("GPTOSS_HOST_MOE_STREAM_MIN");
+        if (v == nullptr) return 0L;
+        char* end = nullptr;
+        const long n = std::strtol(v, &end, 10);
+        if (end != v && *end == '\0' && n >= 1 && n <= 4096) return n;
+        log(GPTOSS_LOG_WARN, "GPTOSS_HOST_MOE_STREAM_MIN=%s is not a number in 1..4096; using n_experts", v);
+        return 0L;
     }();
-    return value;
+    return env > 0 ? uint32_t(env) : std::clamp<uint32_t>(config.n_experts, 1, 4096);
 }
 
 // ---------------------------------------------------------------------------
@@ -305,7 +307,7 @@ gptoss_status HostMoeSession::init(const HostExperts* experts, const Config& con
     I_ = config.intermediate;
     K_ = config.n_experts_per_token;
     swiglu_limit_ = config.swiglu_limit;
-    max_tokens_ = host_moe_stream_min();
+    max_tokens_ = host_moe_stream_min(config);
     GPTOSS_CUDA_TRY(cudaMallocHost(&step_host_, sizeof(StepInfo)));
     GPTOSS_CUDA_TRY(cudaMallocHost(&xn_host_, size_t(max_tokens_) * H_ * 2));
     xn_natural_.resize(size_t(max_tokens_) * H_);

@@ -34,8 +34,9 @@ namespace gptoss {
 namespace cuda {
 
 // Chunks of more tokens than this stream the host layers' experts to the GPU; decode and
-// chunks up to it run them on the CPU. GPTOSS_HOST_MOE_STREAM_MIN overrides (1..4096).
-uint32_t host_moe_stream_min();
+// chunks up to it run them on the CPU: config.n_experts (the measured crossover, 32 for 20b and
+// 128 for 120b), or GPTOSS_HOST_MOE_STREAM_MIN (1..4096).
+uint32_t host_moe_stream_min(const Config& config);
 
 class HostExperts {
 public:
@@ -102,7 +103,7 @@ public:
     HostMoeSession(const HostMoeSession&) = delete;
     HostMoeSession& operator=(const HostMoeSession&) = delete;
 
-    // Pinned buffers for chunks of up to host_moe_stream_min() tokens.
+    // Pinned buffers for chunks of up to host_moe_stream_min(config) tokens.
     [[nodiscard]] gptoss_status init(const HostExperts* experts, const Config& config);
     uint32_t max_tokens() const { return max_tokens_; }
     // True (once) if a callback failed (its host scratch could not grow): the step's results

@@ -69,7 +69,7 @@ TEST_CASE("host layers: streamed chunks equal the all-GPU logits bit for bit; CP
     OK(gpu->create_session(1024, 256, &gs));
     OK(off->create_session(1024, 256, &os));
     OK(cpu_b->create_session(1024, 256, &cs));
-    const uint32_t stream_min = cuda::host_moe_stream_min();
+    const uint32_t stream_min = cuda::host_moe_stream_min(ck->config);
     const auto toks = prompt(400, 3);
     // A long chunk (streamed), a short one (CPU), a long one again.
     uint32_t pos = 0;

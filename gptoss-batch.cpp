@@ -118,7 +118,12 @@ gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens,
         request.item.sampling = sampling;
         request.item.u = u;
     }
-    const auto deadline = std::chrono::steady_clock::now() + gather_window();
+    // The gather window runs while no step does: a caller that submitted during a step starts
+    // its window when that step ends (a window counted from the submission ran out just after
+    // the step, so one or two sessions that had missed a step's gather led the next one with
+    // whoever had resubmitted by then and missed again: 62-63 of 64 streams per steady step,
+    // bench/NOTES.md "v16 batched decode").
+    auto deadline = std::chrono::steady_clock::now() + gather_window();
     bool led = false;
     std::unique_lock<std::mutex> lock(s.mutex);
     s.pending.push_back(&request);
@@ -132,6 +137,7 @@ gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens,
         const bool all_in = s.pending_decode >= std::min<size_t>(s.active, max_sessions_);
         if (s.stepping) {
             s.wake.wait(lock);
+            deadline = std::chrono::steady_clock::now() + gather_window();
         } else if (!all_in && std::chrono::steady_clock::now() < deadline) {
             s.wake.wait_until(lock, deadline);
         } else {

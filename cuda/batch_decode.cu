@@ -32,21 +32,26 @@ size_t align_up(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
 // 8-column tiles per CTA of the dense projections: nb = 8 (one CTA per slab carries up to 64
 // tokens) above 8 tokens, else 1 (the decode ring). GPTOSS_DECODE_BATCH_NB = 1 | 2 | 8 forces one
 // (A/B runs); the results are the same bits either way (gemm.cu).
-int dense_nb(uint32_t n) {
+int dense_nb_forced() {
     static const int forced = [] {
         const char* e = std::getenv("GPTOSS_DECODE_BATCH_NB");
-        return e ? std::atoi(e) : 0;
+        const int v = e ? std::atoi(e) : 0;
+        return v == 1 || v == 2 || v == 8 ? v : 0;
     }();
-    if (forced == 1 || forced == 2 || forced == 8) return forced;
+    return forced;
+}
+int dense_nb(uint32_t n) {
+    if (dense_nb_forced()) return dense_nb_forced();
     return n > 8 ? 8 : 1;
 }
 // Column tiles per CTA of the per-layer projections QKV, O and router (GPTOSS_DECODE_BATCH_PROJ_NB;
 // GPTOSS_DECODE_BATCH_ROUTER_NB overrides it for the router): 1 | 2 | 8 forces one, unset or 0 =
-// dense_nb (the default). H200 per-op profile at 64 tokens (bench/NOTES.md "v16 batched decode"): QKV and O at
-// nb 2 or 1 are no faster or slower (0.59 -> 0.86 / 1.33 ms per step for QKV), the router's two
-// 16-row slabs at nb 2 or 1 are 0.27 ms per step faster (not yet benched on their own, so not
-// the default). lm_head keeps dense_nb: its CTAs run slab-major, so at nb < 8 each column tile
-// would read its 1.2 GB again. Same bits whichever.
+// dense_nb for QKV and O, and nb 2 above 8 tokens for the router. H200 per-op profile at 64
+// tokens (bench/NOTES.md "v16 batched decode"): QKV and O at nb 2 or 1 are no faster or slower
+// (0.59 -> 0.86 / 1.33 ms per step for QKV), the router's two 16-row slabs at nb 2 or 1 are 0.27
+// ms per step faster; through gptoss-bench at 64 streams the router at nb 2 gave +2.1 % and
+// +2.0 % in two rounds against nb 8 (v18 batched decode). lm_head keeps dense_nb: its CTAs run
+// slab-major, so at nb < 8 each column tile would read its 1.2 GB again. Same bits whichever.
 int forced_nb(const char* name) {
     const char* e = std::getenv(name);
     const int v = e && *e ? std::atoi(e) : 0;
@@ -58,7 +63,10 @@ int proj_nb(uint32_t n) {
 }
 int router_nb(uint32_t n) {
     static const int forced = forced_nb("GPTOSS_DECODE_BATCH_ROUTER_NB");
-    return forced ? forced : proj_nb(n);
+    static const int proj_forced = forced_nb("GPTOSS_DECODE_BATCH_PROJ_NB");
+    if (forced) return forced;
+    if (proj_forced) return proj_forced;
+    return n > 8 && !dense_nb_forced() ? 2 : dense_nb(n);
 }
 // MoE: route tiles of 8·nb pairs, one CTA per (expert tile, 16-row slab); nb = 1 (tiles of 8
 // pairs). GPTOSS_DECODE_BATCH_MOE_NB = 2: tiles of 16 pairs (the activation ring of decode for

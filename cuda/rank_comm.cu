@@ -49,22 +49,37 @@ struct LsaState {
 namespace {
 
 // In place: x[0, count) = Σ_r (rank r's x), r = 0..n-1 in order. CTA b owns the b-th contiguous
-// chunk on every rank and meets the peers' CTA b at LSA barrier b. count % 4 == 0.
+// chunk on every rank and meets the peers' CTA b at LSA barrier b. Push: the rank stores its
+// chunk into region `rank` of every peer's slot (NVLink stores, posted), the barrier (release /
+// acquire) orders those stores before the peers' reads, and each rank then reads the peers'
+// partials from its own window (local memory) and its own from x: one barrier and no remote
+// load round trip (v17's pull version loaded every peer's slot over NVLink after the barrier).
+// Launched with programmatic stream serialization: x is read only after pdl_wait().
+// Region r of a slot holds count floats; count % 4 == 0 and n · count <= kLsaMaxFloats.
 __global__ void __launch_bounds__(kReduceThreads) lsa_all_reduce_kernel(ncclDevComm dev, ncclWindow_t win,
                                                                          size_t slot_off, float* x, uint32_t count) {
+    pdl_wait();
+    pdl_launch_dependents();
     const uint32_t chunk = (count / 4 + gridDim.x - 1) / gridDim.x * 4;
     const uint32_t beg = blockIdx.x * chunk;
     const uint32_t end = min(count, beg + chunk);
-    float* mine = static_cast<float*>(ncclGetLsaPointer(win, slot_off, dev.lsaRank));
-    for (uint32_t i = beg + threadIdx.x * 4; i < end; i += blockDim.x * 4)
-        *reinterpret_cast<float4*>(mine + i) = *reinterpret_cast<const float4*>(x + i);
+    const int me = dev.lsaRank, n = dev.lsaSize;
+    const size_t region = size_t(count) * sizeof(float);
+    for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        float* peer = static_cast<float*>(ncclGetLsaPointer(win, slot_off + size_t(me) * region, p));
+        for (uint32_t i = beg + threadIdx.x * 4; i < end; i += blockDim.x * 4)
+            *reinterpret_cast<float4*>(peer + i) = *reinterpret_cast<const float4*>(x + i);
+    }
     ncclLsaBarrierSession<ncclCoopCta> bar(ncclCoopCta(), dev, ncclTeamTagLsa(), blockIdx.x);
     bar.sync(ncclCoopCta(), ::cuda::memory_order_acq_rel);
+    const float* local = static_cast<const float*>(ncclGetLsaPointer(win, slot_off, me));
     for (uint32_t i = beg + threadIdx.x * 4; i < end; i += blockDim.x * 4) {
-        float4 s = __ldcg(reinterpret_cast<const float4*>(static_cast<float*>(ncclGetLsaPointer(win, slot_off, 0)) + i));
-        for (int p = 1; p < dev.lsaSize; ++p) {
+        const float4 own = *reinterpret_cast<const float4*>(x + i);
+        float4 s = me == 0 ? own : __ldcg(reinterpret_cast<const float4*>(local + i));
+        for (int p = 1; p < n; ++p) {
             const float4 v =
-                __ldcg(reinterpret_cast<const float4*>(static_cast<float*>(ncclGetLsaPointer(win, slot_off, p)) + i));
+                p == me ? own : __ldcg(reinterpret_cast<const float4*>(local + size_t(p) * count + i));
             s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
         }
         *reinterpret_cast<float4*>(x + i) = s;
@@ -182,11 +197,12 @@ gptoss_status rank_all_reduce(void* comm, float* x, size_t count, cudaStream_t s
     if (g_skip_collectives) return GPTOSS_OK;
     auto* rc = static_cast<RankComm*>(comm);
 #ifdef GPTOSS_HAVE_NCCL_DEVICE
-    if (rc->lsa && count <= kLsaMaxFloats && count % 4 == 0) {
+    if (rc->lsa && count * size_t(rc->n_ranks) <= kLsaMaxFloats && count % 4 == 0) {
         const size_t slot = rc->stage_off + (rc->lsa_reduces++ % 2) * kLsaMaxFloats * sizeof(float);
         const int ctas = int(std::min<size_t>(kLsaCtas, (count + 4 * kReduceThreads - 1) / (4 * kReduceThreads)));
-        lsa_all_reduce_kernel<<<ctas, kReduceThreads, 0, stream>>>(rc->lsa->dev, rc->win, slot, x, uint32_t(count));
-        return cuda_status(cudaGetLastError(), "lsa_all_reduce_kernel", __FILE__, __LINE__);
+        return cuda_status(launch_pdl(lsa_all_reduce_kernel, dim3(ctas), dim3(kReduceThreads), 0, stream, rc->lsa->dev,
+                                      rc->win, slot, x, uint32_t(count)),
+                           "lsa_all_reduce_kernel", __FILE__, __LINE__);
     }
 #endif
     return nccl_check(ncclAllReduce(x, x, count, ncclFloat, ncclSum, rc->comm, stream), "ncclAllReduce");

@@ -11,9 +11,10 @@
 //         gave other sums, intermittently; cf. NVIDIA/nccl issue 1924): opt-in, for newer NCCL.
 //   lsa   NCCL's device API (ncclDevCommCreate with LSA barriers; never multimem) on a window of
 //         its own (staging only; the session's buffers stay ordinary): an all-reduce of at most
-//         kLsaMaxFloats is one kernel that copies the rank's partial into a staging slot,
-//         meets the other ranks at an LSA barrier and sums every rank's slot over NVLink loads
-//         in rank order 0..n-1 (so every rank holds the same bits); the logits all-gather copies
+//         kLsaMaxFloats / n_ranks floats is one kernel that stores the rank's partial into its
+//         region of every peer's staging slot over NVLink, meets the other ranks at an LSA
+//         barrier and sums the partials from its own slot in rank order 0..n-1 (so every rank
+//         holds the same bits; v18: push, no remote loads); the logits all-gather copies
 //         the rank's slice into the window's gather region and reads the peers' regions.
 //         Larger all-reduces (prefill chunks) stay plain ncclAllReduce.
 // Staging slots alternate per LSA all-reduce; a forward issues an even number of them (two per
@@ -58,7 +59,8 @@ struct RankComm {
     uint64_t lsa_reduces = 0;   // LSA all-reduces enqueued (or captured) so far: picks the slot
 };
 
-// Largest all-reduce (floats) the LSA kernel takes; larger ones go to ncclAllReduce.
+// Floats of one staging slot: the LSA kernel takes all-reduces of up to kLsaMaxFloats / n_ranks
+// floats (one region per rank); larger ones go to ncclAllReduce.
 constexpr size_t kLsaMaxFloats = 64 * 1024;
 
 // Steps of setting up sym or lsa mode for rank `rc` whose CUDA session is `session` (current

@@ -143,18 +143,17 @@ void HostExperts::map_store() {
 
 bool HostExperts::device_layer(uint32_t l, HostExpertsView* view) const {
     if (store_dev_ == nullptr || l >= n_host_) return false;
-    const uint8_t* base = store_dev_ + size_t(l) * lay_.layer_bytes;
-    view->gu_blocks = base + lay_.gu_blocks;
-    view->gu_scales = base + lay_.gu_scales;
-    view->gu_bias = reinterpret_cast<const uint16_t*>(base + lay_.gu_bias);
-    view->dn_blocks = base + lay_.dn_blocks;
-    view->dn_scales = base + lay_.dn_scales;
-    view->dn_bias = reinterpret_cast<const uint16_t*>(base + lay_.dn_bias);
+    const cpu::MoeWeights w = layer_at(store_dev_, l);
+    *view = HostExpertsView{w.gate_up_blocks, w.gate_up_scales, w.gate_up_bias,
+                            w.down_blocks,    w.down_scales,    w.down_bias};
     return true;
 }
 
-cpu::MoeWeights HostExperts::layer(uint32_t l) const {
-    const uint8_t* base = store_ + size_t(l) * lay_.layer_bytes;
+cpu::MoeWeights HostExperts::layer(uint32_t l) const { return layer_at(store_, l); }
+
+// Layer l's six tensors at `store` (the host address, or the mapped device address).
+cpu::MoeWeights HostExperts::layer_at(const uint8_t* store, uint32_t l) const {
+    const uint8_t* base = store + size_t(l) * lay_.layer_bytes;
     cpu::MoeWeights w;
     w.gate_up_blocks = base + lay_.gu_blocks;
     w.gate_up_scales = base + lay_.gu_scales;

@@ -81,6 +81,7 @@ private:
         size_t gu_blocks, gu_scales, dn_blocks, dn_scales, gu_bias, dn_bias, mxfp4_bytes, layer_bytes;
     };
     static Layout layout_of(const Config& c);
+    cpu::MoeWeights layer_at(const uint8_t* store, uint32_t l) const;
     bool alloc_huge();
 
     Config config_;

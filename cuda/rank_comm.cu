@@ -44,45 +44,89 @@ gptoss_status nccl_check(ncclResult_t r, const char* what) {
 #ifdef GPTOSS_HAVE_NCCL_DEVICE
 struct LsaState {
     ncclDevComm dev;
+    uint32_t* seq = nullptr;  // device [2 slots][2]: the slot's last sequence number, and the CTAs of the
+                              // current all-reduce on it that have finished (the last one bumps the number)
 };
 
 namespace {
 
+// 16 bytes = two (value, sequence) pairs, NCCL's LL protocol: each 8-byte half is stored and loaded
+// whole, so a reader that sees the sequence number in a half sees that half's value.
+__device__ __forceinline__ void st_ll(uint4* p, float a, float b, uint32_t seq) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(__float_as_uint(a)), "r"(seq),
+                 "r"(__float_as_uint(b)), "r"(seq)
+                 : "memory");
+}
+__device__ __forceinline__ float2 ld_ll(const uint4* p, uint32_t seq) {
+    uint4 v;
+    do {
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p)
+                     : "memory");
+    } while (v.y != seq || v.w != seq);
+    return make_float2(__uint_as_float(v.x), __uint_as_float(v.z));
+}
+
 // In place: x[0, count) = Σ_r (rank r's x), r = 0..n-1 in order. CTA b owns the b-th contiguous
-// chunk on every rank and meets the peers' CTA b at LSA barrier b. Push: the rank stores its
-// chunk into region `rank` of every peer's slot (NVLink stores, posted), the barrier (release /
-// acquire) orders those stores before the peers' reads, and each rank then reads the peers'
-// partials from its own window (local memory) and its own from x: one barrier and no remote
-// load round trip (v17's pull version loaded every peer's slot over NVLink after the barrier).
-// Launched with programmatic stream serialization: x is read only after pdl_wait().
-// Region r of a slot holds count floats; count % 4 == 0 and n · count <= kLsaMaxFloats.
+// chunk on every rank. Push, LL: the rank stores its chunk as (value, sequence) pairs into its
+// own region of every peer's slot over NVLink (posted stores, no fence), then waits in its own
+// window (local memory) until every peer's pairs carry this all-reduce's sequence number, and
+// sums in rank order, its own partial from x. No barrier, no remote load: one NVLink one-way
+// latency (v17 pulled the peers' slots after an LSA barrier). The sequence number counts the
+// all-reduces on this slot: ctl[0] holds the last one, every CTA reads it after pdl_wait, and the
+// last CTA to finish (ctl[1] counts them) writes it back bumped, so no word left in the slot by
+// any earlier all-reduce, of whatever length and layout, carries the number being waited for.
+// It lives in device memory, so graph replays advance it; every rank runs the same all-reduces,
+// so the numbers agree. Slot reuse: a rank writes slot s again two all-reduces later, after it
+// has received every peer's pairs of the one in between, which each peer sends only after its
+// kernel on slot s ended. Launched with programmatic stream serialization.
+// Region r of a slot holds 2 · count words; count % 4 == 0 and 2 · n · count <= kLsaMaxFloats.
 __global__ void __launch_bounds__(kReduceThreads) lsa_all_reduce_kernel(ncclDevComm dev, ncclWindow_t win,
-                                                                         size_t slot_off, float* x, uint32_t count) {
+                                                                         size_t slot_off, uint32_t* ctl, float* x,
+                                                                         uint32_t count) {
+    __shared__ uint32_t seq_s;
     pdl_wait();
     pdl_launch_dependents();
+    if (threadIdx.x == 0) seq_s = ctl[0] + 1;
+    __syncthreads();
+    const uint32_t seq = seq_s;
     const uint32_t chunk = (count / 4 + gridDim.x - 1) / gridDim.x * 4;
     const uint32_t beg = blockIdx.x * chunk;
     const uint32_t end = min(count, beg + chunk);
     const int me = dev.lsaRank, n = dev.lsaSize;
-    const size_t region = size_t(count) * sizeof(float);
+    const size_t region = size_t(count) * 2 * sizeof(float);  // bytes: (value, sequence) per float
     for (int p = 0; p < n; ++p) {
         if (p == me) continue;
-        float* peer = static_cast<float*>(ncclGetLsaPointer(win, slot_off + size_t(me) * region, p));
-        for (uint32_t i = beg + threadIdx.x * 4; i < end; i += blockDim.x * 4)
-            *reinterpret_cast<float4*>(peer + i) = *reinterpret_cast<const float4*>(x + i);
+        uint4* peer = static_cast<uint4*>(ncclGetLsaPointer(win, slot_off + size_t(me) * region, p));
+        for (uint32_t i = beg + threadIdx.x * 4; i < end; i += blockDim.x * 4) {
+            const float4 v = *reinterpret_cast<const float4*>(x + i);
+            st_ll(peer + i / 2, v.x, v.y, seq);
+            st_ll(peer + i / 2 + 1, v.z, v.w, seq);
+        }
     }
-    ncclLsaBarrierSession<ncclCoopCta> bar(ncclCoopCta(), dev, ncclTeamTagLsa(), blockIdx.x);
-    bar.sync(ncclCoopCta(), ::cuda::memory_order_acq_rel);
-    const float* local = static_cast<const float*>(ncclGetLsaPointer(win, slot_off, me));
+    const char* local = static_cast<const char*>(ncclGetLsaPointer(win, slot_off, me));
     for (uint32_t i = beg + threadIdx.x * 4; i < end; i += blockDim.x * 4) {
         const float4 own = *reinterpret_cast<const float4*>(x + i);
-        float4 s = me == 0 ? own : __ldcg(reinterpret_cast<const float4*>(local + i));
-        for (int p = 1; p < n; ++p) {
-            const float4 v =
-                p == me ? own : __ldcg(reinterpret_cast<const float4*>(local + size_t(p) * count + i));
-            s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+        float4 s = own;
+        for (int p = 0; p < n; ++p) {
+            float4 v = own;
+            if (p != me) {
+                const uint4* src = reinterpret_cast<const uint4*>(local + size_t(p) * region) + i / 2;
+                const float2 a = ld_ll(src, seq), b = ld_ll(src + 1, seq);
+                v = make_float4(a.x, a.y, b.x, b.y);
+            }
+            if (p == 0) s = v;
+            else s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
         }
         *reinterpret_cast<float4*>(x + i) = s;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    __threadfence();
+    if (atomicAdd(&ctl[1], 1u) == gridDim.x - 1) {  // every CTA has read ctl[0]
+        ctl[1] = 0;
+        ctl[0] = seq;
     }
 }
 
@@ -166,8 +210,17 @@ gptoss_status rank_comm_register(RankComm* rc, BackendSession* session) {
 #endif
         reqs.lsaBarrierCount = kLsaCtas;  // lsaMultimem stays false: no NVLink multicast
         auto* st = new LsaState();
+        if (cudaMalloc(&st->seq, 4 * sizeof(uint32_t)) != cudaSuccess ||
+            cudaMemset(st->seq, 0, 4 * sizeof(uint32_t)) != cudaSuccess) {
+            cudaGetLastError();
+            if (st->seq) cudaFree(st->seq);
+            delete st;
+            return fail(GPTOSS_ERR_OUT_OF_MEMORY, "split model: the LSA all-reduce's sequence counters (%d bytes)",
+                        int(4 * sizeof(uint32_t)));
+        }
         const gptoss_status s = nccl_check(ncclDevCommCreate(rc->comm, &reqs, &st->dev), "ncclDevCommCreate");
         if (s != GPTOSS_OK) {
+            cudaFree(st->seq);
             delete st;
             return s;
         }
@@ -180,12 +233,14 @@ gptoss_status rank_comm_register(RankComm* rc, BackendSession* session) {
 }
 
 void rank_comm_release(RankComm* rc) {
-    if (rc->comm) {  // else aborted: the communicator took its registrations with it
+    // Without rc->comm (aborted) the communicator took its registrations with it.
 #ifdef GPTOSS_HAVE_NCCL_DEVICE
-        if (rc->lsa) ncclDevCommDestroy(rc->comm, &rc->lsa->dev);
-#endif
-        if (rc->win) ncclCommWindowDeregister(rc->comm, rc->win);
+    if (rc->lsa) {
+        if (rc->comm) ncclDevCommDestroy(rc->comm, &rc->lsa->dev);
+        if (rc->lsa->seq) cudaFree(rc->lsa->seq);  // the caller made the rank's device current
     }
+#endif
+    if (rc->comm && rc->win) ncclCommWindowDeregister(rc->comm, rc->win);
     delete rc->lsa;
     rc->lsa = nullptr;
     rc->win = nullptr;
@@ -197,11 +252,12 @@ gptoss_status rank_all_reduce(void* comm, float* x, size_t count, cudaStream_t s
     if (g_skip_collectives) return GPTOSS_OK;
     auto* rc = static_cast<RankComm*>(comm);
 #ifdef GPTOSS_HAVE_NCCL_DEVICE
-    if (rc->lsa && count * size_t(rc->n_ranks) <= kLsaMaxFloats && count % 4 == 0) {
-        const size_t slot = rc->stage_off + (rc->lsa_reduces++ % 2) * kLsaMaxFloats * sizeof(float);
+    if (rc->lsa && 2 * count * size_t(rc->n_ranks) <= kLsaMaxFloats && count % 4 == 0) {
+        const uint64_t k = rc->lsa_reduces++ % 2;
+        const size_t slot = rc->stage_off + k * kLsaMaxFloats * sizeof(float);
         const int ctas = int(std::min<size_t>(kLsaCtas, (count + 4 * kReduceThreads - 1) / (4 * kReduceThreads)));
         return cuda_status(launch_pdl(lsa_all_reduce_kernel, dim3(ctas), dim3(kReduceThreads), 0, stream, rc->lsa->dev,
-                                      rc->win, slot, x, uint32_t(count)),
+                                      rc->win, slot, rc->lsa->seq + 2 * k, x, uint32_t(count)),
                            "lsa_all_reduce_kernel", __FILE__, __LINE__);
     }
 #endif

@@ -11,15 +11,17 @@
 //         gave other sums, intermittently; cf. NVIDIA/nccl issue 1924): opt-in, for newer NCCL.
 //   lsa   NCCL's device API (ncclDevCommCreate with LSA barriers; never multimem) on a window of
 //         its own (staging only; the session's buffers stay ordinary): an all-reduce of at most
-//         kLsaMaxFloats / n_ranks floats is one kernel that stores the rank's partial into its
-//         region of every peer's staging slot over NVLink, meets the other ranks at an LSA
-//         barrier and sums the partials from its own slot in rank order 0..n-1 (so every rank
-//         holds the same bits; v18: push, no remote loads); the logits all-gather copies
+//         kLsaMaxFloats / (2 n_ranks) floats is one kernel that stores the rank's partial as
+//         (value, sequence number) pairs (NCCL's LL protocol) into its region of every peer's
+//         staging slot over NVLink, waits in its own slot until every peer's pairs carry the
+//         all-reduce's number, and sums in rank order 0..n-1 (so every rank holds the same
+//         bits; v18: no barrier, no remote loads); the logits all-gather copies
 //         the rank's slice into the window's gather region and reads the peers' regions.
 //         Larger all-reduces (prefill chunks) stay plain ncclAllReduce.
 // Staging slots alternate per LSA all-reduce; a forward issues an even number of them (two per
-// layer), so consecutive ones never share a slot and one barrier per all-reduce suffices (a rank
-// passes barrier k+1 only after every peer finished all-reduce k).
+// layer), so consecutive ones never share a slot: a rank writes a slot again two all-reduces
+// later, after it received every peer's pairs of the one in between, which a peer sends only
+// once its kernel on that slot has ended.
 #pragma once
 
 #ifdef GPTOSS_HAVE_NCCL
@@ -59,8 +61,8 @@ struct RankComm {
     uint64_t lsa_reduces = 0;   // LSA all-reduces enqueued (or captured) so far: picks the slot
 };
 
-// Floats of one staging slot: the LSA kernel takes all-reduces of up to kLsaMaxFloats / n_ranks
-// floats (one region per rank); larger ones go to ncclAllReduce.
+// Floats of one staging slot: the LSA kernel takes all-reduces of up to kLsaMaxFloats / (2 n_ranks)
+// floats (one region of (value, sequence) pairs per rank); larger ones go to ncclAllReduce.
 constexpr size_t kLsaMaxFloats = 64 * 1024;
 
 // Steps of setting up sym or lsa mode for rank `rc` whose CUDA session is `session` (current

@@ -157,7 +157,8 @@ TEST_CASE("split over 2 GPUs: prefill and decode logits match one GPU; greedy to
 // ncclAllReduce being the oracle. A 600-token chunk (600 × hidden floats, past the LSA
 // kernel's limit) takes ncclAllReduce inside lsa mode, the 100-token one and the decode steps
 // the one-shot kernels (when this build and the NCCL library have the device API; else lsa
-// falls back to nccl, which the log says).
+// falls back to nccl, which the log says). Then short chunks of 1-64 tokens between decode steps,
+// so all-reduces of mixed lengths (and staging-slot layouts) alternate.
 TEST_CASE("split over 2 GPUs: GPTOSS_MULTI_AR nccl and lsa give bit-identical logits (sym reported)") {
     Pair p;
     open_pair(&p, 1024, 640);
@@ -191,6 +192,25 @@ TEST_CASE("split over 2 GPUs: GPTOSS_MULTI_AR nccl and lsa give bit-identical lo
             }
             REQUIRE_MESSAGE(s->decode(tokens[step], 700 + step) == GPTOSS_OK, std::string(gptoss_last_error()));
             keep();
+        }
+        // Short chunks between decode steps (0: one decode step): all-reduces of mixed lengths
+        // take turns on the same staging slots, whose layout depends on the length.
+        uint32_t pos = 712;
+        size_t next = 12;
+        for (uint32_t len : {3u, 0u, 5u, 2u, 0u, 0u, 17u, 4u, 0u, 64u, 1u, 0u, 2u, 0u}) {
+            if (len > 0) {
+                REQUIRE_MESSAGE(s->forward(prompt.data() + pos % 600, len, pos) == GPTOSS_OK,
+                                std::string(gptoss_last_error()));
+            } else {
+                if (runs.empty()) {
+                    int32_t t = 0;
+                    REQUIRE(s->sample({0.0f, 1.0f, 0}, 0.0, &t) == GPTOSS_OK);
+                    tokens.push_back(t);
+                }
+                REQUIRE_MESSAGE(s->decode(tokens[next++], pos) == GPTOSS_OK, std::string(gptoss_last_error()));
+            }
+            keep();
+            pos += std::max(len, 1u);
         }
         size_t differ = 0;
         if (!runs.empty())

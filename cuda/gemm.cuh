@@ -101,9 +101,40 @@ __device__ __forceinline__ void load_chunk(Chunk& ch, const uint4* wp, const uin
     }
 }
 
-// A fragment of sub-tile j. MXFP4: nibble p and p+4 of word j become the bf16 pair p
-// (sign to bit 15, exponent+mantissa to bits 6..8: the e2m1 value times 2^-126), then one
-// multiply by bf16 2^(s-1) restores the scale; pairs 0, 2 are row g, pairs 1, 3 row g+8.
+// Where repack.cu puts the 8 e2m1 values of a fragment word (sub-tile j of a lane; value L_p is
+// the low half of A register p, H_p its high half; p = 0, 2: row g, p = 1, 3: row g+8) so that
+// few instructions rebuild the registers. The bf16 bit pattern of e2m1 · 2^-126 has the sign at
+// bit 15 and e1 e0 m at bits 8 7 6 (the high half: +16); let M = those 8 bits of a pair
+// (0x81C081C0). Pair p is stored rotated right by d_p, so rotl(word, d_p) & M is its bits:
+// d = 0, 4, 10 for p = 0, 1, 2. The remaining 8 bits cannot hold a fourth rotation of M (no such
+// tiling of 32 bits exists), so pair 3 is stored in two rotations: its e1 bits by 14, the rest
+// by 6. Per word: 4 masks, 4 rotates, one OR (9 integer instructions; the v18 layout needed ~15).
+// Bit positions, per value: {sign, e1, e0, m}.
+struct E2m1Bits {
+    uint8_t s, e1, e0, m;
+};
+__host__ __device__ constexpr E2m1Bits e2m1_word_bits(int p, bool hi) {
+    // value bits at target t stored at (t - d) mod 32
+    return p == 0 ? (hi ? E2m1Bits{31, 24, 23, 22} : E2m1Bits{15, 8, 7, 6})
+         : p == 1 ? (hi ? E2m1Bits{27, 20, 19, 18} : E2m1Bits{11, 4, 3, 2})
+         : p == 2 ? (hi ? E2m1Bits{21, 14, 13, 12} : E2m1Bits{5, 30, 29, 28})
+                  : (hi ? E2m1Bits{25, 10, 17, 16} : E2m1Bits{9, 26, 1, 0});
+}
+
+__device__ __forceinline__ uint32_t rotl(uint32_t w, int d) { return __funnelshift_l(w, w, d); }
+
+// The 4 bf16 pairs e2m1 · 2^-126 of one fragment word (e2m1_word_bits).
+__device__ __forceinline__ void e2m1_pairs_bf16(uint32_t word, uint32_t (&a)[4]) {
+    constexpr uint32_t M = 0x81C081C0u;
+    a[0] = word & M;
+    a[1] = rotl(word, 4) & M;
+    a[2] = rotl(word, 10) & M;
+    a[3] = (rotl(word, 6) & 0x80C080C0u) | (rotl(word, 14) & 0x01000100u);
+}
+
+// A fragment of sub-tile j. MXFP4: the 4 pairs of word j (e2m1_word_bits: the e2m1 value times
+// 2^-126 in bf16), then one multiply by bf16 2^(s-1) restores the scale; pairs 0, 2 are row g,
+// pairs 1, 3 row g+8.
 template <bool kFp4>
 __device__ __forceinline__ void fragment(const Chunk& ch, int j, uint32_t (&a)[4]) {
     if constexpr (kFp4) {
@@ -111,87 +142,34 @@ __device__ __forceinline__ void fragment(const Chunk& ch, int j, uint32_t (&a)[4
         const uint32_t sg = (j < 2) ? (ch.v[1].x & 0xffffu) : (ch.v[1].x >> 16);
         const uint32_t s8 = (j < 2) ? (ch.v[1].y & 0xffffu) : (ch.v[1].y >> 16);
         const uint32_t scale_g = sg | (sg << 16), scale_g8 = s8 | (s8 << 16);
+        uint32_t bits[4];
+        e2m1_pairs_bf16(word, bits);
 #pragma unroll
-        for (int p = 0; p < 4; ++p) {
-            const uint32_t q = word << (12 - 4 * p);
-            const uint32_t bits = (q & 0x80008000u) | ((q >> 6) & 0x01C001C0u);
-            a[p] = bf16x2_mul(bits, (p & 1) ? scale_g8 : scale_g);
-        }
+        for (int p = 0; p < 4; ++p) a[p] = bf16x2_mul(bits[p], (p & 1) ? scale_g8 : scale_g);
     } else {
         const uint4 v = ch.v[j];
         a[0] = v.x; a[1] = v.y; a[2] = v.z; a[3] = v.w;
     }
 }
 
-// ---- Decode-only MXFP4 arithmetic (gemm_decode.cu, moe_decode.cu; issue 12) ----
-// Decode K/V is never reused by a later call, so the T = 1 GEMVs need not match gemm.cu's bits.
-// They skip the per-pair bf16 scale multiply of fragment<true>() above: the nibbles become fp16
-// by bit placement alone, the mma runs fp16 × fp16 → fp32 per 32-k scale block, and the e8m0
-// scale multiplies the fp32 block sum once (an FFMA per output row and block).
-// - e2m1 → fp16: sign to bit 15, exponent+mantissa (3 bits) to bits 9..11. The fp16 then holds
-//   the e2m1 value times 2^-14 exactly (exponent e gives 2^(e-15)·(1 + m/2); e = 0 is the fp16
-//   subnormal m · 2^-15): 3 integer instructions per fp16 pair, no multiply.
-// - The activation row is fp16 (bf16x2_to_f16x2: exact for |x| in [2^-14, 65504]; smaller
-//   magnitudes round to fp16 subnormals, larger saturate to ±65504 instead of becoming inf).
-// - Block factor: 2^(s-127) · 2^14 = 2^(s-113) as fp32, from the repacked bf16 scale 2^(s-1)
-//   (repack.cu, s <= 128): fp32 bits (b << 16) - (112 << 23), an exponent of s + 14 >= 14. A row
-//   beyond N has b = 0 and all-zero nibbles: its block sum is 0, its factor a finite -2^17.
-// A 16 × 64 chunk takes 4 mma, 4 FFMA and 16 fp16 pairs of shifts and masks: ncu counted 117
-// warp instructions per chunk for gemm_decode's gate_up against 137 with fragment<true>
-// (bench/NOTES.md "v16 final" and "v17 decode").
-
-// bf16 pair → fp16 pair (round to nearest, saturating to ±65504).
-__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
-    const float lo = __uint_as_float(w << 16), hi = __uint_as_float(w & 0xffff0000u);
-    uint32_t r;
-    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// d = A·B + c (m16n8k16, fp16 inputs, fp32 accumulation).
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                        const float (&c)[4]) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%10,%11,%12,%13};"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]),
-          "f"(c[3]));
-}
-
-// The fp16 A fragment of one sub-tile's nibble word (pair p = nibbles p and p + 4, as in
-// fragment<true>): values e2m1 · 2^-14.
-__device__ __forceinline__ void fragment_e2m1_f16(uint32_t word, uint32_t (&a)[4]) {
+// ---- Decode MXFP4 arithmetic (gemm_decode.cu, moe_decode.cu; issue 12) ----
+// Decode K/V is never reused by a later call, so the T = 1 GEMVs need not match gemm.cu's bits
+// (they split K over warps in an order of their own), but per element they use the same bf16
+// values: fragment<true> (the e2m1_word_bits layout, one bf16 multiply by the block scale per
+// pair) times the bf16 activation row, fp32 accumulation through the mma chain. v17-v18 ran
+// these in fp16 (the nibbles placed as e2m1 · 2^-14, the scale on the fp32 block sum); with the
+// v19 word layout the fp16 placement costs 17 integer instructions per word against 9 for bf16,
+// and decode lost 8 % (bench/NOTES.md "v19 MXFP4 word layout").
+// One 64-k chunk of a decode MXFP4 GEMV: acc += the 16 × 64 chunk times the row. x: this lane's
+// bf16 B words of the chunk, x[2j], x[2j + 1] for sub-tile j (the words 8t + 2j, + 1 of the
+// chunk's permuted 64-element slice, t = lane & 3). Every mma column carries the same row;
+// column 0 (acc[0]: row g, acc[2]: row g + 8) is read.
+__device__ __forceinline__ void mxfp4_chunk_bf16(float (&acc)[4], const Chunk& ch, const uint32_t (&x)[8]) {
 #pragma unroll
-    for (int p = 0; p < 4; ++p) {
-        const uint32_t q = word << (12 - 4 * p);
-        a[p] = (q & 0x80008000u) | ((q >> 3) & 0x0E000E00u);
-    }
-}
-
-// The fp32 factor 2^(s-113) of the repacked bf16 scale 2^(s-1) in the low (hi = false) or high
-// half of a scale word.
-__device__ __forceinline__ float mxfp4_block_factor(uint32_t word, bool hi) {
-    return __uint_as_float((hi ? (word & 0xffff0000u) : (word << 16)) - (112u << 23));
-}
-
-// One 64-k chunk of a decode MXFP4 GEMV: acc[0] (row g) and acc[2] (row g + 8) += for each
-// 32-k block b (sub-tiles 2b, 2b + 1): factor · (the block's fp16 mma sum, from a zero
-// accumulator). x: this lane's fp16 B words of the chunk, x[2j], x[2j + 1] for sub-tile j (the
-// words 8t + 2j, + 1 of the chunk's permuted 64-element slice, t = lane & 3). acc[1], acc[3]
-// (column 1) are not updated; only column 0 is read.
-__device__ __forceinline__ void mxfp4_chunk_f16(float (&acc)[4], const Chunk& ch, const uint32_t (&x)[8]) {
-    const uint32_t words[4] = {ch.v[0].x, ch.v[0].y, ch.v[0].z, ch.v[0].w};
-    const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-        uint32_t a0[4], a1[4];
-        fragment_e2m1_f16(words[2 * b], a0);
-        fragment_e2m1_f16(words[2 * b + 1], a1);
-        float p[4];
-        mma_f16(p, a0, x[4 * b], x[4 * b + 1], zero);
-        mma_f16(p, a1, x[4 * b + 2], x[4 * b + 3], p);
-        acc[0] = __fmaf_rn(p[0], mxfp4_block_factor(ch.v[1].x, b == 1), acc[0]);
-        acc[2] = __fmaf_rn(p[2], mxfp4_block_factor(ch.v[1].y, b == 1), acc[2]);
+    for (int j = 0; j < 4; ++j) {
+        uint32_t a[4];
+        fragment<true>(ch, j, a);
+        mma(acc, a, x[2 * j], x[2 * j + 1]);
     }
 }
 

@@ -23,11 +23,10 @@
 // launch and its kernel boundary disappear; the B fragments then come from shared memory.
 // Folded (MoE down at decode, decode_fold.h): the combine + residual + next RMSNorm run in the
 // tail of the last down CTA to finish (a global counter), so the combine launch disappears.
-// MXFP4: the CTA converts the activation row to fp16 in shared memory once (after the dependency
-// wait), and each chunk runs gemm.cuh's mxfp4_chunk_f16 (fp16 nibbles by bit placement, the e8m0
-// scale on the fp32 block sum): 117 warp instructions per 16 × 64 chunk under ncu against 137 for
-// the bf16 dequantization gemm.cu (prefill) uses, and other bits (decode-vs-prefill is a
-// tolerance comparison); shfl is ignored for MXFP4 and K is limited to kNormMaxK.
+// MXFP4: the CTA copies the activation row to shared memory once (after the dependency wait),
+// and each chunk runs gemm.cuh's mxfp4_chunk_bf16 (gemm.cu's bf16 dequantization, its own
+// summation order: decode-vs-prefill is a tolerance comparison); shfl is ignored for MXFP4 and
+// K is limited to kNormMaxK.
 // Floor: bytes of W read once (the activation row is an L2 hit); the variants (warps, ring
 // depth, shfl) are picked by decode_tuning(), overridable by environment variables for A/B
 // runs (bench/NOTES.md, "v12 decode").
@@ -194,7 +193,7 @@ template <bool kFp4, int NW, int kDepth, bool kShfl, bool kNorm, int kFold>
 __device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
     constexpr uint32_t R = NW * 32, Q = kNorm ? kNormThreads / R : 1;
     __shared__ float red[NW][16];
-    // The staged activation row, permuted: kNorm the normed bf16 row, MXFP4 the row as fp16.
+    // The staged activation row, permuted: kNorm the normed bf16 row, MXFP4 the row as it is.
     __shared__ __align__(16) uint16_t xsm[(kNorm || kFp4) ? kNormMaxK : 8];
     __shared__ float npart[kNorm ? kNormThreads / 32 : 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -276,13 +275,9 @@ __device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
         }
     };
     if constexpr (kFp4) {
-        // The whole row, converted once per CTA (every chunk of the slab is some warp's).
+        // The whole row, once per CTA (every chunk of the slab is some warp's).
         const uint4* src = reinterpret_cast<const uint4*>(xrow);
-        for (uint32_t i = threadIdx.x; i < K / 8; i += R) {
-            const uint4 v = __ldcg(src + i);
-            *reinterpret_cast<uint4*>(xsm + 8 * i) =
-                make_uint4(bf16x2_to_f16x2(v.x), bf16x2_to_f16x2(v.y), bf16x2_to_f16x2(v.z), bf16x2_to_f16x2(v.w));
-        }
+        for (uint32_t i = threadIdx.x; i < K / 8; i += R) *reinterpret_cast<uint4*>(xsm + 8 * i) = __ldcg(src + i);
         __syncthreads();
     } else if constexpr (!kNorm) {
 #pragma unroll
@@ -299,11 +294,11 @@ __device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
             const uint32_t c = base + uint32_t(NW) * i;
             if (c >= n_chunks) break;
             if constexpr (kFp4) {
-                // words c·32 + 8t .. + 7 of the fp16 row (sub-tile j: 8t + 2j, + 1).
+                // words c·32 + 8t .. + 7 of the row (sub-tile j: 8t + 2j, + 1).
                 const uint4* xq = reinterpret_cast<const uint4*>(xsm) + size_t(c) * 8 + 2 * t;
                 const uint4 lo = xq[0], hi = xq[1];
-                const uint32_t xf16[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-                mxfp4_chunk_f16(acc, ring[i], xf16);
+                const uint32_t xw8[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+                mxfp4_chunk_bf16(acc, ring[i], xw8);
             } else {
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {

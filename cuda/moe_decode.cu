@@ -11,7 +11,7 @@
 // item; the reader spins on an acquire load), so the routed weights keep streaming without the
 // drain + launch + dependency wait of a kernel boundary. The last CTA to leave re-arms the
 // counters. Each item computes exactly what one CTA of gemm_decode.cu computes for it (same
-// chunk order per warp, same per-chunk arithmetic: gemm.cuh mxfp4_chunk_f16 on the fp16 row,
+// chunk order per warp, same per-chunk arithmetic: gemm.cuh mxfp4_chunk_bf16 on the row,
 // same warp order in the reduction, same epilogue), so results are bit-identical to
 // gemm_decode(gate_up, kSwiglu) + gemm_decode(down, kStore) with the same variant,
 // deterministic, with no floating-point atomics. Switch: GPTOSS_DECODE_MOE (0/1),
@@ -149,19 +149,18 @@ __global__ __launch_bounds__(NW * 32, kMinCtas) void moe_decode_kernel(const Moe
             for (int i = 0; i < kDepth; ++i) {
                 const uint32_t c = base + uint32_t(NW) * i;
                 if (c >= n_chunks) break;
-                // The chunk's fp16 B words (gemm_decode's fp16 row; column 0 carries the row).
-                uint32_t xf16[8];
+                // The chunk's B words (gemm_decode's row; column 0 carries the row).
+                uint32_t xw8[8];
                 if constexpr (kShfl) {
-                    const uint32_t h = bf16x2_to_f16x2(xs[i]);
 #pragma unroll
-                    for (int k = 0; k < 8; ++k) xf16[k] = __shfl_sync(0xffffffffu, h, 8 * t + k);
+                    for (int k = 0; k < 8; ++k) xw8[k] = __shfl_sync(0xffffffffu, xs[i], 8 * t + k);
                 } else {
                     const uint4 lo = xb[i][0], hi = xb[i][1];
                     const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-                    for (int k = 0; k < 8; ++k) xf16[k] = bf16x2_to_f16x2(w[k]);
+                    for (int k = 0; k < 8; ++k) xw8[k] = w[k];
                 }
-                mxfp4_chunk_f16(acc, ring[i], xf16);
+                mxfp4_chunk_bf16(acc, ring[i], xw8);
                 const uint32_t cn = c + uint32_t(NW * kDepth);
                 if (cn < n_chunks) {
                     load_chunk<true>(ring[i], ptr.wp, ptr.sp, cn);

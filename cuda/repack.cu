@@ -4,6 +4,7 @@
 // MXFP4 follows MODEL.md: blocks [N, K/32, 16], low nibble = even element, scale 2^(s-127).
 // One thread per 16-byte output word; these run once per load and are bandwidth-trivial.
 #include "cuda/common.cuh"
+#include "cuda/gemm.cuh"
 #include "cuda/kernels.h"
 
 namespace gptoss {
@@ -39,6 +40,11 @@ __global__ void repack_bf16_kernel(const uint16_t* __restrict__ raw, uint32_t N,
     out[i] = v;
 }
 
+// The 4 bits of e2m1 value n (sign, e1, e0, m = bits 3..0) at the word positions `b`.
+__device__ __forceinline__ uint32_t place_e2m1(uint32_t n, gemm_detail::E2m1Bits b) {
+    return ((n >> 3) & 1u) << b.s | ((n >> 2) & 1u) << b.e1 | ((n >> 1) & 1u) << b.e0 | (n & 1u) << b.m;
+}
+
 __global__ void repack_mxfp4_kernel(const uint8_t* __restrict__ blocks, uint32_t N, uint32_t K,
                                     bool gate_up, uint4* __restrict__ out, size_t n_out) {
     const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -58,10 +64,15 @@ __global__ void repack_mxfp4_kernel(const uint8_t* __restrict__ blocks, uint32_t
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const uint32_t k0 = c * 64 + 16 * j + 2 * t;
-        // nibble p = first element of bf16 pair p, nibble p+4 = second (gemm.cu fragment()).
-        const uint32_t a0 = nib(rg, k0), a1 = nib(rg, k0 + 1), a2 = nib(rg8, k0), a3 = nib(rg8, k0 + 1);
-        const uint32_t a4 = nib(rg, k0 + 8), a5 = nib(rg, k0 + 9), a6 = nib(rg8, k0 + 8), a7 = nib(rg8, k0 + 9);
-        w[j] = a0 | (a2 << 4) | (a4 << 8) | (a6 << 12) | (a1 << 16) | (a3 << 20) | (a5 << 24) | (a7 << 28);
+        // Value L_p / H_p of A register p (p = 0, 2: row g; 1, 3: row g+8; k and k+1), its bits
+        // where gemm.cuh e2m1_word_bits puts them.
+        const uint32_t lo[4] = {nib(rg, k0), nib(rg8, k0), nib(rg, k0 + 8), nib(rg8, k0 + 8)};
+        const uint32_t hi[4] = {nib(rg, k0 + 1), nib(rg8, k0 + 1), nib(rg, k0 + 9), nib(rg8, k0 + 9)};
+        uint32_t word = 0;
+#pragma unroll
+        for (int p = 0; p < 4; ++p) word |= place_e2m1(lo[p], gemm_detail::e2m1_word_bits(p, false)) |
+                                            place_e2m1(hi[p], gemm_detail::e2m1_word_bits(p, true));
+        w[j] = word;
     }
     out[i] = make_uint4(w[0], w[1], w[2], w[3]);
 }

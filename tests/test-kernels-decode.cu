@@ -5,8 +5,8 @@
 // tiles than max_tiles, input rows by in_div) with and without route_ready, plain and with the
 // fused SwiGLU; each result reproduced bit for bit by a second launch (deterministic); the
 // normed QKV variant (MoE combine + RMSNorm prologue) bit for bit against residual_rmsnorm +
-// gemm_decode, and against the CPU reference; MXFP4 activations over the whole fp16 range
-// (the MXFP4 GEMVs run the row in fp16) and a row beyond it (finite results). Without
+// gemm_decode, and against the CPU reference; MXFP4 activations over 29 octaves with scales 0
+// and 128, and a row of 1e6 (finite results). Without
 // a CUDA device the tests are skipped (exit 77). Tolerance |got − ref| <= atol + rtol·|ref|.
 #include "tests/kernel-test-util.cuh"
 
@@ -180,11 +180,11 @@ TEST_CASE("decode GEMV (MXFP4 routed, every variant, route_ready or not) matches
     }
 }
 
-// The MXFP4 decode GEMVs run the activation row in fp16 (gemm.cuh mxfp4_chunk_f16): exact for
-// |x| in [2^-14, 65504], so rows spread over that range (every octave from 2^-13 to 2^15, both
-// signs, and the extreme scales 0 and 128) match the CPU reference; a row beyond it saturates
-// to ±65504 and the result stays finite instead of becoming inf or NaN.
-TEST_CASE("decode GEMV (MXFP4): activations across the fp16 range match the CPU; beyond it finite") {
+// Rows spread over many octaves (every octave from 2^-13 to 2^15, both signs) with the extreme
+// scales 0 and 128 match the CPU reference; a row of 1e6 gives finite results. (v17-v18 ran the
+// row in fp16, exact only in [2^-14, 65504]: this case held them to that range; the bf16 row of
+// gemm.cuh mxfp4_chunk_bf16 keeps it as a range check.)
+TEST_CASE("decode GEMV (MXFP4): activations over 2^-13..2^15 and scales 0 / 128 match the CPU; 1e6 stays finite") {
     Rand r(73);
     const uint32_t N = 64, K = 192;
     const auto blocks = r.bytes(size_t(N) * K / 2);
@@ -209,7 +209,7 @@ TEST_CASE("decode GEMV (MXFP4): activations across the fp16 range match the CPU;
     for (uint32_t k = 0; k < K; ++k) xabs[k] = std::fabs(x[k]);
     cpu::matmul_mxfp4(x.data(), blocks.data(), scales.data(), no_bias.data(), 1, K, N, ref.data());
     cpu::matmul_mxfp4(xabs.data(), wabs.data(), scales.data(), no_bias.data(), 1, K, N, mag.data());
-    const std::vector<float> big(K, 1.0e6f);  // bf16 1e6 → fp16 65504
+    const std::vector<float> big(K, 1.0e6f);
     Dev<uint16_t> xd(permuted_rows(x, 1, K)), xb(permuted_rows(big, 1, K));
     for (const cuda::DecodeGemv& v : variants(true)) {
         Dev<float> out(N), outb(N);
@@ -217,7 +217,7 @@ TEST_CASE("decode GEMV (MXFP4): activations across the fp16 range match the CPU;
         OK(cuda::gemm_decode(w, xb.p, &route.r, false, cuda::Epilogue::kStore, outb.p, nullptr, N, 0, v, nullptr));
         const auto got = out.get();
         for (uint32_t n = 0; n < N; ++n) {
-            INFO(name(true, v) << " fp16 range, row " << n << ": got " << got[n] << ", ref " << ref[n]);
+            INFO(name(true, v) << " wide range, row " << n << ": got " << got[n] << ", ref " << ref[n]);
             CHECK(std::fabs(got[n] - ref[n]) <= 4e-5f * mag[n] + 1e-30f);
         }
         for (float y : outb.get()) CHECK(std::isfinite(y));

@@ -387,7 +387,7 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_wgmma
 
     // Epilogue: warp i holds slab i.
     const uint32_t slab = slab0 + uint32_t(warp);
-    if (slab < n_slabs) store_wg_tile<TN>(args, expert, slab, acc, n_cols, out_rows, g, t);
+    if (slab < n_slabs) store_wg_tile<TN, !kFp4>(args, expert, slab, acc, n_cols, out_rows, g, t);
 #endif
 }
 

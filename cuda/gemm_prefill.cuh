@@ -296,8 +296,9 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[TN / 2], uint64_t adesc, uin
 // Epilogue of one warp's part of a wgmma accumulator tile m64nTN: the warp holds fragment slab
 // `slab` (global index): rows slab·16 + g and + 8, columns 8n + 2t and + 1 of each n8 block n
 // (acc[4n + ci] row g, acc[4n + 2 + ci] row g + 8). Columns >= n_cols are skipped; column col
-// writes output row out_rows[col].
-template <int TN>
+// writes output row out_rows[col]. kAddPath: whether the kAdd epilogue (dense O only) is compiled
+// in; the MXFP4 kernels pass false and keep its registers.
+template <int TN, bool kAddPath = true>
 __device__ __forceinline__ void store_wg_tile(const KernelArgs& args, int expert, uint32_t slab, const float (&acc)[TN / 2],
                                               uint32_t n_cols, const int32_t* out_rows, int g, int t) {
     const uint32_t N = args.w.N;
@@ -305,6 +306,36 @@ __device__ __forceinline__ void store_wg_tile(const KernelArgs& args, int expert
     const uint32_t r_lo = slab * 16 + uint32_t(g), r_hi = r_lo + 8;
     const float b_lo = bias && r_lo < N ? bias[r_lo] : 0.0f;
     const float b_hi = bias && r_hi < N ? bias[r_hi] : 0.0f;
+    if (kAddPath && args.epilogue == int(Epilogue::kAdd)) {
+        // The residual add (O projection): o += acc + bias. The compiler cannot move a column's
+        // load above the previous column's store (their rows might alias), so a plain loop pays
+        // one L2/DRAM round trip per column: ~36 µs per 128-token tile, half of the 20b's O GEMM
+        // (bench/NOTES.md "v19 prefill O epilogue"). Columns in groups of kG: loads, then stores.
+        // Output rows are distinct (one per token), so the result is the same.
+        constexpr int kG = TN >= 128 ? 8 : 4;  // 4 keeps the 64-register persistent 64-token form unspilled
+        static_assert((TN / 8) % (kG / 2) == 0, "whole column groups");
+#pragma unroll
+        for (int nt0 = 0; nt0 < TN / 8; nt0 += kG / 2) {
+            float old_lo[kG], old_hi[kG];
+#pragma unroll
+            for (int i = 0; i < kG; ++i) {
+                const uint32_t col = uint32_t((nt0 + i / 2) * 8 + 2 * t + (i & 1));
+                const float* o = args.out_f32 + size_t(col < n_cols ? out_rows[col] : 0) * args.ldo;
+                old_lo[i] = col < n_cols && r_lo < N ? o[r_lo] : 0.0f;
+                old_hi[i] = col < n_cols && r_hi < N ? o[r_hi] : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < kG; ++i) {
+                const int nt = nt0 + i / 2, ci = i & 1;
+                const uint32_t col = uint32_t(nt * 8 + 2 * t + ci);
+                if (col >= n_cols) continue;
+                float* o = args.out_f32 + size_t(out_rows[col]) * args.ldo;
+                if (r_lo < N) o[r_lo] = old_lo[i] + (acc[4 * nt + ci] + b_lo);
+                if (r_hi < N) o[r_hi] = old_hi[i] + (acc[4 * nt + 2 + ci] + b_hi);
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (int nt = 0; nt < TN / 8; ++nt) {
 #pragma unroll
@@ -324,7 +355,7 @@ __device__ __forceinline__ void store_wg_tile(const KernelArgs& args, int expert
                 args.out_bf16[size_t(out_row) * args.ldo + permuted_k(j)] = f32_to_bf16_bits(y);
             } else {
                 float* o = args.out_f32 + size_t(out_row) * args.ldo;
-                const bool add = args.epilogue == int(Epilogue::kAdd);
+                const bool add = args.epilogue == int(Epilogue::kAdd);  // only where !kAddPath
                 if (r_lo < N) o[r_lo] = add ? o[r_lo] + (lo + b_lo) : lo + b_lo;
                 if (r_hi < N) o[r_hi] = add ? o[r_hi] + (hi + b_hi) : hi + b_hi;
             }

@@ -202,7 +202,7 @@ __global__ __launch_bounds__(kThreads, (sm90_ctas<kFp4, TN, kM, kC3>())) void ge
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
         const uint32_t slab = slab0 + uint32_t(4 * kM * wg + 4 * m + (warp & 3));
-        if (slab < n_slabs) store_wg_tile<TN>(args, expert, slab, acc[m], n_cols, out_rows, g, t);
+        if (slab < n_slabs) store_wg_tile<TN, !kFp4>(args, expert, slab, acc[m], n_cols, out_rows, g, t);
     }
 #endif
 }

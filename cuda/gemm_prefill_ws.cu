@@ -315,9 +315,9 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
     if (slab < n_slabs) {
         // (the last columns first: their registers are free for the rest of the epilogue)
         if constexpr (kX != 0)
-            if (extra) store_wg_tile<kX ? kX : 2>(args, expert, slab, acc_x, n_cols - TN, out_rows + TN, g, t);
-        if (two) store_wg_tile<TW>(args, expert, slab, acc[kH - 1], min(n_cols, uint32_t(TN)) - TW, out_rows + TW, g, t);
-        store_wg_tile<TW>(args, expert, slab, acc[0], min(n_cols, uint32_t(TW)), out_rows, g, t);
+            if (extra) store_wg_tile<kX ? kX : 2, !kFp4>(args, expert, slab, acc_x, n_cols - TN, out_rows + TN, g, t);
+        if (two) store_wg_tile<TW, !kFp4>(args, expert, slab, acc[kH - 1], min(n_cols, uint32_t(TN)) - TW, out_rows + TW, g, t);
+        store_wg_tile<TW, !kFp4>(args, expert, slab, acc[0], min(n_cols, uint32_t(TW)), out_rows, g, t);
     }
 #endif
 }
@@ -501,8 +501,8 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_wsp_kernel(
         asm volatile("bar.sync 1, 256;" ::: "memory");  // out_rows written
         const uint32_t slab = slab0 + uint32_t(4 * cw + (warp & 3));
         if (slab < n_slabs) {
-            store_wg_tile<TW>(args, tl.expert, slab, acc[0], min(tl.n_cols, uint32_t(TW)), out_rows, g, t);
-            if (two) store_wg_tile<TW>(args, tl.expert, slab, acc[kH - 1], tl.n_cols - TW, out_rows + TW, g, t);
+            store_wg_tile<TW, !kFp4>(args, tl.expert, slab, acc[0], min(tl.n_cols, uint32_t(TW)), out_rows, g, t);
+            if (two) store_wg_tile<TW, !kFp4>(args, tl.expert, slab, acc[kH - 1], tl.n_cols - TW, out_rows + TW, g, t);
         }
     }
 #endif

@@ -2,12 +2,17 @@
 // (first layer), MoE combine + residual add (end of each layer), then
 // xn = bf16(x / sqrt(mean(x²) + eps) · w) in the permuted GEMM-input layout.
 // Mirrors rmsnorm / the MoE sum of cpu/reference.h (MODEL.md §Forward pass); x stays fp32.
-// Mapping: one CTA of 1024 threads per token; thread i owns elements i + 1024·j (j < 4, so
+// Mapping: one CTA per token; virtual thread i of 1024 owns elements i + 1024·j (j < 4, so
 // H <= 4096), all loaded before any arithmetic (decode runs this at T = 1, where it is pure
-// latency); the sum of squares is reduced warp-then-CTA in a fixed order (rmsnorm_inv in
-// common.cuh, shared with the fused decode router; bit-identical for any T). Floor: memory-bound, (4 + 4 + 2)·H bytes per token (+16·H for the MoE combine).
+// latency); chunks of 64 tokens or more run 512 real threads of 2 virtual ones each (2 CTAs per
+// SM). The sum of squares is reduced warp-then-CTA in a fixed order (rmsnorm_inv in common.cuh,
+// shared with the fused decode router), so the bits do not depend on T or the CTA size.
+// Floor: memory-bound, (4 + 4 + 2)·H bytes per token (+16·H for the MoE combine).
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
+
+#include <cstdlib>
+#include <cstring>
 
 namespace gptoss {
 namespace cuda {
@@ -17,65 +22,99 @@ constexpr uint32_t kThreads = kNormThreads;
 constexpr uint32_t kPer = kNormPer;
 constexpr uint32_t kMaxSlots = 8;
 
-__global__ __launch_bounds__(kThreads) void f32_residual_rmsnorm_kernel(ResidualArgs a, float* __restrict__ x,
-                                                                       const float* __restrict__ w, float eps,
-                                                                       uint16_t* __restrict__ xn, uint32_t H) {
+// R threads per token, each playing kThreads / R virtual threads of rmsnorm_inv's order (so the
+// bits do not depend on R); P = elements per virtual thread in use (H <= kThreads · P, the
+// rest are zeros to rmsnorm_inv), S = MoE slots loaded (K <= S).
+template <uint32_t R, uint32_t P, uint32_t S>
+__global__ __launch_bounds__(R) void f32_residual_rmsnorm_kernel(ResidualArgs a, float* __restrict__ x,
+                                                                const float* __restrict__ w, float eps,
+                                                                uint16_t* __restrict__ xn, uint32_t H) {
+    constexpr uint32_t Q = kThreads / R;
     __shared__ float partial[kThreads / 32];
-    float wn[kPer];  // the norm weight: read only, so loaded before the dependency wait
+    const auto at = [](uint32_t q, uint32_t j) { return threadIdx.x + R * q + kThreads * j; };
+    float wn[Q][P];  // the norm weight: read only, so loaded before the dependency wait
 #pragma unroll
-    for (uint32_t j = 0; j < kPer; ++j) {
-        const uint32_t i = threadIdx.x + j * kThreads;
-        wn[j] = i < H ? __ldg(w + i) : 0.0f;
-    }
+    for (uint32_t q = 0; q < Q; ++q)
+#pragma unroll
+        for (uint32_t j = 0; j < P; ++j) wn[q][j] = at(q, j) < H ? __ldg(w + at(q, j)) : 0.0f;
     pdl_wait();
     pdl_launch_dependents();
     const uint32_t t = blockIdx.x;
     float* xr = x + size_t(t) * H;
-    float v[kPer];
+    float v[Q][P];
     if (a.mode == ResidualMode::kEmbed) {
         const uint16_t* row = a.embed + size_t(__ldg(a.tokens + t)) * H;
 #pragma unroll
-        for (uint32_t j = 0; j < kPer; ++j) {
-            const uint32_t i = threadIdx.x + j * kThreads;
-            v[j] = i < H ? bf16_bits_to_f32(row[i]) : 0.0f;
-        }
+        for (uint32_t q = 0; q < Q; ++q)
+#pragma unroll
+            for (uint32_t j = 0; j < P; ++j) v[q][j] = at(q, j) < H ? bf16_bits_to_f32(row[at(q, j)]) : 0.0f;
     } else if (a.mode == ResidualMode::kMoeAdd) {
-        float wt[kMaxSlots];  // unrolled: one memory round trip, not K
+        float wt[S];  // unrolled: one memory round trip, not K
 #pragma unroll
-        for (uint32_t s = 0; s < kMaxSlots; ++s) wt[s] = s < a.K ? __ldg(a.weights + t * a.K + s) : 0.0f;
-        float p[kPer][kMaxSlots];
+        for (uint32_t s = 0; s < S; ++s) wt[s] = s < a.K ? __ldg(a.weights + t * a.K + s) : 0.0f;
+        float p[Q][P][S];
 #pragma unroll
-        for (uint32_t j = 0; j < kPer; ++j) {
-            const uint32_t i = threadIdx.x + j * kThreads;
-            v[j] = i < H ? xr[i] : 0.0f;
+        for (uint32_t q = 0; q < Q; ++q)
 #pragma unroll
-            for (uint32_t s = 0; s < kMaxSlots; ++s)
-                p[j][s] = (s < a.K && i < H) ? __ldg(a.part + (size_t(t) * a.K + s) * H + i) : 0.0f;
-        }
+            for (uint32_t j = 0; j < P; ++j) {
+                const uint32_t i = at(q, j);
+                v[q][j] = i < H ? xr[i] : 0.0f;
 #pragma unroll
-        for (uint32_t j = 0; j < kPer; ++j) {
-            float sum = 0.0f;
+                for (uint32_t s = 0; s < S; ++s)
+                    p[q][j][s] = (s < a.K && i < H) ? __ldg(a.part + (size_t(t) * a.K + s) * H + i) : 0.0f;
+            }
 #pragma unroll
-            for (uint32_t s = 0; s < kMaxSlots; ++s)
-                if (s < a.K) sum = __fmaf_rn(wt[s], p[j][s], sum);
-            v[j] += sum;
-        }
+        for (uint32_t q = 0; q < Q; ++q)
+#pragma unroll
+            for (uint32_t j = 0; j < P; ++j) {
+                float sum = 0.0f;
+#pragma unroll
+                for (uint32_t s = 0; s < S; ++s)
+                    if (s < a.K) sum = __fmaf_rn(wt[s], p[q][j][s], sum);
+                v[q][j] += sum;
+            }
     } else {
 #pragma unroll
-        for (uint32_t j = 0; j < kPer; ++j) {
-            const uint32_t i = threadIdx.x + j * kThreads;
-            v[j] = i < H ? xr[i] : 0.0f;
-        }
+        for (uint32_t q = 0; q < Q; ++q)
+#pragma unroll
+            for (uint32_t j = 0; j < P; ++j) v[q][j] = at(q, j) < H ? xr[at(q, j)] : 0.0f;
     }
-    const float inv = rmsnorm_inv<kThreads>([&](uint32_t, uint32_t j) { return v[j]; }, H, eps, partial);
+    const float inv =
+        rmsnorm_inv<R>([&](uint32_t q, uint32_t j) { return j < P ? v[q][j] : 0.0f; }, H, eps, partial);
     uint16_t* out = xn + size_t(t) * H;
 #pragma unroll
-    for (uint32_t j = 0; j < kPer; ++j) {
-        const uint32_t i = threadIdx.x + j * kThreads;
-        if (i >= H) continue;
-        if (a.mode != ResidualMode::kNone) xr[i] = v[j];
-        out[permuted_k(i)] = f32_to_bf16_bits(v[j] * inv * wn[j]);
-    }
+    for (uint32_t q = 0; q < Q; ++q)
+#pragma unroll
+        for (uint32_t j = 0; j < P; ++j) {
+            const uint32_t i = at(q, j);
+            if (i >= H) continue;
+            if (a.mode != ResidualMode::kNone) xr[i] = v[q][j];
+            out[permuted_k(i)] = f32_to_bf16_bits(v[q][j] * inv * wn[q][j]);
+        }
+}
+
+// Chunks of kWideT tokens or more run 512 threads per token (2 CTAs per SM, so one token's loads
+// overlap another's reduction and stores; bench/NOTES.md "v19 prefill RMSNorm"); fewer tokens
+// (decode) keep 1024 threads per token, the least latency for one row. Same bits either way.
+constexpr uint32_t kWideT = 64;
+// GPTOSS_NORM_WIDE_R = 256: 256 threads per token at kWideT and above instead of 512 (A/B knob;
+// 256 measured 0.3 % slower on the 20b prefill).
+uint32_t wide_r() {
+    static const uint32_t r = [] {
+        const char* e = std::getenv("GPTOSS_NORM_WIDE_R");
+        return e && std::strcmp(e, "256") == 0 ? 256u : 512u;
+    }();
+    return r;
+}
+
+template <uint32_t R, uint32_t P>
+gptoss_status launch_norm(const ResidualArgs& args, float* x, const float* norm_w, float eps, uint16_t* xn, uint32_t T,
+                 uint32_t H, cudaStream_t stream) {
+    if (args.mode == ResidualMode::kMoeAdd && args.K > 4)
+        GPTOSS_LAUNCH((f32_residual_rmsnorm_kernel<R, P, kMaxSlots>), T, R, 0, stream, args, x, norm_w, eps, xn, H);
+    else
+        GPTOSS_LAUNCH((f32_residual_rmsnorm_kernel<R, P, 4>), T, R, 0, stream, args, x, norm_w, eps, xn, H);
+    return GPTOSS_OK;
 }
 
 }  // namespace
@@ -88,8 +127,15 @@ gptoss_status residual_rmsnorm(const ResidualArgs& args, float* x, const float* 
                     kThreads * kPer);
     if (args.mode == ResidualMode::kMoeAdd && args.K > kMaxSlots)
         return fail(GPTOSS_ERR_UNSUPPORTED, "rmsnorm: %u experts per token, at most %u", args.K, kMaxSlots);
-    GPTOSS_LAUNCH(f32_residual_rmsnorm_kernel, T, kThreads, 0, stream, args, x, norm_w, eps, xn, H);
-    return GPTOSS_OK;
+    const bool p3 = H <= kThreads * 3;
+    if (T >= kWideT && wide_r() == 256)
+        return p3 ? launch_norm<256, 3>(args, x, norm_w, eps, xn, T, H, stream)
+                  : launch_norm<256, kPer>(args, x, norm_w, eps, xn, T, H, stream);
+    if (T >= kWideT)
+        return p3 ? launch_norm<512, 3>(args, x, norm_w, eps, xn, T, H, stream)
+                  : launch_norm<512, kPer>(args, x, norm_w, eps, xn, T, H, stream);
+    return p3 ? launch_norm<kThreads, 3>(args, x, norm_w, eps, xn, T, H, stream)
+              : launch_norm<kThreads, kPer>(args, x, norm_w, eps, xn, T, H, stream);
 }
 
 }  // namespace cuda

@@ -354,6 +354,42 @@ TEST_CASE("embedding + rmsnorm match cpu::embed + cpu::rmsnorm") {
     expect_close(unpermuted_rows(xn.get(), T, H), rn, 1e-6f, 8e-3f, "rmsnorm (bf16 output)");
 }
 
+// residual_rmsnorm runs 512 (or, GPTOSS_NORM_WIDE_R=256, 256) threads per token from 64 tokens up
+// and 1024 below, playing the same virtual threads: a chunk's rows must equal the same rows done
+// one token at a time, bit for bit, in every mode, for H <= 3072 and above, K = 4 and 8 slots.
+TEST_CASE("residual_rmsnorm: rows of a 70-token chunk equal the same rows one token at a time, every mode") {
+    Rand r(37);
+    const uint32_t V = 100, T = 70;
+    for (const auto& hk : {std::pair<uint32_t, uint32_t>{2880, 4}, {4096, 4}, {2880, 8}, {192, 2}}) {
+        const uint32_t H = hk.first, K = hk.second;
+        const auto table = r.bf16s(size_t(V) * H, 1.0f);
+        std::vector<int32_t> tokens(T);
+        for (uint32_t t = 0; t < T; ++t) tokens[t] = int32_t(r.below(V));
+        const auto w = r.floats(H, 1.0f), x0 = r.floats(size_t(T) * H, 2.0f);
+        const auto part = r.floats(size_t(T) * K * H, 1.0f), weights = r.floats(size_t(T) * K, 1.0f);
+        Dev<uint16_t> td(table);
+        Dev<int32_t> tok(tokens);
+        Dev<float> wd(w), pd(part), wtd(weights);
+        for (const cuda::ResidualMode mode : {cuda::ResidualMode::kEmbed, cuda::ResidualMode::kMoeAdd,
+                                              cuda::ResidualMode::kNone}) {
+            CAPTURE(H); CAPTURE(K); CAPTURE(int(mode));
+            Dev<float> xa(x0), xb(x0);
+            Dev<uint16_t> na(size_t(T) * H), nb(size_t(T) * H);
+            const auto args = [&](uint32_t t0) {
+                cuda::ResidualArgs a;
+                a.mode = mode; a.embed = td.p; a.tokens = tok.p + t0;
+                a.part = pd.p + size_t(t0) * K * H; a.weights = wtd.p + size_t(t0) * K; a.K = K;
+                return a;
+            };
+            OK(cuda::residual_rmsnorm(args(0), xa.p, wd.p, 1e-5f, na.p, T, H, nullptr));
+            for (uint32_t t = 0; t < T; ++t)
+                OK(cuda::residual_rmsnorm(args(t), xb.p + size_t(t) * H, wd.p, 1e-5f, nb.p + size_t(t) * H, 1, H, nullptr));
+            CHECK(xa.get() == xb.get());
+            CHECK(na.get() == nb.get());
+        }
+    }
+}
+
 Config test_config() {
     Config c;
     c.n_layers = 2; c.n_experts = 8; c.n_experts_per_token = 4; c.hidden = 64; c.intermediate = 64;

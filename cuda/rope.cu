@@ -4,8 +4,8 @@
 // are multiplied by the YaRN attention factor; out = [x1·cos − x2·sin | x2·cos + x1·sin].
 // The arithmetic is rope_cos_sin/rope_rotate (common.cuh), shared with the decode attention
 // kernel, which rotates q and the new key itself (one launch fewer per layer).
-// Mapping: one CTA of 1024 threads per token: cos/sin once per frequency in shared memory,
-// then threads stride over (head, i < D/2) pairs, then over v.
+// Mapping: one CTA of kRopeThreads threads per token: cos/sin once per frequency in shared
+// memory, then threads stride over (head, i < D/2) pairs (loads batched), then over v.
 // Floor: memory-bound, ~(Q + 2G)·D·(4 + 4) bytes per token; negligible next to the GEMMs.
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
@@ -14,7 +14,11 @@ namespace gptoss {
 namespace cuda {
 namespace {
 
-__global__ __launch_bounds__(1024) void f32_rope_qkv_kernel(const float* __restrict__ qkv,
+// 256 threads per token (was 1024): 8 tokens per SM in flight instead of 2 (bench/NOTES.md "v19
+// prefill rope").
+constexpr uint32_t kRopeThreads = 256;
+
+__global__ __launch_bounds__(kRopeThreads) void f32_rope_qkv_kernel(const float* __restrict__ qkv,
                                                           const StepInfo* __restrict__ step,
                                                           const float* __restrict__ inv_freq, float scale,
                                                           float* __restrict__ q, uint16_t* __restrict__ k,
@@ -38,21 +42,35 @@ __global__ __launch_bounds__(1024) void f32_rope_qkv_kernel(const float* __restr
         rope_cos_sin(pos, inv_freq[i], scale, cs[i], sn[i]);
     }
     __syncthreads();
+    // Each thread's pairs in batches of kU: all loads, then the rotations and stores (a strided
+    // loop would pay one memory round trip per pair).
+    constexpr uint32_t kU = 4;
     const uint32_t n_rot = (Q + G) * half;
-    for (uint32_t idx = threadIdx.x; idx < n_rot; idx += blockDim.x) {
-        const uint32_t head = idx / half, i = idx % half;
-        const float c = cs[i], s = sn[i];
-        const float x1 = row[head * D + i], x2 = row[head * D + i + half];
-        float o1, o2;
-        rope_rotate(x1, x2, c, s, o1, o2);
-        if (head < Q) {
-            float* out = q + (size_t(t) * Q + head) * D;
-            out[i] = o1;
-            out[i + half] = o2;
-        } else {
-            uint16_t* out = k + (size_t(t) * G + (head - Q)) * D;
-            out[i] = f32_to_bf16_bits(o1);
-            out[i + half] = f32_to_bf16_bits(o2);
+    for (uint32_t base = threadIdx.x; base < n_rot; base += kU * blockDim.x) {
+        float x1[kU], x2[kU];
+#pragma unroll
+        for (uint32_t u = 0; u < kU; ++u) {
+            const uint32_t idx = base + u * blockDim.x;
+            const uint32_t head = idx / half, i = idx % half;
+            x1[u] = idx < n_rot ? row[head * D + i] : 0.0f;
+            x2[u] = idx < n_rot ? row[head * D + i + half] : 0.0f;
+        }
+#pragma unroll
+        for (uint32_t u = 0; u < kU; ++u) {
+            const uint32_t idx = base + u * blockDim.x;
+            if (idx >= n_rot) break;
+            const uint32_t head = idx / half, i = idx % half;
+            float o1, o2;
+            rope_rotate(x1[u], x2[u], cs[i], sn[i], o1, o2);
+            if (head < Q) {
+                float* out = q + (size_t(t) * Q + head) * D;
+                out[i] = o1;
+                out[i + half] = o2;
+            } else {
+                uint16_t* out = k + (size_t(t) * G + (head - Q)) * D;
+                out[i] = f32_to_bf16_bits(o1);
+                out[i + half] = f32_to_bf16_bits(o2);
+            }
         }
     }
     const float* vrow = row + (Q + G) * D;
@@ -67,7 +85,7 @@ gptoss_status rope_qkv(const float* qkv, const StepInfo* step, const float* inv_
                        uint32_t slots, uint32_t T, uint32_t Q, uint32_t G, uint32_t D, cudaStream_t stream) {
     if (T == 0) return GPTOSS_OK;
     if (D > 256) return fail(GPTOSS_ERR_UNSUPPORTED, "rope: head_dim %u, at most 256", D);
-    GPTOSS_LAUNCH(f32_rope_qkv_kernel, T, 1024, 0, stream, qkv, step, inv_freq, scale, q, k, v, k_cache, v_cache, slots, Q, G, D);
+    GPTOSS_LAUNCH(f32_rope_qkv_kernel, T, kRopeThreads, 0, stream, qkv, step, inv_freq, scale, q, k, v, k_cache, v_cache, slots, Q, G, D);
     return GPTOSS_OK;
 }
 

@@ -771,7 +771,11 @@ gptoss_status CudaSession::project(bool decode, const GemmWeights& w, const uint
     // (N <= 256 rows) keeps gemm(), whose logits are the fused decode router's bits.
     if (!decode && prefill_gemm_ && (route || w.N > 256))
         return gemm_prefill(w, x, n_rows, route, epilogue, out_f32, out_bf16, ldo, swiglu_limit, stream_);
-    return gemm(w, x, n_rows, route, epilogue, out_f32, out_bf16, ldo, swiglu_limit, decode ? 1 : 8, stream_);
+    // The prefill router (a few 16-row slabs) at 2 column tiles per CTA: 4× the CTAs of nb 8, whose
+    // 64 CTAs for the 20b left half the SMs idle; 0.46 → 0.24 ms per 20b prefill of 2048, nb 1 no
+    // better (bench/NOTES.md "v19 prefill router"). Same bits whatever nb.
+    const int nb = decode ? 1 : w.N <= 256 ? 2 : 8;
+    return gemm(w, x, n_rows, route, epilogue, out_f32, out_bf16, ldo, swiglu_limit, nb, stream_);
 }
 
 gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits) {

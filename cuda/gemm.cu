@@ -185,6 +185,20 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
             s[e] = __fadd_rn(__fadd_rn(__fadd_rn(red[0][i], red[1][i]), red[2][i]), red[3][i]);
         }
         const uint32_t r_lo = slab * 16 + gg, r_hi = r_lo + 8;
+        // kAdd: both columns' residuals loaded before either is stored (a load after a store to a
+        // row that might alias waits for it: one round trip per column otherwise). Rows are
+        // distinct, so the bits are the same.
+        float old[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+        if (args.epilogue == int(Epilogue::kAdd)) {
+#pragma unroll
+            for (int ci = 0; ci < 2; ++ci) {
+                const uint32_t col = uint32_t(nb * 8 + 2 * tt + ci);
+                if (col >= n_cols) continue;
+                const float* o = args.out_f32 + size_t(args.routed ? uint32_t(pairs[col]) : col_base + col) * args.ldo;
+                old[ci][0] = r_lo < N ? o[r_lo] : 0.0f;
+                old[ci][1] = r_hi < N ? o[r_hi] : 0.0f;
+            }
+        }
 #pragma unroll
         for (int ci = 0; ci < 2; ++ci) {
             const uint32_t col = uint32_t(nb * 8 + 2 * tt + ci);
@@ -201,13 +215,14 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
                 args.out_bf16[size_t(out_row) * args.ldo + permuted_k(j)] = f32_to_bf16_bits(y);
             } else {
                 float* o = args.out_f32 + size_t(out_row) * args.ldo;
+                const bool add = args.epilogue == int(Epilogue::kAdd);
                 if (r_lo < N) {
                     const float v = s[ci] + (bias ? bias[r_lo] : 0.0f);
-                    if (args.epilogue == int(Epilogue::kAdd)) o[r_lo] += v; else o[r_lo] = v;
+                    o[r_lo] = add ? old[ci][0] + v : v;
                 }
                 if (r_hi < N) {
                     const float v = s[2 + ci] + (bias ? bias[r_hi] : 0.0f);
-                    if (args.epilogue == int(Epilogue::kAdd)) o[r_hi] += v; else o[r_hi] = v;
+                    o[r_hi] = add ? old[ci][1] + v : v;
                 }
             }
         }

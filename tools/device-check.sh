@@ -8,7 +8,8 @@
 #   tools/device-check.sh --deps DIR/.deps --tokenizer DIR/.tokenizer --racecheck
 # The sanitizer step runs memcheck; racecheck over the same test cases takes ~530 s on an H200
 # (v17), more than one device call has beside the rest, so it runs alone with --racecheck (build,
-# then racecheck only; a second call on the warm machine reuses the build).
+# then racecheck only; a second call on the warm machine reuses the build), without the sampling
+# case at V = 600 000, which --racecheck-sample runs alone.
 # --load-20b writes the 13 GB 20b-shaped checkpoint to /tmp and benches it through the loader
 # (upload GB/s from the page cache, then pp/tg on the loaded weights).
 set -uo pipefail
@@ -20,6 +21,7 @@ while [ $# -gt 0 ]; do
     --tokenizer) TOK="$2"; shift 2;;
     --skip-sanitizer) SAN=0; shift;;
     --racecheck) RACE=1; shift;;
+    --racecheck-sample) RACE=1; RACE_SAMPLE=1; shift;;
     --skip-120b) BIG=0; shift;;
     --skip-2layer) TWO_LAYER=0; shift;;
     --load-20b) LOAD20=1; shift;;
@@ -41,15 +43,24 @@ dev_build $B "$OUT/build.log"
 rc=$?
 log "build rc=$rc in $(( $(date +%s) - t0 )) s"
 if [ $rc -ne 0 ]; then tail -60 "$OUT/build.log"; exit 1; fi
-san() {  # san TOOL TIMEOUT: test-kernels under compute-sanitizer, GPTOSS_TEST_QUICK trims the sweeps
+san() {  # san TOOL TIMEOUT [MORE]: test-kernels under compute-sanitizer, GPTOSS_TEST_QUICK trims the sweeps;
+  # MORE: further test-case patterns to leave out
   GPTOSS_TEST_QUICK=1 GPTOSS_TINY_MODEL=$PWD/$B/models/tiny timeout "$2" compute-sanitizer --tool "$1" \
-    --error-exitcode 9 ./$B/test-kernels -tce='*20b-shaped*,*OUT_OF_MEMORY*,*re-captures*,*goldens*' \
+    --error-exitcode 9 ./$B/test-kernels -tce="*20b-shaped*,*OUT_OF_MEMORY*,*re-captures*,*goldens*${3:+,$3}" \
     > "$OUT/sanitizer-$1.log" 2>&1
   log "compute-sanitizer $1 rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$1.log" | tail -1)"
 }
 if [ $RACE -eq 1 ]; then
   [ -d "$B/models/tiny" ] || ./$B/gptoss-synth --preset tiny --seed 1 --out $PWD/$B/models/tiny --tokenizer-dir "$TOK" > /dev/null
-  san racecheck 570
+  # The whole set outlasted the 570 s limit in v19 (bench/NOTES.md "v19 closing check"), so the
+  # sampling case at V = 600 000 runs in a call of its own: --racecheck-sample.
+  if [ "${RACE_SAMPLE:-0}" = 1 ]; then
+    GPTOSS_TEST_QUICK=1 timeout 570 compute-sanitizer --tool racecheck --error-exitcode 9 ./$B/test-kernels \
+      -tc='*beyond one cooperative grid*' > "$OUT/sanitizer-racecheck-sample.log" 2>&1
+    log "compute-sanitizer racecheck (sampling V = 600 000) rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/sanitizer-racecheck-sample.log" | tail -1)"
+  else
+    san racecheck 570 '*beyond one cooperative grid*'
+  fi
   exit 0
 fi
 

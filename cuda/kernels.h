@@ -38,9 +38,10 @@ size_t bf16_fragment_bytes(uint32_t N, uint32_t K);
 
 // MXFP4 fragment layout of one expert's W [N, K] (blocks u8 [N, K/32, 16], scales u8
 // [N, K/32]): 16-row slabs × 64-k chunks of 512 bytes, lane l's 16 bytes = 4 words, word j =
-// the 8 nibbles of its A fragment for sub-tile j, placed so that nibble p and p+4 dequantize to
-// the bf16 pair p with one shift and two masks. Scales become bf16 2^(s-1) (the 2^126 of the
-// nibble→bf16 bit trick folded in), 64 bytes per slab-chunk in a parallel stream:
+// the 8 e2m1 values of its A fragment for sub-tile j, their bits placed (gemm.cuh
+// e2m1_word_bits) so that rotates and masks alone give the 4 bf16 pairs (9 integer instructions
+// per word). Scales become bf16 2^(s-1) (the 2^126 of the e2m1 → bf16 bit trick folded in), 64
+// bytes per slab-chunk in a parallel stream:
 // [g 0..7][(row g, blk 0), (row g, blk 1), (row g+8, blk 0), (row g+8, blk 1)]. gate_up = true
 // regroups the interleaved rows so that slab s holds gate rows 8s..8s+7 then up rows 8s..8s+7
 // (SwiGLU fuses in registers).

@@ -188,22 +188,23 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
         // kAdd: both columns' residuals loaded before either is stored (a load after a store to a
         // row that might alias waits for it: one round trip per column otherwise). Rows are
         // distinct, so the bits are the same.
+        uint32_t out_rows[2] = {0, 0};
         float old[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-        if (args.epilogue == int(Epilogue::kAdd)) {
 #pragma unroll
-            for (int ci = 0; ci < 2; ++ci) {
-                const uint32_t col = uint32_t(nb * 8 + 2 * tt + ci);
-                if (col >= n_cols) continue;
-                const float* o = args.out_f32 + size_t(args.routed ? uint32_t(pairs[col]) : col_base + col) * args.ldo;
-                old[ci][0] = r_lo < N ? o[r_lo] : 0.0f;
-                old[ci][1] = r_hi < N ? o[r_hi] : 0.0f;
-            }
+        for (int ci = 0; ci < 2; ++ci) {
+            const uint32_t col = uint32_t(nb * 8 + 2 * tt + ci);
+            if (col >= n_cols) continue;
+            out_rows[ci] = args.routed ? uint32_t(pairs[col]) : col_base + col;
+            if (args.epilogue != int(Epilogue::kAdd)) continue;
+            const float* o = args.out_f32 + size_t(out_rows[ci]) * args.ldo;
+            old[ci][0] = r_lo < N ? o[r_lo] : 0.0f;
+            old[ci][1] = r_hi < N ? o[r_hi] : 0.0f;
         }
 #pragma unroll
         for (int ci = 0; ci < 2; ++ci) {
             const uint32_t col = uint32_t(nb * 8 + 2 * tt + ci);
             if (col >= n_cols) continue;
-            const uint32_t out_row = args.routed ? uint32_t(pairs[col]) : col_base + col;
+            const uint32_t out_row = out_rows[ci];
             if (args.epilogue == int(Epilogue::kSwiglu)) {
                 float gate = s[ci] + (bias ? bias[r_lo] : 0.0f);
                 float up = s[2 + ci] + (bias ? bias[r_hi] : 0.0f);

@@ -171,30 +171,8 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_kerne
         const float b_lo = bias && r_lo < N ? bias[r_lo] : 0.0f;
         const float b_hi = bias && r_hi < N ? bias[r_hi] : 0.0f;
         if (!kFp4 && args.epilogue == int(Epilogue::kAdd)) {
-            // The residual add, columns in groups of 8: loads, then stores (gemm_prefill.cuh
-            // store_wg_tile says why; rows are distinct, the bits are the same).
-            constexpr int kG = 8;
-            static_assert((2 * NT) % kG == 0, "whole column groups");
-#pragma unroll
-            for (int i0 = 0; i0 < 2 * NT; i0 += kG) {
-                float old_lo[kG], old_hi[kG];
-#pragma unroll
-                for (int i = 0; i < kG; ++i) {
-                    const uint32_t col = uint32_t(wn * (TN / 2) + ((i0 + i) >> 1) * 8 + 2 * t + ((i0 + i) & 1));
-                    const float* o = args.out_f32 + size_t(col < n_cols ? out_rows[col] : 0) * args.ldo;
-                    old_lo[i] = col < n_cols && r_lo < N ? o[r_lo] : 0.0f;
-                    old_hi[i] = col < n_cols && r_hi < N ? o[r_hi] : 0.0f;
-                }
-#pragma unroll
-                for (int i = 0; i < kG; ++i) {
-                    const int nt = (i0 + i) >> 1, ci = (i0 + i) & 1;
-                    const uint32_t col = uint32_t(wn * (TN / 2) + nt * 8 + 2 * t + ci);
-                    if (col >= n_cols) continue;
-                    float* o = args.out_f32 + size_t(out_rows[col]) * args.ldo;
-                    if (r_lo < N) o[r_lo] = old_lo[i] + (acc[mt][nt][ci] + b_lo);
-                    if (r_hi < N) o[r_hi] = old_hi[i] + (acc[mt][nt][2 + ci] + b_hi);
-                }
-            }
+            add_residual_columns<NT, 8>(args, uint32_t(wn * (TN / 2)), t, n_cols, out_rows, r_lo, r_hi, b_lo, b_hi,
+                                        [&](int nt, int e) { return acc[mt][nt][e]; });
             continue;
         }
 #pragma unroll

@@ -293,6 +293,40 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[TN / 2], uint64_t adesc, uin
 }
 #endif
 
+// The residual add (the O projection's kAdd) of one warp's rows r_lo and r_hi over the columns
+// col0 + 8·nt + 2t + ci (nt < kNT, ci < 2): o[row] += acc + bias, acc(nt, ci) for row r_lo and
+// acc(nt, 2 + ci) for r_hi. The compiler cannot move a column's load above the previous column's
+// store (their rows might alias), so a plain loop pays one L2/DRAM round trip per column (~36 µs
+// per 128-token tile, half of the 20b's O GEMM: bench/NOTES.md "v19 prefill O epilogue"): columns
+// in groups of kG, loads then stores. Output rows are distinct (one per token): the same bits.
+template <int kNT, int kG, class Acc>
+__device__ __forceinline__ void add_residual_columns(const KernelArgs& args, uint32_t col0, int t, uint32_t n_cols,
+                                                     const int32_t* out_rows, uint32_t r_lo, uint32_t r_hi,
+                                                     float b_lo, float b_hi, Acc acc) {
+    static_assert((2 * kNT) % kG == 0, "whole column groups");
+    const uint32_t N = args.w.N;
+#pragma unroll
+    for (int i0 = 0; i0 < 2 * kNT; i0 += kG) {
+        float old_lo[kG], old_hi[kG];
+#pragma unroll
+        for (int i = 0; i < kG; ++i) {
+            const uint32_t col = col0 + uint32_t(((i0 + i) >> 1) * 8 + 2 * t + ((i0 + i) & 1));
+            const float* o = args.out_f32 + size_t(col < n_cols ? out_rows[col] : 0) * args.ldo;
+            old_lo[i] = col < n_cols && r_lo < N ? o[r_lo] : 0.0f;
+            old_hi[i] = col < n_cols && r_hi < N ? o[r_hi] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < kG; ++i) {
+            const int nt = (i0 + i) >> 1, ci = (i0 + i) & 1;
+            const uint32_t col = col0 + uint32_t(nt * 8 + 2 * t + ci);
+            if (col >= n_cols) continue;
+            float* o = args.out_f32 + size_t(out_rows[col]) * args.ldo;
+            if (r_lo < N) o[r_lo] = old_lo[i] + (acc(nt, ci) + b_lo);
+            if (r_hi < N) o[r_hi] = old_hi[i] + (acc(nt, 2 + ci) + b_hi);
+        }
+    }
+}
+
 // Epilogue of one warp's part of a wgmma accumulator tile m64nTN: the warp holds fragment slab
 // `slab` (global index): rows slab·16 + g and + 8, columns 8n + 2t and + 1 of each n8 block n
 // (acc[4n + ci] row g, acc[4n + 2 + ci] row g + 8). Columns >= n_cols are skipped; column col
@@ -307,33 +341,9 @@ __device__ __forceinline__ void store_wg_tile(const KernelArgs& args, int expert
     const float b_lo = bias && r_lo < N ? bias[r_lo] : 0.0f;
     const float b_hi = bias && r_hi < N ? bias[r_hi] : 0.0f;
     if (kAddPath && args.epilogue == int(Epilogue::kAdd)) {
-        // The residual add (O projection): o += acc + bias. The compiler cannot move a column's
-        // load above the previous column's store (their rows might alias), so a plain loop pays
-        // one L2/DRAM round trip per column: ~36 µs per 128-token tile, half of the 20b's O GEMM
-        // (bench/NOTES.md "v19 prefill O epilogue"). Columns in groups of kG: loads, then stores.
-        // Output rows are distinct (one per token), so the result is the same.
-        constexpr int kG = TN >= 128 ? 8 : 4;  // 4 keeps the 64-register persistent 64-token form unspilled
-        static_assert((TN / 8) % (kG / 2) == 0, "whole column groups");
-#pragma unroll
-        for (int nt0 = 0; nt0 < TN / 8; nt0 += kG / 2) {
-            float old_lo[kG], old_hi[kG];
-#pragma unroll
-            for (int i = 0; i < kG; ++i) {
-                const uint32_t col = uint32_t((nt0 + i / 2) * 8 + 2 * t + (i & 1));
-                const float* o = args.out_f32 + size_t(col < n_cols ? out_rows[col] : 0) * args.ldo;
-                old_lo[i] = col < n_cols && r_lo < N ? o[r_lo] : 0.0f;
-                old_hi[i] = col < n_cols && r_hi < N ? o[r_hi] : 0.0f;
-            }
-#pragma unroll
-            for (int i = 0; i < kG; ++i) {
-                const int nt = nt0 + i / 2, ci = i & 1;
-                const uint32_t col = uint32_t(nt * 8 + 2 * t + ci);
-                if (col >= n_cols) continue;
-                float* o = args.out_f32 + size_t(out_rows[col]) * args.ldo;
-                if (r_lo < N) o[r_lo] = old_lo[i] + (acc[4 * nt + ci] + b_lo);
-                if (r_hi < N) o[r_hi] = old_hi[i] + (acc[4 * nt + 2 + ci] + b_hi);
-            }
-        }
+        // 4 keeps the 64-register persistent 64-token form unspilled
+        add_residual_columns<TN / 8, TN >= 128 ? 8 : 4>(args, 0, t, n_cols, out_rows, r_lo, r_hi, b_lo, b_hi,
+                                                        [&](int nt, int e) { return acc[4 * nt + e]; });
         return;
     }
 #pragma unroll

@@ -11,8 +11,6 @@
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
 
-#include <cstdlib>
-#include <cstring>
 
 namespace gptoss {
 namespace cuda {
@@ -96,20 +94,12 @@ __global__ __launch_bounds__(R) void f32_residual_rmsnorm_kernel(ResidualArgs a,
 // Chunks of kWideT tokens or more run 512 threads per token (2 CTAs per SM, so one token's loads
 // overlap another's reduction and stores; bench/NOTES.md "v19 prefill RMSNorm"); fewer tokens
 // (decode) keep 1024 threads per token, the least latency for one row. Same bits either way.
+// (256 threads measured 0.3 % slower on the 20b prefill, 512 at T = 1 1.4 % slower decode.)
 constexpr uint32_t kWideT = 64;
-// GPTOSS_NORM_WIDE_R = 256: 256 threads per token at kWideT and above instead of 512 (A/B knob;
-// 256 measured 0.3 % slower on the 20b prefill).
-uint32_t wide_r() {
-    static const uint32_t r = [] {
-        const char* e = std::getenv("GPTOSS_NORM_WIDE_R");
-        return e && std::strcmp(e, "256") == 0 ? 256u : 512u;
-    }();
-    return r;
-}
 
 template <uint32_t R, uint32_t P>
 gptoss_status launch_norm(const ResidualArgs& args, float* x, const float* norm_w, float eps, uint16_t* xn, uint32_t T,
-                 uint32_t H, cudaStream_t stream) {
+                          uint32_t H, cudaStream_t stream) {
     if (args.mode == ResidualMode::kMoeAdd && args.K > 4)
         GPTOSS_LAUNCH((f32_residual_rmsnorm_kernel<R, P, kMaxSlots>), T, R, 0, stream, args, x, norm_w, eps, xn, H);
     else
@@ -128,9 +118,6 @@ gptoss_status residual_rmsnorm(const ResidualArgs& args, float* x, const float* 
     if (args.mode == ResidualMode::kMoeAdd && args.K > kMaxSlots)
         return fail(GPTOSS_ERR_UNSUPPORTED, "rmsnorm: %u experts per token, at most %u", args.K, kMaxSlots);
     const bool p3 = H <= kThreads * 3;
-    if (T >= kWideT && wide_r() == 256)
-        return p3 ? launch_norm<256, 3>(args, x, norm_w, eps, xn, T, H, stream)
-                  : launch_norm<256, kPer>(args, x, norm_w, eps, xn, T, H, stream);
     if (T >= kWideT)
         return p3 ? launch_norm<512, 3>(args, x, norm_w, eps, xn, T, H, stream)
                   : launch_norm<512, kPer>(args, x, norm_w, eps, xn, T, H, stream);

@@ -48,18 +48,19 @@ __global__ __launch_bounds__(kRopeThreads) void f32_rope_qkv_kernel(const float*
     const uint32_t n_rot = (Q + G) * half;
     for (uint32_t base = threadIdx.x; base < n_rot; base += kU * blockDim.x) {
         float x1[kU], x2[kU];
+        uint32_t heads[kU], is[kU];
 #pragma unroll
         for (uint32_t u = 0; u < kU; ++u) {
             const uint32_t idx = base + u * blockDim.x;
-            const uint32_t head = idx / half, i = idx % half;
-            x1[u] = idx < n_rot ? row[head * D + i] : 0.0f;
-            x2[u] = idx < n_rot ? row[head * D + i + half] : 0.0f;
+            heads[u] = idx / half;
+            is[u] = idx % half;
+            x1[u] = idx < n_rot ? row[heads[u] * D + is[u]] : 0.0f;
+            x2[u] = idx < n_rot ? row[heads[u] * D + is[u] + half] : 0.0f;
         }
 #pragma unroll
         for (uint32_t u = 0; u < kU; ++u) {
-            const uint32_t idx = base + u * blockDim.x;
-            if (idx >= n_rot) break;
-            const uint32_t head = idx / half, i = idx % half;
+            if (base + u * blockDim.x >= n_rot) break;
+            const uint32_t head = heads[u], i = is[u];
             float o1, o2;
             rope_rotate(x1[u], x2[u], cs[i], sn[i], o1, o2);
             if (head < Q) {

@@ -354,9 +354,9 @@ TEST_CASE("embedding + rmsnorm match cpu::embed + cpu::rmsnorm") {
     expect_close(unpermuted_rows(xn.get(), T, H), rn, 1e-6f, 8e-3f, "rmsnorm (bf16 output)");
 }
 
-// residual_rmsnorm runs 512 (or, GPTOSS_NORM_WIDE_R=256, 256) threads per token from 64 tokens up
-// and 1024 below, playing the same virtual threads: a chunk's rows must equal the same rows done
-// one token at a time, bit for bit, in every mode, for H <= 3072 and above, K = 4 and 8 slots.
+// residual_rmsnorm runs 512 threads per token from 64 tokens up and 1024 below, playing the same
+// virtual threads: a chunk's rows must equal the same rows done one token at a time, bit for bit,
+// in every mode, for H <= 3072 and above, K = 4 and 8 slots.
 TEST_CASE("residual_rmsnorm: rows of a 70-token chunk equal the same rows one token at a time, every mode") {
     Rand r(37);
     const uint32_t V = 100, T = 70;

@@ -2,8 +2,9 @@
 // bench/NOTES.md "Continuous batching"). N sessions' tokens go through the forward pass as the
 // N rows of one step: gemm.cu's tensor-core kernel for every projection (QKV, O + residual,
 // router, lm_head: one CTA per 16-row weight slab × 8·NB token columns, so the weights stream
-// once per step for up to 64 tokens; the MoE experts grouped by expert through router_route's
-// tiles, each expert's weights read once for its tokens), residual_rmsnorm per row, and the
+// once per step for up to 64 tokens), the MoE experts grouped by expert through router_route's
+// tiles (moe_batch_gemm's mode 4 by default: each expert slab's weights read and dequantized
+// once for up to 16 of its tokens, cuda/moe_batch_wide.cu), residual_rmsnorm per row, and the
 // decode attention kernel indexed by item (attention_decode_batch: each item its own cache,
 // position and window). The K split and reduction order of every kernel are functions of the
 // shape only, never of N or of which tokens share a tile, so a session's logits are bit-identical

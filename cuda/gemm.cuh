@@ -139,9 +139,9 @@ template <bool kFp4>
 __device__ __forceinline__ void fragment(const Chunk& ch, int j, uint32_t (&a)[4]) {
     if constexpr (kFp4) {
         const uint32_t word = j == 0 ? ch.v[0].x : j == 1 ? ch.v[0].y : j == 2 ? ch.v[0].z : ch.v[0].w;
-        const uint32_t sg = (j < 2) ? (ch.v[1].x & 0xffffu) : (ch.v[1].x >> 16);
-        const uint32_t s8 = (j < 2) ? (ch.v[1].y & 0xffffu) : (ch.v[1].y >> 16);
-        const uint32_t scale_g = sg | (sg << 16), scale_g8 = s8 | (s8 << 16);
+        // The bf16 scale of rows g / g + 8 in both halves (one prmt each).
+        const uint32_t scale_g = __byte_perm(ch.v[1].x, 0, j < 2 ? 0x1010 : 0x3232);
+        const uint32_t scale_g8 = __byte_perm(ch.v[1].y, 0, j < 2 ? 0x1010 : 0x3232);
         uint32_t bits[4];
         e2m1_pairs_bf16(word, bits);
 #pragma unroll

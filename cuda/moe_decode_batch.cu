@@ -24,6 +24,10 @@
 
 namespace gptoss {
 namespace cuda {
+
+// Mode 4 (cuda/moe_batch_wide.cu): the arguments checked, the route's tiles of <= 16 pairs.
+gptoss_status moe_batch_wide(const gemm_detail::KernelArgs& a, uint32_t ctas, cudaStream_t stream);
+
 namespace {
 using namespace gemm_detail;
 
@@ -501,8 +505,9 @@ bool moe_batch_bulk_ok(const GemmWeights& w) { return w.mxfp4 && w.K % 64 == 0 &
 
 int moe_batch_mode() {
     static const int mode = [] {
-        const int v = env_int("GPTOSS_DECODE_BATCH_MOE_PERSIST", 0);
-        return v >= 1 && v <= 3 ? v : 0;
+        const char* e = std::getenv("GPTOSS_DECODE_BATCH_MOE_PERSIST");
+        const int v = e && *e ? std::atoi(e) : 4;
+        return v >= 0 && v <= 4 ? v : 4;
     }();
     return mode;
 }
@@ -526,9 +531,10 @@ gptoss_status moe_batch_gemm(const GemmWeights& w, const uint16_t* x, const Gemm
     if (epilogue == Epilogue::kStore && !out_f32) return fail(GPTOSS_ERR_INTERNAL, "moe_batch_gemm: fp32 output missing");
     if (!x || !route.tiles || !route.pairs || route.in_div == 0)
         return fail(GPTOSS_ERR_INTERNAL, "moe_batch_gemm: x and a route (tiles, pairs, in_div > 0) are required");
-    if (mode < 1 || mode > 3) return fail(GPTOSS_ERR_INTERNAL, "moe_batch_gemm: mode %d, expected 1, 2 or 3", mode);
+    if (mode < 1 || mode > 4) return fail(GPTOSS_ERR_INTERNAL, "moe_batch_gemm: mode %d, expected 1, 2, 3 or 4", mode);
     if (route.max_tiles == 0) return GPTOSS_OK;
     const KernelArgs a = kernel_args(w, x, 0, &route, epilogue, out_f32, out_bf16, ldo, swiglu_limit);
+    if (mode == 4) return moe_batch_wide(a, ctas, stream);
     const uint64_t items = uint64_t(route.max_tiles) * ((w.N + 15) / 16);
     size_t xbytes = 0;
     const uint32_t xstride = mode == 3 ? smem_x_stride(w, &xbytes) : 0;

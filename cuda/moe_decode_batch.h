@@ -26,7 +26,11 @@ namespace cuda {
 // range per CTA; per tile in its range a CTA stages the tile's activation rows in shared memory
 // once and two groups of four warps walk its slabs (weights by register ring); where the rows do
 // not fit two CTAs per SM, mode 1 runs instead (GPTOSS_DECODE_BATCH_MOE_DEPTH = 8: eight weight
-// chunks in flight per warp instead of four, read once). All modes give the same bits. ctas: CTAs of
+// chunks in flight per warp instead of four, read once). Modes 1-3 give gemm()'s bits. mode 4
+// (cuda/moe_batch_wide.cu, the batched step's default): mode 3's staging and schedule with 8 warps
+// per CTA, each warp summing whole slabs alone (one dequantization per chunk for the whole tile,
+// the epilogue from registers); its own summation order, batch-invariant but not gemm()'s bits
+// (GPTOSS_DECODE_BATCH_MOE_DEPTH = 4, 8 or 12 forces its ring depth; same bits). ctas: CTAs of
 // the grid, 0 = as many as fit on the device at once (GPTOSS_DECODE_BATCH_MOE_CTAS = CTAs per SM
 // caps it). Errors: INTERNAL naming the unsupported shape, tile size, epilogue, mode or missing
 // buffer.
@@ -34,13 +38,19 @@ namespace cuda {
                                            Epilogue epilogue, float* out_f32, uint16_t* out_bf16, uint32_t ldo,
                                            float swiglu_limit, int mode, uint32_t ctas, cudaStream_t stream);
 
+// Mode 4's ring depth for tests: 4, 8 or 12 forces it (the bits do not depend on it), 0 = automatic
+// (GPTOSS_DECODE_BATCH_MOE_DEPTH, else 12 for route tiles <= 32, 8 above). Set it only while no
+// batched step runs.
+void set_moe_batch_wide_depth(int depth);
+
 // Whether mode 2 runs for these weights on the current device (else moe_batch_gemm runs mode 1).
 bool moe_batch_bulk_ok(const GemmWeights& w);
 
-// How the batched step runs its MoE: 0 = gemm()'s one CTA per (route tile of 8 pairs, slab), 1, 2
-// or 3 = moe_batch_gemm in that mode (route tiles of 16 pairs). GPTOSS_DECODE_BATCH_MOE_PERSIST (read
-// once), default 0: neither mode was faster than gemm() at 1, 8 or 64 streams (H200, bench/NOTES.md
-// "v16 batched decode"). Same bits whichever.
+// How the batched step runs its MoE: 0 = gemm()'s one CTA per (route tile of 8 pairs, slab), 1, 2,
+// 3 or 4 = moe_batch_gemm in that mode (route tiles of 16 pairs). GPTOSS_DECODE_BATCH_MOE_PERSIST (read
+// once), default 4: H200, 20b, +12 % decode tok/s at 64 streams, +4 % at 8, -12 % for one stream
+// alone against 0 (bench/NOTES.md "v20 batched MoE"); modes 1-3 were no faster than 0 (v16).
+// Modes 0-3 give one set of bits, mode 4 another: a process keeps one mode (batch invariance).
 int moe_batch_mode();
 // From how many decode tokens a step uses moe_batch_mode() (fewer: gemm()):
 // GPTOSS_DECODE_BATCH_MOE_MIN (read once), default 1.

@@ -5,8 +5,9 @@
 // bit for bit, act and part; (b) the CPU reference ops (cpu::matmul_mxfp4 + cpu::swiglu for
 // gate_up; cpu::matmul_mxfp4 on the kernel's own bf16 activations for down); (c) batch
 // invariance: every pair's output rows at n tokens == the same pair's at n = 64, bit for bit;
-// (d) both modes (register ring; bulk copies into shared memory) on grids of auto / 1 / 7 CTAs (a
-// static schedule: one CTA runs every item, its two stages reused many times). H = 576 (36 slabs
+// (d) modes 1-3 (register ring; bulk copies into shared memory; staged activations) on grids of
+// auto / 1 / 7 CTAs (a static schedule: one CTA runs every item, its two stages reused many times);
+// (e) mode 4 (its own summation order) against the CPU reference and for batch invariance. H = 576 (36 slabs
 // of down, not a multiple of the grid). Bad arguments fail with messages naming them. Without a
 // CUDA device the tests are skipped (exit 77).
 #include "cuda/moe_decode_batch.h"
@@ -62,21 +63,53 @@ Out run(const ExpertsW& gu, const ExpertsW& dn, const Dev<uint16_t>& x, const Ro
     return Out{act.get(), part.get()};
 }
 
+// The test's weights and tokens (host copies for the CPU reference).
+struct TestWeights {
+    Rand r{113};
+    std::vector<uint8_t> gu_blocks = r.bytes(size_t(kE) * 2 * kI * kH / 2), dn_blocks = r.bytes(size_t(kE) * kH * kI / 2);
+    std::vector<uint8_t> gu_scales = scales(r, size_t(kE) * 2 * kI * kH / 32, 118, 6);
+    std::vector<uint8_t> dn_scales = scales(r, size_t(kE) * kH * kI / 32, 115, 14);
+    std::vector<uint16_t> gu_bias = r.bf16s(size_t(kE) * 2 * kI, 0.5f), dn_bias = r.bf16s(size_t(kE) * kH, 0.1f);
+};
+
+// CPU reference: gate_up + SwiGLU from x; down from the GPU's own bf16 activations.
+void cpu_check(const TestWeights& w, const std::vector<float>& xf, const std::vector<int32_t>& experts, const Out& got,
+               uint32_t n, const std::string& what) {
+    const size_t pairs = size_t(n) * kK;
+    const auto got_act = unpermuted_rows(got.act, uint32_t(pairs), kI);
+    std::vector<float> ref_act(pairs * kI), g(2 * kI), ref_part(pairs * kH);
+    for (size_t p = 0; p < pairs; ++p) {
+        const size_t e = size_t(experts[p]), t = p / kK;
+        cpu::matmul_mxfp4(xf.data() + t * kH, w.gu_blocks.data() + e * 2 * kI * kH / 2,
+                          w.gu_scales.data() + e * 2 * kI * kH / 32, w.gu_bias.data() + e * 2 * kI, 1, kH, 2 * kI,
+                          g.data());
+        cpu::swiglu(g.data(), 1, kI, kLimit, ref_act.data() + p * kI);
+        cpu::matmul_mxfp4(got_act.data() + p * kI, w.dn_blocks.data() + e * kH * kI / 2,
+                          w.dn_scales.data() + e * kH * kI / 32, w.dn_bias.data() + e * kH, 1, kI, kH,
+                          ref_part.data() + p * kH);
+    }
+    expect_close(got_act, ref_act, 1e-3f, 8e-3f, what + " gate_up + SwiGLU vs CPU");
+    expect_close(std::vector<float>(got.part.begin(), got.part.begin() + pairs * kH), ref_part, 1e-4f, 1e-4f,
+                 what + " down vs CPU");
+}
+
+// Skewed router logits: expert 2 is in every token's top-4, so it holds n pairs (4 tiles at 64).
+std::vector<float> skewed_logits(Rand& r) {
+    auto logits = r.floats(size_t(kMaxN) * kE, 2.0f);
+    for (uint32_t t = 0; t < kMaxN; ++t) logits[size_t(t) * kE + 2] = 5.0f;
+    return logits;
+}
+
 }  // namespace
 
 TEST_CASE("moe_batch_gemm == gemm() bit for bit, matches the CPU reference, batch-invariant") {
-    Rand r(113);
-    const auto gu_blocks = r.bytes(size_t(kE) * 2 * kI * kH / 2), dn_blocks = r.bytes(size_t(kE) * kH * kI / 2);
-    const auto gu_scales = scales(r, size_t(kE) * 2 * kI * kH / 32, 118, 6);
-    const auto dn_scales = scales(r, size_t(kE) * kH * kI / 32, 115, 14);
-    const auto gu_bias = r.bf16s(size_t(kE) * 2 * kI, 0.5f), dn_bias = r.bf16s(size_t(kE) * kH, 0.1f);
-    ExpertsW gu(gu_blocks, gu_scales, gu_bias, kE, 2 * kI, kH, true), dn(dn_blocks, dn_scales, dn_bias, kE, kH, kI, false);
+    const TestWeights w{};
+    Rand r(7);
+    ExpertsW gu(w.gu_blocks, w.gu_scales, w.gu_bias, kE, 2 * kI, kH, true),
+        dn(w.dn_blocks, w.dn_scales, w.dn_bias, kE, kH, kI, false);
     const auto xf = r.floats_bf16(size_t(kMaxN) * kH, 1.0f);
     const Dev<uint16_t> x(permuted_rows(xf, kMaxN, kH));
-    // Skewed router logits: expert 2 is in every token's top-4, so it holds n pairs (4 tiles at 64).
-    auto logits = r.floats(size_t(kMaxN) * kE, 2.0f);
-    for (uint32_t t = 0; t < kMaxN; ++t) logits[size_t(t) * kE + 2] = 5.0f;
-    const Dev<float> ld(logits);
+    const Dev<float> ld(skewed_logits(r));
 
     int major = 0;
     REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
@@ -105,27 +138,48 @@ TEST_CASE("moe_batch_gemm == gemm() bit for bit, matches the CPU reference, batc
                 CHECK(same_bits(got.part, 0, ref64.part, 0, pairs * kH));
             }
         }
-        // CPU reference: gate_up + SwiGLU from x; down from the GPU's bf16 activations.
-        const auto got_act = unpermuted_rows(want2.act, uint32_t(pairs), kI);
-        std::vector<float> ref_act(pairs * kI), g(2 * kI), ref_part(pairs * kH);
-        for (size_t p = 0; p < pairs; ++p) {
-            const size_t e = size_t(experts64[p]), t = p / kK;
-            cpu::matmul_mxfp4(xf.data() + t * kH, gu_blocks.data() + e * 2 * kI * kH / 2,
-                              gu_scales.data() + e * 2 * kI * kH / 32, gu_bias.data() + e * 2 * kI, 1, kH, 2 * kI,
-                              g.data());
-            cpu::swiglu(g.data(), 1, kI, kLimit, ref_act.data() + p * kI);
-            cpu::matmul_mxfp4(got_act.data() + p * kI, dn_blocks.data() + e * kH * kI / 2,
-                              dn_scales.data() + e * kH * kI / 32, dn_bias.data() + e * kH, 1, kI, kH,
-                              ref_part.data() + p * kH);
-        }
-        expect_close(got_act, ref_act, 1e-3f, 8e-3f, "n " + std::to_string(n) + " gate_up + SwiGLU vs CPU");
-        expect_close(want2.part, ref_part, 1e-4f, 1e-4f, "n " + std::to_string(n) + " down vs CPU");
+        cpu_check(w, xf, experts64, want2, n, "n " + std::to_string(n));
     }
     // Expert 2 really spans several tiles at n = 64 (the multi-tile path is exercised).
     const auto ti = full.tiles.get();
     uint32_t tiles_of_2 = 0;
     for (int32_t i = 0; i < ti[0]; ++i) tiles_of_2 += ti[1 + 3 * size_t(i)] == 2;
     CHECK(tiles_of_2 == 4);
+}
+
+// Mode 4 sums in its own order (one warp per slab, even and odd k16 steps in two chains), so it is
+// checked against the CPU reference, and for batch invariance against itself: every pair's rows
+// at n tokens == the same pair's at n = 64, on any grid and at every ring depth.
+TEST_CASE("moe_batch_gemm mode 4 matches the CPU reference and is batch-invariant") {
+    const TestWeights w{};
+    Rand r(7);
+    ExpertsW gu(w.gu_blocks, w.gu_scales, w.gu_bias, kE, 2 * kI, kH, true),
+        dn(w.dn_blocks, w.dn_scales, w.dn_bias, kE, kH, kI, false);
+    const auto xf = r.floats_bf16(size_t(kMaxN) * kH, 1.0f);
+    const Dev<uint16_t> x(permuted_rows(xf, kMaxN, kH));
+    const Dev<float> ld(skewed_logits(r));
+    const Route full(ld, kMaxN, 16);
+    const Out ref64 = run(gu, dn, x, full, kMaxN, 4, 0, 0);
+    const auto experts64 = full.experts.get();
+    cpu_check(w, xf, experts64, ref64, kMaxN, "mode 4, n 64");
+    // The bits differ from gemm()'s somewhere (else this would not be a different order).
+    const Out gemm64 = run(gu, dn, x, full, kMaxN, 0, 0, 2);
+    CHECK(!same_bits(gemm64.part, 0, ref64.part, 0, size_t(kMaxN) * kK * kH));
+    for (uint32_t n : {1u, 3u, 17u, 64u}) {
+        const Route rt(ld, n, 16);
+        const size_t pairs = size_t(n) * kK;
+        for (int depth : {0, 4, 8, 12}) {
+            cuda::set_moe_batch_wide_depth(depth);
+            for (uint32_t ctas : {0u, 1u, 7u}) {
+                INFO("mode 4 n " << n << " depth " << depth << " ctas " << ctas);
+                const Out got = run(gu, dn, x, rt, n, 4, ctas, 0);
+                CHECK(same_bits(got.act, 0, ref64.act, 0, pairs * kI));
+                CHECK(same_bits(got.part, 0, ref64.part, 0, pairs * kH));
+                if (ctas == 0 && depth == 0) cpu_check(w, xf, experts64, got, n, "mode 4, n " + std::to_string(n));
+            }
+        }
+        cuda::set_moe_batch_wide_depth(0);
+    }
 }
 
 TEST_CASE("moe_batch_gemm refuses what it does not run, naming it") {
@@ -151,9 +205,9 @@ TEST_CASE("moe_batch_gemm refuses what it does not run, naming it") {
     CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kSwiglu, nullptr, nullptr, 32, 7, 1, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);
     CHECK(std::string(gptoss_last_error()).find("bf16 output") != std::string::npos);
-    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 4, 0, nullptr) ==
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 5, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);
-    CHECK(std::string(gptoss_last_error()).find("mode 4") != std::string::npos);
+    CHECK(std::string(gptoss_last_error()).find("mode 5") != std::string::npos);
     w.mxfp4 = false;
     CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 1, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);

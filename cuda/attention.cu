@@ -313,6 +313,7 @@ __device__ __forceinline__ void finish_split(const AttentionArgs& a, const Split
 // by the one-token kernel and the batched one (cuda/batch_decode.h), so both compute the same bits.
 // pre_kb: the K/V block the caller already loaded into shared memory (before its dependency
 // wait; fused RoPE only), else INT_MIN.
+template <bool kBatch = false>
 __device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int pos0, float* partial, int* counters,
                                                      uint32_t max_splits, int pre_kb = INT_MIN) {
     extern __shared__ float smem[];
@@ -324,7 +325,8 @@ __device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int
     const int g = blockIdx.y;
     const int hpg = int(a.Q / a.G);
     const int p = pos0, lo = visible_lo(p, a.window);
-    const int len = int(decode_split_len(uint32_t(p)));  // kAttentionSplit, longer past 16 384 keys
+    // kAttentionSplit, longer past 16 384 keys; batched: batch_split_len
+    const int len = int(kBatch ? batch_split_len(uint32_t(p)) : decode_split_len(uint32_t(p)));
     const int s_rel = blockIdx.x, s = lo / len + s_rel;
     const int s_begin = s * len, s_end = s_begin + len - 1;
     if (s_begin > p || s_end < lo) return;
@@ -393,7 +395,7 @@ __device__ __forceinline__ void load_sub_block(const AttentionArgs& a, uint32_t 
 // kPrefetch (fused RoPE only): the caller has not waited for the kernel's dependencies yet; the
 // warp's first sub-block (cached keys below the step's position, written by earlier launches) is
 // requested first and the wait follows it, as in bf16_attention_decode_kernel's prefetch.
-template <bool kPrefetch, int kStages>
+template <bool kPrefetch, int kStages, bool kBatch = false>
 __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a, int pos0, float* partial,
                                                          int* counters, uint32_t max_splits) {
     using namespace attn_mma;
@@ -405,7 +407,7 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
     const int g = blockIdx.y;
     const int hpg = int(a.Q / a.G);
     const int p = pos0, lo = visible_lo(p, a.window);
-    const int len = int(decode_split_len(uint32_t(p)));
+    const int len = int(kBatch ? batch_split_len(uint32_t(p)) : decode_split_len(uint32_t(p)));
     const int s_rel = blockIdx.x, s = lo / len + s_rel;
     const int s_begin = s * len, s_end = s_begin + len - 1;
     if (s_begin > p || s_end < lo) return;
@@ -602,7 +604,8 @@ __global__ __launch_bounds__(256, 2) void bf16_attention_decode_mma_kernel(const
 }
 
 // Batched decode: item blockIdx.z is one session's query, with its own cache, position and rows
-// of qkv / out / partial / counters (attention_decode_batch); kMma: the tensor-core split.
+// of qkv / out / partial / counters (attention_decode_batch); batch_split_len-key splits; kMma:
+// the tensor-core split with two sub-blocks in flight per warp.
 template <bool kMma>
 __global__ __launch_bounds__(256, 2) void bf16_attention_decode_batch_kernel(const AttentionArgs a,
                                                                          const BatchAttentionItem* items,
@@ -619,8 +622,8 @@ __global__ __launch_bounds__(256, 2) void bf16_attention_decode_batch_kernel(con
     b.qkv = a.qkv + size_t(i) * (a.Q + 2 * a.G) * kD;
     b.out = a.out + size_t(i) * a.Q * kD;
     float* const part = partial + size_t(i) * a.Q * max_splits * (kD + 2);
-    if (kMma) attention_decode_cta_mma<false, 1>(b, it.pos, part, counters + size_t(i) * a.G, max_splits);
-    else attention_decode_cta(b, it.pos, part, counters + size_t(i) * a.G, max_splits);
+    if (kMma) attention_decode_cta_mma<false, 2, true>(b, it.pos, part, counters + size_t(i) * a.G, max_splits);
+    else attention_decode_cta<true>(b, it.pos, part, counters + size_t(i) * a.G, max_splits);
 }
 
 __global__ void bf16_kv_commit_kernel(const uint16_t* __restrict__ k_new, const uint16_t* __restrict__ v_new,
@@ -717,9 +720,15 @@ gptoss_status attention_decode_batch(const AttentionArgs& a, const BatchAttentio
     if (n_items == 0) return GPTOSS_OK;
     if (n_items > 65535) return fail(GPTOSS_ERR_INTERNAL, "attention_decode_batch: %u items exceed the grid", n_items);
     const dim3 grid(max_splits, a.G, n_items);
-    if (decode_attention_mma())
-        GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel<true>, grid, 256, kDecodeSmemMma, stream, a, items, partial,
-                      counters, max_splits);
+    if (decode_attention_mma()) {
+        const size_t smem = decode_smem_mma(2);
+        const cudaError_t opt_in = cudaFuncSetAttribute(bf16_attention_decode_batch_kernel<true>,
+                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        if (opt_in != cudaSuccess)
+            return fail(GPTOSS_ERR_DEVICE, "attention_decode_batch: shared-memory opt-in: %s", cudaGetErrorString(opt_in));
+        GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel<true>, grid, 256, smem, stream, a, items, partial, counters,
+                      max_splits);
+    }
     else
         GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel<false>, grid, 256, kDecodeSmem, stream, a, items, partial,
                       counters, max_splits);

@@ -268,6 +268,16 @@ constexpr uint32_t decode_split_len(uint32_t pos) {
 }
 // Splits covering keys 0..pos (at most kMaxDecodeSplits).
 constexpr uint32_t decode_splits_needed(uint32_t pos) { return pos / decode_split_len(pos) + 1; }
+// The batched step's splits (attention_decode_batch): at least kBatchAttentionSplit keys, so each of
+// a CTA's 8 warps walks several 16-key sub-blocks with the next one in flight (128-key splits gave
+// each warp one, and a CTA's life was its load and merge latency: H200, 64 streams, bench/NOTES.md
+// "v20 batched attention"); past that decode_split_len. Also a function of the position alone
+// (batch invariance); its bits differ from attention_decode's.
+constexpr uint32_t kBatchAttentionSplit = 512;
+constexpr uint32_t batch_split_len(uint32_t pos) {
+    return decode_split_len(pos) > kBatchAttentionSplit ? decode_split_len(pos) : kBatchAttentionSplit;
+}
+constexpr uint32_t batch_splits_needed(uint32_t pos) { return pos / batch_split_len(pos) + 1; }
 // Prefill / any T (attention_prefill.cu, tensor cores): one CTA per (16 tokens, kv head); q is
 // rounded to bf16 (after the exact 1/8 scale), so are the softmax weights for the P·V product.
 // A row's bits do not depend on T or on the chunking. k_new/v_new must be set; fails with

@@ -512,6 +512,13 @@ TEST_CASE("decode attention past 16k keys (longer splits) matches cpu::attention
     CHECK(cuda::decode_split_len(32767) == 256);
     CHECK(cuda::decode_split_len(32768) == 512);
     CHECK(cuda::decode_splits_needed(131071) <= cuda::kMaxDecodeSplits);
+    // The batched step's splits: 512 keys until decode_split_len is longer.
+    CHECK(cuda::batch_split_len(0) == 512);
+    CHECK(cuda::batch_splits_needed(511) == 1);
+    CHECK(cuda::batch_splits_needed(512) == 2);
+    CHECK(cuda::batch_splits_needed(65535) == 128);
+    CHECK(cuda::batch_split_len(65536) == 1024);
+    CHECK(cuda::batch_splits_needed(131071) <= cuda::kMaxDecodeSplits);
     std::map<std::pair<uint32_t, uint32_t>, std::vector<uint16_t>> one_stage;  // (window, position) → mode 1's output
     for (const int mode : {0, 1, 2}) {  // the FMA split, the tensor-core split with 1 and 2 stages
         const bool mma = mode > 0;

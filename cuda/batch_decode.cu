@@ -3,8 +3,8 @@
 // N rows of one step: gemm.cu's tensor-core kernel for every projection (QKV, O + residual,
 // router, lm_head: one CTA per 16-row weight slab × 8·NB token columns, so the weights stream
 // once per step for up to 64 tokens), the MoE experts grouped by expert through router_route's
-// tiles (moe_batch_gemm's mode 4 by default: each expert slab's weights read and dequantized
-// once for up to 16 of its tokens, cuda/moe_batch_wide.cu), residual_rmsnorm per row, and the
+// tiles (moe_batch_gemm by default: each expert slab's weights read and dequantized once for up
+// to 16 of its tokens, cuda/moe_decode_batch.h), residual_rmsnorm per row, and the
 // decode attention kernel indexed by item (attention_decode_batch: each item its own cache,
 // position and window). The K split and reduction order of every kernel are functions of the
 // shape only, never of N or of which tokens share a tile, so a session's logits are bit-identical
@@ -389,9 +389,9 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
     cudaStream_t s = stream_;
     const uint32_t QKV = (m.Q + 2 * m.G) * m.D;
     const int nb = dense_nb(n), pnb = proj_nb(n), rnb = router_nb(n), mnb = moe_nb();
-    // cuda/moe_decode_batch.h: tiles of 16, one persistent launch per GEMM (same bits as gemm()).
-    const int persist = n >= moe_batch_min_items() ? moe_batch_mode() : 0;
-    const uint32_t tile_tokens = persist ? 16u : 8u * uint32_t(mnb);
+    // cuda/moe_decode_batch.h: route tiles of 16 pairs, one launch per expert GEMM.
+    const bool wide = moe_batch_enabled();
+    const uint32_t tile_tokens = wide ? 16u : 8u * uint32_t(mnb);
     ResidualArgs embed;
     embed.mode = ResidualMode::kEmbed;
     embed.embed = m.embed;
@@ -427,11 +427,10 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
         r1.max_tiles = route_max_tiles(n, m.E, m.K, tile_tokens);
         GemmRoute r2 = r1;
         r2.in_div = 1;
-        if (persist) {
-            GPTOSS_TRY(
-                moe_batch_gemm(L.gate_up, xn_, r1, Epilogue::kSwiglu, nullptr, act_, m.I, m.swiglu_limit, persist, 0, s));
+        if (wide) {
+            GPTOSS_TRY(moe_batch_gemm(L.gate_up, xn_, r1, Epilogue::kSwiglu, nullptr, act_, m.I, m.swiglu_limit, 0, s));
             GPTOSS_TRY(mark("moe gate_up + swiglu"));
-            GPTOSS_TRY(moe_batch_gemm(L.down, act_, r2, Epilogue::kStore, part_, nullptr, m.H, 0, persist, 0, s));
+            GPTOSS_TRY(moe_batch_gemm(L.down, act_, r2, Epilogue::kStore, part_, nullptr, m.H, 0, 0, s));
         } else {
             GPTOSS_TRY(gemm(L.gate_up, xn_, n, &r1, Epilogue::kSwiglu, nullptr, act_, m.I, m.swiglu_limit, mnb, s));
             GPTOSS_TRY(mark("moe gate_up + swiglu"));

@@ -1,15 +1,13 @@
-// tests/test-kernels-moe-batch.cu - the persistent routed GEMM of the batched decode step
-// (cuda/moe_decode_batch.cu): gate_up + SwiGLU and down over router_route's tiles of 16 pairs
-// for n = 1, 3, 17, 64 tokens (K = 4 of E = 8 experts, so experts hold 0..64 pairs: several tiles
-// each at n = 64) against (a) gemm() with the same route (nb = 2) and with tiles of 8 (nb = 1),
-// bit for bit, act and part; (b) the CPU reference ops (cpu::matmul_mxfp4 + cpu::swiglu for
-// gate_up; cpu::matmul_mxfp4 on the kernel's own bf16 activations for down); (c) batch
-// invariance: every pair's output rows at n tokens == the same pair's at n = 64, bit for bit;
-// (d) modes 1-3 (register ring; bulk copies into shared memory; staged activations) on grids of
-// auto / 1 / 7 CTAs (a static schedule: one CTA runs every item, its two stages reused many times);
-// (e) mode 4 (its own summation order) against the CPU reference and for batch invariance. H = 576 (36 slabs
-// of down, not a multiple of the grid). Bad arguments fail with messages naming them. Without a
-// CUDA device the tests are skipped (exit 77).
+// tests/test-kernels-moe-batch.cu - the routed GEMM of the batched decode step
+// (cuda/moe_decode_batch.cu): gate_up + SwiGLU and down over router_route's tiles of 16 pairs for
+// n = 1, 3, 17, 64 tokens (K = 4 of E = 8 experts, one expert in every token's top-4, so experts
+// hold 0..64 pairs: several tiles each at n = 64) against (a) the CPU reference ops
+// (cpu::matmul_mxfp4 + cpu::swiglu for gate_up; cpu::matmul_mxfp4 on the kernel's own bf16
+// activations for down); (b) batch invariance: every pair's output rows at n tokens == the same
+// pair's at n = 64, bit for bit, on grids of auto / 1 / 7 CTAs (a static schedule: one CTA runs
+// every item) and at every ring depth; and gemm()'s own tile widths (8 and 16 pairs) against each
+// other, bit for bit. H = 576 (36 slabs of down, not a multiple of the grid). Bad arguments fail
+// with messages naming them. Without a CUDA device the tests are skipped (exit 77).
 #include "cuda/moe_decode_batch.h"
 #include "tests/kernel-test-util.cuh"
 
@@ -46,15 +44,14 @@ struct Out {
     std::vector<float> part;
 };
 
-// gate_up + SwiGLU then down for n tokens: moe_batch_gemm in `mode` with `ctas`, or (mode 0) gemm(nb).
-Out run(const ExpertsW& gu, const ExpertsW& dn, const Dev<uint16_t>& x, const Route& rt, uint32_t n,
-        int mode, uint32_t ctas, int nb) {
+// gate_up + SwiGLU then down for n tokens: moe_batch_gemm with `ctas` (wide), or gemm(nb).
+Out run(const ExpertsW& gu, const ExpertsW& dn, const Dev<uint16_t>& x, const Route& rt, uint32_t n, bool wide,
+        uint32_t ctas, int nb) {
     Dev<uint16_t> act(size_t(n) * kK * kI);
     Dev<float> part(size_t(n) * kK * kH);
-    if (mode != 0) {
-        OK(cuda::moe_batch_gemm(gu.w, x.p, rt.r1, cuda::Epilogue::kSwiglu, nullptr, act.p, kI, kLimit, mode, ctas,
-                                nullptr));
-        OK(cuda::moe_batch_gemm(dn.w, act.p, rt.r2, cuda::Epilogue::kStore, part.p, nullptr, kH, 0, mode, ctas, nullptr));
+    if (wide) {
+        OK(cuda::moe_batch_gemm(gu.w, x.p, rt.r1, cuda::Epilogue::kSwiglu, nullptr, act.p, kI, kLimit, ctas, nullptr));
+        OK(cuda::moe_batch_gemm(dn.w, act.p, rt.r2, cuda::Epilogue::kStore, part.p, nullptr, kH, 0, ctas, nullptr));
     } else {
         OK(cuda::gemm(gu.w, x.p, n, &rt.r1, cuda::Epilogue::kSwiglu, nullptr, act.p, kI, kLimit, nb, nullptr));
         OK(cuda::gemm(dn.w, act.p, n * kK, &rt.r2, cuda::Epilogue::kStore, part.p, nullptr, kH, 0, nb, nullptr));
@@ -102,7 +99,10 @@ std::vector<float> skewed_logits(Rand& r) {
 
 }  // namespace
 
-TEST_CASE("moe_batch_gemm == gemm() bit for bit, matches the CPU reference, batch-invariant") {
+// moe_batch_gemm sums in its own order (one warp per slab, even and odd k16 steps in two chains), so
+// it is checked against the CPU reference, and for batch invariance against itself: every pair's
+// rows at n tokens == the same pair's at n = 64, on any grid and at every ring depth.
+TEST_CASE("moe_batch_gemm matches the CPU reference and is batch-invariant") {
     const TestWeights w{};
     Rand r(7);
     ExpertsW gu(w.gu_blocks, w.gu_scales, w.gu_bias, kE, 2 * kI, kH, true),
@@ -110,76 +110,38 @@ TEST_CASE("moe_batch_gemm == gemm() bit for bit, matches the CPU reference, batc
     const auto xf = r.floats_bf16(size_t(kMaxN) * kH, 1.0f);
     const Dev<uint16_t> x(permuted_rows(xf, kMaxN, kH));
     const Dev<float> ld(skewed_logits(r));
-
-    int major = 0;
-    REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
-    CHECK(cuda::moe_batch_bulk_ok(gu.w) == (major >= 9));  // mode 2 really runs on sm_90
-    CHECK(cuda::moe_batch_bulk_ok(dn.w) == (major >= 9));
     const Route full(ld, kMaxN, 16);
-    const Out ref64 = run(gu, dn, x, full, kMaxN, 1, 0, 0);
+    const Out ref64 = run(gu, dn, x, full, kMaxN, true, 0, 0);
     const auto experts64 = full.experts.get();
+    cpu_check(w, xf, experts64, ref64, kMaxN, "n 64");
+    // The bits differ from gemm()'s somewhere (else this would not be a different order).
+    const Out gemm64 = run(gu, dn, x, full, kMaxN, false, 0, 2);
+    CHECK(!same_bits(gemm64.part, 0, ref64.part, 0, size_t(kMaxN) * kK * kH));
     for (uint32_t n : {1u, 3u, 17u, 64u}) {
-        const Route rt16(ld, n, 16), rt8(ld, n, 8);
+        const Route rt(ld, n, 16), rt8(ld, n, 8);
         const size_t pairs = size_t(n) * kK;
-        const Out want2 = run(gu, dn, x, rt16, n, 0, 0, 2);
-        const Out want1 = run(gu, dn, x, rt8, n, 0, 0, 1);
-        CHECK(want1.act == want2.act);
-        CHECK(same_bits(want1.part, 0, want2.part, 0, pairs * kH));
-        for (int mode : {1, 2, 3}) {
+        for (int depth : {0, 4, 8, 12}) {
+            cuda::set_moe_batch_depth(depth);
             for (uint32_t ctas : {0u, 1u, 7u}) {
-                const std::string what = "n " + std::to_string(n) + " mode " + std::to_string(mode) + " ctas " +
-                                         std::to_string(ctas);
-                INFO(what);
-                const Out got = run(gu, dn, x, rt16, n, mode, ctas, 0);
-                CHECK(got.act == want2.act);
-                CHECK(same_bits(got.part, 0, want2.part, 0, pairs * kH));
-                // Batch invariance: pair p = token·K + slot reads the same row and expert at n and 64.
+                INFO("n " << n << " depth " << depth << " ctas " << ctas);
+                const Out got = run(gu, dn, x, rt, n, true, ctas, 0);
                 CHECK(same_bits(got.act, 0, ref64.act, 0, pairs * kI));
                 CHECK(same_bits(got.part, 0, ref64.part, 0, pairs * kH));
+                if (ctas == 0 && depth == 0) cpu_check(w, xf, experts64, got, n, "n " + std::to_string(n));
             }
         }
-        cpu_check(w, xf, experts64, want2, n, "n " + std::to_string(n));
+        cuda::set_moe_batch_depth(0);
+        // gemm() (GPTOSS_DECODE_BATCH_MOE_WIDE=0): tiles of 8 (nb 1) and 16 (nb 2) give the same bits.
+        const Out want2 = run(gu, dn, x, rt, n, false, 0, 2), want1 = run(gu, dn, x, rt8, n, false, 0, 1);
+        CHECK(want1.act == want2.act);
+        CHECK(same_bits(want1.part, 0, want2.part, 0, pairs * kH));
+        cpu_check(w, xf, experts64, want2, n, "gemm(), n " + std::to_string(n));
     }
     // Expert 2 really spans several tiles at n = 64 (the multi-tile path is exercised).
     const auto ti = full.tiles.get();
     uint32_t tiles_of_2 = 0;
     for (int32_t i = 0; i < ti[0]; ++i) tiles_of_2 += ti[1 + 3 * size_t(i)] == 2;
     CHECK(tiles_of_2 == 4);
-}
-
-// Mode 4 sums in its own order (one warp per slab, even and odd k16 steps in two chains), so it is
-// checked against the CPU reference, and for batch invariance against itself: every pair's rows
-// at n tokens == the same pair's at n = 64, on any grid and at every ring depth.
-TEST_CASE("moe_batch_gemm mode 4 matches the CPU reference and is batch-invariant") {
-    const TestWeights w{};
-    Rand r(7);
-    ExpertsW gu(w.gu_blocks, w.gu_scales, w.gu_bias, kE, 2 * kI, kH, true),
-        dn(w.dn_blocks, w.dn_scales, w.dn_bias, kE, kH, kI, false);
-    const auto xf = r.floats_bf16(size_t(kMaxN) * kH, 1.0f);
-    const Dev<uint16_t> x(permuted_rows(xf, kMaxN, kH));
-    const Dev<float> ld(skewed_logits(r));
-    const Route full(ld, kMaxN, 16);
-    const Out ref64 = run(gu, dn, x, full, kMaxN, 4, 0, 0);
-    const auto experts64 = full.experts.get();
-    cpu_check(w, xf, experts64, ref64, kMaxN, "mode 4, n 64");
-    // The bits differ from gemm()'s somewhere (else this would not be a different order).
-    const Out gemm64 = run(gu, dn, x, full, kMaxN, 0, 0, 2);
-    CHECK(!same_bits(gemm64.part, 0, ref64.part, 0, size_t(kMaxN) * kK * kH));
-    for (uint32_t n : {1u, 3u, 17u, 64u}) {
-        const Route rt(ld, n, 16);
-        const size_t pairs = size_t(n) * kK;
-        for (int depth : {0, 4, 8, 12}) {
-            cuda::set_moe_batch_wide_depth(depth);
-            for (uint32_t ctas : {0u, 1u, 7u}) {
-                INFO("mode 4 n " << n << " depth " << depth << " ctas " << ctas);
-                const Out got = run(gu, dn, x, rt, n, 4, ctas, 0);
-                CHECK(same_bits(got.act, 0, ref64.act, 0, pairs * kI));
-                CHECK(same_bits(got.part, 0, ref64.part, 0, pairs * kH));
-                if (ctas == 0 && depth == 0) cpu_check(w, xf, experts64, got, n, "mode 4, n " + std::to_string(n));
-            }
-        }
-        cuda::set_moe_batch_wide_depth(0);
-    }
 }
 
 TEST_CASE("moe_batch_gemm refuses what it does not run, naming it") {
@@ -190,26 +152,23 @@ TEST_CASE("moe_batch_gemm refuses what it does not run, naming it") {
     rt.tiles = tiles.p; rt.pairs = tiles.p; rt.in_div = 1; rt.max_tiles = 2; rt.tile_tokens = 16;
     cuda::GemmWeights w;
     w.mxfp4 = true; w.N = 64; w.K = 96;
-    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 1, 0, nullptr) ==
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);
     CHECK(std::string(gptoss_last_error()).find("64x96") != std::string::npos);
     w.K = 128;
     rt.tile_tokens = 64;
-    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 1, 0, nullptr) ==
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);
     CHECK(std::string(gptoss_last_error()).find("tiles of 64 pairs") != std::string::npos);
     rt.tile_tokens = 16;
-    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kAdd, out.p, nullptr, 64, 0, 1, 0, nullptr) ==
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kAdd, out.p, nullptr, 64, 0, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);
     CHECK(std::string(gptoss_last_error()).find("kAdd") != std::string::npos);
-    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kSwiglu, nullptr, nullptr, 32, 7, 1, 0, nullptr) ==
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kSwiglu, nullptr, nullptr, 32, 7, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);
     CHECK(std::string(gptoss_last_error()).find("bf16 output") != std::string::npos);
-    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 5, 0, nullptr) ==
-          GPTOSS_ERR_INTERNAL);
-    CHECK(std::string(gptoss_last_error()).find("mode 5") != std::string::npos);
     w.mxfp4 = false;
-    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 1, 0, nullptr) ==
+    CHECK(cuda::moe_batch_gemm(w, buf.p, rt, cuda::Epilogue::kStore, out.p, nullptr, 64, 0, 0, nullptr) ==
           GPTOSS_ERR_INTERNAL);
     CHECK(std::string(gptoss_last_error()).find("bf16 64x128") != std::string::npos);
 }

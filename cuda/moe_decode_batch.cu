@@ -1,17 +1,18 @@
 // cuda/moe_decode_batch.cu - the batched decode step's routed MXFP4 GEMM (issue 13;
-// moe_decode_batch.h): one dequantization per weight chunk and few instructions around it. At 64 tokens gemm()'s structure (mode 0) spent the SMs' issue slots on more than the
-// dequantization (bench/NOTES.md "v16 batched decode", round 4): tiles of 8 pairs dequantize an
-// expert's chunk once per tile (1.4 tiles per expert at 64 tokens), the four warps of a CTA hold
-// ~11 chunks of a slab each and meet at a barrier, a shared-memory reduction and a one-warp
-// epilogue, and the activation fragments come from L1/L2 beside each chunk. Here a CTA of 8
-// warps takes one contiguous range of (route tile of <= 16 pairs, 16-row slab) items (a static
-// schedule, as mode 3); per tile in its range it stages the tile's activation rows in shared
+// moe_decode_batch.h): one dequantization per weight chunk and few instructions around it. At 64
+// tokens gemm()'s structure spent the SMs' issue slots on more than the dequantization
+// (bench/NOTES.md "v16 batched decode", round 4): tiles of 8 pairs dequantize an expert's chunk
+// once per tile (1.4 tiles per expert at 64 tokens), the four warps of a CTA hold ~11 chunks of a
+// slab each and meet at a barrier, a shared-memory reduction and a one-warp epilogue, and the
+// activation fragments come from L1/L2 beside each chunk. Here a CTA of 8 warps takes one
+// contiguous range of (route tile of <= 16 pairs, 16-row slab) items (a static schedule: no
+// counters, no atomics); per tile in its range it stages the tile's activation rows in shared
 // memory once (cp.async), and each warp walks its own slabs of the tile (slab s0 + warp, + 8,
-// ...): all of a slab's 64-k chunks in order, the k16 steps alternating between two
-// accumulator chains (even and odd steps, added at the end: half the mma dependency chain), the
-// epilogue from the warp's registers. The summation order is a function of K alone, never of
-// the batch, the tile or the grid, so a pair's output is the same whichever pairs share the step
-// (batch invariance); it is not gemm()'s order (the bits differ from gemm()'s in the last places).
+// ...): all of a slab's 64-k chunks in order, the k16 steps alternating between two accumulator
+// chains (even and odd steps, added at the end: half the mma dependency chain), the epilogue from
+// the warp's registers. The summation order is a function of K alone, never of the batch, the
+// tile or the grid, so a pair's output is the same whichever pairs share the step (batch
+// invariance); it is not gemm()'s order (the bits differ from gemm()'s in the last places).
 // H200, 20b, 64 streams: MoE 5.10 -> 4.10 ms per step, +12 % decode tok/s; alone (one stream
 // with batching on) -12 % (one warp's 45-chunk chain per slab is longer than gemm()'s 11).
 // Three earlier designs that kept gemm()'s bits (a persistent register ring, bulk copies of whole

@@ -13,8 +13,9 @@
 // the warp's registers. The summation order is a function of K alone, never of the batch, the
 // tile or the grid, so a pair's output is the same whichever pairs share the step (batch
 // invariance); it is not gemm()'s order (the bits differ from gemm()'s in the last places).
-// H200, 20b, 64 streams: MoE 5.10 -> 4.10 ms per step, +12 % decode tok/s; alone (one stream
-// with batching on) -12 % (one warp's 45-chunk chain per slab is longer than gemm()'s 11).
+// H200, 20b, 64 streams: MoE 5.10 -> 4.10 ms per step, +5.8 % decode tok/s (with v20's batched
+// attention; +12 % before it); equal at 8 streams; alone (one stream with batching on) -14 % (one
+// warp's 45-chunk chain per slab is longer than gemm()'s 11).
 // Three earlier designs that kept gemm()'s bits (a persistent register ring, bulk copies of whole
 // slabs into shared memory, staged activations with gemm()'s 4-warp K split; bench/NOTES.md "v16
 // batched decode") were no faster than gemm() and are gone (v20).

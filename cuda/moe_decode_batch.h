@@ -29,9 +29,10 @@ namespace cuda {
 void set_moe_batch_depth(int depth);
 
 // Whether the batched step runs its MoE through moe_batch_gemm (default) or gemm() (one CTA per
-// route tile of 8 pairs and slab): GPTOSS_DECODE_BATCH_MOE_WIDE=0 (read once). H200, 20b:
-// moe_batch_gemm is +12 % decode tok/s at 64 streams, +4 % at 8, -12 % for one stream alone
-// (bench/NOTES.md "v20 batched decode"). The two give different bits: a process keeps one.
+// route tile of 8 pairs and slab): GPTOSS_DECODE_BATCH_MOE_WIDE=0 (read once). H200, 20b, against
+// gemm() with the same attention: +5.8 % decode tok/s at 64 streams, equal at 8, -14 % for one
+// stream alone (bench/NOTES.md "v20 batched decode"). The two give different bits: a process
+// keeps one.
 bool moe_batch_enabled();
 
 }  // namespace cuda

@@ -640,6 +640,16 @@ __global__ void bf16_kv_commit_kernel(const uint16_t* __restrict__ k_new, const 
     }
 }
 
+// The dynamic shared-memory opt-in a launch of `kernel` with `smem` bytes needs past 48 KB (the
+// attribute is per device: set at each launch, cheap; graphs capture the launch once).
+template <typename Kernel>
+gptoss_status opt_in_smem(Kernel kernel, size_t smem, const char* what) {
+    if (smem <= 48 * 1024) return GPTOSS_OK;
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (err != cudaSuccess) return fail(GPTOSS_ERR_DEVICE, "%s: shared-memory opt-in: %s", what, cudaGetErrorString(err));
+    return GPTOSS_OK;
+}
+
 gptoss_status check(const AttentionArgs& a) {
     if (a.D != kD) return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA attention: head_dim %u, only 64 is supported", a.D);
     if (a.G == 0 || a.Q % a.G != 0 || a.Q / a.G > kMaxHeads)
@@ -699,11 +709,7 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* coun
         const int stages = decode_attention_stages();
         const auto kernel = stages == 2 ? bf16_attention_decode_mma_kernel<2> : bf16_attention_decode_mma_kernel<1>;
         const size_t smem = decode_smem_mma(stages);
-        if (smem > 48 * 1024) {  // (the attribute is per device: set at each launch, cheap, graphs capture once)
-            const cudaError_t opt_in = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-            if (opt_in != cudaSuccess)
-                return fail(GPTOSS_ERR_DEVICE, "attention_decode: shared-memory opt-in: %s", cudaGetErrorString(opt_in));
-        }
+        GPTOSS_TRY(opt_in_smem(kernel, smem, "attention_decode"));
         GPTOSS_LAUNCH(kernel, grid, 256, smem, stream, a, partial, counters, max_splits, prefetch);
     } else {
         GPTOSS_LAUNCH(bf16_attention_decode_kernel, grid, 256, kDecodeSmem, stream, a, partial, counters, max_splits,
@@ -722,10 +728,7 @@ gptoss_status attention_decode_batch(const AttentionArgs& a, const BatchAttentio
     const dim3 grid(max_splits, a.G, n_items);
     if (decode_attention_mma()) {
         const size_t smem = decode_smem_mma(2);
-        const cudaError_t opt_in = cudaFuncSetAttribute(bf16_attention_decode_batch_kernel<true>,
-                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-        if (opt_in != cudaSuccess)
-            return fail(GPTOSS_ERR_DEVICE, "attention_decode_batch: shared-memory opt-in: %s", cudaGetErrorString(opt_in));
+        GPTOSS_TRY(opt_in_smem(bf16_attention_decode_batch_kernel<true>, smem, "attention_decode_batch"));
         GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel<true>, grid, 256, smem, stream, a, items, partial, counters,
                       max_splits);
     }

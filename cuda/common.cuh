@@ -199,6 +199,16 @@ __host__ __device__ __forceinline__ uint32_t permuted_k(uint32_t k) {
     return (c << 6) + t * 16 + j * 4 + half * 2 + e;
 }
 
+// gpt-oss's clamped SwiGLU of one intermediate element from its gate and up projections (bias
+// included; MODEL.md): gate clamped above at limit, up to [-limit, limit], then
+// (up + 1) · gate · σ(1.702 · gate), in this order (the bits of every GPU epilogue).
+__device__ __forceinline__ float swiglu_clamped(float gate, float up, float limit) {
+    gate = fminf(gate, limit);
+    up = fminf(fmaxf(up, -limit), limit);
+    const float sig = 1.0f / (1.0f + expf(-1.702f * gate));
+    return (up + 1.0f) * (gate * sig);
+}
+
 // 16-byte asynchronous global → shared copy (sm_80+), L2 only; cp_async_wait_all() waits for
 // this thread's copies (a __syncthreads must follow before other threads read them).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {

@@ -208,10 +208,7 @@ __global__ __launch_bounds__(128) void bf16_gemm_kernel(const KernelArgs args) {
             if (args.epilogue == int(Epilogue::kSwiglu)) {
                 float gate = s[ci] + (bias ? bias[r_lo] : 0.0f);
                 float up = s[2 + ci] + (bias ? bias[r_hi] : 0.0f);
-                gate = fminf(gate, args.limit);
-                up = fminf(fmaxf(up, -args.limit), args.limit);
-                const float sig = 1.0f / (1.0f + expf(-1.702f * gate));
-                const float y = (up + 1.0f) * (gate * sig);
+                const float y = swiglu_clamped(gate, up, args.limit);
                 const uint32_t j = slab * 8 + gg;
                 args.out_bf16[size_t(out_row) * args.ldo + permuted_k(j)] = f32_to_bf16_bits(y);
             } else {

@@ -348,10 +348,7 @@ __device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
         const uint32_t r_lo = slab * 16 + r;
         gate += bias ? bias[r_lo] : 0.0f;
         up += bias ? bias[r_lo + 8] : 0.0f;
-        gate = fminf(gate, args.limit);
-        up = fminf(fmaxf(up, -args.limit), args.limit);
-        const float sig = 1.0f / (1.0f + expf(-1.702f * gate));
-        const float y = (up + 1.0f) * (gate * sig);
+        const float y = swiglu_clamped(gate, up, args.limit);
         args.out_bf16[size_t(out_row) * args.ldo + permuted_k(slab * 8 + r)] = f32_to_bf16_bits(y);
     } else {
         const int r = threadIdx.x;

@@ -186,10 +186,7 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_kerne
                 if (args.epilogue == int(Epilogue::kSwiglu)) {
                     float gate = lo + b_lo;
                     float up = hi + b_hi;
-                    gate = fminf(gate, args.limit);
-                    up = fminf(fmaxf(up, -args.limit), args.limit);
-                    const float sig = 1.0f / (1.0f + expf(-1.702f * gate));
-                    const float y = (up + 1.0f) * (gate * sig);
+                    const float y = swiglu_clamped(gate, up, args.limit);
                     const uint32_t j = slab * 8 + uint32_t(g);
                     args.out_bf16[size_t(out_row) * args.ldo + permuted_k(j)] = f32_to_bf16_bits(y);
                 } else {

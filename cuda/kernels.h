@@ -275,7 +275,8 @@ constexpr uint32_t decode_splits_needed(uint32_t pos) { return pos / decode_spli
 // (batch invariance); its bits differ from attention_decode's.
 constexpr uint32_t kBatchAttentionSplit = 512;
 constexpr uint32_t batch_split_len(uint32_t pos) {
-    return decode_split_len(pos) > kBatchAttentionSplit ? decode_split_len(pos) : kBatchAttentionSplit;
+    const uint32_t len = decode_split_len(pos);
+    return len > kBatchAttentionSplit ? len : kBatchAttentionSplit;
 }
 constexpr uint32_t batch_splits_needed(uint32_t pos) { return pos / batch_split_len(pos) + 1; }
 // Prefill / any T (attention_prefill.cu, tensor cores): one CTA per (16 tokens, kv head); q is

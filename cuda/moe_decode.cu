@@ -190,10 +190,7 @@ __global__ __launch_bounds__(NW * 32, kMinCtas) void moe_decode_kernel(const Moe
                 const uint32_t r_lo = slab * 16 + r;
                 gate += bias ? bias[r_lo] : 0.0f;
                 up += bias ? bias[r_lo + 8] : 0.0f;
-                gate = fminf(gate, a.limit);
-                up = fminf(fmaxf(up, -a.limit), a.limit);
-                const float sig = 1.0f / (1.0f + expf(-1.702f * gate));
-                const float y = (up + 1.0f) * (gate * sig);
+                const float y = swiglu_clamped(gate, up, a.limit);
                 a.act[size_t(pair) * I + permuted_k(slab * 8 + r)] = f32_to_bf16_bits(y);
                 __threadfence();
             }

@@ -36,37 +36,33 @@ using namespace gemm_detail;
 
 constexpr int kWarps = 8;  // per CTA; two CTAs per SM (the staged rows: 16 x K bf16)
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-// Requests the first D chunks of [c0, c1) of this lane's slab stream into the ring.
+// Points this lane at slab `slab` of `expert` and requests its first D chunks into the ring.
 template <int D>
-__device__ __forceinline__ void ring_begin(Chunk (&ring)[D], const uint4* wp, const uint2* sp, uint32_t c0, uint32_t c1) {
+__device__ __forceinline__ void ring_begin(const KernelArgs& a, int expert, uint32_t slab, uint32_t n_chunks,
+                                           Chunk (&ring)[D], const uint4** wp, const uint2** sp) {
+    slab_pointers<true>(a.w, expert, slab, n_chunks, int(threadIdx.x & 31), wp, sp);
 #pragma unroll
     for (int i = 0; i < D; ++i)
-        if (c0 + i < c1) load_chunk<true>(ring[i], wp, sp, c0 + i);
+        if (uint32_t(i) < n_chunks) load_chunk<true>(ring[i], *wp, *sp, uint32_t(i));
 }
 
-// Chunks [c0, c1) of one slab for G 8-column groups: ring[i] holds chunk c0 + i on entry; xl:
-// this lane's activation fragments in shared memory (column g of group 0; group 1 is 8 rows
-// below, xg8 uint4 further). acc[g] = sum over the range: chunks in order, k16 steps 0, 2 into
-// one chain and 1, 3 into another, the two added at the end (even + odd).
+// The n_chunks chunks of one slab for G 8-column groups: ring[i] holds chunk i on entry; xl: this
+// lane's activation fragments in shared memory (column g of group 0; group 1 is 8 rows below, xg8
+// uint4 further). acc[g] = the slab's sum: chunks in order, k16 steps 0, 2 into one chain and 1, 3
+// into another, the two added at the end (even + odd).
 template <int D, int G>
-__device__ __forceinline__ void chain(Chunk (&ring)[D], const uint4* wp, const uint2* sp, uint32_t c0, uint32_t c1,
+__device__ __forceinline__ void chain(Chunk (&ring)[D], const uint4* wp, const uint2* sp, uint32_t n_chunks,
                                       const uint4* xl, uint32_t xg8, float (&acc)[2][4]) {
     float a2[G][2][4];
 #pragma unroll
     for (int g = 0; g < G; ++g)
 #pragma unroll
         for (int h = 0; h < 2; ++h) a2[g][h][0] = a2[g][h][1] = a2[g][h][2] = a2[g][h][3] = 0.0f;
-    for (uint32_t base = c0; base < c1; base += D) {
+    for (uint32_t base = 0; base < n_chunks; base += D) {
 #pragma unroll
         for (int i = 0; i < D; ++i) {
             const uint32_t c = base + i;
-            if (c >= c1) break;
+            if (c >= n_chunks) break;
             uint4 b[G][2];
 #pragma unroll
             for (int g = 0; g < G; ++g) {
@@ -83,7 +79,7 @@ __device__ __forceinline__ void chain(Chunk (&ring)[D], const uint4* wp, const u
                     mma(a2[g][j & 1], af, (j & 1) ? bb.z : bb.x, (j & 1) ? bb.w : bb.y);
                 }
             }
-            if (c + D < c1) load_chunk<true>(ring[i], wp, sp, c + D);
+            if (c + D < n_chunks) load_chunk<true>(ring[i], wp, sp, c + D);
         }
     }
 #pragma unroll
@@ -112,10 +108,7 @@ __device__ __forceinline__ void store_tile(const KernelArgs& a, int expert, uint
             if (a.epilogue == int(Epilogue::kSwiglu)) {
                 float gate = acc[gi][ci] + b_lo;
                 float up = acc[gi][2 + ci] + b_hi;
-                gate = fminf(gate, a.limit);
-                up = fminf(fmaxf(up, -a.limit), a.limit);
-                const float sig = 1.0f / (1.0f + expf(-1.702f * gate));
-                const float y = (up + 1.0f) * (gate * sig);
+                const float y = swiglu_clamped(gate, up, a.limit);
                 a.out_bf16[size_t(out_row) * a.ldo + permuted_k(slab * 8 + g)] = f32_to_bf16_bits(y);
             } else {
                 float* o = a.out_f32 + size_t(out_row) * a.ldo;
@@ -147,10 +140,7 @@ __global__ __launch_bounds__(32 * kWarps, 2) void moe_batch_kernel(const KernelA
         const uint4* wp = nullptr;
         const uint2* sp = nullptr;
         uint32_t s = s0 + uint32_t(warp);
-        if (s < s1) {  // weights in flight during the copy
-            slab_pointers<true>(a.w, expert, s, n_chunks, lane, &wp, &sp);
-            ring_begin<D>(ring, wp, sp, 0, n_chunks);
-        }
+        if (s < s1) ring_begin<D>(a, expert, s, n_chunks, ring, &wp, &sp);  // weights in flight during the copy
         __syncthreads();  // the previous segment is done with xs
         const uint32_t rows = n_cols > 8 ? 16u : 8u;
         for (uint32_t u = threadIdx.x; u < rows * kq; u += blockDim.x) {
@@ -163,13 +153,10 @@ __global__ __launch_bounds__(32 * kWarps, 2) void moe_batch_kernel(const KernelA
         __syncthreads();
         for (; s < s1; s += kWarps) {
             float acc[2][4];
-            if (n_cols > 8) chain<D, 2>(ring, wp, sp, 0, n_chunks, xl, 8 * xstride, acc);
-            else chain<D, 1>(ring, wp, sp, 0, n_chunks, xl, 8 * xstride, acc);
+            if (n_cols > 8) chain<D, 2>(ring, wp, sp, n_chunks, xl, 8 * xstride, acc);
+            else chain<D, 1>(ring, wp, sp, n_chunks, xl, 8 * xstride, acc);
             // The ring is empty: the warp's next slab starts streaming before this one's epilogue.
-            if (s + kWarps < s1) {
-                slab_pointers<true>(a.w, expert, s + kWarps, n_chunks, lane, &wp, &sp);
-                ring_begin<D>(ring, wp, sp, 0, n_chunks);
-            }
+            if (s + kWarps < s1) ring_begin<D>(a, expert, s + kWarps, n_chunks, ring, &wp, &sp);
             store_tile(a, expert, s, pairs, n_cols, acc);
         }
         seg = tile * slabs + s1;
@@ -181,22 +168,39 @@ int env_int(const char* name, int def) {
     return (s && *s) ? std::atoi(s) : def;
 }
 
+// How many CTAs of moe_batch_kernel<D> with `xbytes` of staged rows fit on the current device at
+// once, its shared-memory opt-in set: queried once per thread, device and size (direct launches,
+// above 64 tokens, would otherwise repeat it twice per layer and step).
+template <int D>
+gptoss_status resident_ctas(size_t xbytes, uint32_t* fit) {
+    thread_local int dev_cached = -1;
+    thread_local size_t bytes_cached = 0;
+    thread_local uint32_t fit_cached = 0;
+    int dev = 0;
+    GPTOSS_CUDA_TRY(cudaGetDevice(&dev));
+    if (dev != dev_cached || xbytes != bytes_cached) {
+        const auto kernel = moe_batch_kernel<D>;
+        int sms = 0, per_sm = 0;
+        GPTOSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(xbytes)));
+        GPTOSS_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        GPTOSS_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * kWarps, xbytes));
+        fit_cached = uint32_t(std::max(1, per_sm) * std::max(1, sms));
+        dev_cached = dev;
+        bytes_cached = xbytes;
+    }
+    *fit = fit_cached;
+    return GPTOSS_OK;
+}
+
 template <int D>
 gptoss_status launch(const KernelArgs& a, uint32_t total, uint32_t ctas, uint32_t xstride, size_t xbytes,
                      cudaStream_t stream) {
-    const auto kernel = moe_batch_kernel<D>;
-    GPTOSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(xbytes)));
-    if (ctas == 0) {
-        int dev = 0, sms = 0, per_sm = 0;
-        GPTOSS_CUDA_TRY(cudaGetDevice(&dev));
-        GPTOSS_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        GPTOSS_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * kWarps, xbytes));
-        // Every CTA gets at least one item per warp.
-        const uint32_t fit = uint32_t(std::max(1, per_sm) * std::max(1, sms));
-        ctas = std::min(fit, std::max(1u, (total + kWarps - 1) / kWarps));
-    }
+    uint32_t fit = 0;
+    GPTOSS_TRY(resident_ctas<D>(xbytes, &fit));  // also the shared-memory opt-in
+    // Every CTA gets at least one item per warp.
+    if (ctas == 0) ctas = std::min(fit, std::max(1u, (total + kWarps - 1) / kWarps));
     ctas = std::min(ctas, std::max(total, 1u));
-    GPTOSS_TRY(cuda_status(launch_pdl(kernel, dim3(ctas), dim3(32 * kWarps), xbytes, stream, a, xstride),
+    GPTOSS_TRY(cuda_status(launch_pdl(moe_batch_kernel<D>, dim3(ctas), dim3(32 * kWarps), xbytes, stream, a, xstride),
                            "moe_batch_kernel", __FILE__, __LINE__));
     return GPTOSS_OK;
 }

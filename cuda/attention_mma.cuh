@@ -1,10 +1,11 @@
 // cuda/attention_mma.cuh - the tensor-core building blocks of the attention kernels
-// (attention_prefill.cu, and attention.cu's tensor-core decode split): cp.async with zero fill,
+// (attention_prefill.cu, and attention.cu's tensor-core decode split; cp.async is common.cuh's):
 // ldmatrix, mma.sync m16n8k16 (bf16 in, fp32 accumulate; PTX ISA "Matrix Fragments for
 // mma.m16n8k16"), the swizzled layout of a K/V tile (rows of 64 bf16 = 8 chunks of 16 bytes), and
 // exp2 on the SFU. Device code only.
 #pragma once
 
+#include "cuda/common.cuh"
 #include "cuda/kernels.h"
 
 #include <cstdint>
@@ -21,15 +22,6 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
-// 16-byte cp.async that writes zeros when !valid (src-size 0: nothing is read).
-__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most N of this thread's cp.async groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"

@@ -1,8 +1,10 @@
 // cuda/batch_decode.cu - one batched decode step on the GPU (issue 13, part 1; the design is
 // bench/NOTES.md "Continuous batching"). N sessions' tokens go through the forward pass as the
-// N rows of one step: gemm.cu's tensor-core kernel for every projection (QKV, O + residual,
-// router, lm_head: one CTA per 16-row weight slab × 8·NB token columns, so the weights stream
-// once per step for up to 64 tokens), the MoE experts grouped by expert through router_route's
+// N rows of one step: gemm.cu's tensor-core kernel for the projections (QKV, O + residual,
+// router, lm_head: one CTA per 16-row weight slab × 8·NB token columns), except QKV, O and lm_head
+// of steps of 16 tokens or more, which go through dense_batch_gemm (cuda/dense_batch.h: 4-8 slabs
+// per CTA share each staged chunk of the token rows; gemm()'s bits), the MoE experts grouped by
+// expert through router_route's
 // tiles (moe_batch_gemm by default: each expert slab's weights read and dequantized once for up
 // to 16 of its tokens, cuda/moe_decode_batch.h), residual_rmsnorm per row, and the
 // decode attention kernel indexed by item (attention_decode_batch: each item its own cache,
@@ -15,6 +17,7 @@
 // each session's stream waits for the step before its sampler runs.
 #include "cuda/batch_decode.h"
 #include "cuda/common.cuh"
+#include "cuda/dense_batch.h"
 #include "cuda/moe_decode_batch.h"
 
 #include <algorithm>
@@ -401,7 +404,7 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
     GPTOSS_TRY(mark("embed + rmsnorm"));
     for (size_t l = 0; l < m.layers.size(); ++l) {
         const BatchLayer& L = m.layers[l];
-        GPTOSS_TRY(gemm(L.qkv, xn_, n, nullptr, Epilogue::kStore, qkv_, nullptr, QKV, 0, pnb, s));
+        GPTOSS_TRY(dense(1, L.qkv, xn_, n, Epilogue::kStore, qkv_, QKV, pnb));
         GPTOSS_TRY(mark("qkv gemm"));
         AttentionArgs aa;
         aa.window = L.sliding ? m.sliding_window : 0;
@@ -415,7 +418,7 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
             L.sliding ? std::min(full_splits, ceil_div(m.sliding_window, kBatchAttentionSplit) + 1) : full_splits;
         GPTOSS_TRY(attention_decode_batch(aa, items_ + l * cap_items_, n, partial_, counters_, splits, s));
         GPTOSS_TRY(mark(L.sliding ? "rope + attention (sliding)" : "rope + attention (full)"));
-        GPTOSS_TRY(gemm(L.o, attn_, n, nullptr, Epilogue::kAdd, x_, nullptr, m.H, 0, pnb, s));
+        GPTOSS_TRY(dense(2, L.o, attn_, n, Epilogue::kAdd, x_, m.H, pnb));
         GPTOSS_TRY(mark("o gemm + residual"));
         ResidualArgs none;
         GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, m.rms_norm_eps, xn_, n, m.H, s));
@@ -446,8 +449,17 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
         GPTOSS_TRY(residual_rmsnorm(moe, x_, next_norm, m.rms_norm_eps, xn_, n, m.H, s));
         GPTOSS_TRY(mark("moe combine + rmsnorm"));
     }
-    GPTOSS_TRY(gemm(m.lm_head, xn_, n, nullptr, Epilogue::kStore, logits_, nullptr, m.V, 0, nb, s));
+    GPTOSS_TRY(dense(4, m.lm_head, xn_, n, Epilogue::kStore, logits_, m.V, nb));
     return mark("lm_head");
+}
+
+// A dense projection of the step (`which`: its bit for dense_batch_use): dense_batch_gemm where it
+// is faster, else gemm() at nb column tiles per CTA; the two give the same bits.
+gptoss_status BatchDecoder::dense(uint32_t which, const GemmWeights& w, const uint16_t* x, uint32_t n,
+                                  Epilogue epilogue, float* out, uint32_t ldo, int nb) {
+    if (dense_batch_use(which, n) && !w.mxfp4)
+        return dense_batch_gemm(w, x, n, epilogue, out, ldo, stream_);
+    return gemm(w, x, n, nullptr, epilogue, out, nullptr, ldo, 0, nb, stream_);
 }
 
 gptoss_status BatchDecoder::mark(const char* label) {

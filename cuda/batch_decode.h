@@ -109,6 +109,8 @@ public:
 private:
     gptoss_status reserve(const BatchModel& m, uint32_t n, uint32_t splits);
     gptoss_status enqueue(const BatchModel& m, uint32_t n, uint32_t full_splits);
+    gptoss_status dense(uint32_t which, const GemmWeights& w, const uint16_t* x, uint32_t n, Epilogue epilogue,
+                        float* out, uint32_t ldo, int nb);
     // The step's kernels as a CUDA graph per (n, splits) for n <= 64, captured on first use (they
     // read the tokens and caches from tokens_ / items_, so one graph serves every step of that
     // shape); GPTOSS_DECODE_BATCH_GRAPH=0 launches them directly.

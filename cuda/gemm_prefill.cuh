@@ -30,14 +30,6 @@ constexpr int kSlabs = 8;      // 16-row fragment slabs per CTA: 128 rows
 template <bool kFp4> constexpr uint32_t a_bytes() { return kFp4 ? kSlabs * 512 : kSlabs * 2048; }
 template <bool kFp4> constexpr uint32_t s_bytes() { return kFp4 ? kSlabs * 64 : 0; }
 
-__device__ __forceinline__ void cp_async16_zfill(uint32_t saddr, const void* gmem, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr), "l"(gmem), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 // The token tile a CTA owns. Routed: tile blockIdx.x of the route (its expert, its pairs);
 // false when the route has fewer tiles (the CTA exits). Dense: token block blockIdx.x.

@@ -1,0 +1,321 @@
+// cuda/dense_batch.cu - the batched decode step's dense bf16 projections (issue 13; the design and
+// its reason are in dense_batch.h). A CTA: W = 4 or 8 warps, W·SPW 16-row weight slabs (warp w
+// owns slabs w·SPW ..), one 64-token column block, one of 4 K parts; the 4 parts of a slab group
+// form a thread-block cluster. Per 64-k chunk of its part (chunks p, p + 4, p + 8, ...) the CTA
+// copies its slabs' 2 KB fragment chunks and the chunk of its token rows (128 B each, padded to
+// 144 B so the 8 rows of an mma column group fall in different banks) into one pipeline stage
+// (cp.async, S stages); each warp then reads its A fragments (16 bytes per lane and sub-tile, the
+// fragment layout of repack.cu) and the B fragments of every 8-token group from shared memory and
+// issues the m16n8k16 mma into one accumulator chain per (slab, token group): chunks in order, the
+// four k16 sub-tiles of a chunk in order, from zero. That is exactly what warp p of gemm.cu's
+// kernel computes for the slab. Each CTA then leaves its fp32 partial tile in its shared memory,
+// and CTA p sums slice p of the tile over the cluster (distributed shared memory) as gemm()
+// reduces its warps, ((p0 + p1) + p2) + p3, and applies gemm()'s epilogue. So every output has
+// gemm()'s bits, whatever the batch: the step may take either kernel at any token count.
+// Floor: the weight bytes at the copy bandwidth (20b QKV 29.5 MB, O 23.6 MB, lm_head 1.16 GB).
+#include "cuda/dense_batch.h"
+
+#include "cuda/common.cuh"
+#include "cuda/gemm.cuh"
+
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+namespace gptoss {
+namespace cuda {
+namespace {
+using namespace gemm_detail;
+namespace cg = cooperative_groups;
+
+constexpr uint32_t kCols = 64;         // token columns per CTA: 8 mma column groups
+constexpr uint32_t kRowU4 = 9;         // a staged token row: the chunk's 8 uint4 + 1 of padding
+constexpr uint32_t kSlabU4 = 128;      // one slab's 64-k chunk: 2 KB
+// K parts: gemm()'s 4 warps. Part p sums chunks p, p + 4, p + 8, ... in that order, as gemm()'s
+// warp p does, and the parts are added in gemm()'s order, so the outputs are gemm()'s bits.
+constexpr uint32_t kParts = 4;
+
+struct DenseArgs {
+    const uint4* w;
+    const float* bias;
+    const uint4* x;
+    float* out;
+    uint32_t N, K, n, ldo;
+    int add;  // Epilogue::kAdd
+    uint32_t groups;
+};
+
+// The epilogue of one output: out = acc + bias, or out += acc + bias (gemm.cu's order).
+__device__ __forceinline__ void store_out(const DenseArgs& a, uint32_t token, uint32_t row, float acc) {
+    const float v = acc + (a.bias ? a.bias[row] : 0.0f);
+    float* o = a.out + size_t(token) * a.ldo + row;
+    *o = a.add ? *o + v : v;
+}
+
+template <int kWarps, int SPW, int S>
+__global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const DenseArgs a) {
+    extern __shared__ __align__(16) uint4 sm[];
+    const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const uint32_t group = blockIdx.x, part = blockIdx.y, col_base = blockIdx.z * kCols;
+    const uint32_t n_chunks = a.K >> 6, slabs = (a.N + 15) / 16, kq = a.K / 8;
+    const uint32_t n_local = part < n_chunks ? (n_chunks - part + kParts - 1) / kParts : 0;  // chunks part + 4i
+    const uint32_t n_cols = min(kCols, a.n - col_base), rows = (n_cols + 7) & ~7u, ng = rows / 8;
+    constexpr uint32_t kSlabsCta = kWarps * SPW;
+    const uint32_t stage_u4 = kSlabsCta * kSlabU4 + rows * kRowU4;
+    const uint32_t slab0 = group * kSlabsCta + warp * SPW;  // this warp's first slab
+
+    // Stage s gets chunk c: this warp's slabs (4 copies per lane and slab), then the token rows
+    // (rows past n_cols repeat the last row: their columns are never stored).
+    auto load_weights = [&](uint32_t s, uint32_t c) {
+        uint4* dst = sm + s * stage_u4 + warp * SPW * kSlabU4 + lane;
+#pragma unroll
+        for (int sp = 0; sp < SPW; ++sp) {
+            if (slab0 + sp >= slabs) break;
+            const uint4* src = a.w + (size_t(slab0 + sp) * n_chunks + c) * kSlabU4 + lane;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) cp_async16(dst + sp * kSlabU4 + i * 32, src + i * 32);
+        }
+    };
+    auto load_rows = [&](uint32_t s, uint32_t c) {
+        uint4* dst = sm + s * stage_u4 + kSlabsCta * kSlabU4;
+        for (uint32_t u = threadIdx.x; u < rows * 8; u += 32 * kWarps) {
+            const uint32_t r = u >> 3, q = u & 7, token = col_base + min(r, n_cols - 1);
+            cp_async16(dst + r * kRowU4 + q, a.x + size_t(token) * kq + c * 8 + q);
+        }
+    };
+
+    // Weights are never written: the first stages' weights stream before the previous kernel ends.
+#pragma unroll
+    for (uint32_t s = 0; s + 1 < S; ++s)
+        if (s < n_local) load_weights(s, part + kParts * s);
+    pdl_wait();
+#pragma unroll
+    for (uint32_t s = 0; s + 1 < S; ++s) {
+        if (s < n_local) load_rows(s, part + kParts * s);
+        cp_async_commit();
+    }
+    pdl_launch_dependents();
+
+    float acc[SPW][8][4];
+#pragma unroll
+    for (int sp = 0; sp < SPW; ++sp)
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb) acc[sp][nb][0] = acc[sp][nb][1] = acc[sp][nb][2] = acc[sp][nb][3] = 0.0f;
+
+    for (uint32_t i = 0; i < n_local; ++i) {
+        cp_async_wait<S - 2>();  // chunk i has landed (this thread's copies) ...
+        __syncthreads();         // ... everyone's, and stage (i - 1) % S is free again
+        const uint32_t next = i + S - 1;
+        if (next < n_local) {
+            load_weights(next % S, part + kParts * next);
+            load_rows(next % S, part + kParts * next);
+        }
+        cp_async_commit();
+        const uint4* st = sm + (i % S) * stage_u4;
+        const uint4* wa = st + warp * SPW * kSlabU4 + lane;
+        const uint4* xb = st + kSlabsCta * kSlabU4 + g * kRowU4 + t * 2;
+#pragma unroll
+        for (int jh = 0; jh < 2; ++jh) {
+            uint4 b[8];
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb)
+                if (uint32_t(nb) < ng) b[nb] = xb[nb * 8 * kRowU4 + jh];
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+                for (int sp = 0; sp < SPW; ++sp) {
+                    const uint4 v = wa[sp * kSlabU4 + (2 * jh + jj) * 32];
+                    const uint32_t af[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                    for (int nb = 0; nb < 8; ++nb)
+                        if (uint32_t(nb) < ng) mma(acc[sp][nb], af, jj ? b[nb].z : b[nb].x, jj ? b[nb].w : b[nb].y);
+                }
+            }
+        }
+    }
+    // The cluster's 4 CTAs (one per part) each leave their partial tile in their own shared memory;
+    // CTA `part` sums slice `part` of the tile over the cluster in part order, ((p0 + p1) + p2) + p3,
+    // gemm()'s reduction of its warps' tiles. Lane (g, t) holds rows slab·16 + g (e = 0, 1) and + 8
+    // (e = 2, 3) of columns 8·nb + 2t + (e & 1).
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the stages
+    constexpr uint32_t R = kSlabsCta * 16, TS = R + 4;  // tile [col][TS]: lanes' (2t, g) in distinct banks
+    float* tile = reinterpret_cast<float*>(sm);
+#pragma unroll
+    for (int sp = 0; sp < SPW; ++sp)
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (uint32_t(nb) < ng)
+                    tile[(nb * 8 + 2 * t + (e & 1)) * TS + (warp * SPW + sp) * 16 + g + (e >> 1) * 8] = acc[sp][nb][e];
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    const float* src[kParts];
+#pragma unroll
+    for (uint32_t q = 0; q < kParts; ++q) src[q] = cluster.map_shared_rank(tile, q);
+    const uint32_t elems = n_cols * R, per = (elems + kParts - 1) / kParts;
+    const uint32_t u1 = min(elems, (part + 1) * per);
+    for (uint32_t u = part * per + threadIdx.x; u < u1; u += 32 * kWarps) {
+        const uint32_t col = u / R, rl = u - col * R, row = group * R + rl;
+        float v[kParts];
+#pragma unroll
+        for (uint32_t q = 0; q < kParts; ++q) v[q] = src[q][col * TS + rl];
+        const float sum = __fadd_rn(__fadd_rn(__fadd_rn(v[0], v[1]), v[2]), v[3]);
+        if (row < a.N) store_out(a, col_base + col, row, sum);
+    }
+    cluster.sync();  // no CTA leaves while another still reads its shared memory
+}
+
+uint32_t g_spw = 0, g_warps = 0;  // set_dense_batch_shape
+
+uint32_t env_choice(const char* name, uint32_t a, uint32_t b, uint32_t def) {
+    const char* e = std::getenv(name);
+    const uint32_t v = e && *e ? uint32_t(std::max(0, std::atoi(e))) : 0u;
+    return v == a || v == b ? v : def;
+}
+// Slabs per warp: 2 for a weight of at least kWideSlabs slabs (lm_head: 0.466 -> 0.398 ms per
+// 64-token step), else 1 (QKV 0.536 -> 0.514, O 0.596 -> 0.531; H200, bench/NOTES.md "v21").
+constexpr uint32_t kWideSlabs = 4096;
+uint32_t slabs_per_warp(uint32_t slabs) {
+    static const uint32_t env = env_choice("GPTOSS_DECODE_BATCH_DENSE_SPW", 1, 2, 0);
+    if (g_spw == 1 || g_spw == 2) return g_spw;
+    if (env != 0) return env;
+    return slabs >= kWideSlabs ? 2u : 1u;
+}
+uint32_t cta_warps() {
+    static const uint32_t env = env_choice("GPTOSS_DECODE_BATCH_DENSE_WARPS", 4, 8, 4);
+    return g_warps == 4 || g_warps == 8 ? g_warps : env;
+}
+
+// Dynamic shared memory of a CTA for n tokens: S pipeline stages, and the partial tile (reusing
+// the stages).
+template <int kWarps, int SPW, int S>
+size_t smem_bytes(uint32_t n) {
+    const uint32_t rows = (std::min(n, kCols) + 7) & ~7u;
+    const size_t stages = size_t(S) * (kWarps * SPW * kSlabU4 + rows * kRowU4) * 16;
+    const size_t tile = size_t(rows) * (kWarps * SPW * 16 + 4) * 4;
+    return std::max(stages, tile);
+}
+
+// Sets the kernel's shared-memory opt-in to the most any call asks (once per thread and device).
+template <int kWarps, int SPW, int S>
+gptoss_status opt_in(int dev) {
+    thread_local int done_for = -1;
+    if (done_for == dev) return GPTOSS_OK;
+    GPTOSS_CUDA_TRY(cudaFuncSetAttribute(dense_batch_kernel<kWarps, SPW, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(smem_bytes<kWarps, SPW, S>(kCols))));
+    done_for = dev;
+    return GPTOSS_OK;
+}
+
+// One launch: clusters of the 4 part CTAs along y, programmatic dependent launch where supported.
+template <int kWarps, int SPW, int S>
+gptoss_status launch_kernel(const DenseArgs& a, dim3 grid, int dev, cudaStream_t stream) {
+    GPTOSS_TRY((opt_in<kWarps, SPW, S>(dev)));
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(32 * kWarps);
+    cfg.dynamicSmemBytes = smem_bytes<kWarps, SPW, S>(a.n);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = kParts;
+    attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_supported() ? 2 : 1;
+    return cuda_status(cudaLaunchKernelEx(&cfg, dense_batch_kernel<kWarps, SPW, S>, a), "dense_batch_kernel", __FILE__,
+                       __LINE__);
+}
+
+template <int kWarps, int SPW>
+gptoss_status launch(const DenseArgs& a, dim3 grid, cudaStream_t stream) {
+    int dev = 0, max_smem = 0;
+    GPTOSS_CUDA_TRY(cudaGetDevice(&dev));
+    GPTOSS_CUDA_TRY(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    // Four stages where they fit (sm_86/89/120 give a CTA ~99 KB), else three: the same bits.
+    if (smem_bytes<kWarps, SPW, 4>(kCols) <= size_t(max_smem)) return launch_kernel<kWarps, SPW, 4>(a, grid, dev, stream);
+    return launch_kernel<kWarps, SPW, 3>(a, grid, dev, stream);
+}
+
+}  // namespace
+
+DenseBatchPlan dense_batch_plan(uint32_t N) {
+    DenseBatchPlan p;
+    p.warps = cta_warps();
+    p.slabs_per_cta = p.warps * slabs_per_warp(ceil_div(N, 16));
+    p.groups = ceil_div(ceil_div(N, 16), p.slabs_per_cta);
+    return p;
+}
+
+bool dense_batch_supported() {
+    thread_local int dev_cached = -1;
+    thread_local bool ok = false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    if (dev != dev_cached) {
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+            cudaGetLastError();
+            major = 0;
+        }
+        ok = major >= 9;
+        dev_cached = dev;
+    }
+    return ok;
+}
+
+gptoss_status dense_batch_gemm(const GemmWeights& w, const uint16_t* x, uint32_t n, Epilogue epilogue, float* out_f32,
+                               uint32_t ldo, cudaStream_t stream) {
+    if (w.mxfp4 || !w.w || w.K == 0 || w.K % 64 != 0 || w.N == 0)
+        return fail(GPTOSS_ERR_INTERNAL, "dense_batch_gemm: needs a dense bf16 weight with K %% 64 == 0 and N > 0 (%s %ux%u)",
+                    w.mxfp4 ? "MXFP4" : "bf16", w.N, w.K);
+    if (epilogue != Epilogue::kStore && epilogue != Epilogue::kAdd)
+        return fail(GPTOSS_ERR_INTERNAL, "dense_batch_gemm: epilogue %d, only kStore and kAdd are supported", int(epilogue));
+    if (!x || !out_f32 || ldo < w.N)
+        return fail(GPTOSS_ERR_INTERNAL, "dense_batch_gemm: x and out_f32 are required and ldo (%u) >= N (%u)", ldo, w.N);
+    if (!dense_batch_supported())
+        return fail(GPTOSS_ERR_INTERNAL, "dense_batch_gemm: needs thread-block clusters (compute capability 9.0+)");
+    if (n == 0) return GPTOSS_OK;
+    const DenseBatchPlan p = dense_batch_plan(w.N);
+    const uint32_t col_blocks = ceil_div(n, kCols);
+    if (col_blocks > 65535) return fail(GPTOSS_ERR_INTERNAL, "dense_batch_gemm: %u tokens exceed the grid", n);
+    DenseArgs a{};
+    a.w = static_cast<const uint4*>(w.w);
+    a.bias = w.bias;
+    a.x = reinterpret_cast<const uint4*>(x);
+    a.out = out_f32;
+    a.N = w.N; a.K = w.K; a.n = n; a.ldo = ldo;
+    a.add = epilogue == Epilogue::kAdd;
+    a.groups = p.groups;
+    const dim3 grid(p.groups, kParts, col_blocks);
+    const uint32_t spw = p.slabs_per_cta / p.warps;
+    if (p.warps == 8) return spw == 1 ? launch<8, 1>(a, grid, stream) : launch<8, 2>(a, grid, stream);
+    return spw == 1 ? launch<4, 1>(a, grid, stream) : launch<4, 2>(a, grid, stream);
+}
+
+bool dense_batch_use(uint32_t which, uint32_t n) {
+    static const uint32_t mask = [] {
+        const char* e = std::getenv("GPTOSS_DECODE_BATCH_DENSE");
+        return e && *e ? uint32_t(std::atoi(e)) & 7u : kDenseBatchMask;
+    }();
+    static const uint32_t min_tokens = [] {
+        const char* e = std::getenv("GPTOSS_DECODE_BATCH_DENSE_MIN");
+        return e && *e ? uint32_t(std::max(1, std::atoi(e))) : kDenseBatchMinTokens;
+    }();
+    return (mask & which) && n >= min_tokens && dense_batch_supported();
+}
+
+void set_dense_batch_shape(uint32_t warps, uint32_t spw) {
+    g_warps = warps;
+    g_spw = spw;
+}
+
+}  // namespace cuda
+}  // namespace gptoss

@@ -1,0 +1,53 @@
+// cuda/dense_batch.h - the dense bf16 projections of the batched decode step (QKV, O + residual,
+// lm_head; dense_batch.cu; issue 13), with gemm()'s bits. gemm() at 64 tokens reads the whole
+// activation block once per 16-row weight slab (4x the weight bytes from L2 for QKV and lm_head,
+// 4.4x for O), and that L2 traffic set its time (bench/NOTES.md "v21 batched dense"). Here a CTA
+// owns 4 or 8 slabs and one of gemm()'s 4 K parts (its warp split: chunks p, p + 4, ...); per
+// 64-k chunk it stages the slabs' weights and the chunk of up to 64 token rows in shared memory
+// (cp.async), so each activation byte leaves L2 once per 4-8 slabs. The 4 parts of a slab group
+// are one thread-block cluster and add their fp32 partial tiles through distributed shared memory
+// in gemm()'s order. Same bits as gemm() at any token count: the batched step picks the faster
+// kernel per projection and step size without breaking batch invariance.
+#pragma once
+
+#include "cuda/kernels.h"
+
+namespace gptoss {
+namespace cuda {
+
+// How dense_batch_gemm tiles a weight of N rows: 4 warps of 1 slab, or of 2 slabs from 4096 slabs on
+// (lm_head), unless set_dense_batch_shape or GPTOSS_DECODE_BATCH_DENSE_WARPS / _SPW force a shape.
+struct DenseBatchPlan {
+    uint32_t warps = 0;          // per CTA: 4 or 8
+    uint32_t slabs_per_cta = 0;  // 16-row weight slabs per CTA: warps × slabs per warp (1 or 2)
+    uint32_t groups = 0;         // ceil(ceil(N / 16) / slabs_per_cta); the grid is groups × 4 × ceil(n / 64)
+};
+DenseBatchPlan dense_batch_plan(uint32_t N);
+
+// out[t, r] (=, or += for kAdd) Σ_k x[t, k] · W[r, k] + bias[r] for t < n, bit-identical to
+// gemm(w, x, n, nullptr, epilogue, out_f32, nullptr, ldo, 0, nb, stream) for any nb: w bf16 dense
+// (not MXFP4, not routed) in repack.cu's fragment layout, K % 64 == 0; x bf16 permuted rows [n, K];
+// out_f32 fp32 [n, ldo], ldo >= N; epilogue kStore or kAdd. Needs thread-block clusters (compute
+// capability 9.0+; dense_batch_supported). Errors: INTERNAL naming the unsupported weight,
+// epilogue, argument or device.
+[[nodiscard]] gptoss_status dense_batch_gemm(const GemmWeights& w, const uint16_t* x, uint32_t n, Epilogue epilogue,
+                                             float* out_f32, uint32_t ldo, cudaStream_t stream);
+
+// Whether the current device runs dense_batch_gemm (compute capability 9.0+, for the clusters).
+bool dense_batch_supported();
+
+// Whether the batched step runs projection `which` (bit 0 QKV, bit 1 O, bit 2 lm_head) of a step of
+// n tokens through dense_batch_gemm rather than gemm() (the same bits either way): the projection's
+// bit in GPTOSS_DECODE_BATCH_DENSE (read once; default kDenseBatchMask) and n >=
+// GPTOSS_DECODE_BATCH_DENSE_MIN (default kDenseBatchMinTokens); never on a device without clusters.
+constexpr uint32_t kDenseBatchMask = 7;        // all three (bench/NOTES.md "v21 batched dense")
+constexpr uint32_t kDenseBatchMinTokens = 16;
+bool dense_batch_use(uint32_t which, uint32_t n);
+
+// Tests and tuning: force the CTA shape, warps 4 or 8 and slabs per warp 1 or 2 (0 = the defaults,
+// GPTOSS_DECODE_BATCH_DENSE_WARPS / _SPW). The bits do not depend on it. Set it only while no
+// batched step runs.
+void set_dense_batch_shape(uint32_t warps, uint32_t spw);
+
+}  // namespace cuda
+}  // namespace gptoss

@@ -29,7 +29,7 @@ namespace {
 using namespace gemm_detail;
 namespace cg = cooperative_groups;
 
-constexpr uint32_t kCols = 64;         // token columns per CTA: 8 mma column groups
+constexpr uint32_t kCols = 64;         // token columns per CTA at most: 8 mma column groups
 constexpr uint32_t kRowU4 = 9;         // a staged token row: the chunk's 8 uint4 + 1 of padding
 constexpr uint32_t kSlabU4 = 128;      // one slab's 64-k chunk: 2 KB
 // K parts: gemm()'s 4 warps. Part p sums chunks p, p + 4, p + 8, ... in that order, as gemm()'s
@@ -44,6 +44,7 @@ struct DenseArgs {
     uint32_t N, K, n, ldo;
     int add;  // Epilogue::kAdd
     uint32_t groups;
+    uint32_t cols;  // token columns per CTA: 64, or 32 (twice the CTAs, each weight chunk read twice)
 };
 
 // The epilogue of one output: out = acc + bias, or out += acc + bias (gemm.cu's order).
@@ -57,10 +58,10 @@ template <int kWarps, int SPW, int S>
 __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const DenseArgs a) {
     extern __shared__ __align__(16) uint4 sm[];
     const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const uint32_t group = blockIdx.x, part = blockIdx.y, col_base = blockIdx.z * kCols;
+    const uint32_t group = blockIdx.x, part = blockIdx.y, col_base = blockIdx.z * a.cols;
     const uint32_t n_chunks = a.K >> 6, slabs = (a.N + 15) / 16, kq = a.K / 8;
     const uint32_t n_local = part < n_chunks ? (n_chunks - part + kParts - 1) / kParts : 0;  // chunks part + 4i
-    const uint32_t n_cols = min(kCols, a.n - col_base), rows = (n_cols + 7) & ~7u, ng = rows / 8;
+    const uint32_t n_cols = min(a.cols, a.n - col_base), rows = (n_cols + 7) & ~7u, ng = rows / 8;
     constexpr uint32_t kSlabsCta = kWarps * SPW;
     const uint32_t stage_u4 = kSlabsCta * kSlabU4 + rows * kRowU4;
     const uint32_t slab0 = group * kSlabsCta + warp * SPW;  // this warp's first slab
@@ -184,6 +185,11 @@ uint32_t slabs_per_warp(uint32_t slabs) {
     if (env != 0) return env;
     return slabs >= kWideSlabs ? 2u : 1u;
 }
+uint32_t g_cols = 0;  // set_dense_batch_shape
+uint32_t cta_cols() {
+    static const uint32_t env = env_choice("GPTOSS_DECODE_BATCH_DENSE_COLS", 32, 64, 64);
+    return g_cols == 32 || g_cols == 64 ? g_cols : env;
+}
 uint32_t cta_warps() {
     static const uint32_t env = env_choice("GPTOSS_DECODE_BATCH_DENSE_WARPS", 4, 8, 4);
     return g_warps == 4 || g_warps == 8 ? g_warps : env;
@@ -192,8 +198,8 @@ uint32_t cta_warps() {
 // Dynamic shared memory of a CTA for n tokens: S pipeline stages, and the partial tile (reusing
 // the stages).
 template <int kWarps, int SPW, int S>
-size_t smem_bytes(uint32_t n) {
-    const uint32_t rows = (std::min(n, kCols) + 7) & ~7u;
+size_t smem_bytes(uint32_t n, uint32_t cols = kCols) {
+    const uint32_t rows = (std::min(n, cols) + 7) & ~7u;
     const size_t stages = size_t(S) * (kWarps * SPW * kSlabU4 + rows * kRowU4) * 16;
     const size_t tile = size_t(rows) * (kWarps * SPW * 16 + 4) * 4;
     return std::max(stages, tile);
@@ -217,7 +223,7 @@ gptoss_status launch_kernel(const DenseArgs& a, dim3 grid, int dev, cudaStream_t
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = dim3(32 * kWarps);
-    cfg.dynamicSmemBytes = smem_bytes<kWarps, SPW, S>(a.n);
+    cfg.dynamicSmemBytes = smem_bytes<kWarps, SPW, S>(a.n, a.cols);
     cfg.stream = stream;
     cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -249,6 +255,7 @@ DenseBatchPlan dense_batch_plan(uint32_t N) {
     p.warps = cta_warps();
     p.slabs_per_cta = p.warps * slabs_per_warp(ceil_div(N, 16));
     p.groups = ceil_div(ceil_div(N, 16), p.slabs_per_cta);
+    p.cols = cta_cols();
     return p;
 }
 
@@ -284,7 +291,7 @@ gptoss_status dense_batch_gemm(const GemmWeights& w, const uint16_t* x, uint32_t
         return fail(GPTOSS_ERR_INTERNAL, "dense_batch_gemm: needs thread-block clusters (compute capability 9.0+)");
     if (n == 0) return GPTOSS_OK;
     const DenseBatchPlan p = dense_batch_plan(w.N);
-    const uint32_t col_blocks = ceil_div(n, kCols);
+    const uint32_t col_blocks = ceil_div(n, p.cols);
     if (col_blocks > 65535) return fail(GPTOSS_ERR_INTERNAL, "dense_batch_gemm: %u tokens exceed the grid", n);
     DenseArgs a{};
     a.w = static_cast<const uint4*>(w.w);
@@ -294,6 +301,7 @@ gptoss_status dense_batch_gemm(const GemmWeights& w, const uint16_t* x, uint32_t
     a.N = w.N; a.K = w.K; a.n = n; a.ldo = ldo;
     a.add = epilogue == Epilogue::kAdd;
     a.groups = p.groups;
+    a.cols = p.cols;
     const dim3 grid(p.groups, kParts, col_blocks);
     const uint32_t spw = p.slabs_per_cta / p.warps;
     if (p.warps == 8) return spw == 1 ? launch<8, 1>(a, grid, stream) : launch<8, 2>(a, grid, stream);
@@ -312,9 +320,10 @@ bool dense_batch_use(uint32_t which, uint32_t n) {
     return (mask & which) && n >= min_tokens && dense_batch_supported();
 }
 
-void set_dense_batch_shape(uint32_t warps, uint32_t spw) {
+void set_dense_batch_shape(uint32_t warps, uint32_t spw, uint32_t cols) {
     g_warps = warps;
     g_spw = spw;
+    g_cols = cols;
 }
 
 }  // namespace cuda

@@ -20,7 +20,8 @@ namespace cuda {
 struct DenseBatchPlan {
     uint32_t warps = 0;          // per CTA: 4 or 8
     uint32_t slabs_per_cta = 0;  // 16-row weight slabs per CTA: warps × slabs per warp (1 or 2)
-    uint32_t groups = 0;         // ceil(ceil(N / 16) / slabs_per_cta); the grid is groups × 4 × ceil(n / 64)
+    uint32_t groups = 0;         // ceil(ceil(N / 16) / slabs_per_cta); the grid is groups × 4 × ceil(n / cols)
+    uint32_t cols = 0;           // token columns per CTA: 64, or 32 (GPTOSS_DECODE_BATCH_DENSE_COLS)
 };
 DenseBatchPlan dense_batch_plan(uint32_t N);
 
@@ -44,10 +45,10 @@ constexpr uint32_t kDenseBatchMask = 7;        // all three (bench/NOTES.md "v21
 constexpr uint32_t kDenseBatchMinTokens = 16;
 bool dense_batch_use(uint32_t which, uint32_t n);
 
-// Tests and tuning: force the CTA shape, warps 4 or 8 and slabs per warp 1 or 2 (0 = the defaults,
-// GPTOSS_DECODE_BATCH_DENSE_WARPS / _SPW). The bits do not depend on it. Set it only while no
-// batched step runs.
-void set_dense_batch_shape(uint32_t warps, uint32_t spw);
+// Tests and tuning: force the CTA shape, warps 4 or 8, slabs per warp 1 or 2, token columns 32 or
+// 64 (0 = the defaults, GPTOSS_DECODE_BATCH_DENSE_WARPS / _SPW / _COLS). The bits do not depend on
+// it. Set it only while no batched step runs.
+void set_dense_batch_shape(uint32_t warps, uint32_t spw, uint32_t cols = 0);
 
 }  // namespace cuda
 }  // namespace gptoss

@@ -2,7 +2,7 @@
 // (cuda/dense_batch.cu): dense_batch_gemm against (a) gemm() on the same inputs, bit for bit (it
 // promises gemm()'s bits, which is what lets the batched step choose either kernel per step size
 // without breaking batch invariance), for n = 1, 5, 8, 9, 64, 70 tokens (70: two 64-token column
-// blocks), kStore and kAdd, every CTA shape (4 or 8 warps of 1 or 2 slabs); (b) the CPU reference
+// blocks), kStore and kAdd, every CTA shape (4 or 8 warps of 1 or 2 slabs, 32 or 64 token columns); (b) the CPU reference
 // cpu::matmul_bf16 (+ the old output for kAdd) within fp32 tolerance. Shapes: N = 320, K = 2880
 // (the 20b's K; 20 slabs: groups cut by N at 16 slabs per CTA), N = 200, K = 4096 (the O
 // projection's K; rows past N in the last slab), N = 72, K = 128 (2 chunks: parts 2 and 3 have
@@ -45,19 +45,20 @@ void check_shape(const Shape& sh) {
     for (uint32_t n : {1u, 5u, 8u, 9u, 64u, 70u}) {
         const auto want = run(d, x, n, cuda::Epilogue::kStore, nullptr, true);
         const auto want_add = run(d, x, n, cuda::Epilogue::kAdd, &base, true);
-        for (uint32_t warps : {4u, 8u})
-            for (uint32_t spw : {1u, 2u}) {
-                cuda::set_dense_batch_shape(warps, spw);
-                INFO("N " << sh.N << " K " << sh.K << " n " << n << " warps " << warps << " slabs/warp " << spw);
-                const auto got = run(d, x, n, cuda::Epilogue::kStore, nullptr, false);
-                const auto got_add = run(d, x, n, cuda::Epilogue::kAdd, &base, false);
-                CHECK(same_bits(got, 0, want, 0, want.size()));
-                CHECK(same_bits(got_add, 0, want_add, 0, want_add.size()));
-                if (n == kMaxN) {
-                    expect_close(got, ref, 2e-4f, 1e-4f, "kStore vs CPU");
-                    expect_close(got_add, ref_add, 2e-4f, 1e-4f, "kAdd vs CPU");
-                }
+        for (uint32_t shape = 0; shape < 8; ++shape) {
+            const uint32_t warps = shape & 1 ? 8 : 4, spw = shape & 2 ? 2 : 1, cols = shape & 4 ? 32 : 64;
+            cuda::set_dense_batch_shape(warps, spw, cols);
+            INFO("N " << sh.N << " K " << sh.K << " n " << n << " warps " << warps << " slabs/warp " << spw
+                      << " columns " << cols);
+            const auto got = run(d, x, n, cuda::Epilogue::kStore, nullptr, false);
+            const auto got_add = run(d, x, n, cuda::Epilogue::kAdd, &base, false);
+            CHECK(same_bits(got, 0, want, 0, want.size()));
+            CHECK(same_bits(got_add, 0, want_add, 0, want_add.size()));
+            if (n == kMaxN) {
+                expect_close(got, ref, 2e-4f, 1e-4f, "kStore vs CPU");
+                expect_close(got_add, ref_add, 2e-4f, 1e-4f, "kAdd vs CPU");
             }
+        }
         cuda::set_dense_batch_shape(0, 0);
     }
 }

@@ -605,14 +605,19 @@ __global__ __launch_bounds__(256, 2) void bf16_attention_decode_mma_kernel(const
 
 // Batched decode: item blockIdx.z is one session's query, with its own cache, position and rows
 // of qkv / out / partial / counters (attention_decode_batch); batch_split_len-key splits; kMma:
-// the tensor-core split with two sub-blocks in flight per warp.
+// the tensor-core split with two sub-blocks in flight per warp, whose first cached keys are
+// requested before the wait for the QKV kernel (as bf16_attention_decode_mma_kernel's prefetch):
+// the items were uploaded before the step's first kernel and the cached keys below each item's
+// position by earlier steps, so neither depends on the kernel this one overlaps.
 template <bool kMma>
 __global__ __launch_bounds__(256, 2) void bf16_attention_decode_batch_kernel(const AttentionArgs a,
                                                                          const BatchAttentionItem* items,
                                                                          float* partial, int* counters,
                                                                          uint32_t max_splits) {
-    pdl_wait();
-    pdl_launch_dependents();
+    if (!kMma) {
+        pdl_wait();
+        pdl_launch_dependents();
+    }
     const uint32_t i = blockIdx.z;
     const BatchAttentionItem it = items[i];
     AttentionArgs b = a;
@@ -622,7 +627,7 @@ __global__ __launch_bounds__(256, 2) void bf16_attention_decode_batch_kernel(con
     b.qkv = a.qkv + size_t(i) * (a.Q + 2 * a.G) * kD;
     b.out = a.out + size_t(i) * a.Q * kD;
     float* const part = partial + size_t(i) * a.Q * max_splits * (kD + 2);
-    if (kMma) attention_decode_cta_mma<false, 2, true>(b, it.pos, part, counters + size_t(i) * a.G, max_splits);
+    if (kMma) attention_decode_cta_mma<true, 2, true>(b, it.pos, part, counters + size_t(i) * a.G, max_splits);
     else attention_decode_cta<true>(b, it.pos, part, counters + size_t(i) * a.G, max_splits);
 }
 

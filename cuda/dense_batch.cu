@@ -54,6 +54,24 @@ __device__ __forceinline__ void store_out(const DenseArgs& a, uint32_t token, ui
     *o = a.add ? *o + v : v;
 }
 
+// The cluster's barrier and rank q's copy of the shared address p (thread-block clusters: sm_90+;
+// the kernel is never launched below, dense_batch_supported).
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cg::this_cluster().sync();
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ const float* cluster_peer(float* p, uint32_t q) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return cg::this_cluster().map_shared_rank(p, q);
+#else
+    __trap();
+    return p + 0 * q;
+#endif
+}
+
 template <int kWarps, int SPW, int S>
 __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const DenseArgs a) {
     extern __shared__ __align__(16) uint4 sm[];
@@ -151,11 +169,10 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const DenseArg
             for (int e = 0; e < 4; ++e)
                 if (uint32_t(nb) < ng)
                     tile[(nb * 8 + 2 * t + (e & 1)) * TS + (warp * SPW + sp) * 16 + g + (e >> 1) * 8] = acc[sp][nb][e];
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
+    cluster_sync();
     const float* src[kParts];
 #pragma unroll
-    for (uint32_t q = 0; q < kParts; ++q) src[q] = cluster.map_shared_rank(tile, q);
+    for (uint32_t q = 0; q < kParts; ++q) src[q] = cluster_peer(tile, q);
     const uint32_t elems = n_cols * R, per = (elems + kParts - 1) / kParts;
     const uint32_t u1 = min(elems, (part + 1) * per);
     for (uint32_t u = part * per + threadIdx.x; u < u1; u += 32 * kWarps) {
@@ -166,7 +183,7 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const DenseArg
         const float sum = __fadd_rn(__fadd_rn(__fadd_rn(v[0], v[1]), v[2]), v[3]);
         if (row < a.N) store_out(a, col_base + col, row, sum);
     }
-    cluster.sync();  // no CTA leaves while another still reads its shared memory
+    cluster_sync();  // no CTA leaves while another still reads its shared memory
 }
 
 uint32_t g_spw = 0, g_warps = 0;  // set_dense_batch_shape

@@ -37,11 +37,7 @@ size_t align_up(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
 // tokens) above 8 tokens, else 1 (the decode ring). GPTOSS_DECODE_BATCH_NB = 1 | 2 | 8 forces one
 // (A/B runs); the results are the same bits either way (gemm.cu).
 int dense_nb_forced() {
-    static const int forced = [] {
-        const char* e = std::getenv("GPTOSS_DECODE_BATCH_NB");
-        const int v = e ? std::atoi(e) : 0;
-        return v == 1 || v == 2 || v == 8 ? v : 0;
-    }();
+    static const int forced = env_choice("GPTOSS_DECODE_BATCH_NB", {1, 2, 8}, 0);
     return forced;
 }
 int dense_nb(uint32_t n) {
@@ -56,11 +52,7 @@ int dense_nb(uint32_t n) {
 // ms per step faster; through gptoss-bench at 64 streams the router at nb 2 gave +2.1 % and
 // +2.0 % in two rounds against nb 8 (v18 batched decode). lm_head keeps dense_nb: its CTAs run
 // slab-major, so at nb < 8 each column tile would read its 1.2 GB again. Same bits whichever.
-int forced_nb(const char* name) {
-    const char* e = std::getenv(name);
-    const int v = e && *e ? std::atoi(e) : 0;
-    return v == 1 || v == 2 || v == 8 ? v : 0;
-}
+int forced_nb(const char* name) { return env_choice(name, {1, 2, 8}, 0); }
 int proj_nb(uint32_t n) {
     static const int forced = forced_nb("GPTOSS_DECODE_BATCH_PROJ_NB");
     return forced ? forced : dense_nb(n);
@@ -79,11 +71,7 @@ int router_nb(uint32_t n) {
 // second tile's re-read is an L2 hit, the kernel is not bound by those bytes). 8: tiles of 64
 // pairs without the ring. Same bits whichever.
 int moe_nb() {
-    static const int nb = [] {
-        const char* e = std::getenv("GPTOSS_DECODE_BATCH_MOE_NB");
-        const int v = e ? std::atoi(e) : 0;
-        return v == 1 || v == 2 || v == 8 ? v : 1;
-    }();
+    static const int nb = env_choice("GPTOSS_DECODE_BATCH_MOE_NB", {1, 2, 8}, 1);
     return nb;
 }
 
@@ -404,7 +392,7 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
     GPTOSS_TRY(mark("embed + rmsnorm"));
     for (size_t l = 0; l < m.layers.size(); ++l) {
         const BatchLayer& L = m.layers[l];
-        GPTOSS_TRY(dense(1, L.qkv, xn_, n, Epilogue::kStore, qkv_, QKV, pnb));
+        GPTOSS_TRY(dense(kDenseQkv, L.qkv, xn_, n, Epilogue::kStore, qkv_, QKV, pnb));
         GPTOSS_TRY(mark("qkv gemm"));
         AttentionArgs aa;
         aa.window = L.sliding ? m.sliding_window : 0;
@@ -418,7 +406,7 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
             L.sliding ? std::min(full_splits, ceil_div(m.sliding_window, kBatchAttentionSplit) + 1) : full_splits;
         GPTOSS_TRY(attention_decode_batch(aa, items_ + l * cap_items_, n, partial_, counters_, splits, s));
         GPTOSS_TRY(mark(L.sliding ? "rope + attention (sliding)" : "rope + attention (full)"));
-        GPTOSS_TRY(dense(2, L.o, attn_, n, Epilogue::kAdd, x_, m.H, pnb));
+        GPTOSS_TRY(dense(kDenseO, L.o, attn_, n, Epilogue::kAdd, x_, m.H, pnb));
         GPTOSS_TRY(mark("o gemm + residual"));
         ResidualArgs none;
         GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, m.rms_norm_eps, xn_, n, m.H, s));
@@ -449,7 +437,7 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
         GPTOSS_TRY(residual_rmsnorm(moe, x_, next_norm, m.rms_norm_eps, xn_, n, m.H, s));
         GPTOSS_TRY(mark("moe combine + rmsnorm"));
     }
-    GPTOSS_TRY(dense(4, m.lm_head, xn_, n, Epilogue::kStore, logits_, m.V, nb));
+    GPTOSS_TRY(dense(kDenseLmHead, m.lm_head, xn_, n, Epilogue::kStore, logits_, m.V, nb));
     return mark("lm_head");
 }
 

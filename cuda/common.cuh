@@ -11,6 +11,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
 #include <utility>
 
 namespace gptoss {
@@ -99,6 +101,20 @@ private:
 };
 
 inline uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+
+// Tuning knobs read from the environment (A/B runs; read once by the caller, in a static):
+// env_int gives the integer value of `name`, or `def` when it is unset or empty; env_choice gives
+// it only when it is one of `allowed`, else `def`.
+inline int env_int(const char* name, int def) {
+    const char* s = std::getenv(name);
+    return (s && *s) ? std::atoi(s) : def;
+}
+inline int env_choice(const char* name, std::initializer_list<int> allowed, int def) {
+    const int v = env_int(name, def);
+    for (const int a : allowed)
+        if (v == a) return v;
+    return def;
+}
 
 // ---------------------------------------------------------------------------
 // Device helpers
@@ -253,21 +269,40 @@ inline bool pdl_supported() {
 }
 
 // Launches a forward kernel with programmatic stream serialization where supported (the kernel
-// must start with pdl_wait(); see above).
+// must start with pdl_wait(); see above) and, when `cluster` is not 1 x 1 x 1, as thread-block
+// clusters of that shape (compute capability 9.0+; the caller checks).
 template <typename... KArgs, typename... Args>
-cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                       Args&&... args) {
+cudaError_t launch_pdl_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                               dim3 cluster, Args&&... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
+    if (cluster.x * cluster.y * cluster.z > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = cluster.x;
+        attr[n].val.clusterDim.y = cluster.y;
+        attr[n].val.clusterDim.z = cluster.z;
+        ++n;
+    }
+    if (pdl_supported()) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n].val.programmaticStreamSerializationAllowed = 1;
+        ++n;
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = pdl_supported() ? 1 : 0;
+    cfg.numAttrs = n;
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// launch_pdl_cluster without clusters.
+template <typename... KArgs, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       Args&&... args) {
+    return launch_pdl_cluster(kernel, grid, block, smem, stream, dim3(1, 1, 1), std::forward<Args>(args)...);
 }
 
 #define GPTOSS_LAUNCH(kernel, grid, block, smem, stream, ...)                                          \

@@ -188,27 +188,22 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const DenseArg
 
 uint32_t g_spw = 0, g_warps = 0;  // set_dense_batch_shape
 
-uint32_t env_choice(const char* name, uint32_t a, uint32_t b, uint32_t def) {
-    const char* e = std::getenv(name);
-    const uint32_t v = e && *e ? uint32_t(std::max(0, std::atoi(e))) : 0u;
-    return v == a || v == b ? v : def;
-}
 // Slabs per warp: 2 for a weight of at least kWideSlabs slabs (lm_head: 0.466 -> 0.398 ms per
 // 64-token step), else 1 (QKV 0.536 -> 0.514, O 0.596 -> 0.531; H200, bench/NOTES.md "v21").
 constexpr uint32_t kWideSlabs = 4096;
 uint32_t slabs_per_warp(uint32_t slabs) {
-    static const uint32_t env = env_choice("GPTOSS_DECODE_BATCH_DENSE_SPW", 1, 2, 0);
+    static const uint32_t env = uint32_t(env_choice("GPTOSS_DECODE_BATCH_DENSE_SPW", {1, 2}, 0));
     if (g_spw == 1 || g_spw == 2) return g_spw;
     if (env != 0) return env;
     return slabs >= kWideSlabs ? 2u : 1u;
 }
 uint32_t g_cols = 0;  // set_dense_batch_shape
 uint32_t cta_cols() {
-    static const uint32_t env = env_choice("GPTOSS_DECODE_BATCH_DENSE_COLS", 32, 64, 64);
+    static const uint32_t env = uint32_t(env_choice("GPTOSS_DECODE_BATCH_DENSE_COLS", {32, 64}, 64));
     return g_cols == 32 || g_cols == 64 ? g_cols : env;
 }
 uint32_t cta_warps() {
-    static const uint32_t env = env_choice("GPTOSS_DECODE_BATCH_DENSE_WARPS", 4, 8, 4);
+    static const uint32_t env = uint32_t(env_choice("GPTOSS_DECODE_BATCH_DENSE_WARPS", {4, 8}, 4));
     return g_warps == 4 || g_warps == 8 ? g_warps : env;
 }
 
@@ -237,29 +232,27 @@ gptoss_status opt_in(int dev) {
 template <int kWarps, int SPW, int S>
 gptoss_status launch_kernel(const DenseArgs& a, dim3 grid, int dev, cudaStream_t stream) {
     GPTOSS_TRY((opt_in<kWarps, SPW, S>(dev)));
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(32 * kWarps);
-    cfg.dynamicSmemBytes = smem_bytes<kWarps, SPW, S>(a.n, a.cols);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = kParts;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl_supported() ? 2 : 1;
-    return cuda_status(cudaLaunchKernelEx(&cfg, dense_batch_kernel<kWarps, SPW, S>, a), "dense_batch_kernel", __FILE__,
-                       __LINE__);
+    return cuda_status(launch_pdl_cluster(dense_batch_kernel<kWarps, SPW, S>, grid, dim3(32 * kWarps),
+                                          smem_bytes<kWarps, SPW, S>(a.n, a.cols), stream, dim3(1, kParts, 1), a),
+                       "dense_batch_kernel", __FILE__, __LINE__);
+}
+
+// The current device and its per-CTA shared-memory opt-in limit (queried once per thread and device).
+gptoss_status device_smem(int* dev, int* max_smem) {
+    thread_local int dev_cached = -1, smem_cached = 0;
+    GPTOSS_CUDA_TRY(cudaGetDevice(dev));
+    if (*dev != dev_cached) {
+        GPTOSS_CUDA_TRY(cudaDeviceGetAttribute(&smem_cached, cudaDevAttrMaxSharedMemoryPerBlockOptin, *dev));
+        dev_cached = *dev;
+    }
+    *max_smem = smem_cached;
+    return GPTOSS_OK;
 }
 
 template <int kWarps, int SPW>
 gptoss_status launch(const DenseArgs& a, dim3 grid, cudaStream_t stream) {
     int dev = 0, max_smem = 0;
-    GPTOSS_CUDA_TRY(cudaGetDevice(&dev));
-    GPTOSS_CUDA_TRY(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    GPTOSS_TRY(device_smem(&dev, &max_smem));
     // Four stages where they fit (sm_86/89/120 give a CTA ~99 KB), else three: the same bits.
     if (smem_bytes<kWarps, SPW, 4>(kCols) <= size_t(max_smem)) return launch_kernel<kWarps, SPW, 4>(a, grid, dev, stream);
     return launch_kernel<kWarps, SPW, 3>(a, grid, dev, stream);
@@ -326,14 +319,8 @@ gptoss_status dense_batch_gemm(const GemmWeights& w, const uint16_t* x, uint32_t
 }
 
 bool dense_batch_use(uint32_t which, uint32_t n) {
-    static const uint32_t mask = [] {
-        const char* e = std::getenv("GPTOSS_DECODE_BATCH_DENSE");
-        return e && *e ? uint32_t(std::atoi(e)) & 7u : kDenseBatchMask;
-    }();
-    static const uint32_t min_tokens = [] {
-        const char* e = std::getenv("GPTOSS_DECODE_BATCH_DENSE_MIN");
-        return e && *e ? uint32_t(std::max(1, std::atoi(e))) : kDenseBatchMinTokens;
-    }();
+    static const uint32_t mask = uint32_t(env_int("GPTOSS_DECODE_BATCH_DENSE", int(kDenseBatchMask))) & kDenseAll;
+    static const uint32_t min_tokens = uint32_t(std::max(1, env_int("GPTOSS_DECODE_BATCH_DENSE_MIN", int(kDenseBatchMinTokens))));
     return (mask & which) && n >= min_tokens && dense_batch_supported();
 }
 

@@ -37,11 +37,18 @@ DenseBatchPlan dense_batch_plan(uint32_t N);
 // Whether the current device runs dense_batch_gemm (compute capability 9.0+, for the clusters).
 bool dense_batch_supported();
 
-// Whether the batched step runs projection `which` (bit 0 QKV, bit 1 O, bit 2 lm_head) of a step of
+// The projections of the batched step, as bits of GPTOSS_DECODE_BATCH_DENSE and of dense_batch_use's
+// `which`.
+constexpr uint32_t kDenseQkv = 1;
+constexpr uint32_t kDenseO = 2;
+constexpr uint32_t kDenseLmHead = 4;
+constexpr uint32_t kDenseAll = kDenseQkv | kDenseO | kDenseLmHead;
+
+// Whether the batched step runs projection `which` (kDenseQkv, kDenseO or kDenseLmHead) of a step of
 // n tokens through dense_batch_gemm rather than gemm() (the same bits either way): the projection's
 // bit in GPTOSS_DECODE_BATCH_DENSE (read once; default kDenseBatchMask) and n >=
 // GPTOSS_DECODE_BATCH_DENSE_MIN (default kDenseBatchMinTokens); never on a device without clusters.
-constexpr uint32_t kDenseBatchMask = 7;        // all three (bench/NOTES.md "v21 batched dense")
+constexpr uint32_t kDenseBatchMask = kDenseAll;  // all three (bench/NOTES.md "v21 batched dense")
 constexpr uint32_t kDenseBatchMinTokens = 16;
 bool dense_batch_use(uint32_t which, uint32_t n);
 

@@ -235,11 +235,6 @@ const Instance* find_instance(const DecodeGemv& v) {
     return nullptr;
 }
 
-int env_int(const char* name, int def) {
-    const char* s = std::getenv(name);
-    return (s && *s) ? std::atoi(s) : def;
-}
-
 // CTAs of the grid: CTAs per SM (GPTOSS_DECODE_MOE_CTAS, else the occupancy limit; never more,
 // so every CTA is resident at once and a CTA's first item, blockIdx.x, is always running) × SMs.
 gptoss_status grid_ctas(KernelFn fn, uint32_t threads, uint32_t* out) {

@@ -163,11 +163,6 @@ __global__ __launch_bounds__(32 * kWarps, 2) void moe_batch_kernel(const KernelA
     }
 }
 
-int env_int(const char* name, int def) {
-    const char* s = std::getenv(name);
-    return (s && *s) ? std::atoi(s) : def;
-}
-
 // How many CTAs of moe_batch_kernel<D> with `xbytes` of staged rows fit on the current device at
 // once, its shared-memory opt-in set: queried once per thread, device and size (direct launches,
 // above 64 tokens, would otherwise repeat it twice per layer and step).

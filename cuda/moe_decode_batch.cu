@@ -4,18 +4,20 @@
 // (bench/NOTES.md "v16 batched decode", round 4): tiles of 8 pairs dequantize an expert's chunk
 // once per tile (1.4 tiles per expert at 64 tokens), the four warps of a CTA hold ~11 chunks of a
 // slab each and meet at a barrier, a shared-memory reduction and a one-warp epilogue, and the
-// activation fragments come from L1/L2 beside each chunk. Here a CTA of 8 warps takes one
-// contiguous range of (route tile of <= 16 pairs, 16-row slab) items (a static schedule: no
-// counters, no atomics); per tile in its range it stages the tile's activation rows in shared
-// memory once (cp.async), and each warp walks its own slabs of the tile (slab s0 + warp, + 8,
-// ...): all of a slab's 64-k chunks in order, the k16 steps alternating between two accumulator
-// chains (even and odd steps, added at the end: half the mma dependency chain), the epilogue from
-// the warp's registers. The summation order is a function of K alone, never of the batch, the
-// tile or the grid, so a pair's output is the same whichever pairs share the step (batch
-// invariance); it is not gemm()'s order (the bits differ from gemm()'s in the last places).
-// H200, 20b, 64 streams: MoE 5.10 -> 4.10 ms per step, +5.8 % decode tok/s (with v20's batched
-// attention; +12 % before it); equal at 8 streams; alone (one stream with batching on) -14 % (one
-// warp's 45-chunk chain per slab is longer than gemm()'s 11).
+// activation fragments come from L1/L2 beside each chunk. Here one CTA per SM (16 or 24 warps)
+// takes one contiguous range of (route tile of <= 16 pairs, 16-row slab) items (a static
+// schedule: no counters, no atomics); per phase of up to two tiles of its range it stages their
+// activation rows in shared memory once (cp.async), and its warps take the phase's items
+// round-robin: per item, all of the slab's 64-k chunks in order, the k16 steps alternating
+// between two accumulator chains (even and odd steps, added at the end: half the mma dependency
+// chain), the epilogue from the warp's registers. The summation order is a function of K alone,
+// never of the batch, the tile, the CTA size or the grid, so a pair's output is the same whichever
+// pairs share the step (batch invariance); it is not gemm()'s order (the bits differ from gemm()'s
+// in the last places). H200, 20b: v20's form (two CTAs of 8 warps per SM, each walking its range
+// tile by tile) took the 64-token MoE 5.10 -> 4.10 ms per step against gemm(); one CTA of 24
+// warps (more warps at 80 registers; the warps of a phase within one item of each other) 4.11 ->
+// 3.72, and a lone token 1.05 -> 0.86 ms with 16 warps of 12 chunks in flight (bench/NOTES.md "v20
+// batched decode", "v22 batched MoE").
 // Three earlier designs that kept gemm()'s bits (a persistent register ring, bulk copies of whole
 // slabs into shared memory, staged activations with gemm()'s 4-warp K split; bench/NOTES.md "v16
 // batched decode") were no faster than gemm() and are gone (v20).
@@ -34,7 +36,11 @@ namespace cuda {
 namespace {
 using namespace gemm_detail;
 
-constexpr int kWarps = 8;  // per CTA; two CTAs per SM (the staged rows: 16 x K bf16)
+// Warps per CTA (W): 8 = two CTAs per SM (the staged rows, 16 x K bf16, and 123 registers allow
+// two); 16, 20 or 24 = one CTA per SM sharing one staging (GPTOSS_DECODE_BATCH_MOE_WARPS; the
+// same bits whichever: a slab's sum is one warp's).
+template <int W>
+constexpr int min_ctas_per_sm() { return W == 8 ? 2 : 1; }
 
 // Points this lane at slab `slab` of `expert` and requests its first D chunks into the ring.
 template <int D>
@@ -118,55 +124,87 @@ __device__ __forceinline__ void store_tile(const KernelArgs& a, int expert, uint
         }
 }
 
+// Route tile `tile`: its expert, its pairs and how many (<= 16).
+struct TileRef {
+    int expert;
+    const int32_t* pairs;
+    uint32_t n_cols;
+};
+__device__ __forceinline__ TileRef tile_ref(const KernelArgs& a, uint32_t tile) {
+    const int32_t* ti = a.route.tiles + 1 + 3 * tile;
+    return TileRef{ti[0], a.route.pairs + ti[1], uint32_t(ti[2])};
+}
+
+// The whole CTA requests tile `tr`'s activation rows into buf ([16][xstride] uint4: 8 rows for a
+// tile of <= 8 pairs, 16 above; rows past n_cols zeroed); the caller waits and meets the barrier.
+__device__ __forceinline__ void stage_rows(const KernelArgs& a, const TileRef& tr, uint4* buf, uint32_t xstride) {
+    const uint32_t kq = a.w.K / 8, rows = tr.n_cols > 8 ? 16u : 8u;
+    const uint4* x = reinterpret_cast<const uint4*>(a.x);
+    for (uint32_t u = threadIdx.x; u < rows * kq; u += blockDim.x) {
+        const uint32_t c = u / kq, q = u - c * kq;
+        uint4* dst = buf + size_t(c) * xstride + q;
+        if (c < tr.n_cols) cp_async16(dst, x + size_t(uint32_t(tr.pairs[c]) / a.route.in_div) * kq + q);
+        else *dst = make_uint4(0, 0, 0, 0);
+    }
+}
+
+// One (tile, slab) item from a full ring: the chain, the warp's next item's ring (its weights
+// stream during this epilogue), the epilogue. xl: this lane's fragments in the tile's staged rows.
 template <int D>
-__global__ __launch_bounds__(32 * kWarps, 2) void moe_batch_kernel(const KernelArgs a, uint32_t xstride) {
-    extern __shared__ __align__(16) uint4 xs[];  // [16][xstride]: the current tile's activation rows
+__device__ __forceinline__ void run_item(const KernelArgs& a, const TileRef& tr, uint32_t slab, Chunk (&ring)[D],
+                                         const uint4** wp, const uint2** sp, const uint4* xl, uint32_t xstride,
+                                         int next_expert, uint32_t next_slab) {
+    const uint32_t n_chunks = a.w.K >> 6;
+    float acc[2][4];
+    if (tr.n_cols > 8) chain<D, 2>(ring, *wp, *sp, n_chunks, xl, 8 * xstride, acc);
+    else chain<D, 1>(ring, *wp, *sp, n_chunks, xl, 8 * xstride, acc);
+    if (next_expert >= 0) ring_begin<D>(a, next_expert, next_slab, n_chunks, ring, wp, sp);
+    store_tile(a, tr.expert, slab, tr.pairs, tr.n_cols, acc);
+}
+
+// A CTA takes the contiguous item range [begin, end) (a static schedule: no counters, no
+// atomics) in phases of up to `buffers` route tiles (1, or 2 for CTAs of 16 warps or more, one
+// per SM): per phase it stages those tiles' activation rows at once, meets one barrier, and its
+// warps take the phase's items round-robin (warp w: the phase's first item + w, + W, ...), so they
+// stay within one item of each other. The first item's weights stream during the staging.
+template <int D, int W>
+__global__ __launch_bounds__(32 * W, min_ctas_per_sm<W>()) void moe_batch_kernel(const KernelArgs a, uint32_t xstride,
+                                                                                  uint32_t buffers) {
+    extern __shared__ __align__(16) uint4 xs[];  // [buffers][16][xstride]: staged activation rows
     const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
     pdl_wait();  // the route and the activations are the previous kernels'
     const uint32_t n_tiles = min(uint32_t(a.route.tiles[0]), a.route.max_tiles);
     const uint32_t slabs = (a.w.N + 15) / 16, total = n_tiles * slabs, n_chunks = a.w.K >> 6;
-    const uint32_t per = (total + gridDim.x - 1) / gridDim.x, kq = a.w.K / 8;
+    const uint32_t per = (total + gridDim.x - 1) / gridDim.x;
     const uint32_t begin = min(total, blockIdx.x * per), end = min(total, begin + per);
     pdl_launch_dependents();
-    const uint4* x = reinterpret_cast<const uint4*>(a.x);
-    const uint4* xl = xs + size_t(g) * xstride + t * 2;
-    for (uint32_t seg = begin; seg < end;) {
-        const uint32_t tile = seg / slabs, s0 = seg - tile * slabs, s1 = min(end - tile * slabs, slabs);
-        const int32_t* ti = a.route.tiles + 1 + 3 * tile;
-        const int expert = ti[0];
-        const uint32_t col_base = uint32_t(ti[1]), n_cols = uint32_t(ti[2]);
-        const int32_t* pairs = a.route.pairs + col_base;
-        Chunk ring[D];
-        const uint4* wp = nullptr;
-        const uint2* sp = nullptr;
-        uint32_t s = s0 + uint32_t(warp);
-        if (s < s1) ring_begin<D>(a, expert, s, n_chunks, ring, &wp, &sp);  // weights in flight during the copy
-        __syncthreads();  // the previous segment is done with xs
-        const uint32_t rows = n_cols > 8 ? 16u : 8u;
-        for (uint32_t u = threadIdx.x; u < rows * kq; u += blockDim.x) {
-            const uint32_t c = u / kq, q = u - c * kq;
-            uint4* dst = xs + size_t(c) * xstride + q;
-            if (c < n_cols) cp_async16(dst, x + size_t(uint32_t(pairs[c]) / a.route.in_div) * kq + q);
-            else *dst = make_uint4(0, 0, 0, 0);
-        }
+    const uint32_t lane_off = uint32_t(g) * xstride + t * 2, buf_stride = 16 * xstride;
+    Chunk ring[D];
+    const uint4* wp = nullptr;
+    const uint2* sp = nullptr;
+    for (uint32_t phase = begin; phase < end;) {
+        const uint32_t t0 = phase / slabs, phase_end = min(end, (t0 + buffers) * slabs);
+        uint32_t i = phase + uint32_t(warp);
+        if (i < phase_end) ring_begin<D>(a, tile_ref(a, i / slabs).expert, i % slabs, n_chunks, ring, &wp, &sp);
+        __syncthreads();  // the previous phase is done with xs
+        for (uint32_t tile = t0; tile * slabs < phase_end; ++tile)
+            stage_rows(a, tile_ref(a, tile), xs + (tile - t0) * buf_stride, xstride);
         cp_async_wait_all();
         __syncthreads();
-        for (; s < s1; s += kWarps) {
-            float acc[2][4];
-            if (n_cols > 8) chain<D, 2>(ring, wp, sp, n_chunks, xl, 8 * xstride, acc);
-            else chain<D, 1>(ring, wp, sp, n_chunks, xl, 8 * xstride, acc);
-            // The ring is empty: the warp's next slab starts streaming before this one's epilogue.
-            if (s + kWarps < s1) ring_begin<D>(a, expert, s + kWarps, n_chunks, ring, &wp, &sp);
-            store_tile(a, expert, s, pairs, n_cols, acc);
+        for (; i < phase_end; i += W) {
+            const uint32_t tile = i / slabs, next = i + W;
+            const int next_expert = next < phase_end ? tile_ref(a, next / slabs).expert : -1;
+            run_item<D>(a, tile_ref(a, tile), i - tile * slabs, ring, &wp, &sp,
+                        xs + (tile - t0) * buf_stride + lane_off, xstride, next_expert, next % slabs);
         }
-        seg = tile * slabs + s1;
+        phase = phase_end;
     }
 }
 
-// How many CTAs of moe_batch_kernel<D> with `xbytes` of staged rows fit on the current device at
+// How many CTAs of moe_batch_kernel<D, W> with `xbytes` of staged rows fit on the current device at
 // once, its shared-memory opt-in set: queried once per thread, device and size (direct launches,
 // above 64 tokens, would otherwise repeat it twice per layer and step).
-template <int D>
+template <int D, int W>
 gptoss_status resident_ctas(size_t xbytes, uint32_t* fit) {
     thread_local int dev_cached = -1;
     thread_local size_t bytes_cached = 0;
@@ -174,11 +212,11 @@ gptoss_status resident_ctas(size_t xbytes, uint32_t* fit) {
     int dev = 0;
     GPTOSS_CUDA_TRY(cudaGetDevice(&dev));
     if (dev != dev_cached || xbytes != bytes_cached) {
-        const auto kernel = moe_batch_kernel<D>;
+        const auto kernel = moe_batch_kernel<D, W>;
         int sms = 0, per_sm = 0;
         GPTOSS_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(xbytes)));
         GPTOSS_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        GPTOSS_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * kWarps, xbytes));
+        GPTOSS_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * W, xbytes));
         fit_cached = uint32_t(std::max(1, per_sm) * std::max(1, sms));
         dev_cached = dev;
         bytes_cached = xbytes;
@@ -187,24 +225,56 @@ gptoss_status resident_ctas(size_t xbytes, uint32_t* fit) {
     return GPTOSS_OK;
 }
 
-template <int D>
+// xbytes: one tile's staged rows; CTAs of 16 warps or more (one per SM) get two tiles' worth
+// where the device allows.
+template <int D, int W>
 gptoss_status launch(const KernelArgs& a, uint32_t total, uint32_t ctas, uint32_t xstride, size_t xbytes,
-                     cudaStream_t stream) {
+                     size_t max_smem, cudaStream_t stream) {
+    const uint32_t buffers = W >= 16 && 2 * xbytes <= max_smem ? 2u : 1u;
+    xbytes *= buffers;
     uint32_t fit = 0;
-    GPTOSS_TRY(resident_ctas<D>(xbytes, &fit));  // also the shared-memory opt-in
-    // Every CTA gets at least one item per warp.
-    if (ctas == 0) ctas = std::min(fit, std::max(1u, (total + kWarps - 1) / kWarps));
+    GPTOSS_TRY((resident_ctas<D, W>(xbytes, &fit)));  // also the shared-memory opt-in
+    // 8 warps: every CTA gets at least one item per warp. 16 or more (one CTA per SM): every SM a CTA
+    // where there are items enough (a lone token's 1 440 gate_up items would otherwise take 60 SMs).
+    if (ctas == 0) ctas = std::min(fit, W >= 16 ? std::max(1u, total) : std::max(1u, (total + W - 1) / W));
     ctas = std::min(ctas, std::max(total, 1u));
-    GPTOSS_TRY(cuda_status(launch_pdl(moe_batch_kernel<D>, dim3(ctas), dim3(32 * kWarps), xbytes, stream, a, xstride),
+    GPTOSS_TRY(cuda_status(launch_pdl(moe_batch_kernel<D, W>, dim3(ctas), dim3(32 * W), xbytes, stream, a, xstride, buffers),
                            "moe_batch_kernel", __FILE__, __LINE__));
     return GPTOSS_OK;
 }
 
-int g_depth = 0;  // set_moe_batch_depth
+int g_depth = 0, g_warps = 0;  // set_moe_batch_shape
+
+template <int D>
+gptoss_status launch_warps(int warps, const KernelArgs& a, uint32_t total, uint32_t ctas, uint32_t xstride,
+                           size_t xbytes, size_t max_smem, cudaStream_t stream) {
+    switch (warps) {
+    case 16: return launch<D, 16>(a, total, ctas, xstride, xbytes, max_smem, stream);
+    case 20: return launch<D, 20>(a, total, ctas, xstride, xbytes, max_smem, stream);
+    case 24: return launch<D, 24>(a, total, ctas, xstride, xbytes, max_smem, stream);
+    default: return launch<D, 8>(a, total, ctas, xstride, xbytes, max_smem, stream);
+    }
+}
+
+// The current device's per-CTA shared-memory opt-in limit (queried once per thread and device).
+gptoss_status device_smem(int* max_smem) {
+    thread_local int dev_cached = -1, smem_cached = 0;
+    int dev = 0;
+    GPTOSS_CUDA_TRY(cudaGetDevice(&dev));
+    if (dev != dev_cached) {
+        GPTOSS_CUDA_TRY(cudaDeviceGetAttribute(&smem_cached, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        dev_cached = dev;
+    }
+    *max_smem = smem_cached;
+    return GPTOSS_OK;
+}
 
 }  // namespace
 
-void set_moe_batch_depth(int depth) { g_depth = depth; }
+void set_moe_batch_shape(int depth, int warps) {
+    g_depth = depth;
+    g_warps = warps;
+}
 
 bool moe_batch_enabled() {
     static const bool on = [] {
@@ -230,24 +300,31 @@ gptoss_status moe_batch_gemm(const GemmWeights& w, const uint16_t* x, const Gemm
         return fail(GPTOSS_ERR_INTERNAL, "moe_batch_gemm: x and a route (tiles, pairs, in_div > 0) are required");
     if (route.max_tiles == 0) return GPTOSS_OK;
     const KernelArgs a = kernel_args(w, x, 0, &route, epilogue, out_f32, out_bf16, ldo, swiglu_limit);
-    int dev = 0, max_smem = 0;
-    GPTOSS_CUDA_TRY(cudaGetDevice(&dev));
-    GPTOSS_CUDA_TRY(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    int max_smem = 0;
+    GPTOSS_TRY(device_smem(&max_smem));
     const uint32_t xstride = a.w.K / 8 + 1;  // one uint4 of padding: the 8 columns' fragments in different banks
     const size_t xbytes = size_t(16) * xstride * 16;
     if (xbytes > size_t(max_smem))
         return fail(GPTOSS_ERR_INTERNAL, "moe_batch_gemm: 16 activation rows of K=%u need %zu bytes of shared "
                     "memory, the device gives a CTA %d", a.w.K, xbytes, max_smem);
     const uint32_t total = a.route.max_tiles * ((a.w.N + 15) / 16);
-    // Weight chunks in flight per warp (the same bits at any depth): 12 for steps of up to ~8 tokens
-    // (route tiles <= 32), whose warps hold one slab each, 8 above (two CTAs per SM either way).
-    // H200, 20b (bench/NOTES.md "v20 batched decode"): 1 stream +2 %, 64 streams -2 % at 12.
-    static const int env = env_int("GPTOSS_DECODE_BATCH_MOE_DEPTH", 0);
-    const int forced = g_depth != 0 ? g_depth : env;
-    const int depth = forced == 4 || forced == 8 || forced == 12 ? forced : a.route.max_tiles <= 32 ? 12 : 8;
-    return depth == 12 ? launch<12>(a, total, ctas, xstride, xbytes, stream)
-         : depth == 8  ? launch<8>(a, total, ctas, xstride, xbytes, stream)
-                       : launch<4>(a, total, ctas, xstride, xbytes, stream);
+    // The CTA size and the weight chunks in flight per warp (the same bits whichever): one CTA of 16
+    // warps with 12 chunks each for steps of up to ~8 tokens (route tiles <= 32), 24 warps with 4
+    // above (80 registers: deeper rings spill). H200, 20b, MoE ms per step against v20's two CTAs
+    // of 8 warps (bench/NOTES.md "v22 batched MoE"): 64 tokens 4.11 -> 3.72, 1 token 1.05 -> 0.86.
+    static const int env_depth = env_choice("GPTOSS_DECODE_BATCH_MOE_DEPTH", {4, 6, 8, 12}, 0);
+    static const int env_warps = env_choice("GPTOSS_DECODE_BATCH_MOE_WARPS", {8, 16, 20, 24}, 0);
+    const bool small = a.route.max_tiles <= 32;
+    const int warps = g_warps != 0 ? g_warps : env_warps != 0 ? env_warps : small ? 16 : 24;
+    const int auto_depth = warps >= 24 ? 4 : warps >= 20 ? 6 : small ? 12 : 8;
+    const int depth = g_depth != 0 ? g_depth : env_depth != 0 ? env_depth : auto_depth;
+    const size_t smem = size_t(max_smem);
+    switch (depth) {
+    case 12: return launch_warps<12>(warps, a, total, ctas, xstride, xbytes, smem, stream);
+    case 8: return launch_warps<8>(warps, a, total, ctas, xstride, xbytes, smem, stream);
+    case 6: return launch_warps<6>(warps, a, total, ctas, xstride, xbytes, smem, stream);
+    default: return launch_warps<4>(warps, a, total, ctas, xstride, xbytes, smem, stream);
+    }
 }
 
 }  // namespace cuda

@@ -101,7 +101,7 @@ std::vector<float> skewed_logits(Rand& r) {
 
 // moe_batch_gemm sums in its own order (one warp per slab, even and odd k16 steps in two chains), so
 // it is checked against the CPU reference, and for batch invariance against itself: every pair's
-// rows at n tokens == the same pair's at n = 64, on any grid and at every ring depth.
+// rows at n tokens == the same pair's at n = 64, on any grid, at every ring depth and CTA size.
 TEST_CASE("moe_batch_gemm matches the CPU reference and is batch-invariant") {
     const TestWeights w{};
     Rand r(7);
@@ -120,17 +120,19 @@ TEST_CASE("moe_batch_gemm matches the CPU reference and is batch-invariant") {
     for (uint32_t n : {1u, 3u, 17u, 64u}) {
         const Route rt(ld, n, 16), rt8(ld, n, 8);
         const size_t pairs = size_t(n) * kK;
-        for (int depth : {0, 4, 8, 12}) {
-            cuda::set_moe_batch_depth(depth);
+        const int shapes[][2] = {{0, 0}, {4, 0}, {6, 0}, {8, 0}, {12, 0}, {12, 16}, {6, 20}, {8, 20}, {4, 24}, {6, 24}};
+        for (const auto& shape : shapes) {
+            const int depth = shape[0], warps = shape[1];  // ring depth, warps per CTA (0: automatic)
+            cuda::set_moe_batch_shape(depth, warps);
             for (uint32_t ctas : {0u, 1u, 7u}) {
-                INFO("n " << n << " depth " << depth << " ctas " << ctas);
+                INFO("n " << n << " depth " << depth << " warps " << warps << " ctas " << ctas);
                 const Out got = run(gu, dn, x, rt, n, true, ctas, 0);
                 CHECK(same_bits(got.act, 0, ref64.act, 0, pairs * kI));
                 CHECK(same_bits(got.part, 0, ref64.part, 0, pairs * kH));
                 if (ctas == 0 && depth == 0) cpu_check(w, xf, experts64, got, n, "n " + std::to_string(n));
             }
         }
-        cuda::set_moe_batch_depth(0);
+        cuda::set_moe_batch_shape(0);
         // gemm() (GPTOSS_DECODE_BATCH_MOE_WIDE=0): tiles of 8 (nb 1) and 16 (nb 2) give the same bits.
         const Out want2 = run(gu, dn, x, rt, n, false, 0, 2), want1 = run(gu, dn, x, rt8, n, false, 0, 1);
         CHECK(want1.act == want2.act);

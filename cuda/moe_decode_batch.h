@@ -33,10 +33,11 @@ namespace cuda {
 void set_moe_batch_shape(int depth, int warps = 0);
 
 // Whether the batched step runs its MoE through moe_batch_gemm (default) or gemm() (one CTA per
-// route tile of 8 pairs and slab): GPTOSS_DECODE_BATCH_MOE_WIDE=0 (read once). H200, 20b, against
-// gemm() with the same attention: +5.8 % decode tok/s at 64 streams, equal at 8, -14 % for one
-// stream alone (bench/NOTES.md "v20 batched decode"). The two give different bits: a process
-// keeps one.
+// route tile of 8 pairs and slab): GPTOSS_DECODE_BATCH_MOE_WIDE=0 (read once). H200, 20b, v20's
+// form against gemm() with the same attention: +5.8 % decode tok/s at 64 streams, equal at 8, -14 %
+// for one stream alone; v22's CTA change then gave +9 % at 64 streams and +10 % alone
+// (bench/NOTES.md "v20 batched decode", "v22 batched MoE"). The two give different bits: a
+// process keeps one.
 bool moe_batch_enabled();
 
 }  // namespace cuda

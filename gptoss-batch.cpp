@@ -24,6 +24,15 @@
 
 namespace gptoss {
 
+uint32_t DecodeBatcher::step_token_budget() {
+    static const uint32_t budget = [] {
+        const char* e = std::getenv("GPTOSS_DECODE_BATCH_TOKEN_BUDGET");
+        const long v = e && *e ? std::strtol(e, nullptr, 10) : long(kStepTokenBudget);
+        return uint32_t(v >= 64 && v <= 65536 ? v : long(kStepTokenBudget));
+    }();
+    return budget;
+}
+
 // How long a ready caller waits for the other sessions in a decode loop to submit their tokens
 // before it runs a smaller step anyway (a session may be busy in a slow streaming callback).
 // 20 ms: after a GPU step every session samples on its own (one device sampler launch each,
@@ -144,7 +153,7 @@ gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens,
             // Lead one step over the oldest pending requests (not necessarily our own).
             // Nothing below throws once the vectors are reserved.
             // Every pending decode token (up to the cap), then prefill chunks while the step
-            // has fewer than kStepTokenBudget tokens (at least one); the rest stay, in order.
+            // has at most step_token_budget() tokens (at least one); the rest stay, in order.
             std::vector<State::Request*> batch, kept;
             std::vector<DecodeItem*> items;
             try {
@@ -167,7 +176,7 @@ gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens,
             for (State::Request* r : s.pending) {
                 if (!r->item.prefill) {
                     if (std::find(batch.begin(), batch.end(), r) == batch.end()) kept.push_back(r);
-                } else if (!any_prefill || n_tokens + r->item.n <= kStepTokenBudget) {
+                } else if (!any_prefill || n_tokens + r->item.n <= step_token_budget()) {
                     batch.push_back(r);
                     n_tokens += r->item.n;
                     any_prefill = true;

@@ -331,7 +331,7 @@ public:
         }
         // Decode tokens up to the cap; prefill within the budget unless it is a single chunk.
         CHECK(decode <= cap);
-        CHECK((prefill_chunks <= 1 || decode + prefill_tokens <= gptoss::DecodeBatcher::kStepTokenBudget));
+        CHECK((prefill_chunks <= 1 || decode + prefill_tokens <= gptoss::DecodeBatcher::step_token_budget()));
         if (decode > 0) sizes.push_back(decode);
         for (uint32_t i = 0; i < n; i++) {
             gptoss::DecodeItem& item = *items[i];

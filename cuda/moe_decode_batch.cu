@@ -308,15 +308,17 @@ gptoss_status moe_batch_gemm(const GemmWeights& w, const uint16_t* x, const Gemm
         return fail(GPTOSS_ERR_INTERNAL, "moe_batch_gemm: 16 activation rows of K=%u need %zu bytes of shared "
                     "memory, the device gives a CTA %d", a.w.K, xbytes, max_smem);
     const uint32_t total = a.route.max_tiles * ((a.w.N + 15) / 16);
-    // The CTA size and the weight chunks in flight per warp (the same bits whichever): one CTA of 16
-    // warps with 12 chunks each for steps of up to ~8 tokens (route tiles <= 32), 24 warps with 4
-    // above (80 registers: deeper rings spill). H200, 20b, MoE ms per step against v20's two CTAs
-    // of 8 warps (bench/NOTES.md "v22 batched MoE"): 64 tokens 4.11 -> 3.72, 1 token 1.05 -> 0.86.
+    // The CTA size and the weight chunks in flight per warp (the same bits whichever): 16 warps of
+    // 12 chunks for routes of up to 16 tiles (steps of up to 4 tokens), 20 of 6 up to 36 tiles
+    // (16 tokens), 24 of 4 above (80 registers: deeper rings spill at 24 warps). H200, 20b, MoE
+    // ms per step (bench/NOTES.md "v22 batched MoE"): 1 token 0.86 / 0.87 (16 / 20 warps), 8
+    // tokens 2.48 / 2.38 / 2.45 (16 / 20 / 24), 16 tokens 3.16 / 3.01 / 3.01, 32 tokens 3.61 /
+    // 3.57 / 3.39, 64 tokens 3.77 / 3.90 / 3.72 (v21's two CTAs of 8 warps: 1.05, 2.62, 4.11).
     static const int env_depth = env_choice("GPTOSS_DECODE_BATCH_MOE_DEPTH", {4, 6, 8, 12}, 0);
     static const int env_warps = env_choice("GPTOSS_DECODE_BATCH_MOE_WARPS", {8, 16, 20, 24}, 0);
-    const bool small = a.route.max_tiles <= 32;
-    const int warps = g_warps != 0 ? g_warps : env_warps != 0 ? env_warps : small ? 16 : 24;
-    const int auto_depth = warps >= 24 ? 4 : warps >= 20 ? 6 : small ? 12 : 8;
+    const uint32_t tiles = a.route.max_tiles;
+    const int warps = g_warps != 0 ? g_warps : env_warps != 0 ? env_warps : tiles <= 16 ? 16 : tiles <= 36 ? 20 : 24;
+    const int auto_depth = warps >= 24 ? 4 : warps >= 20 ? 6 : tiles <= 32 ? 12 : 8;
     const int depth = g_depth != 0 ? g_depth : env_depth != 0 ? env_depth : auto_depth;
     const size_t smem = size_t(max_smem);
     switch (depth) {

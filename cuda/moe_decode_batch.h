@@ -19,8 +19,8 @@ namespace cuda {
 // ldo]); kAdd is refused. ctas: CTAs of the grid, 0 = as many as fit on the device at once (one
 // per SM; two of 8 warps each with GPTOSS_DECODE_BATCH_MOE_WARPS=8). GPTOSS_DECODE_BATCH_MOE_WARPS
 // = 8, 16, 20 or 24 and GPTOSS_DECODE_BATCH_MOE_DEPTH = 4, 6, 8 or 12 force the CTA size and the
-// weight chunks in flight per warp (default 16 warps of 12 for up to 32 route tiles, else 24 of 4;
-// the same bits). Errors: INTERNAL naming the unsupported shape, tile size, epilogue or missing
+// weight chunks in flight per warp (default 16 warps of 12 for up to 16 route tiles, 20 of 6 up to
+// 36, else 24 of 4; the same bits). Errors: INTERNAL naming the unsupported shape, tile size, epilogue or missing
 // buffer.
 [[nodiscard]] gptoss_status moe_batch_gemm(const GemmWeights& w, const uint16_t* x, const GemmRoute& route,
                                            Epilogue epilogue, float* out_f32, uint16_t* out_bf16, uint32_t ldo,

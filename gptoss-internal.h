@@ -378,8 +378,10 @@ public:
     // 4096 (vLLM's and TensorRT-LLM's token budgets are 2048-8192): 64 streams arriving at once
     // with 512-token prompts join up to 8 per step, so the last one starts sooner; H200, 20b, 64
     // streams of 256 tokens: 5 617-5 743 -> 6 018-6 037 tok/s, TTFT p99 1.15-1.19 -> 1.03 s
-    // against 512 (bench/NOTES.md "v22 batched MoE"). A running stream's step is that much longer
-    // while prompts join.
+    // against 512 (bench/NOTES.md "v22 batched MoE"). The cost is inter-token latency while
+    // prompts join: there a running stream's step took ~90-110 ms (8 chunks of 512 at once)
+    // instead of ~15-25 ms (one); set the variable lower where that matters more than time to
+    // first token.
     static constexpr uint32_t kStepTokenBudget = 4096;
     static uint32_t step_token_budget();
     uint32_t max_sessions() const { return max_sessions_; }

@@ -257,15 +257,38 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// The current device and what the launches here ask of it, queried once per thread and device
+// (launch paths call this per launch).
+struct DeviceProps {
+    int dev = -1;
+    int major = 0;           // compute capability major
+    int max_smem_optin = 0;  // bytes of shared memory a CTA may opt in to
+};
+inline cudaError_t current_device_props(DeviceProps* out) {
+    thread_local DeviceProps cached;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    if (dev != cached.dev) {
+        DeviceProps p;
+        p.dev = dev;
+        if ((e = cudaDeviceGetAttribute(&p.major, cudaDevAttrComputeCapabilityMajor, dev)) != cudaSuccess) return e;
+        if ((e = cudaDeviceGetAttribute(&p.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) != cudaSuccess)
+            return e;
+        cached = p;
+    }
+    *out = cached;
+    return cudaSuccess;
+}
+
 // True when the current device supports programmatic dependent launch (compute capability 9+).
 inline bool pdl_supported() {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    DeviceProps p;
+    if (current_device_props(&p) != cudaSuccess) {
         cudaGetLastError();
         return false;
     }
-    return major >= 9;
+    return p.major >= 9;
 }
 
 // Launches a forward kernel with programmatic stream serialization where supported (the kernel

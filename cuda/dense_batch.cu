@@ -237,25 +237,14 @@ gptoss_status launch_kernel(const DenseArgs& a, dim3 grid, int dev, cudaStream_t
                        "dense_batch_kernel", __FILE__, __LINE__);
 }
 
-// The current device and its per-CTA shared-memory opt-in limit (queried once per thread and device).
-gptoss_status device_smem(int* dev, int* max_smem) {
-    thread_local int dev_cached = -1, smem_cached = 0;
-    GPTOSS_CUDA_TRY(cudaGetDevice(dev));
-    if (*dev != dev_cached) {
-        GPTOSS_CUDA_TRY(cudaDeviceGetAttribute(&smem_cached, cudaDevAttrMaxSharedMemoryPerBlockOptin, *dev));
-        dev_cached = *dev;
-    }
-    *max_smem = smem_cached;
-    return GPTOSS_OK;
-}
-
 template <int kWarps, int SPW>
 gptoss_status launch(const DenseArgs& a, dim3 grid, cudaStream_t stream) {
-    int dev = 0, max_smem = 0;
-    GPTOSS_TRY(device_smem(&dev, &max_smem));
+    DeviceProps dp;
+    GPTOSS_CUDA_TRY(current_device_props(&dp));
     // Four stages where they fit (sm_86/89/120 give a CTA ~99 KB), else three: the same bits.
-    if (smem_bytes<kWarps, SPW, 4>(kCols) <= size_t(max_smem)) return launch_kernel<kWarps, SPW, 4>(a, grid, dev, stream);
-    return launch_kernel<kWarps, SPW, 3>(a, grid, dev, stream);
+    if (smem_bytes<kWarps, SPW, 4>(kCols) <= size_t(dp.max_smem_optin))
+        return launch_kernel<kWarps, SPW, 4>(a, grid, dp.dev, stream);
+    return launch_kernel<kWarps, SPW, 3>(a, grid, dp.dev, stream);
 }
 
 }  // namespace
@@ -270,22 +259,12 @@ DenseBatchPlan dense_batch_plan(uint32_t N) {
 }
 
 bool dense_batch_supported() {
-    thread_local int dev_cached = -1;
-    thread_local bool ok = false;
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
+    DeviceProps dp;
+    if (current_device_props(&dp) != cudaSuccess) {
         cudaGetLastError();
         return false;
     }
-    if (dev != dev_cached) {
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-            cudaGetLastError();
-            major = 0;
-        }
-        ok = major >= 9;
-        dev_cached = dev;
-    }
-    return ok;
+    return dp.major >= 9;
 }
 
 gptoss_status dense_batch_gemm(const GemmWeights& w, const uint16_t* x, uint32_t n, Epilogue epilogue, float* out_f32,

@@ -205,12 +205,10 @@ __global__ __launch_bounds__(32 * W, min_ctas_per_sm<W>()) void moe_batch_kernel
 // once, its shared-memory opt-in set: queried once per thread, device and size (direct launches,
 // above 64 tokens, would otherwise repeat it twice per layer and step).
 template <int D, int W>
-gptoss_status resident_ctas(size_t xbytes, uint32_t* fit) {
+gptoss_status resident_ctas(int dev, size_t xbytes, uint32_t* fit) {
     thread_local int dev_cached = -1;
     thread_local size_t bytes_cached = 0;
     thread_local uint32_t fit_cached = 0;
-    int dev = 0;
-    GPTOSS_CUDA_TRY(cudaGetDevice(&dev));
     if (dev != dev_cached || xbytes != bytes_cached) {
         const auto kernel = moe_batch_kernel<D, W>;
         int sms = 0, per_sm = 0;
@@ -229,11 +227,11 @@ gptoss_status resident_ctas(size_t xbytes, uint32_t* fit) {
 // where the device allows.
 template <int D, int W>
 gptoss_status launch(const KernelArgs& a, uint32_t total, uint32_t ctas, uint32_t xstride, size_t xbytes,
-                     size_t max_smem, cudaStream_t stream) {
-    const uint32_t buffers = W >= 16 && 2 * xbytes <= max_smem ? 2u : 1u;
+                     const DeviceProps& dp, cudaStream_t stream) {
+    const uint32_t buffers = W >= 16 && 2 * xbytes <= size_t(dp.max_smem_optin) ? 2u : 1u;
     xbytes *= buffers;
     uint32_t fit = 0;
-    GPTOSS_TRY((resident_ctas<D, W>(xbytes, &fit)));  // also the shared-memory opt-in
+    GPTOSS_TRY((resident_ctas<D, W>(dp.dev, xbytes, &fit)));  // also the shared-memory opt-in
     // 8 warps: every CTA gets at least one item per warp. 16 or more (one CTA per SM): every SM a CTA
     // where there are items enough (a lone token's 1 440 gate_up items would otherwise take 60 SMs).
     if (ctas == 0) ctas = std::min(fit, W >= 16 ? std::max(1u, total) : std::max(1u, (total + W - 1) / W));
@@ -247,26 +245,13 @@ int g_depth = 0, g_warps = 0;  // set_moe_batch_shape
 
 template <int D>
 gptoss_status launch_warps(int warps, const KernelArgs& a, uint32_t total, uint32_t ctas, uint32_t xstride,
-                           size_t xbytes, size_t max_smem, cudaStream_t stream) {
+                           size_t xbytes, const DeviceProps& dp, cudaStream_t stream) {
     switch (warps) {
-    case 16: return launch<D, 16>(a, total, ctas, xstride, xbytes, max_smem, stream);
-    case 20: return launch<D, 20>(a, total, ctas, xstride, xbytes, max_smem, stream);
-    case 24: return launch<D, 24>(a, total, ctas, xstride, xbytes, max_smem, stream);
-    default: return launch<D, 8>(a, total, ctas, xstride, xbytes, max_smem, stream);
+    case 16: return launch<D, 16>(a, total, ctas, xstride, xbytes, dp, stream);
+    case 20: return launch<D, 20>(a, total, ctas, xstride, xbytes, dp, stream);
+    case 24: return launch<D, 24>(a, total, ctas, xstride, xbytes, dp, stream);
+    default: return launch<D, 8>(a, total, ctas, xstride, xbytes, dp, stream);
     }
-}
-
-// The current device's per-CTA shared-memory opt-in limit (queried once per thread and device).
-gptoss_status device_smem(int* max_smem) {
-    thread_local int dev_cached = -1, smem_cached = 0;
-    int dev = 0;
-    GPTOSS_CUDA_TRY(cudaGetDevice(&dev));
-    if (dev != dev_cached) {
-        GPTOSS_CUDA_TRY(cudaDeviceGetAttribute(&smem_cached, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        dev_cached = dev;
-    }
-    *max_smem = smem_cached;
-    return GPTOSS_OK;
 }
 
 }  // namespace
@@ -300,8 +285,9 @@ gptoss_status moe_batch_gemm(const GemmWeights& w, const uint16_t* x, const Gemm
         return fail(GPTOSS_ERR_INTERNAL, "moe_batch_gemm: x and a route (tiles, pairs, in_div > 0) are required");
     if (route.max_tiles == 0) return GPTOSS_OK;
     const KernelArgs a = kernel_args(w, x, 0, &route, epilogue, out_f32, out_bf16, ldo, swiglu_limit);
-    int max_smem = 0;
-    GPTOSS_TRY(device_smem(&max_smem));
+    DeviceProps dp;
+    GPTOSS_CUDA_TRY(current_device_props(&dp));
+    const int max_smem = dp.max_smem_optin;
     const uint32_t xstride = a.w.K / 8 + 1;  // one uint4 of padding: the 8 columns' fragments in different banks
     const size_t xbytes = size_t(16) * xstride * 16;
     if (xbytes > size_t(max_smem))
@@ -320,12 +306,11 @@ gptoss_status moe_batch_gemm(const GemmWeights& w, const uint16_t* x, const Gemm
     const int warps = g_warps != 0 ? g_warps : env_warps != 0 ? env_warps : tiles <= 16 ? 16 : tiles <= 36 ? 20 : 24;
     const int auto_depth = warps >= 24 ? 4 : warps >= 20 ? 6 : tiles <= 32 ? 12 : 8;
     const int depth = g_depth != 0 ? g_depth : env_depth != 0 ? env_depth : auto_depth;
-    const size_t smem = size_t(max_smem);
     switch (depth) {
-    case 12: return launch_warps<12>(warps, a, total, ctas, xstride, xbytes, smem, stream);
-    case 8: return launch_warps<8>(warps, a, total, ctas, xstride, xbytes, smem, stream);
-    case 6: return launch_warps<6>(warps, a, total, ctas, xstride, xbytes, smem, stream);
-    default: return launch_warps<4>(warps, a, total, ctas, xstride, xbytes, smem, stream);
+    case 12: return launch_warps<12>(warps, a, total, ctas, xstride, xbytes, dp, stream);
+    case 8: return launch_warps<8>(warps, a, total, ctas, xstride, xbytes, dp, stream);
+    case 6: return launch_warps<6>(warps, a, total, ctas, xstride, xbytes, dp, stream);
+    default: return launch_warps<4>(warps, a, total, ctas, xstride, xbytes, dp, stream);
     }
 }
 

@@ -8,7 +8,8 @@
 // tiles (moe_batch_gemm by default: each expert slab's weights read and dequantized once for up
 // to 16 of its tokens, cuda/moe_decode_batch.h), residual_rmsnorm per row, and the
 // decode attention kernel indexed by item (attention_decode_batch: each item its own cache,
-// position and window). The K split and reduction order of every kernel are functions of the
+// position and window). A lone token's MLP norm, router and route are router_decode's one launch
+// (router.cu; bit-identical to the three launches of larger steps). The K split and reduction order of every kernel are functions of the
 // shape only, never of N or of which tokens share a tile, so a session's logits are bit-identical
 // whatever the batch (batch invariance; tests/test-kernels-batch.cu). Steps of at least
 // batch_sample_min_items() tokens then sample the rows whose sessions asked for it
@@ -171,7 +172,7 @@ gptoss_status BatchDecoder::reserve(const BatchModel& m, uint32_t n, uint32_t sp
     const size_t o_pairs = take(size_t(items) * m.K * 4), o_act = take(size_t(items) * m.K * m.I * 2);
     const size_t o_part = take(size_t(items) * m.K * m.H * 4), o_logits = take(size_t(items) * m.V * 4);
     const size_t o_partial = take(size_t(items) * m.Q * sp * (m.D + 2) * 4);
-    const size_t o_counters = take(size_t(items) * m.G * 4);
+    const size_t o_counters = take(size_t(items) * m.G * 4), o_rcount = take(4);
     const size_t o_rows = take(size_t(items) * sizeof(SampleRow)), o_sampled = take(size_t(items) * 4);
     const size_t o_sscratch = take(sample_rows_scratch_bytes(items));
     GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
@@ -218,6 +219,7 @@ gptoss_status BatchDecoder::reserve(const BatchModel& m, uint32_t n, uint32_t sp
     logits_ = reinterpret_cast<float*>(b + o_logits);
     partial_ = reinterpret_cast<float*>(b + o_partial);
     counters_ = reinterpret_cast<int*>(b + o_counters);
+    route_counter_ = reinterpret_cast<int*>(b + o_rcount);
     rows_ = reinterpret_cast<SampleRow*>(b + o_rows);
     sampled_ = reinterpret_cast<int32_t*>(b + o_sampled);
     sample_scratch_ = b + o_sscratch;
@@ -383,6 +385,10 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
     // cuda/moe_decode_batch.h: route tiles of 16 pairs, one launch per expert GEMM.
     const bool wide = moe_batch_enabled();
     const uint32_t tile_tokens = wide ? 16u : 8u * uint32_t(mnb);
+    // A lone token (one session generating) routes with router_decode: its route is the one-pair
+    // tiles router_route writes for one token at any tile size (bench/NOTES.md v23: +4 %).
+    const bool lone_router =
+        n == 1 && !m.layers.empty() && !m.layers[0].router.mxfp4 && router_decode_supported(m.E, m.K, m.H);
     ResidualArgs embed;
     embed.mode = ResidualMode::kEmbed;
     embed.embed = m.embed;
@@ -408,10 +414,18 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
         GPTOSS_TRY(mark(L.sliding ? "rope + attention (sliding)" : "rope + attention (full)"));
         GPTOSS_TRY(dense(kDenseO, L.o, attn_, n, Epilogue::kAdd, x_, m.H, pnb));
         GPTOSS_TRY(mark("o gemm + residual"));
-        ResidualArgs none;
-        GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, m.rms_norm_eps, xn_, n, m.H, s));
-        GPTOSS_TRY(gemm(L.router, xn_, n, nullptr, Epilogue::kStore, rlogits_, nullptr, m.E, 0, rnb, s));
-        GPTOSS_TRY(router_route(rlogits_, n, m.E, m.K, experts_, weights_, tiles_, pairs_, tile_tokens, s));
+        if (lone_router) {  // one launch, the same bits as the three below (router.cu)
+            RouterDecodeArgs ra;
+            ra.x = x_; ra.norm_w = L.mlp_norm; ra.eps = m.rms_norm_eps; ra.router = L.router; ra.K = m.K;
+            ra.xn = xn_; ra.logits = rlogits_; ra.counter = route_counter_; ra.experts = experts_;
+            ra.weights = weights_; ra.tiles = tiles_; ra.pairs = pairs_;
+            GPTOSS_TRY(router_decode(ra, s));
+        } else {
+            ResidualArgs none;
+            GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, m.rms_norm_eps, xn_, n, m.H, s));
+            GPTOSS_TRY(gemm(L.router, xn_, n, nullptr, Epilogue::kStore, rlogits_, nullptr, m.E, 0, rnb, s));
+            GPTOSS_TRY(router_route(rlogits_, n, m.E, m.K, experts_, weights_, tiles_, pairs_, tile_tokens, s));
+        }
         GPTOSS_TRY(mark("rmsnorm + router + route"));
         GemmRoute r1;
         r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = m.K; r1.tile_tokens = tile_tokens;

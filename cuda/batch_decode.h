@@ -162,6 +162,7 @@ private:
     float* logits_ = nullptr;
     float* partial_ = nullptr;
     int* counters_ = nullptr;
+    int* route_counter_ = nullptr;  // router_decode's, where it takes the counter path (re-armed by it)
     SampleRow* rows_ = nullptr;      // [cap_items_]
     int32_t* sampled_ = nullptr;     // [cap_items_]
     void* sample_scratch_ = nullptr;  // sample_rows_scratch_bytes(cap_items_)

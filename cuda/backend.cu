@@ -8,10 +8,8 @@
 #include "cuda/backend.h"
 #include "cuda/batch_decode.h"
 #include "cuda/common.cuh"
-#include "cuda/decode_fold.h"
 #include "cuda/decode_probe.h"
 #include "cuda/host_moe.h"
-#include "cuda/moe_decode.h"
 #include "cuda/kernels.h"
 #include "cuda/multi_gpu.h"
 #include "cpu/reference.h"
@@ -163,7 +161,7 @@ private:
 public:
     // Device bytes of this session's KV cache and scratch (layout(nullptr) measures).
     size_t layout(char* base);
-    // Split model: x_, x_alt_, part_, logits_ carved from `base` instead (nullptr: measures),
+    // Split model: x_, part_, logits_ carved from `base` instead (nullptr: measures),
     // place_collectives() also zeroes them.
     size_t carve_collectives(char* base);
     [[nodiscard]] gptoss_status place_collectives(char* base);
@@ -188,7 +186,6 @@ private:
     StepInfo* step_ = nullptr;
     int32_t* tokens_ = nullptr;
     float* x_ = nullptr;
-    float* x_alt_ = nullptr;  // decode with the fused combine + norm: the residual alternates x_ / x_alt_
     uint16_t* xn_ = nullptr;
     float* qkv_ = nullptr;
     float* q_ = nullptr;
@@ -668,7 +665,6 @@ size_t CudaSession::layout(char* base) {
     step_ = cv.take<StepInfo>(sizeof(StepInfo));
     tokens_ = cv.take<int32_t>(T * 4);
     x_ = cv.take<float>(size_t(T) * d.H * 4);
-    x_alt_ = cv.take<float>(size_t(d.H) * 4);
     xn_ = cv.take<uint16_t>(size_t(T) * d.H * 2);
     qkv_ = cv.take<float>(size_t(T) * d.QKV * 4);
     q_ = cv.take<float>(size_t(T) * d.QD * 4);
@@ -687,7 +683,7 @@ size_t CudaSession::layout(char* base) {
     argmax_ = cv.take<int32_t>(8);
     token_ = cv.take<int32_t>(4);
     sample_scratch_ = cv.take<void>(sample_bytes_);
-    counters_ = cv.take<int>(size_t(d.G + 2 + kMoeDecodeCounters) * 4);  // attention's G, the router's, moe_decode's, the fold's
+    counters_ = cv.take<int>(size_t(d.G + 1) * 4);  // attention's G, the router's
     kv_.assign(c.n_layers, LayerKv{});
     for (uint32_t l = 0; l < c.n_layers; ++l) {
         LayerKv& kv = kv_[l];
@@ -707,10 +703,9 @@ size_t CudaSession::carve_collectives(char* base) {
     const Dims& d = be_.dims_;
     Carver cv(base);
     float* x = cv.take<float>(size_t(max_batch_) * d.H * 4);
-    float* x_alt = cv.take<float>(size_t(d.H) * 4);
     float* part = cv.take<float>(size_t(max_batch_) * d.K * d.H * 4);
     float* logits = cv.take<float>(std::max<size_t>(d.V, size_t(be_.lm_rows()) * be_.rank_.n_ranks) * 4);
-    if (base) x_ = x, x_alt_ = x_alt, part_ = part, logits_ = logits;
+    if (base) x_ = x, part_ = part, logits_ = logits;
     return cv.used();
 }
 
@@ -796,26 +791,13 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
     GPTOSS_TRY(mark("start"));
     GPTOSS_TRY(residual_rmsnorm(embed, x_, b.layers_[0].attn_norm, c.rms_norm_eps, xn_, n, d.H, s));
     GPTOSS_TRY(mark("embed+norm"));
-    // Decode may fold each layer's MoE combine + the next RMSNorm into the next QKV GEMV
-    // (gemm_decode_normed); the residual then moves between x_ and x_alt_ each layer.
-    const DecodeTuning& dt = decode_tuning();
-    const bool fuse_norm = decode && dt.fuse_norm && !dt.legacy && decode_norm_supported(d.H, d.K);
-    // Or fold it into the MoE down GEMV's last CTA (decode_fold.h; single GPU, device experts).
-    const bool fold_norm = decode && !fuse_norm && !dt.legacy && !comm_ && decode_fold_mode() != 0 &&
-                           decode_fold_supported(d.H, d.K, dt.fp4);
     float* x = x_;
-    float* x_other = x_alt_;
     // Timing only (decode_probe.h): an empty kernel in place of each op GPTOSS_DECODE_PROBE lists.
     const auto emptied = [&](DecodeOp op) { return decode && decode_probe_skips(op); };
     for (uint32_t l = 0; l < c.n_layers; ++l) {
         const LayerDev& L = b.layers_[l];
         const LayerKv& kv = kv_[l];
-        if (fuse_norm && l > 0) {
-            const DecodeNorm nm{x, part_, weights_, d.K, L.attn_norm, c.rms_norm_eps, x_other};
-            GPTOSS_TRY(gemm_decode_normed(b.dense(L.qkv_w, L.qkv_b, d.QKV, d.H), nm, qkv_, d.QKV, dt.bf16, s));
-            std::swap(x, x_other);
-            GPTOSS_TRY(mark("moe combine + rmsnorm + qkv gemm (fused)"));
-        } else if (emptied(DecodeOp::kQkv)) {
+        if (emptied(DecodeOp::kQkv)) {
             GPTOSS_TRY(decode_probe_empty(s));
         } else {
             GPTOSS_TRY(project(decode, b.dense(L.qkv_w, L.qkv_b, d.QKV, d.H), xn_, n, nullptr, Epilogue::kStore, qkv_,
@@ -883,28 +865,14 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
         GemmRoute r2 = r1;
         r2.in_div = 1;
         const float* next_norm = l + 1 < c.n_layers ? b.layers_[l + 1].attn_norm : b.final_norm_;
-        bool folded = false;
-        MoeDecodeArgs ma;  // decode: the persistent MoE kernel (moe_decode.h) when switched on
-        ma.gate_up = b.experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H); ma.down = b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I);
-        ma.x = xn_; ma.route = r1; ma.act = act_; ma.part = part_; ma.swiglu_limit = c.swiglu_limit; ma.counters = counters_ + d.G + 1;
         if (l < b.n_host_) {
             GPTOSS_TRY(host_moe(l, n, decode, r1, r2));
-        } else if (decode && !dt.legacy && moe_decode_enabled(ma, dt.fp4)) {
-            GPTOSS_TRY(moe_decode(ma, dt.fp4, s));
-            GPTOSS_TRY(mark("moe gate_up + swiglu + down (persistent)"));
         } else {
             if (emptied(DecodeOp::kGateUp)) GPTOSS_TRY(decode_probe_empty(s));
             else GPTOSS_TRY(project(decode, b.experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H), xn_, n, &r1,
                                     Epilogue::kSwiglu, nullptr, act_, d.I, c.swiglu_limit));
             GPTOSS_TRY(mark("moe gate_up + swiglu"));
-            if (fold_norm) {
-                int* counter = counters_ + d.G + 1 + kMoeDecodeCounters;
-                const DecodeFold f{x, weights_, d.K, next_norm, c.rms_norm_eps, xn_, counter, decode_fold_mode()};
-                GPTOSS_TRY(gemm_decode_folded(b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I), act_, r2, dt.route_ready,
-                                              part_, f, dt.fp4, s));
-                folded = true;
-                GPTOSS_TRY(mark("moe down + combine + rmsnorm (folded)"));
-            } else if (emptied(DecodeOp::kDown)) {
+            if (emptied(DecodeOp::kDown)) {
                 GPTOSS_TRY(decode_probe_empty(s));
             } else {
                 GPTOSS_TRY(project(decode, b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I), act_, n * d.K, &r2,
@@ -918,26 +886,23 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
         moe.weights = weights_;
         moe.K = d.K;
         // Split model: each rank's expert outputs are partial sums over its expert columns.
-        // Decode all-reduces them (K rows: latency-bound; the combine, fused or not, stays as
-        // is); a chunk all-reduces the combined residual instead (K times fewer bytes), rank 0
+        // Decode all-reduces them (K rows: latency-bound; the combine stays as is); a chunk all-reduces the combined residual instead (K times fewer bytes), rank 0
         // adding it.
         const bool reduce_parts = comm_ && decode;
         if (reduce_parts) {
             GPTOSS_TRY(rank_all_reduce(comm_, part_, size_t(n) * d.K * d.H, s));
             GPTOSS_TRY(mark("all-reduce (moe)"));
         }
-        if (!folded && !(fuse_norm && l + 1 < c.n_layers)) {
-            if (comm_ && !reduce_parts && b.rank_.rank != 0)  // the residual is rank 0's to add
-                GPTOSS_CUDA_TRY(cudaMemsetAsync(x, 0, size_t(n) * d.H * sizeof(float), s));
-            if (emptied(DecodeOp::kCombine)) GPTOSS_TRY(decode_probe_empty(s));
-            else GPTOSS_TRY(residual_rmsnorm(moe, x, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
-            GPTOSS_TRY(mark("moe combine + rmsnorm"));
-            if (comm_ && !reduce_parts) {
-                GPTOSS_TRY(rank_all_reduce(comm_, x, size_t(n) * d.H, s));
-                ResidualArgs none;
-                GPTOSS_TRY(residual_rmsnorm(none, x, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
-                GPTOSS_TRY(mark("all-reduce (moe) + rmsnorm"));
-            }
+        if (comm_ && !reduce_parts && b.rank_.rank != 0)  // the residual is rank 0's to add
+            GPTOSS_CUDA_TRY(cudaMemsetAsync(x, 0, size_t(n) * d.H * sizeof(float), s));
+        if (emptied(DecodeOp::kCombine)) GPTOSS_TRY(decode_probe_empty(s));
+        else GPTOSS_TRY(residual_rmsnorm(moe, x, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
+        GPTOSS_TRY(mark("moe combine + rmsnorm"));
+        if (comm_ && !reduce_parts) {
+            GPTOSS_TRY(rank_all_reduce(comm_, x, size_t(n) * d.H, s));
+            ResidualArgs none;
+            GPTOSS_TRY(residual_rmsnorm(none, x, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
+            GPTOSS_TRY(mark("all-reduce (moe) + rmsnorm"));
         }
     }
     // One row: the decode GEMV serves prefill too (a row's bits depend only on that row).

@@ -152,7 +152,7 @@ __device__ __forceinline__ void fragment(const Chunk& ch, int j, uint32_t (&a)[4
     }
 }
 
-// ---- Decode MXFP4 arithmetic (gemm_decode.cu, moe_decode.cu; issue 12) ----
+// ---- Decode MXFP4 arithmetic (gemm_decode.cu; issue 12) ----
 // Decode K/V is never reused by a later call, so the T = 1 GEMVs need not match gemm.cu's bits
 // (they split K over warps in an order of their own), but per element they use the same bf16
 // values: fragment<true> (the e2m1_word_bits layout, one bf16 multiply by the block scale per

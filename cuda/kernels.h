@@ -161,11 +161,10 @@ struct DecodeGemv {
 struct DecodeTuning {
     bool legacy = false;
     DecodeGemv bf16{8, 4, false};
-    // MXFP4: the activation row is staged in shared memory as fp16, so shfl_x has no effect;
+    // MXFP4: the activation row is staged in shared memory (bf16), so shfl_x has no effect;
     // 8 chunks in flight per warp (bench/NOTES.md "v17 decode").
     DecodeGemv fp4{4, 8, true};
     bool route_ready = true;
-    bool fuse_norm = false;  // GPTOSS_DECODE_FUSE_NORM: gemm_decode_normed for QKV (layers >= 1)
 };
 const DecodeTuning& decode_tuning();
 // Every compiled (mxfp4, variant) pair (tests run them all).
@@ -174,24 +173,6 @@ std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants();
                                         bool route_ready, Epilogue epilogue, float* out_f32, uint16_t* out_bf16,
                                         uint32_t ldo, float swiglu_limit, const DecodeGemv& variant,
                                         cudaStream_t stream);
-// The dense decode GEMV (kStore) with the previous layer's MoE combine + residual add and this
-// layer's RMSNorm as its prologue: x_out = x + Σ_s weights[s] · part[s] (fp32 [H], = the
-// residual of residual_rmsnorm kMoeAdd, bit-identical; written by one CTA, so x_out != x),
-// activation = bf16(RMSNorm(x_out) · norm_w) (bit-identical to that launch's xn), then out_f32 =
-// W · activation + bias. part: fp32 [K, H]; weights: fp32 [K]; H = w.K. Supported when
-// decode_norm_supported(H, K); variant.shfl_x is ignored (the row is in shared memory).
-struct DecodeNorm {
-    const float* x = nullptr;
-    const float* part = nullptr;
-    const float* weights = nullptr;
-    uint32_t K = 0;
-    const float* norm_w = nullptr;
-    float eps = 0.0f;
-    float* x_out = nullptr;
-};
-bool decode_norm_supported(uint32_t H, uint32_t K);
-[[nodiscard]] gptoss_status gemm_decode_normed(const GemmWeights& w, const DecodeNorm& norm, float* out_f32,
-                                               uint32_t ldo, const DecodeGemv& variant, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------
 // Residual stream + RMSNorm (rmsnorm.cu). One CTA per token:

@@ -19,7 +19,6 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 T="$OUT/tests.txt"
 {
   echo "== test-kernels-decode"; timeout 60 "$bin/test-kernels-decode"; echo "rc=$?"
-  echo "== test-kernels-fold"; timeout 60 "$bin/test-kernels-fold"; echo "rc=$?"
   echo "== test-kernels router_decode (counter and cluster)"
   timeout 60 "$bin/test-kernels" -tc='*router_decode*'; echo "rc=$?"
 } > "$T" 2>&1

@@ -47,7 +47,8 @@ int dense_nb(uint32_t n) {
 }
 // Column tiles per CTA of the per-layer projections QKV, O and router (GPTOSS_DECODE_BATCH_PROJ_NB;
 // GPTOSS_DECODE_BATCH_ROUTER_NB overrides it for the router): 1 | 2 | 8 forces one, unset or 0 =
-// dense_nb for QKV and O, and nb 2 above 8 tokens for the router. H200 per-op profile at 64
+// nb 2 for QKV and O at 9-15 tokens (below dense_batch_gemm's threshold) else dense_nb, and nb 2
+// above 8 tokens for the router. H200 per-op profile at 64
 // tokens (bench/NOTES.md "v16 batched decode"): QKV and O at nb 2 or 1 are no faster or slower
 // (0.59 -> 0.86 / 1.33 ms per step for QKV), the router's two 16-row slabs at nb 2 or 1 are 0.27
 // ms per step faster; through gptoss-bench at 64 streams the router at nb 2 gave +2.1 % and
@@ -56,7 +57,11 @@ int dense_nb(uint32_t n) {
 int forced_nb(const char* name) { return env_choice(name, {1, 2, 8}, 0); }
 int proj_nb(uint32_t n) {
     static const int forced = forced_nb("GPTOSS_DECODE_BATCH_PROJ_NB");
-    return forced ? forced : dense_nb(n);
+    if (forced) return forced;
+    // Steps of 9-15 tokens (below dense_batch_gemm's threshold): 2 column tiles per CTA, so each
+    // slab's weights stream through the NB <= 2 register ring (QKV 0.419 -> 0.343, O 0.470 -> 0.320
+    // ms per 12-token step against 8 tiles; bench/NOTES.md "v23").
+    return n > 8 && n < kDenseBatchMinTokens && !dense_nb_forced() ? 2 : dense_nb(n);
 }
 int router_nb(uint32_t n) {
     static const int forced = forced_nb("GPTOSS_DECODE_BATCH_ROUTER_NB");

@@ -299,7 +299,9 @@ gptoss_status dense_batch_gemm(const GemmWeights& w, const uint16_t* x, uint32_t
 
 bool dense_batch_use(uint32_t which, uint32_t n) {
     static const uint32_t mask = uint32_t(env_int("GPTOSS_DECODE_BATCH_DENSE", int(kDenseBatchMask))) & kDenseAll;
-    static const uint32_t min_tokens = uint32_t(std::max(1, env_int("GPTOSS_DECODE_BATCH_DENSE_MIN", int(kDenseBatchMinTokens))));
+    static const int env_min = env_int("GPTOSS_DECODE_BATCH_DENSE_MIN", 0);
+    const uint32_t min_tokens = env_min > 0 ? uint32_t(env_min)
+                                : which == kDenseLmHead ? kDenseBatchMinTokensLmHead : kDenseBatchMinTokens;
     return (mask & which) && n >= min_tokens && dense_batch_supported();
 }
 

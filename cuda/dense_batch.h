@@ -47,9 +47,15 @@ constexpr uint32_t kDenseAll = kDenseQkv | kDenseO | kDenseLmHead;
 // Whether the batched step runs projection `which` (kDenseQkv, kDenseO or kDenseLmHead) of a step of
 // n tokens through dense_batch_gemm rather than gemm() (the same bits either way): the projection's
 // bit in GPTOSS_DECODE_BATCH_DENSE (read once; default kDenseBatchMask) and n >=
-// GPTOSS_DECODE_BATCH_DENSE_MIN (default kDenseBatchMinTokens); never on a device without clusters.
+// GPTOSS_DECODE_BATCH_DENSE_MIN (default kDenseBatchMinTokens, kDenseBatchMinTokensLmHead for
+// lm_head); never on a device without clusters. Below the threshold QKV and O take gemm() at 2
+// column tiles per CTA from 9 tokens (cuda/batch_decode.cu proj_nb). H200, 20b, steps of 12
+// tokens (bench/NOTES.md "v23"): lm_head 0.339 ms per step on gemm() at 8 column tiles, 0.281 on
+// dense_batch_gemm; QKV / O 0.419 / 0.470 at 8 tiles, 0.419 / 0.380 on dense_batch_gemm, 0.343 /
+// 0.320 at 2 tiles.
 constexpr uint32_t kDenseBatchMask = kDenseAll;  // all three (bench/NOTES.md "v21 batched dense")
 constexpr uint32_t kDenseBatchMinTokens = 16;
+constexpr uint32_t kDenseBatchMinTokensLmHead = 9;
 bool dense_batch_use(uint32_t which, uint32_t n);
 
 // Tests and tuning: force the CTA shape, warps 4 or 8, slabs per warp 1 or 2, token columns 32 or

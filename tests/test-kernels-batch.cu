@@ -1,7 +1,7 @@
 // tests/test-kernels-batch.cu - batched decode on the GPU (cuda/batch_decode.h, issue 13): one
 // CudaBackend::decode_batch step over N sessions, each at its own position (some past the
 // 128-key sliding window, some past 2048 keys), against (a) the same item run alone through
-// decode_batch (N = 1): bit for bit, for N = 1, 3, 8, 17, 64, 70, in another order too, and over
+// decode_batch (N = 1): bit for bit, for N = 1, 3, 8, 12, 17, 64, 70, in another order too, and over
 // several consecutive steps (K/V written by batched steps read by later ones); (b) the CPU
 // reference backend (the oracle), within the bf16 tolerance, on the tiny checkpoint with router
 // biases that keep the top-4 away from near-ties. Also: bad items fail alone with their own
@@ -91,10 +91,10 @@ std::vector<uint32_t> iota(uint32_t n) {
 
 }  // namespace
 
-TEST_CASE("a batched step's logits per item equal the item alone, bit for bit, N = 1, 3, 8, 17, 64, 70") {
+TEST_CASE("a batched step's logits per item equal the item alone, bit for bit, N = 1, 3, 8, 12, 17, 64, 70") {
     REQUIRE(cuda::batch_decode_enabled());
     Backend& b = gpu();
-    for (uint32_t n : {1u, 3u, 8u, 17u, 64u, 70u}) {  // 70: two 64-column tiles, no graph
+    for (uint32_t n : {1u, 3u, 8u, 12u, 17u, 64u, 70u}) {  // 12: QKV / O at nb 2, lm_head dense; 70: two 64-column tiles, no graph
         CAPTURE(n);
         std::vector<Stream> streams;
         for (uint32_t i = 0; i < n; ++i) streams.push_back(make_stream(b, position_of(i * 7 + n), 100 + i));

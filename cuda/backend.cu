@@ -791,7 +791,6 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
     GPTOSS_TRY(mark("start"));
     GPTOSS_TRY(residual_rmsnorm(embed, x_, b.layers_[0].attn_norm, c.rms_norm_eps, xn_, n, d.H, s));
     GPTOSS_TRY(mark("embed+norm"));
-    float* x = x_;
     // Timing only (decode_probe.h): an empty kernel in place of each op GPTOSS_DECODE_PROBE lists.
     const auto emptied = [&](DecodeOp op) { return decode && decode_probe_skips(op); };
     for (uint32_t l = 0; l < c.n_layers; ++l) {
@@ -836,22 +835,22 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
         // all-reduce sums them (gptoss-shard.h).
         if (emptied(DecodeOp::kO)) GPTOSS_TRY(decode_probe_empty(s));
         else GPTOSS_TRY(project(decode, b.dense(L.o_w, L.o_b, d.H, d.QD), attn_, n, nullptr,
-                                b.rank_.rank == 0 ? Epilogue::kAdd : Epilogue::kStore, x, nullptr, d.H, 0));
+                                b.rank_.rank == 0 ? Epilogue::kAdd : Epilogue::kStore, x_, nullptr, d.H, 0));
         GPTOSS_TRY(mark("o gemm + residual"));
         if (comm_) {
-            GPTOSS_TRY(rank_all_reduce(comm_, x, size_t(n) * d.H, s));
+            GPTOSS_TRY(rank_all_reduce(comm_, x_, size_t(n) * d.H, s));
             GPTOSS_TRY(mark("all-reduce (attention)"));
         }
         if (decode && router_decode_supported(d.E, d.K, d.H)) {
             RouterDecodeArgs ra;
-            ra.x = x; ra.norm_w = L.mlp_norm; ra.eps = c.rms_norm_eps; ra.router = b.dense(L.router_w, L.router_b, d.E, d.H);
+            ra.x = x_; ra.norm_w = L.mlp_norm; ra.eps = c.rms_norm_eps; ra.router = b.dense(L.router_w, L.router_b, d.E, d.H);
             ra.K = d.K; ra.xn = xn_; ra.logits = rlogits_; ra.counter = counters_ + d.G; ra.experts = experts_; ra.weights = weights_; ra.tiles = tiles_; ra.pairs = pairs_;
             if (emptied(DecodeOp::kRouter)) GPTOSS_TRY(decode_probe_empty(s));
             else GPTOSS_TRY(router_decode(ra, s));
             GPTOSS_TRY(mark("rmsnorm + router + top-k (fused)"));
         } else {
             ResidualArgs none;
-            GPTOSS_TRY(residual_rmsnorm(none, x, L.mlp_norm, c.rms_norm_eps, xn_, n, d.H, s));
+            GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, c.rms_norm_eps, xn_, n, d.H, s));
             GPTOSS_TRY(mark("rmsnorm"));
             GPTOSS_TRY(project(decode, b.dense(L.router_w, L.router_b, d.E, d.H), xn_, n, nullptr, Epilogue::kStore,
                                rlogits_, nullptr, d.E, 0));
@@ -886,22 +885,22 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
         moe.weights = weights_;
         moe.K = d.K;
         // Split model: each rank's expert outputs are partial sums over its expert columns.
-        // Decode all-reduces them (K rows: latency-bound; the combine stays as is); a chunk all-reduces the combined residual instead (K times fewer bytes), rank 0
-        // adding it.
+        // Decode all-reduces them (K rows: latency-bound; the combine stays as is); a chunk
+        // all-reduces the combined residual instead (K times fewer bytes), rank 0 adding it.
         const bool reduce_parts = comm_ && decode;
         if (reduce_parts) {
             GPTOSS_TRY(rank_all_reduce(comm_, part_, size_t(n) * d.K * d.H, s));
             GPTOSS_TRY(mark("all-reduce (moe)"));
         }
         if (comm_ && !reduce_parts && b.rank_.rank != 0)  // the residual is rank 0's to add
-            GPTOSS_CUDA_TRY(cudaMemsetAsync(x, 0, size_t(n) * d.H * sizeof(float), s));
+            GPTOSS_CUDA_TRY(cudaMemsetAsync(x_, 0, size_t(n) * d.H * sizeof(float), s));
         if (emptied(DecodeOp::kCombine)) GPTOSS_TRY(decode_probe_empty(s));
-        else GPTOSS_TRY(residual_rmsnorm(moe, x, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
+        else GPTOSS_TRY(residual_rmsnorm(moe, x_, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
         GPTOSS_TRY(mark("moe combine + rmsnorm"));
         if (comm_ && !reduce_parts) {
-            GPTOSS_TRY(rank_all_reduce(comm_, x, size_t(n) * d.H, s));
+            GPTOSS_TRY(rank_all_reduce(comm_, x_, size_t(n) * d.H, s));
             ResidualArgs none;
-            GPTOSS_TRY(residual_rmsnorm(none, x, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
+            GPTOSS_TRY(residual_rmsnorm(none, x_, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
             GPTOSS_TRY(mark("all-reduce (moe) + rmsnorm"));
         }
     }

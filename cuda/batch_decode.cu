@@ -9,8 +9,9 @@
 // to 16 of its tokens, cuda/moe_decode_batch.h), residual_rmsnorm per row, and the
 // decode attention kernel indexed by item (attention_decode_batch: each item its own cache,
 // position and window). A lone token's MLP norm, router and route are router_decode's one launch
-// (router.cu; bit-identical to the three launches of larger steps). The K split and reduction order of every kernel are functions of the
-// shape only, never of N or of which tokens share a tile, so a session's logits are bit-identical
+// (router.cu; bit-identical to the three launches of larger steps). The K split and reduction
+// order of every kernel are functions of the shape only, never of N or of which tokens share a
+// tile, so a session's logits are bit-identical
 // whatever the batch (batch invariance; tests/test-kernels-batch.cu). Steps of at least
 // batch_sample_min_items() tokens then sample the rows whose sessions asked for it
 // (cuda/sample_batch.h; the same tokens as each session's own sampler) and return the tokens;
@@ -48,8 +49,8 @@ int dense_nb(uint32_t n) {
 // Column tiles per CTA of the per-layer projections QKV, O and router (GPTOSS_DECODE_BATCH_PROJ_NB;
 // GPTOSS_DECODE_BATCH_ROUTER_NB overrides it for the router): 1 | 2 | 8 forces one, unset or 0 =
 // nb 2 for QKV and O at 9-15 tokens (below dense_batch_gemm's threshold) else dense_nb, and nb 2
-// above 8 tokens for the router. H200 per-op profile at 64
-// tokens (bench/NOTES.md "v16 batched decode"): QKV and O at nb 2 or 1 are no faster or slower
+// above 8 tokens for the router. H200 per-op profile at 64 tokens (bench/NOTES.md "v16 batched
+// decode"): QKV and O at nb 2 or 1 are no faster or slower
 // (0.59 -> 0.86 / 1.33 ms per step for QKV), the router's two 16-row slabs at nb 2 or 1 are 0.27
 // ms per step faster; through gptoss-bench at 64 streams the router at nb 2 gave +2.1 % and
 // +2.0 % in two rounds against nb 8 (v18 batched decode). lm_head keeps dense_nb: its CTAs run

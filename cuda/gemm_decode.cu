@@ -53,7 +53,7 @@ struct DecodeArgs {
 constexpr uint32_t kMaxRowK = 4096;  // the MXFP4 activation row lives in shared memory
 
 template <bool kFp4, int NW, int kDepth, bool kShfl>
-__device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
+__global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs args) {
     constexpr uint32_t R = NW * 32;
     __shared__ float red[NW][16];
     // MXFP4: the staged activation row, permuted as it is.
@@ -206,11 +206,6 @@ __device__ __forceinline__ void gemv_decode_body(const DecodeArgs& args) {
             if (args.epilogue == int(Epilogue::kAdd)) *o += v; else *o = v;
         }
     }
-}
-
-template <bool kFp4, int NW, int kDepth, bool kShfl>
-__global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs args) {
-    gemv_decode_body<kFp4, NW, kDepth, kShfl>(args);
 }
 
 using KernelFn = void (*)(const DecodeArgs);

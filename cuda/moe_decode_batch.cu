@@ -287,12 +287,11 @@ gptoss_status moe_batch_gemm(const GemmWeights& w, const uint16_t* x, const Gemm
     const KernelArgs a = kernel_args(w, x, 0, &route, epilogue, out_f32, out_bf16, ldo, swiglu_limit);
     DeviceProps dp;
     GPTOSS_CUDA_TRY(current_device_props(&dp));
-    const int max_smem = dp.max_smem_optin;
     const uint32_t xstride = a.w.K / 8 + 1;  // one uint4 of padding: the 8 columns' fragments in different banks
     const size_t xbytes = size_t(16) * xstride * 16;
-    if (xbytes > size_t(max_smem))
+    if (xbytes > size_t(dp.max_smem_optin))
         return fail(GPTOSS_ERR_INTERNAL, "moe_batch_gemm: 16 activation rows of K=%u need %zu bytes of shared "
-                    "memory, the device gives a CTA %d", a.w.K, xbytes, max_smem);
+                    "memory, the device gives a CTA %d", a.w.K, xbytes, dp.max_smem_optin);
     const uint32_t total = a.route.max_tiles * ((a.w.N + 15) / 16);
     // The CTA size and the weight chunks in flight per warp (the same bits whichever): 16 warps of
     // 12 chunks for routes of up to 16 tiles (steps of up to 4 tokens), 20 of 6 up to 36 tiles

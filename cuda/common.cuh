@@ -218,10 +218,14 @@ __host__ __device__ __forceinline__ uint32_t permuted_k(uint32_t k) {
 // gpt-oss's clamped SwiGLU of one intermediate element from its gate and up projections (bias
 // included; MODEL.md): gate clamped above at limit, up to [-limit, limit], then
 // (up + 1) · gate · σ(1.702 · gate), in this order (the bits of every GPU epilogue).
+// σ through the hardware approximations (ex2.approx and rcp.approx, relative error ~2^-21; the
+// result is rounded to bf16, 2^-8): ~5 instructions instead of the ~25 of IEEE expf and
+// division, which the MoE gate_up epilogue pays once per output (bench/NOTES.md v24).
+// Large negative gates give exp → inf and σ → 0, as expf does.
 __device__ __forceinline__ float swiglu_clamped(float gate, float up, float limit) {
     gate = fminf(gate, limit);
     up = fminf(fmaxf(up, -limit), limit);
-    const float sig = 1.0f / (1.0f + expf(-1.702f * gate));
+    const float sig = __fdividef(1.0f, 1.0f + __expf(-1.702f * gate));
     return (up + 1.0f) * (gate * sig);
 }
 

@@ -147,6 +147,47 @@ __device__ __forceinline__ void load_warp_slabs(uint32_t sa, const char* wsrc, c
     }
 }
 
+// load_warp_slabs for one expert's tile, the sources of chunk 0 worked out once: the copy of
+// chunk c costs one multiply-add per 16-byte unit (the same copies, the same bytes).
+template <bool kFp4, int kSpw>
+struct WarpSlabCopies {
+    static constexpr int kU = kFp4 ? 1 : 4;               // 16-byte units per slab per lane
+    static constexpr uint32_t kStep = kFp4 ? 512u : 2048u;  // bytes of one slab's chunk
+    const char* w[kSpw];
+    uint32_t on = 0;  // bit m: slab kSpw·warp + m exists; bit kSpw: this lane copies scales
+    const char* s = nullptr;
+    __device__ __forceinline__ WarpSlabCopies(const char* wsrc, const char* ssrc, uint32_t slab0, uint32_t n_slabs,
+                                              uint32_t n_chunks, int warp, int lane) {
+#pragma unroll
+        for (int m = 0; m < kSpw; ++m) {
+            const uint32_t slab = slab0 + uint32_t(kSpw * warp + m);
+            const bool v = slab < n_slabs;
+            on |= v ? 1u << m : 0u;
+            w[m] = wsrc + size_t(v ? slab : 0u) * n_chunks * kStep + uint32_t(lane) * 16;
+        }
+        if constexpr (kFp4) {
+            const uint32_t slab = slab0 + uint32_t(kSpw * warp + (lane >> 2));
+            const bool v = lane < 4 * kSpw && slab < n_slabs;
+            on |= v ? 1u << kSpw : 0u;
+            s = ssrc + size_t(v ? slab : 0u) * n_chunks * 64 + uint32_t(lane & 3) * 16;
+        }
+    }
+    __device__ __forceinline__ void issue(uint32_t sa, uint32_t c, int warp, int lane) const {
+#pragma unroll
+        for (int m = 0; m < kSpw; ++m) {
+            if (!(on >> m & 1u)) continue;
+            const uint32_t sl = uint32_t(kSpw * warp + m);
+#pragma unroll
+            for (int j = 0; j < kU; ++j)
+                cp_async16_zfill(sa + sl * kStep + uint32_t(j * 512 + lane * 16), w[m] + size_t(c) * kStep + j * 512, true);
+        }
+        if constexpr (kFp4)
+            if (on >> kSpw & 1u)
+                cp_async16_zfill(sa + a_bytes<kFp4>() + uint32_t(kSpw * warp + (lane >> 2)) * 64 + uint32_t(lane & 3) * 16,
+                                 s + size_t(c) * 64, true);
+    }
+};
+
 // One warp turns slab sl of a landed 64-k weight chunk (at sa in load_weight_chunk's layout,
 // scales at sa + kA) into bf16 rows 16·sl + g and + 8 of the A tile at ab (128 bytes a row, the
 // activations' permuted k order, 16-byte units XOR-swizzled by row: wgmma's 128B-swizzle K-major
@@ -198,6 +239,12 @@ template <int N> __device__ __forceinline__ void acc_fence(float (&d)[N]) {
 // by 32 bytes per k16 step inside the 128-byte row.
 __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
     return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+// For a shared address a (< 256 KB, 16-byte aligned) sw128_desc(a) is sw128_desc(0) + a / 16 and
+// its high word is constant: the main loops keep a descriptor's low word and move it with its
+// address by 32-bit adds (desc_of_lo(uint32_t(sw128_desc(a)) + off / 16) == sw128_desc(a + off)).
+__device__ __forceinline__ uint64_t desc_of_lo(uint32_t lo) {
+    return (sw128_desc(0u) & 0xFFFFFFFF00000000ull) | lo;
 }
 // wgmma m64nNk16, A and B by shared-memory descriptor, bf16 → fp32.
 __device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t adesc, uint64_t bdesc, uint32_t acc_in) {

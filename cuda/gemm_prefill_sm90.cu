@@ -59,35 +59,41 @@ static_assert(sm90_fits<true, 128, 1>() && sm90_fits<true, 64, 1>() && sm90_fits
                   sm90_fits<true, 64, 1, true>(),
               "shared memory");
 
-// cp.async of weight chunk c of slabs [slab0, slab0 + 8·kM) into sa (layout as load_weight_chunk:
-// slab i's 512 / 2048 bytes at i·512 / i·2048, MXFP4 scales (64 bytes a slab) after all slabs).
+// The cp.async copies of one 64-k weight chunk of slabs [slab0, slab0 + 8·kM) that thread tid
+// issues (layout as load_weight_chunk: slab i's 512 / 2048 bytes at i·512 / i·2048 of the stage's
+// weight area, MXFP4 scales, 64 bytes a slab, after all slabs): the sources of chunk 0 are
+// worked out once, so the copy of chunk c costs one multiply-add per 16-byte unit. Slabs past
+// n_slabs are skipped (their rows are never stored).
 template <bool kFp4, int kM>
-__device__ __forceinline__ void load_weights_m(uint32_t sa, const char* wsrc, const char* ssrc, uint32_t slab0,
-                                               uint32_t n_slabs, uint32_t n_chunks, uint32_t c, int tid) {
-    if constexpr (kM == 1) {
-        load_weight_chunk<kFp4>(sa, wsrc, ssrc, slab0, n_slabs, n_chunks, c, tid);
-    } else if constexpr (kFp4) {
+struct WeightCopies {
+    static constexpr int kW = kFp4 ? kM : 4 * kM;           // 16-byte weight units per thread
+    static constexpr uint32_t kStep = kFp4 ? 512u : 2048u;  // bytes of one slab's chunk
+    const char* w[kW];
+    bool w_on[kW];
+    const char* s = nullptr;  // MXFP4 scales: threads tid < 32·kM
+    bool s_on = false;
+    __device__ __forceinline__ WeightCopies(const char* wsrc, const char* ssrc, uint32_t slab0, uint32_t n_slabs,
+                                            uint32_t n_chunks, int tid) {
 #pragma unroll
-        for (int r = 0; r < kM; ++r) {
-            const uint32_t u = uint32_t(tid + kThreads * r), slab = slab0 + (u >> 5);
-            if (slab < n_slabs) cp_async16_zfill(sa + u * 16, wsrc + (size_t(slab) * n_chunks + c) * 512 + (u & 31) * 16, true);
+        for (int r = 0; r < kW; ++r) {
+            const uint32_t u = uint32_t(tid + kThreads * r), slab = slab0 + (kFp4 ? u >> 5 : u >> 7);
+            w_on[r] = slab < n_slabs;
+            w[r] = wsrc + size_t(w_on[r] ? slab : 0u) * n_chunks * kStep + (u & (kFp4 ? 31u : 127u)) * 16;
         }
-        if (tid < 32 * kM) {
+        if constexpr (kFp4) {
             const uint32_t sslab = slab0 + uint32_t(tid >> 2);
-            if (sslab < n_slabs)
-                cp_async16_zfill(sa + kM * a_bytes<kFp4>() + uint32_t(tid) * 16,
-                                 ssrc + (size_t(sslab) * n_chunks + c) * 64 + uint32_t(tid & 3) * 16, true);
-        }
-    } else {
-#pragma unroll
-        for (int r = 0; r < 4 * kM; ++r) {
-            const uint32_t u = uint32_t(tid + kThreads * r), slab = slab0 + (u >> 7);
-            if (slab < n_slabs)
-                cp_async16_zfill(sa + u * 16, wsrc + (size_t(slab) * n_chunks + c) * 2048 + (u & 127) * 16, true);
+            s_on = tid < 32 * kM && sslab < n_slabs;
+            s = ssrc + size_t(s_on ? sslab : 0u) * n_chunks * 64 + uint32_t(tid & 3) * 16;
         }
     }
-}
-
+    __device__ __forceinline__ void issue(uint32_t sa, uint32_t c, int tid) const {
+#pragma unroll
+        for (int r = 0; r < kW; ++r)
+            if (w_on[r]) cp_async16_zfill(sa + uint32_t(tid + kThreads * r) * 16, w[r] + size_t(c) * kStep, true);
+        if constexpr (kFp4)
+            if (s_on) cp_async16_zfill(sa + kM * a_bytes<kFp4>() + uint32_t(tid) * 16, s + size_t(c) * 64, true);
+    }
+};
 
 template <bool kFp4, int TN, int kM, bool kC3>
 __global__ __launch_bounds__(kThreads, (sm90_ctas<kFp4, TN, kM, kC3>())) void gemm_prefill_sm90_kernel(const KernelArgs args) {
@@ -115,9 +121,8 @@ __global__ __launch_bounds__(kThreads, (sm90_ctas<kFp4, TN, kM, kC3>())) void ge
 
     const char *wsrc, *ssrc;
     expert_weights<kFp4>(args, expert, &wsrc, &ssrc);
-    auto load_a = [&](uint32_t stage, uint32_t c) {
-        load_weights_m<kFp4, kM>(st_base + stage * kStage + kBst, wsrc, ssrc, slab0, n_slabs, n_chunks, c, tid);
-    };
+    const WeightCopies<kFp4, kM> wcopy(wsrc, ssrc, slab0, n_slabs, n_chunks, tid);
+    auto load_a = [&](uint32_t stage, uint32_t c) { wcopy.issue(st_base + stage * kStage + kBst, c, tid); };
     if (!args.routed) {
 #pragma unroll
         for (int s = 0; s < S - 2; ++s)
@@ -126,23 +131,23 @@ __global__ __launch_bounds__(kThreads, (sm90_ctas<kFp4, TN, kM, kC3>())) void ge
     }
 
     // Token rows: this thread copies unit (tid & 7) of rows tid / 8 + 32 i; columns past n_cols
-    // are zero-filled.
+    // are zero-filled (their source stays at args.x: a step of 0 bytes a chunk).
     if (tid < TN) out_rows[tid] = tile_out_row(args, tile, uint32_t(tid));
-    const uint16_t* bsrc[kBUnits];
+    const char* bsrc[kBUnits];
+    uint32_t bstep[kBUnits], bdst[kBUnits];
     bool bvalid[kBUnits];
-    uint32_t bdst[kBUnits];
 #pragma unroll
     for (int i = 0; i < kBUnits; ++i) {
         const TokenUnit tu = token_unit(args, tile, uint32_t(tid >> 3) + 32u * i, uint32_t(tid & 7));
-        bsrc[i] = tu.src;
+        bsrc[i] = reinterpret_cast<const char*>(tu.src);
+        bstep[i] = tu.valid ? 128u : 0u;
         bvalid[i] = tu.valid;
         bdst[i] = tu.dst;
     }
     auto load_b = [&](uint32_t stage, uint32_t c) {
         const uint32_t sb = st_base + stage * kStage;
 #pragma unroll
-        for (int i = 0; i < kBUnits; ++i)
-            cp_async16_zfill(sb + bdst[i], bvalid[i] ? bsrc[i] + size_t(c) * 64 : bsrc[i], bvalid[i]);
+        for (int i = 0; i < kBUnits; ++i) cp_async16_zfill(sb + bdst[i], bsrc[i] + size_t(c) * bstep[i], bvalid[i]);
     };
     if (args.routed) {
 #pragma unroll
@@ -158,6 +163,9 @@ __global__ __launch_bounds__(kThreads, (sm90_ctas<kFp4, TN, kM, kC3>())) void ge
 
     float acc[kM][TN / 2];  // the first wgmma overwrites it
     uint32_t st = 0, st_fill = S - 2;  // ring stages of chunk c and of chunk c + S - 2
+    // Descriptor low words of this warpgroup's A rows in A buffer 0 and of stage 0's token rows.
+    const uint32_t a_lo0 = uint32_t(sw128_desc(base + uint32_t(wg) * (kABuf / 2)));
+    const uint32_t b_lo0 = uint32_t(sw128_desc(st_base));
     for (uint32_t c = 0; c < n_chunks; ++c) {
         cp_async_wait<S - 3>();
         fence_proxy_async();  // the token rows this thread copied → visible to wgmma
@@ -179,13 +187,13 @@ __global__ __launch_bounds__(kThreads, (sm90_ctas<kFp4, TN, kM, kC3>())) void ge
 #pragma unroll
         for (int m = 0; m < kM; ++m) acc_fence(acc[m]);
         wgmma_fence();
-        // Warpgroup wg: A rows 64·kM·wg + 64m .. + 63 (sub-tile m), 8 KB each.
-        const uint32_t ad = base + (c & 1) * kABuf + uint32_t(wg) * (kABuf / 2), bd = st_base + st * kStage;
+        // Warpgroup wg: A rows 64·kM·wg + 64m .. + 63 (sub-tile m), 8 KB each; k16 step j at +32 bytes.
+        const uint32_t a_lo = a_lo0 + (c & 1) * (kABuf >> 4), b_lo = b_lo0 + st * (kStage >> 4);
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int m = 0; m < kM; ++m)
-                wgmma_ss<TN>(acc[m], sw128_desc(ad + 8192u * m + 32u * j), sw128_desc(bd + 32u * j), c > 0 || j > 0);
+                wgmma_ss<TN>(acc[m], desc_of_lo(a_lo + 512u * m + 2u * j), desc_of_lo(b_lo + 2u * j), c > 0 || j > 0);
         wgmma_commit();
         wgmma_wait<1>();
 #pragma unroll

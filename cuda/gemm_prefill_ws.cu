@@ -94,17 +94,18 @@ template <bool kHint = false> __device__ __forceinline__ void mbar_wait(uint32_t
 template <int kN, int TW, int kH, bool kN256 = false>
 __device__ __forceinline__ void wgmma_chunk(float (&acc)[kH][TW / 2], uint32_t ad, uint32_t bd, bool acc_in) {
 #ifdef GPTOSS_SM90A
+    const uint32_t a_lo = uint32_t(sw128_desc(ad)), b_lo = uint32_t(sw128_desc(bd));  // + 2 per k16 step
     if constexpr (kN256 && kN == 2 && TW == 128) {
         float(&flat)[128] = *reinterpret_cast<float(*)[128]>(&acc[0][0]);
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            wgmma_ss_m64n256k16(flat, sw128_desc(ad + 32u * j), sw128_desc(bd + 32u * j), acc_in || j > 0);
+            wgmma_ss_m64n256k16(flat, desc_of_lo(a_lo + 2u * j), desc_of_lo(b_lo + 2u * j), acc_in || j > 0);
     } else {
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int h = 0; h < kN; ++h)
-                wgmma_ss<TW>(acc[h], sw128_desc(ad + 32u * j), sw128_desc(bd + uint32_t(h * TW * 128) + 32u * j),
+                wgmma_ss<TW>(acc[h], desc_of_lo(a_lo + 2u * j), desc_of_lo(b_lo + uint32_t(h * TW * 8) + 2u * j),
                              acc_in || j > 0);
     }
 #endif
@@ -176,9 +177,8 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
     const char *wsrc, *ssrc;
     expert_weights<kFp4>(args, expert, &wsrc, &ssrc);
     // Producer warp `warp` (0..kP-1): slabs kSpw·warp .. + kSpw - 1 of the CTA.
-    auto load_a = [&](uint32_t stage, uint32_t c) {
-        load_warp_slabs<kFp4, kSpw>(ring + stage * kRaw + kBst, wsrc, ssrc, slab0, n_slabs, n_chunks, c, warp, lane);
-    };
+    const WarpSlabCopies<kFp4, kSpw> wcopy(wsrc, ssrc, slab0, n_slabs, n_chunks, warp, lane);
+    auto load_a = [&](uint32_t stage, uint32_t c) { wcopy.issue(ring + stage * kRaw + kBst, c, warp, lane); };
     const bool producer = warp < kP;
     if (producer && !args.routed) {
         for (int s = 0; s < L; ++s)
@@ -198,15 +198,22 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
         // (row & 7 is the same for all of a thread's rows, so unit i lands 4·kP rows after unit 0.)
         // kX: 32-bit element offsets from args.x instead of pointers (the producers' registers;
         // gemm_prefill checked that the input has fewer than 2^31 elements).
-        using BSrc = std::conditional_t<kX != 0, uint32_t, const uint16_t*>;
+        // Else pointers with a step of 128 bytes a chunk (0 for zero-filled columns: the source
+        // stays at args.x), one multiply-add per copy.
+        using BSrc = std::conditional_t<kX != 0, uint32_t, const char*>;
         BSrc bsrc[kBUnits];
+        uint32_t bstep[kX != 0 ? 1 : kBUnits];
         uint32_t bdst0 = 0;
         uint32_t bvalid = 0;
 #pragma unroll
         for (int i = 0; i < kBUnits; ++i) {
             const TokenUnit tu = token_unit(args, tile, uint32_t(tid >> 3) + uint32_t(4 * kP * i), uint32_t(tid & 7));
-            if constexpr (kX != 0) bsrc[i] = uint32_t(tu.src - args.x);
-            else bsrc[i] = tu.src;
+            if constexpr (kX != 0) {
+                bsrc[i] = uint32_t(tu.src - args.x);
+            } else {
+                bsrc[i] = reinterpret_cast<const char*>(tu.src);
+                bstep[i] = tu.valid ? 128u : 0u;
+            }
             if (i == 0) bdst0 = tu.dst;
             bvalid |= tu.valid ? 1u << i : 0u;
         }
@@ -215,9 +222,9 @@ __global__ __launch_bounds__(ws_threads<kP>(), kC) void gemm_prefill_ws_kernel(c
 #pragma unroll
             for (int i = 0; i < kBUnits; ++i) {
                 const bool v = (bvalid >> i) & 1u;
-                const uint16_t* src;
+                const void* src;
                 if constexpr (kX != 0) src = args.x + (v ? bsrc[i] + c * 64u : 0u);
-                else src = v ? bsrc[i] + size_t(c) * 64 : bsrc[i];
+                else src = bsrc[i] + size_t(c) * bstep[i];
                 cp_async16_zfill(sb + uint32_t(i * 4 * kP * 128), src, v);
             }
         };

@@ -501,7 +501,15 @@ uint32_t gemm_prefill_tile_tokens(uint32_t n_pairs, uint32_t n_experts) {
     return ws_wide_tiles() && auto_kernel(true) == PrefillKernel::kSm90Ws ? 256u : 128u;
 }
 
+namespace {
+// Whether `kernel` runs 64-token MXFP4 tiles of up to 96 pairs (default; GPTOSS_PREFILL_TILE_EXTRA64=0: no).
+bool extra64_kernel(PrefillKernel kernel) {
+    return sm90_fp4_64_extra() && (kernel == PrefillKernel::kSm90 || (kernel == PrefillKernel::kSm90Ws && ws_64_uses_sm90()));
+}
+}  // namespace
+
 uint32_t gemm_prefill_tile_extra(uint32_t tile_tokens) {
+    if (tile_tokens == 64) return extra64_kernel(auto_kernel(true)) ? 32u : 0u;
     return tile_tokens == 256 && ws_tile_extra() != 0 ? 32u : 0u;
 }
 
@@ -519,16 +527,18 @@ gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_r
     if (route && route->tile_tokens != 64 && route->tile_tokens != 128 && route->tile_tokens != 256)
         return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: route tiles of %u pairs, expected 64, 128 or 256",
                     route->tile_tokens);
+    if (kernel == PrefillKernel::kAuto) kernel = auto_kernel(w.mxfp4);
     if (route && route->tile_extra != 0 &&
-        (route->tile_extra != 32 || route->tile_tokens != 256 || !ws_tile_extra()))
+        (route->tile_extra != 32 ||
+         !((route->tile_tokens == 256 && ws_tile_extra()) || (route->tile_tokens == 64 && w.mxfp4 && extra64_kernel(kernel)))))
         return fail(GPTOSS_ERR_INTERNAL,
                     "gemm_prefill: route tile_extra %u with %u-pair tiles (expected 0, or 32 with 256 and "
-                    "GPTOSS_PREFILL_TILE_EXTRA set)", route->tile_extra, route->tile_tokens);
+                    "GPTOSS_PREFILL_TILE_EXTRA set, or with 64 on the sm_90a kernels)",
+                    route->tile_extra, route->tile_tokens);
     if (route && route->tile_extra != 0 && uint64_t(n_rows) * w.K >= (uint64_t(1) << 31))
         return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: tile_extra routes need fewer than 2^31 input elements (%u x %u)",
                     n_rows, w.K);
     if (route && route->in_div == 0) return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: route in_div is 0");
-    if (kernel == PrefillKernel::kAuto) kernel = auto_kernel(w.mxfp4);
     if ((kernel == PrefillKernel::kWgmma || kernel == PrefillKernel::kSm90 || kernel == PrefillKernel::kSm90Ws) &&
         !gemm_prefill_wgmma_supported())
         return fail(GPTOSS_ERR_UNSUPPORTED, "gemm_prefill: the wgmma kernels need an sm_90 device and sm_90a code");

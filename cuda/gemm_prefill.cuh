@@ -431,6 +431,13 @@ cudaError_t launch_prefill_sm90(const KernelArgs& a, bool fp4, uint32_t tn, uint
 // Launches gemm_prefill_ws.cu's warp-specialized kernel (same arguments, same bits as
 // launch_prefill_sm90). Needs sm_90a.
 cudaError_t launch_prefill_ws(const KernelArgs& a, bool fp4, uint32_t tn, uint32_t token_tiles, cudaStream_t stream);
+// gemm_prefill_tile_extra: 64-pair MXFP4 route tiles take up to 96 pairs on launch_prefill_sm90's
+// kernel (default; not with GPTOSS_SM90_TALL=1 or GPTOSS_SM90_64C=3; GPTOSS_PREFILL_TILE_EXTRA64=0
+// turns it off).
+bool sm90_fp4_64_extra();
+// Whether launch_prefill_ws sends 64-token tiles to launch_prefill_sm90 (its variants 7 to 12,
+// unless GPTOSS_SM90_WS_64 picks the persistent kernel).
+bool ws_64_uses_sm90();
 // GPTOSS_PREFILL_TILE_EXTRA (gemm_prefill_tile_extra): 0 off; 2 = 32 (refill lag 2), 1 = 33 (lag 1).
 // Only with variant 12 (the default); 256-pair MXFP4 tiles then take up to 288 pairs.
 int ws_tile_extra();

@@ -665,6 +665,10 @@ cudaError_t launch_ws_v(const KernelArgs& a, uint32_t tn, uint32_t token_tiles, 
 }  // namespace
 
 bool ws_wide_tiles() { return ws_variant() >= 10; }
+bool ws_64_uses_sm90() {
+    const int v = ws_variant();
+    return v >= 7 && !((v == 9 || v == 11) && ws_64() != 0);
+}
 int ws_tile_extra() {
     static const int v = [] {
         const char* e = std::getenv("GPTOSS_PREFILL_TILE_EXTRA");

@@ -99,7 +99,7 @@ struct GemmRoute {
     uint32_t max_tiles = 0;
     uint32_t tile_tokens = 64;  // most pairs per tile (router_route's tile_tokens)
     // router_route's tile_extra: an expert's last tile may hold up to tile_tokens + tile_extra
-    // pairs (0, or 32 with 256-pair tiles: gemm_prefill_tile_extra).
+    // pairs (0, or 32 with 64- or 256-pair tiles: gemm_prefill_tile_extra).
     uint32_t tile_extra = 0;
 };
 
@@ -137,11 +137,13 @@ bool gemm_prefill_wgmma_supported();
 // where kAuto's MXFP4 kernel is kSm90Ws and GPTOSS_SM90_WS_VARIANT is 10, 11 or 12, the
 // default), else 64 (128 from 32 pairs with GPTOSS_PREFILL_TILE_MIN=128 on kSm90Ws).
 uint32_t gemm_prefill_tile_tokens(uint32_t n_pairs, uint32_t n_experts);
-// Extra pairs an expert's last route tile may take for gemm_prefill (GemmRoute::tile_extra):
-// 32 with 256-pair tiles under GPTOSS_PREFILL_TILE_EXTRA=32 (or =33: the variant with a shallower
-// refill lag; off: 12 % slower on the 20b at 2048 tokens, bench/NOTES.md v16 round 5), so an
-// expert of 257..288 pairs is one tile (one dequantization of its weights) instead of 256 + a
-// remainder; else 0.
+// Extra pairs an expert's last route tile may take for gemm_prefill (GemmRoute::tile_extra), so
+// an expert a little over a tile is one tile (one dequantization of its weights) instead of a
+// tile + a remainder: 32 with 64-pair MXFP4 tiles on the sm_90a kernels (default: the 120b at
+// 2048 tokens, ~64 pairs an expert, +15 %; GPTOSS_PREFILL_TILE_EXTRA64=0 turns it off;
+// bench/NOTES.md v24); 32 with 256-pair tiles under GPTOSS_PREFILL_TILE_EXTRA=32 (or =33: the
+// variant with a shallower refill lag; off: 12 % slower on the 20b at 2048 tokens, v16 round 5);
+// else 0.
 uint32_t gemm_prefill_tile_extra(uint32_t tile_tokens);
 
 // Decode GEMV (gemm_decode.cu), one token: the same products as gemm(nb = 1) summed in an order

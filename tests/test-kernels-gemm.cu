@@ -18,8 +18,8 @@ namespace {
 
 // A route as router_route builds it, on the host: pairs grouped by expert (in increasing expert
 // order; inside a group in the order given, or reversed), cut into tiles of tile_tokens
-// (tile_tokens 288: tiles of 256 whose last one per expert takes up to 32 more, as router_route
-// with tile_extra 32).
+// (tile_tokens 288 / 96: tiles of 256 / 64 whose last one per expert takes up to 32 more, as
+// router_route with tile_extra 32).
 struct HostRoute {
     Dev<int32_t> tiles, pairs;
     cuda::GemmRoute r;
@@ -27,8 +27,8 @@ struct HostRoute {
               bool reverse)
         : tiles(1 + 3 * size_t(expert_of_pair.size() + E)), pairs(std::max<size_t>(expert_of_pair.size(), 1)) {
         std::vector<int32_t> t{0}, p;
-        const uint32_t tx = tile_tokens == 288 ? 32 : 0;
-        if (tx) tile_tokens = 256;
+        const uint32_t tx = tile_tokens == 288 || tile_tokens == 96 ? 32 : 0;
+        if (tx) tile_tokens -= tx;
         for (uint32_t e = 0; e < E; ++e) {
             std::vector<int32_t> group;
             for (size_t i = 0; i < expert_of_pair.size(); ++i)
@@ -74,12 +74,17 @@ void for_each_kernel(void (*body)()) {
 }
 
 // Route tile widths of the MXFP4 tests: 256 too on the warp-specialized kernel (its 256-token
-// tiles: two wgmma n128 halves, the second only for tiles of more than 128 pairs), and 288
-// (256 + tile_extra 32) where GPTOSS_PREFILL_TILE_EXTRA turns those on.
+// tiles: two wgmma n128 halves, the second only for tiles of more than 128 pairs), 288
+// (256 + tile_extra 32) where GPTOSS_PREFILL_TILE_EXTRA turns those on, and 96 (64 + 32) on the
+// sm_90a kernels where GPTOSS_PREFILL_TILE_EXTRA64 does.
 std::vector<uint32_t> tile_widths() {
-    if (g_kern == cuda::PrefillKernel::kSm90Ws && cuda::gemm_prefill_tile_extra(256) == 32) return {64u, 128u, 256u, 288u};
-    if (g_kern == cuda::PrefillKernel::kSm90Ws) return {64u, 128u, 256u};
-    return {64u, 128u};
+    std::vector<uint32_t> w{64u, 128u};
+    if (g_kern == cuda::PrefillKernel::kSm90Ws) w.push_back(256u);
+    if (g_kern == cuda::PrefillKernel::kSm90Ws && cuda::gemm_prefill_tile_extra(256) == 32) w.push_back(288u);
+    if ((g_kern == cuda::PrefillKernel::kSm90Ws || g_kern == cuda::PrefillKernel::kSm90) &&
+        cuda::gemm_prefill_tile_extra(64) == 32)
+        w.push_back(96u);
+    return w;
 }
 
 std::vector<float> run_dense(const DenseW& d, const std::vector<float>& x, uint32_t T, cuda::Epilogue ep,

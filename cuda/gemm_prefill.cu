@@ -56,9 +56,8 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_kerne
 
     const char *wsrc, *ssrc;
     expert_weights<kFp4>(args, expert, &wsrc, &ssrc);
-    auto load_a = [&](uint32_t stage, uint32_t c) {
-        load_weight_chunk<kFp4>(smem_base + stage * kStage, wsrc, ssrc, slab0, n_slabs, n_chunks, c, tid);
-    };
+    const WeightCopies<kFp4, 1> wcopy(wsrc, ssrc, slab0, n_slabs, n_chunks, tid);
+    auto load_a = [&](uint32_t stage, uint32_t c) { wcopy.issue(smem_base + stage * kStage, c, tid); };
 
     if (!args.routed) {
 #pragma unroll
@@ -290,9 +289,8 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_wgmma
 
     const char *wsrc, *ssrc;
     expert_weights<kFp4>(args, expert, &wsrc, &ssrc);
-    auto load_a = [&](uint32_t stage, uint32_t c) {
-        load_weight_chunk<kFp4>(a_base + stage * kAst, wsrc, ssrc, slab0, n_slabs, n_chunks, c, tid);
-    };
+    const WeightCopies<kFp4, 1> wcopy(wsrc, ssrc, slab0, n_slabs, n_chunks, tid);
+    auto load_a = [&](uint32_t stage, uint32_t c) { wcopy.issue(a_base + stage * kAst, c, tid); };
     if (!args.routed) {
 #pragma unroll
         for (int s = 0; s < kWStages - 2; ++s)
@@ -535,8 +533,10 @@ gptoss_status gemm_prefill(const GemmWeights& w, const uint16_t* x, uint32_t n_r
                     "gemm_prefill: route tile_extra %u with %u-pair tiles (expected 0, or 32 with 256 and "
                     "GPTOSS_PREFILL_TILE_EXTRA set, or with 64 on the sm_90a kernels)",
                     route->tile_extra, route->tile_tokens);
-    if (route && route->tile_extra != 0 && uint64_t(n_rows) * w.K >= (uint64_t(1) << 31))
-        return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: tile_extra routes need fewer than 2^31 input elements (%u x %u)",
+    // The warp-specialized kernel's extra rows of 256-pair tiles use 32-bit element offsets.
+    if (route && route->tile_extra != 0 && route->tile_tokens == 256 && uint64_t(n_rows) * w.K >= (uint64_t(1) << 31))
+        return fail(GPTOSS_ERR_INTERNAL,
+                    "gemm_prefill: tile_extra routes of 256-pair tiles need fewer than 2^31 input elements (%u x %u)",
                     n_rows, w.K);
     if (route && route->in_div == 0) return fail(GPTOSS_ERR_INTERNAL, "gemm_prefill: route in_div is 0");
     if ((kernel == PrefillKernel::kWgmma || kernel == PrefillKernel::kSm90 || kernel == PrefillKernel::kSm90Ws) &&

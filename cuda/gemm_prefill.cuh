@@ -88,67 +88,47 @@ __device__ __forceinline__ void expert_weights(const KernelArgs& args, int exper
     *s = kFp4 ? reinterpret_cast<const char*>(args.w.scales + size_t(expert) * args.w.s_expert_stride) : nullptr;
 }
 
-// cp.async of weight chunk c (64 k) of this CTA's slabs [slab0, slab0 + kSlabs) into shared
-// memory at sa: bf16 4 units of 16 B per thread (unit u = tid + 256 r: slab u / 128); MXFP4 one
-// unit (slab tid / 32) and, for tid < 32, one scale unit (slab tid / 4) at sa + a_bytes.
-// Slabs past n_slabs are skipped (their rows are never stored).
-template <bool kFp4>
-__device__ __forceinline__ void load_weight_chunk(uint32_t sa, const char* wsrc, const char* ssrc, uint32_t slab0,
-                                                  uint32_t n_slabs, uint32_t n_chunks, uint32_t c, int tid) {
-    if constexpr (kFp4) {
-        const uint32_t slab = slab0 + uint32_t(tid >> 5);
-        if (slab < n_slabs)
-            cp_async16_zfill(sa + uint32_t(tid) * 16, wsrc + (size_t(slab) * n_chunks + c) * 512 + uint32_t(tid & 31) * 16,
-                             true);
-        if (tid < 32) {
-            const uint32_t sslab = slab0 + uint32_t(tid >> 2);
-            if (sslab < n_slabs)
-                cp_async16_zfill(sa + a_bytes<kFp4>() + uint32_t(tid) * 16,
-                                 ssrc + (size_t(sslab) * n_chunks + c) * 64 + uint32_t(tid & 3) * 16, true);
-        }
-    } else {
+// The cp.async copies of one 64-k weight chunk of slabs [slab0, slab0 + 8·kM) that thread tid
+// of the CTA issues (slab i's 512 / 2048 bytes at i·512 / i·2048 of the stage's
+// weight area, MXFP4 scales, 64 bytes a slab, after all slabs): the sources of chunk 0 are
+// worked out once, so the copy of chunk c costs one multiply-add per 16-byte unit. Slabs past
+// n_slabs are skipped (their rows are never stored).
+template <bool kFp4, int kM>
+struct WeightCopies {
+    static constexpr int kW = kFp4 ? kM : 4 * kM;           // 16-byte weight units per thread
+    static constexpr uint32_t kStep = kFp4 ? 512u : 2048u;  // bytes of one slab's chunk
+    const char* w[kW];
+    bool w_on[kW];
+    const char* s = nullptr;  // MXFP4 scales: threads tid < 32·kM
+    bool s_on = false;
+    __device__ __forceinline__ WeightCopies(const char* wsrc, const char* ssrc, uint32_t slab0, uint32_t n_slabs,
+                                            uint32_t n_chunks, int tid) {
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const uint32_t u = uint32_t(tid + kThreads * r);
-            const uint32_t slab = slab0 + (u >> 7);
-            if (slab < n_slabs)
-                cp_async16_zfill(sa + u * 16, wsrc + (size_t(slab) * n_chunks + c) * 2048 + (u & 127) * 16, true);
+        for (int r = 0; r < kW; ++r) {
+            const uint32_t u = uint32_t(tid + kThreads * r), slab = slab0 + (kFp4 ? u >> 5 : u >> 7);
+            w_on[r] = slab < n_slabs;
+            w[r] = wsrc + size_t(w_on[r] ? slab : 0u) * n_chunks * kStep + (u & (kFp4 ? 31u : 127u)) * 16;
+        }
+        if constexpr (kFp4) {
+            const uint32_t sslab = slab0 + uint32_t(tid >> 2);
+            s_on = tid < 32 * kM && sslab < n_slabs;
+            s = ssrc + size_t(s_on ? sslab : 0u) * n_chunks * 64 + uint32_t(tid & 3) * 16;
         }
     }
-}
+    __device__ __forceinline__ void issue(uint32_t sa, uint32_t c, int tid) const {
+#pragma unroll
+        for (int r = 0; r < kW; ++r)
+            if (w_on[r]) cp_async16_zfill(sa + uint32_t(tid + kThreads * r) * 16, w[r] + size_t(c) * kStep, true);
+        if constexpr (kFp4)
+            if (s_on) cp_async16_zfill(sa + kM * a_bytes<kFp4>() + uint32_t(tid) * 16, s + size_t(c) * 64, true);
+    }
+};
 
 // cp.async of weight chunk c of kSpw slabs (sl = kSpw·warp + m, global slab0 + sl) by one warp
 // into sa (slab sl's 512 / 2048 bytes at sl·512 / sl·2048; MXFP4 scales, 64 bytes a slab, at
 // sa + a_bytes by lanes 0..4·kSpw-1), so the lanes that dequantize a slab loaded it.
-template <bool kFp4, int kSpw>
-__device__ __forceinline__ void load_warp_slabs(uint32_t sa, const char* wsrc, const char* ssrc, uint32_t slab0,
-                                                uint32_t n_slabs, uint32_t n_chunks, uint32_t c, int warp, int lane) {
-#pragma unroll
-    for (int m = 0; m < kSpw; ++m) {
-        const uint32_t sl = uint32_t(kSpw * warp + m), slab = slab0 + sl;
-        if (slab >= n_slabs) continue;
-        if constexpr (kFp4) {
-            cp_async16_zfill(sa + sl * 512 + uint32_t(lane) * 16,
-                             wsrc + (size_t(slab) * n_chunks + c) * 512 + uint32_t(lane) * 16, true);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                cp_async16_zfill(sa + sl * 2048 + uint32_t(j * 512 + lane * 16),
-                                 wsrc + (size_t(slab) * n_chunks + c) * 2048 + j * 512 + lane * 16, true);
-        }
-    }
-    if constexpr (kFp4) {
-        if (lane < 4 * kSpw) {
-            const uint32_t sl = uint32_t(kSpw * warp + (lane >> 2)), slab = slab0 + sl;
-            if (slab < n_slabs)
-                cp_async16_zfill(sa + a_bytes<kFp4>() + sl * 64 + uint32_t(lane & 3) * 16,
-                                 ssrc + (size_t(slab) * n_chunks + c) * 64 + uint32_t(lane & 3) * 16, true);
-        }
-    }
-}
-
-// load_warp_slabs for one expert's tile, the sources of chunk 0 worked out once: the copy of
-// chunk c costs one multiply-add per 16-byte unit (the same copies, the same bytes).
+// The sources of chunk 0 are worked out once: the copy of chunk c costs one multiply-add per
+// 16-byte unit.
 template <bool kFp4, int kSpw>
 struct WarpSlabCopies {
     static constexpr int kU = kFp4 ? 1 : 4;               // 16-byte units per slab per lane
@@ -188,7 +168,14 @@ struct WarpSlabCopies {
     }
 };
 
-// One warp turns slab sl of a landed 64-k weight chunk (at sa in load_weight_chunk's layout,
+// One warp's WarpSlabCopies of chunk c, the sources worked out for this call only.
+template <bool kFp4, int kSpw>
+__device__ __forceinline__ void load_warp_slabs(uint32_t sa, const char* wsrc, const char* ssrc, uint32_t slab0,
+                                                uint32_t n_slabs, uint32_t n_chunks, uint32_t c, int warp, int lane) {
+    WarpSlabCopies<kFp4, kSpw>(wsrc, ssrc, slab0, n_slabs, n_chunks, warp, lane).issue(sa, c, warp, lane);
+}
+
+// One warp turns slab sl of a landed 64-k weight chunk (at sa in WeightCopies' layout,
 // scales at sa + kA) into bf16 rows 16·sl + g and + 8 of the A tile at ab (128 bytes a row, the
 // activations' permuted k order, 16-byte units XOR-swizzled by row: wgmma's 128B-swizzle K-major
 // layout). Fragment regs 0 / 2 are row g at k 2t.. / 2t+8.. of k16 step j: permuted positions

@@ -65,42 +65,6 @@ static_assert(sm90_fits<true, 128, 1>() && sm90_fits<true, 64, 1>() && sm90_fits
                   sm90_fits<true, 64, 1, true>() && sm90_fits<true, 64, 1, false, 32>(),
               "shared memory");
 
-// The cp.async copies of one 64-k weight chunk of slabs [slab0, slab0 + 8·kM) that thread tid
-// issues (layout as load_weight_chunk: slab i's 512 / 2048 bytes at i·512 / i·2048 of the stage's
-// weight area, MXFP4 scales, 64 bytes a slab, after all slabs): the sources of chunk 0 are
-// worked out once, so the copy of chunk c costs one multiply-add per 16-byte unit. Slabs past
-// n_slabs are skipped (their rows are never stored).
-template <bool kFp4, int kM>
-struct WeightCopies {
-    static constexpr int kW = kFp4 ? kM : 4 * kM;           // 16-byte weight units per thread
-    static constexpr uint32_t kStep = kFp4 ? 512u : 2048u;  // bytes of one slab's chunk
-    const char* w[kW];
-    bool w_on[kW];
-    const char* s = nullptr;  // MXFP4 scales: threads tid < 32·kM
-    bool s_on = false;
-    __device__ __forceinline__ WeightCopies(const char* wsrc, const char* ssrc, uint32_t slab0, uint32_t n_slabs,
-                                            uint32_t n_chunks, int tid) {
-#pragma unroll
-        for (int r = 0; r < kW; ++r) {
-            const uint32_t u = uint32_t(tid + kThreads * r), slab = slab0 + (kFp4 ? u >> 5 : u >> 7);
-            w_on[r] = slab < n_slabs;
-            w[r] = wsrc + size_t(w_on[r] ? slab : 0u) * n_chunks * kStep + (u & (kFp4 ? 31u : 127u)) * 16;
-        }
-        if constexpr (kFp4) {
-            const uint32_t sslab = slab0 + uint32_t(tid >> 2);
-            s_on = tid < 32 * kM && sslab < n_slabs;
-            s = ssrc + size_t(s_on ? sslab : 0u) * n_chunks * 64 + uint32_t(tid & 3) * 16;
-        }
-    }
-    __device__ __forceinline__ void issue(uint32_t sa, uint32_t c, int tid) const {
-#pragma unroll
-        for (int r = 0; r < kW; ++r)
-            if (w_on[r]) cp_async16_zfill(sa + uint32_t(tid + kThreads * r) * 16, w[r] + size_t(c) * kStep, true);
-        if constexpr (kFp4)
-            if (s_on) cp_async16_zfill(sa + kM * a_bytes<kFp4>() + uint32_t(tid) * 16, s + size_t(c) * 64, true);
-    }
-};
-
 // kX (GemmRoute::tile_extra: 0, or 32 with TN = 64, kM = 1): a tile may hold TN + kX pairs;
 // columns TN.. go through one more wgmma m64n32k16 per k16 step on the same A chunk (their own
 // accumulator, the same k order, so the same bits), so an expert of up to 96 pairs (the 120b's
@@ -146,20 +110,18 @@ __global__ __launch_bounds__(kThreads, (sm90_ctas<kFp4, TN, kM, kC3>())) void ge
     // are zero-filled (their source stays at args.x: a step of 0 bytes a chunk).
     if (tid < TNB) out_rows[tid] = tile_out_row(args, tile, uint32_t(tid));
     const char* bsrc[kBUnits];
-    uint32_t bstep[kBUnits], bdst[kBUnits];
-    bool bvalid[kBUnits];
+    uint32_t bstep[kBUnits], bdst[kBUnits];  // bstep 0: an invalid row (zero-filled)
 #pragma unroll
     for (int i = 0; i < kBUnits; ++i) {
         const TokenUnit tu = token_unit(args, tile, uint32_t(tid >> 3) + 32u * i, uint32_t(tid & 7));
         bsrc[i] = reinterpret_cast<const char*>(tu.src);
         bstep[i] = tu.valid ? 128u : 0u;
-        bvalid[i] = tu.valid;
         bdst[i] = tu.dst;
     }
     auto load_b = [&](uint32_t stage, uint32_t c) {
         const uint32_t sb = st_base + stage * kStage;
 #pragma unroll
-        for (int i = 0; i < kBUnits; ++i) cp_async16_zfill(sb + bdst[i], bsrc[i] + size_t(c) * bstep[i], bvalid[i]);
+        for (int i = 0; i < kBUnits; ++i) cp_async16_zfill(sb + bdst[i], bsrc[i] + size_t(c) * bstep[i], bstep[i] != 0);
     };
     if (args.routed) {
 #pragma unroll

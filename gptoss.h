@@ -262,7 +262,10 @@ GPTOSS_API gptoss_status gptoss_detokenize(const gptoss_model* model,
 typedef struct gptoss_session_params {
     uint32_t struct_size;       // sizeof(gptoss_session_params); set by gptoss_session_params_init
     uint32_t max_context;       // tokens. Default 0: the model's maximum (KV memory grows linearly).
-    uint32_t max_batch;         // prompt tokens processed per step. Default 0: chosen by the library.
+    uint32_t max_batch;         // prompt tokens processed per step (one forward; CUDA: at most 8192). Default 0:
+                                // chosen by the library: CUDA 4096 for a one-GPU model without
+                                // gpu_memory_budget on a device of >= 64 GiB, else 2048; CPU 64.
+                                // Larger chunks prefill long prompts faster for more session memory.
 } gptoss_session_params;
 
 GPTOSS_API void gptoss_session_params_init(gptoss_session_params* params, size_t struct_size);

@@ -253,8 +253,23 @@ public:
     uint32_t n_cpu_moe() const override { return host_.n_host(); }
     uint64_t host_weight_bytes() const override { return host_.bytes(); }
     int32_t device() const override { return device_; }
-    // 2048: the prefill GEMM tiles fill (20b: 256 pairs per expert); +137 MB of 120b scratch.
-    uint32_t default_max_batch() const override { return 2048; }
+    // Prompt tokens per forward when the session leaves max_batch 0: 4096 for a one-device model
+    // without a memory budget on a device of >= 64 GiB (one forward of 4096 tokens against two of
+    // 2048, H200: 20b +6.6 %, 120b +3 % at depth 0 and +10 % at depth 16 384, bench/NOTES.md v24-v25;
+    // ~270 MB more session scratch), else 2048 (the prefill GEMM tiles fill: 20b 256 pairs per expert).
+    uint32_t default_max_batch() const override {
+        return large_device() && rank_.n_ranks == 1 && budget_ == 0 ? 4096u : 2048u;
+    }
+    // Whether the device has >= 64 GiB of memory (asked once).
+    bool large_device() const {
+        if (large_device_.load() < 0) {
+            cudaDeviceProp p{};
+            const bool ok = cudaGetDeviceProperties(&p, device_) == cudaSuccess;
+            if (!ok) cudaGetLastError();
+            large_device_.store(ok && p.totalGlobalMem >= (size_t(64) << 30) ? 1 : 0);
+        }
+        return large_device_.load() == 1;
+    }
     // Batched decode (cuda/batch_decode.h) unless GPTOSS_CUDA_DECODE_BATCH=0; single-GPU models
     // with every expert on the device; otherwise the default (each item's decode() in turn).
     void decode_batch(DecodeItem* const* items, uint32_t n) override;
@@ -369,6 +384,7 @@ public:
     void* stream_raw_ = nullptr;
     LayerDev slot_;
     uint64_t budget_ = 0;  // the caller's gpu_memory_budget (0: none, only the device's free memory)
+    mutable std::atomic<int> large_device_{-1};  // large_device(): unknown / no / yes
     std::atomic<uint64_t> session_bytes_{0};
     BatchModel batch_model_;
     BatchDecoder batch_;
@@ -759,7 +775,7 @@ gptoss_status CudaSession::project(bool decode, const GemmWeights& w, const uint
     // Decode: gemm_decode's split-K GEMVs (route_ready: the route was final before the previous
     // kernel's wait); lm_head-sized N (thousands of slabs, already at the floor) keeps gemm.
     const DecodeTuning& dt = decode_tuning();
-    if (decode && (route || n_rows == 1) && !dt.legacy && w.N <= 65536)
+    if (decode && (route || n_rows == 1) && w.N <= 65536)
         return gemm_decode(w, x, route, route_ready && dt.route_ready, epilogue, out_f32, out_bf16, ldo, swiglu_limit,
                            w.mxfp4 ? dt.fp4 : dt.bf16, stream_);
     // Prefill: the tiled kernel for the expert GEMMs and the dense projections; the router

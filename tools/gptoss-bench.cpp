@@ -147,7 +147,7 @@ struct Result {
 // model wrapping `backend` (taken over and released with the model). Returns (N, seconds).
 std::vector<std::pair<uint32_t, double>> measure_ttft(std::unique_ptr<gptoss::Backend> backend,
                                                       const gptoss::Config& config,
-                                                      const std::vector<uint32_t>& lengths) {
+                                                      const std::vector<uint32_t>& lengths, uint32_t max_batch) {
     using namespace gptoss;
     gptoss_model* model = new gptoss_model();
     model->checkpoint = std::make_unique<Checkpoint>();
@@ -162,6 +162,7 @@ std::vector<std::pair<uint32_t, double>> measure_ttft(std::unique_ptr<gptoss::Ba
         gptoss_session_params sp;
         gptoss_session_params_init(&sp, sizeof sp);
         sp.max_context = std::min(config.max_context, n + 16);
+        sp.max_batch = max_batch;
         gptoss_session* session = nullptr;
         check(gptoss_session_create(model, &sp, &session), "creating the time-to-first-token session");
         gptoss_sampling_params s;
@@ -385,6 +386,7 @@ int main(int argc, char** argv) {
     std::vector<int32_t> devices;  // --devices: two or more split the model
     std::vector<uint32_t> pp{512, 2048}, depths{0, 8192};
     std::vector<uint32_t> ttft, concurrency;
+    uint32_t ttft_max_batch = 0;  // --max-batch: the --ttft sessions' max_batch (0: the library's default)
     uint32_t decode_batch = 0;
     uint32_t tg = 128, reps = 3, layers = 0;
     bool json = false, profile = false, gemm_probe = true, no_collectives = false;
@@ -412,6 +414,7 @@ int main(int argc, char** argv) {
         else if (a == "-r" || a == "--reps") reps = uint32_t(std::max(1, std::atoi(value())));
         else if (a == "--layers") layers = uint32_t(std::atoi(value()));
         else if (a == "--ttft") ttft = parse_list(value());
+        else if (a == "--max-batch") ttft_max_batch = uint32_t(std::atoi(value()));
         else if (a == "--concurrency") concurrency = parse_list(value());
         else if (a == "--decode-batch") decode_batch = uint32_t(std::atoi(value()));
         else if (a == "--json") json = true;
@@ -430,7 +433,7 @@ int main(int argc, char** argv) {
         else if (a == "-h" || a == "--help") {
             std::printf(
                 "usage: gptoss-bench (--model DIR | --synthetic 20b|120b) [--device N|cpu] [--devices 0,1] [-p 512,2048] [-n 128]\n"
-                "                    [-d 0,8192] [-r REPS] [--layers N] [--ttft 8192,32768,131000] [--profile] [--json]\n"
+                "                    [-d 0,8192] [-r REPS] [--layers N] [--ttft 8192,32768,131000 [--max-batch N]] [--profile] [--json]\n"
                 "                    [--no-gemm-probe] [--json-schema FILE --tokenizer DIR] [--no-collectives]\n"
                 "                    [--concurrency 1,8,32,64 [--decode-batch N]] [--n-cpu-moe N|auto [--gpu-memory 24G]]\n"
                 "       gptoss-bench --host-moe 20b|120b [--json]   (CPU only: host MXFP4 experts vs the host read floor)\n"
@@ -438,7 +441,8 @@ int main(int argc, char** argv) {
                 "Prints pp (prefill) and tg (decode) throughput at each context depth, with GB/s and %% of the\n"
                 "bandwidth floor (decode) or TFLOP/s and %% of the measured bf16 tensor-core rate (prefill).\n"
                 "--concurrency: N streams at once through gptoss_generate (prompt -p's first value, -n tokens\n"
-                "each), decode steps batched up to --decode-batch sessions (default the largest N; 1 = off).\n");
+                "each), decode steps batched up to --decode-batch sessions (default the largest N; 1 = off).\n"
+                "--max-batch: prompt tokens per forward of the --ttft sessions (default: the library's choice).\n");
             return 0;
         } else die("unknown option %s (see --help)", a.c_str());
     }
@@ -622,7 +626,7 @@ int main(int argc, char** argv) {
 
     session.reset();
     std::vector<std::pair<uint32_t, double>> ttft_s;
-    if (!ttft.empty() && devices.size() <= 1) ttft_s = measure_ttft(std::move(backend), config, ttft);
+    if (!ttft.empty() && devices.size() <= 1) ttft_s = measure_ttft(std::move(backend), config, ttft, ttft_max_batch);
 
     std::string what = synthetic.empty() ? model_dir : "synthetic " + synthetic;
     if (devices.size() > 1) what += " split over " + std::to_string(devices.size()) + " GPUs";

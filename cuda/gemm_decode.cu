@@ -267,7 +267,6 @@ std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants() {
 const DecodeTuning& decode_tuning() {
     static const DecodeTuning tuning = [] {
         DecodeTuning d;
-        d.legacy = env_flag("GPTOSS_DECODE_LEGACY", d.legacy);
         d.bf16 = env_variant("GPTOSS_DECODE_BF16", d.bf16);
         d.fp4 = env_variant("GPTOSS_DECODE_FP4", d.fp4);
         d.route_ready = env_flag("GPTOSS_DECODE_ROUTE_READY", d.route_ready);

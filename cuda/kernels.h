@@ -158,10 +158,8 @@ struct DecodeGemv {
     bool shfl_x = false;  // activation row as one word per lane, B fragments by shuffles
 };
 // The variants in use: defaults, overridden for A/B runs by GPTOSS_DECODE_BF16 / _FP4 =
-// "WARPS,DEPTH,SHFL", GPTOSS_DECODE_ROUTE_READY = 0|1, GPTOSS_DECODE_LEGACY = 1 (decode GEMVs
-// through gemm(nb = 1) instead). Read once per process.
+// "WARPS,DEPTH,SHFL", GPTOSS_DECODE_ROUTE_READY = 0|1. Read once per process.
 struct DecodeTuning {
-    bool legacy = false;
     DecodeGemv bf16{8, 4, false};
     // MXFP4: the activation row is staged in shared memory (bf16), so shfl_x has no effect;
     // 8 chunks in flight per warp (bench/NOTES.md "v17 decode").

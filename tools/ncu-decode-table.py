@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """tools/ncu-decode-table.py - per-op table of one decode step from Nsight Compute's raw CSV
-(tools/device-decode3.sh: `ncu --csv --page raw` over the decode kernels of one step). The step
+(tools/device-decode-breakdown.sh: `ncu --csv --page raw` over the decode kernels of one step). The step
 is found as the launches from the embed RMSNorm before the first decode attention: embed norm,
 then per layer QKV, attention, O, router, gate_up, down, combine, then the lm_head. Prints one
 line per op (mean over layers): µs, MB read from DRAM, GB/s, issue rate per scheduler, achieved

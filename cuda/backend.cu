@@ -900,20 +900,18 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
         moe.part = part_;
         moe.weights = weights_;
         moe.K = d.K;
-        // Split model: each rank's expert outputs are partial sums over its expert columns.
-        // Decode all-reduces them (K rows: latency-bound; the combine stays as is); a chunk
-        // all-reduces the combined residual instead (K times fewer bytes), rank 0 adding it.
-        const bool reduce_parts = comm_ && decode;
-        if (reduce_parts) {
-            GPTOSS_TRY(rank_all_reduce(comm_, part_, size_t(n) * d.K * d.H, s));
-            GPTOSS_TRY(mark("all-reduce (moe)"));
-        }
-        if (comm_ && !reduce_parts && b.rank_.rank != 0)  // the residual is rank 0's to add
+        // Split model: each rank's expert outputs are partial sums over its expert columns, so
+        // the combined residual is all-reduced, rank 0 adding x. Decode in lsa mode folds that
+        // all-reduce into the combine kernel (ResidualArgs::ll, rank_ll_reduce: one kernel
+        // instead of four); otherwise x is zeroed on the other ranks, combined, all-reduced and
+        // then normed.
+        const bool fused = comm_ && decode && n == 1 && rank_ll_reduce(comm_, d.H, &moe.ll);
+        if (comm_ && !fused && b.rank_.rank != 0)  // the residual is rank 0's to add
             GPTOSS_CUDA_TRY(cudaMemsetAsync(x_, 0, size_t(n) * d.H * sizeof(float), s));
         if (emptied(DecodeOp::kCombine)) GPTOSS_TRY(decode_probe_empty(s));
         else GPTOSS_TRY(residual_rmsnorm(moe, x_, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
-        GPTOSS_TRY(mark("moe combine + rmsnorm"));
-        if (comm_ && !reduce_parts) {
+        GPTOSS_TRY(mark(fused ? "moe combine + all-reduce + rmsnorm" : "moe combine + rmsnorm"));
+        if (comm_ && !fused) {
             GPTOSS_TRY(rank_all_reduce(comm_, x_, size_t(n) * d.H, s));
             ResidualArgs none;
             GPTOSS_TRY(residual_rmsnorm(none, x_, next_norm, c.rms_norm_eps, xn_, n, d.H, s));

@@ -181,11 +181,33 @@ std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants();
 //   mode kNone:     x unchanged
 // then xn[t] = bf16(x[t] / sqrt(mean(x[t]²) + eps) · norm_w), permuted layout. x: fp32 [T, H].
 enum class ResidualMode : int { kNone = 0, kEmbed = 1, kMoeAdd = 2 };
+// A split model's all-reduce folded into the kernel that needs it (issue 15; cuda/multi_gpu.h
+// rank_ll_reduce picks the slot, cuda/ll.cuh is the device side): each rank stores its
+// contribution to element i as a (value, sequence number) pair, NCCL's LL protocol, at pair i of
+// region `rank` of the slot in every other rank's window (dst[r], over NVLink), then waits in its
+// own slot (src, region r at r · count pairs) until each peer's pair carries the number and sums
+// the values in rank order 0..n-1, its own from registers: rank_all_reduce's bits without its
+// kernel (decode's MoE combine, residual_rmsnorm). ctl: the slot's [last sequence number, CTAs
+// done]; the kernel reads ctl[0] + 1 after its dependency wait and its last CTA writes the number
+// back (the rule of rank_comm.cu's LSA kernel, which uses the same slots).
+constexpr uint32_t kLlMaxRanks = 8;
+struct LlReduce {
+    uint2* dst[kLlMaxRanks] = {};  // region `rank` of the slot in rank r's window (r != rank)
+    const uint2* src = nullptr;    // this rank's slot
+    uint32_t* ctl = nullptr;
+    uint32_t n = 0;                // ranks; 0: no all-reduce
+    uint32_t rank = 0;
+    uint32_t count = 0;            // floats all-reduced (pairs per region)
+};
 struct ResidualArgs {
     ResidualMode mode = ResidualMode::kNone;
     const uint16_t* embed = nullptr;   // kEmbed
     const int32_t* tokens = nullptr;   // kEmbed, device [T]
     const float* part = nullptr;       // kMoeAdd: fp32 [T·K, H]
+    // kMoeAdd of a split model at T = 1 (ll.n > 0, ll.count = H): x[0] becomes the all-reduce of
+    // each rank's (rank 0: x[0], others: 0) + Σ_s weights · part, then the norm (one kernel for
+    // memset + combine + rank_all_reduce + residual_rmsnorm(kNone), the same bits).
+    LlReduce ll;
     const float* weights = nullptr;    // kMoeAdd: fp32 [T, K]
     uint32_t K = 0;
 };

@@ -4,7 +4,7 @@
 // vocabulary-split lm_head); a sharded session owns one CUDA session per GPU plus one NCCL
 // communicator per GPU, so that sessions never share a communicator and may run on different
 // threads. Each rank's forward pass all-reduces twice per layer (the residual after o_proj; the
-// K expert outputs in decode, the combined MoE residual in prefill) and all-gathers the logits
+// combined MoE residual, in decode folded into the combine kernel in lsa mode) and all-gathers the logits
 // (cuda/backend.cu, on the rank's own stream, inside its decode graph);
 // rank 0 then samples as a single GPU does. A step runs ranks 1..n-1 on threads of their own and
 // rank 0 on the caller's, because a NCCL collective may block its host thread until every
@@ -38,6 +38,7 @@ gptoss_status rank_all_reduce(void*, float*, size_t, cudaStream_t) {
 gptoss_status rank_all_gather(void*, float*, size_t, cudaStream_t) {
     return fail(GPTOSS_ERR_UNSUPPORTED, "this build has no NCCL: a model cannot be split over several GPUs");
 }
+bool rank_ll_reduce(void*, size_t, LlReduce*) { return false; }
 void debug_skip_collectives(bool) {}
 gptoss_status sharded_synchronize(BackendSession*) {
     return fail(GPTOSS_ERR_INVALID_ARGUMENT, "synchronize: not a CUDA session");

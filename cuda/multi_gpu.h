@@ -5,6 +5,7 @@
 #pragma once
 
 #include "cuda/backend.h"
+#include "cuda/kernels.h"
 
 #include <cuda_runtime.h>
 
@@ -14,6 +15,12 @@ namespace cuda {
 // In place on `stream`: x (fp32 [count], device memory of this rank) = the sum of every rank's
 // x. `comm` is the rank's ncclComm_t. Capturable in a CUDA graph.
 [[nodiscard]] gptoss_status rank_all_reduce(void* comm, float* x, size_t count, cudaStream_t stream);
+
+// Decode's all-reduce of `count` floats folded into the kernel that needs it (kernels.h
+// LlReduce): true with *out set to the next staging slot (rank_all_reduce's slot sequence) when
+// the rank runs lsa mode (cuda/rank_comm.h), collectives are not skipped (gptoss-bench
+// --no-collectives) and 2 · n_ranks · count <= kLsaMaxFloats; else false: use rank_all_reduce.
+bool rank_ll_reduce(void* comm, size_t count, LlReduce* out);
 
 // In place on `stream`: buf (fp32 [n_ranks · count]) receives every rank's slice
 // [rank·count, (rank+1)·count), this rank's own slice being its input.

@@ -5,6 +5,7 @@
 // header (ncclDevComm is passed by value); without them lsa mode falls back to nccl.
 #include "cuda/rank_comm.h"
 #include "cuda/common.cuh"
+#include "cuda/multi_gpu.h"
 
 #ifdef GPTOSS_HAVE_NCCL
 
@@ -153,6 +154,28 @@ __global__ void __launch_bounds__(kGatherThreads) lsa_all_gather_kernel(ncclDevC
     }
 }
 
+// out[k · kLlMaxRanks + r] = slot k's base in rank r's window (slot k at slot_off + k · slot_bytes).
+__global__ void lsa_slot_pointers_kernel(ncclDevComm dev, ncclWindow_t win, size_t slot_off, size_t slot_bytes,
+                                         char** out) {
+    const int r = int(threadIdx.x);
+    if (r >= dev.lsaSize || r >= int(kLlMaxRanks)) return;
+    for (int k = 0; k < 2; ++k)
+        out[k * kLlMaxRanks + r] = static_cast<char*>(ncclGetLsaPointer(win, slot_off + size_t(k) * slot_bytes, r));
+}
+
+// Resolves rc->slot_ptr (the window is registered, rc->lsa->dev created; current device: the rank's).
+gptoss_status resolve_slot_pointers(RankComm* rc) {
+    if (rc->n_ranks > int(kLlMaxRanks)) return GPTOSS_OK;  // rank_ll_reduce stays off
+    char** d = nullptr;
+    const size_t bytes = 2 * kLlMaxRanks * sizeof(char*);
+    GPTOSS_CUDA_TRY(cudaMalloc(&d, bytes));
+    lsa_slot_pointers_kernel<<<1, kLlMaxRanks>>>(rc->lsa->dev, rc->win, rc->stage_off, kLsaMaxFloats * sizeof(float), d);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaMemcpy(rc->slot_ptr, d, bytes, cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    return cuda_status(e, "lsa_slot_pointers_kernel", __FILE__, __LINE__);
+}
+
 }  // namespace
 #else
 struct LsaState {};
@@ -225,6 +248,7 @@ gptoss_status rank_comm_register(RankComm* rc, BackendSession* session) {
             return s;
         }
         rc->lsa = st;
+        GPTOSS_TRY(resolve_slot_pointers(rc));
     }
 #endif
     if (rc->mode == CollectiveMode::kSymmetric) GPTOSS_TRY(place_session_collectives(session, rc->sym));
@@ -262,6 +286,28 @@ gptoss_status rank_all_reduce(void* comm, float* x, size_t count, cudaStream_t s
     }
 #endif
     return nccl_check(ncclAllReduce(x, x, count, ncclFloat, ncclSum, rc->comm, stream), "ncclAllReduce");
+}
+
+bool rank_ll_reduce(void* comm, size_t count, LlReduce* out) {
+    auto* rc = static_cast<RankComm*>(comm);
+    if (g_skip_collectives || !rc->lsa || rc->n_ranks > int(kLlMaxRanks) || !rc->slot_ptr[0][0] ||
+        2 * count * size_t(rc->n_ranks) > kLsaMaxFloats)
+        return false;
+#ifdef GPTOSS_HAVE_NCCL_DEVICE
+    const uint64_t k = rc->lsa_reduces++ % 2;
+    const uint32_t me = uint32_t(rc->lsa->dev.lsaRank);
+    *out = LlReduce{};
+    out->n = uint32_t(rc->n_ranks);
+    out->rank = me;
+    out->count = uint32_t(count);
+    out->ctl = rc->lsa->seq + 2 * k;
+    out->src = reinterpret_cast<const uint2*>(rc->slot_ptr[k][me]);
+    for (uint32_t r = 0; r < out->n; ++r)
+        out->dst[r] = reinterpret_cast<uint2*>(rc->slot_ptr[k][r]) + size_t(me) * count;
+    return true;
+#else
+    return false;
+#endif
 }
 
 gptoss_status rank_all_gather(void* comm, float* buf, size_t count, cudaStream_t stream) {

@@ -26,6 +26,7 @@
 
 #ifdef GPTOSS_HAVE_NCCL
 #include "cuda/backend.h"
+#include "cuda/kernels.h"
 
 #include <nccl.h>
 
@@ -58,6 +59,8 @@ struct RankComm {
     size_t gather_floats = 0;
     ncclWindow_t win = nullptr;
     LsaState* lsa = nullptr;    // set in lsa mode
+    // lsa mode: slot k's base in rank r's window as this rank addresses it (rank_ll_reduce).
+    char* slot_ptr[2][kLlMaxRanks] = {};
     uint64_t lsa_reduces = 0;   // LSA all-reduces enqueued (or captured) so far: picks the slot
 };
 

@@ -10,6 +10,7 @@
 // Floor: memory-bound, (4 + 4 + 2)·H bytes per token (+16·H for the MoE combine).
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/ll.cuh"
 
 
 namespace gptoss {
@@ -19,6 +20,47 @@ namespace {
 constexpr uint32_t kThreads = kNormThreads;
 constexpr uint32_t kPer = kNormPer;
 constexpr uint32_t kMaxSlots = 8;
+
+// A split model's decode combine (ResidualArgs::ll, T = 1): v (element at(q, j) of this rank's
+// contribution) becomes the sum over ranks in rank order. The peers' pairs are all requested
+// before any is waited for (one round trip, not Q · P).
+template <uint32_t Q, uint32_t P>
+__device__ __forceinline__ void all_reduce_ll(const LlReduce& ll, float (&v)[Q][P], uint32_t H) {
+    constexpr uint32_t R = kThreads / Q;
+    const auto at = [](uint32_t q, uint32_t j) { return threadIdx.x + R * q + kThreads * j; };
+    const uint32_t seq = ll_seq(ll);
+#pragma unroll
+    for (uint32_t q = 0; q < Q; ++q)
+#pragma unroll
+        for (uint32_t j = 0; j < P; ++j)
+            if (at(q, j) < H) ll_push(ll, at(q, j), v[q][j], seq);
+    float s[Q][P];
+#pragma unroll
+    for (uint32_t r = 0; r < kLlMaxRanks; ++r) {
+        if (r >= ll.n) break;
+        const uint2* src = ll.src + size_t(r) * ll.count;
+        uint2 w[Q][P];
+        if (r != ll.rank) {
+#pragma unroll
+            for (uint32_t q = 0; q < Q; ++q)
+#pragma unroll
+                for (uint32_t j = 0; j < P; ++j) w[q][j] = at(q, j) < H ? ld_ll_pair(src + at(q, j)) : make_uint2(0, seq);
+        }
+#pragma unroll
+        for (uint32_t q = 0; q < Q; ++q)
+#pragma unroll
+            for (uint32_t j = 0; j < P; ++j) {
+                const float x = r == ll.rank ? v[q][j] : at(q, j) < H ? ll_value(src + at(q, j), w[q][j], seq) : 0.0f;
+                s[q][j] = r == 0 ? x : s[q][j] + x;
+            }
+    }
+#pragma unroll
+    for (uint32_t q = 0; q < Q; ++q)
+#pragma unroll
+        for (uint32_t j = 0; j < P; ++j) v[q][j] = s[q][j];
+    __syncthreads();  // every thread has read ctl
+    if (threadIdx.x == 0) ll_done(ll, seq);
+}
 
 // R threads per token, each playing kThreads / R virtual threads of rmsnorm_inv's order (so the
 // bits do not depend on R); P = elements per virtual thread in use (H <= kThreads · P, the
@@ -69,8 +111,10 @@ __global__ __launch_bounds__(R) void f32_residual_rmsnorm_kernel(ResidualArgs a,
 #pragma unroll
                 for (uint32_t s = 0; s < S; ++s)
                     if (s < a.K) sum = __fmaf_rn(wt[s], p[q][j][s], sum);
-                v[q][j] += sum;
+                // A split model's rank r != 0 contributes its experts' sum alone (x is rank 0's).
+                v[q][j] = (a.ll.n > 0 && a.ll.rank != 0 ? 0.0f : v[q][j]) + sum;
             }
+        if (a.ll.n > 0) all_reduce_ll<Q, P>(a.ll, v, H);
     } else {
 #pragma unroll
         for (uint32_t q = 0; q < Q; ++q)
@@ -117,6 +161,9 @@ gptoss_status residual_rmsnorm(const ResidualArgs& args, float* x, const float* 
                     kThreads * kPer);
     if (args.mode == ResidualMode::kMoeAdd && args.K > kMaxSlots)
         return fail(GPTOSS_ERR_UNSUPPORTED, "rmsnorm: %u experts per token, at most %u", args.K, kMaxSlots);
+    if (args.ll.n > 0 && (args.mode != ResidualMode::kMoeAdd || T != 1 || args.ll.count != H))
+        return fail(GPTOSS_ERR_INTERNAL, "rmsnorm: the folded all-reduce takes one token's MoE combine (T=%u, %u floats)",
+                    T, args.ll.count);
     const bool p3 = H <= kThreads * 3;
     if (T >= kWideT)
         return p3 ? launch_norm<512, 3>(args, x, norm_w, eps, xn, T, H, stream)

@@ -12,8 +12,21 @@
 namespace gptoss {
 namespace cuda {
 
-// The sequence number of the slot's current all-reduce (read after pdl_wait).
-__device__ __forceinline__ uint32_t ll_seq(const LlReduce& ll) { return __ldcg(ll.ctl) + 1u; }
+// Thread 0 of each CTA of an all-reduce's kernel, before its dependency wait: the sequence number
+// of the slot's current all-reduce, ctl[0] + 1; the grid's last CTA to take it writes it back and
+// re-arms the count (ctl[1]), so every CTA reads the same number and the slot's next all-reduce
+// the next one. Reading before the wait is safe: ctl[0] was last written by the all-reduce two
+// before this one on the same slots, which has completed once the previous kernel started
+// (every forward kernel waits for its predecessor before it lets its dependents start).
+__device__ __forceinline__ uint32_t ll_take_seq(uint32_t* ctl) {
+    const uint32_t seq = __ldcg(ctl) + 1u;
+    __threadfence();  // the read above before the arrival below
+    if (atomicAdd(&ctl[1], 1u) == gridDim.x * gridDim.y * gridDim.z - 1) {
+        ctl[1] = 0;
+        ctl[0] = seq;
+    }
+    return seq;
+}
 
 __device__ __forceinline__ void st_ll_pair(uint2* p, float v, uint32_t seq) {
     asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(__float_as_uint(v)), "r"(seq) : "memory");
@@ -35,16 +48,6 @@ __device__ __forceinline__ void ll_push(const LlReduce& ll, uint32_t i, float v,
 __device__ __forceinline__ float ll_value(const uint2* p, uint2 w, uint32_t seq) {
     while (w.y != seq) w = ld_ll_pair(p);
     return __uint_as_float(w.x);
-}
-
-// Thread 0 of each CTA, once every thread of it has read ctl (ll_seq): the grid's last CTA writes
-// the number back and re-arms the count.
-__device__ __forceinline__ void ll_done(const LlReduce& ll, uint32_t seq) {
-    __threadfence();
-    if (atomicAdd(&ll.ctl[1], 1u) == gridDim.x * gridDim.y * gridDim.z - 1) {
-        ll.ctl[1] = 0;
-        ll.ctl[0] = seq;
-    }
 }
 
 }  // namespace cuda

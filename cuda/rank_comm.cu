@@ -5,6 +5,7 @@
 // header (ncclDevComm is passed by value); without them lsa mode falls back to nccl.
 #include "cuda/rank_comm.h"
 #include "cuda/common.cuh"
+#include "cuda/ll.cuh"
 #include "cuda/multi_gpu.h"
 
 #ifdef GPTOSS_HAVE_NCCL
@@ -87,11 +88,11 @@ __global__ void __launch_bounds__(kReduceThreads) lsa_all_reduce_kernel(ncclDevC
                                                                          size_t slot_off, uint32_t* ctl, float* x,
                                                                          uint32_t count) {
     __shared__ uint32_t seq_s;
-    pdl_wait();
-    pdl_launch_dependents();
-    if (threadIdx.x == 0) seq_s = ctl[0] + 1;
+    if (threadIdx.x == 0) seq_s = ll_take_seq(ctl);  // before the wait: see ll_take_seq
     __syncthreads();
     const uint32_t seq = seq_s;
+    pdl_wait();
+    pdl_launch_dependents();
     const uint32_t chunk = (count / 4 + gridDim.x - 1) / gridDim.x * 4;
     const uint32_t beg = blockIdx.x * chunk;
     const uint32_t end = min(count, beg + chunk);
@@ -121,13 +122,6 @@ __global__ void __launch_bounds__(kReduceThreads) lsa_all_reduce_kernel(ncclDevC
             else s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
         }
         *reinterpret_cast<float4*>(x + i) = s;
-    }
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    __threadfence();
-    if (atomicAdd(&ctl[1], 1u) == gridDim.x - 1) {  // every CTA has read ctl[0]
-        ctl[1] = 0;
-        ctl[0] = seq;
     }
 }
 

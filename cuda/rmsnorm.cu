@@ -25,10 +25,9 @@ constexpr uint32_t kMaxSlots = 8;
 // contribution) becomes the sum over ranks in rank order. The peers' pairs are all requested
 // before any is waited for (one round trip, not Q · P).
 template <uint32_t Q, uint32_t P>
-__device__ __forceinline__ void all_reduce_ll(const LlReduce& ll, float (&v)[Q][P], uint32_t H) {
+__device__ __forceinline__ void all_reduce_ll(const LlReduce& ll, float (&v)[Q][P], uint32_t H, uint32_t seq) {
     constexpr uint32_t R = kThreads / Q;
     const auto at = [](uint32_t q, uint32_t j) { return threadIdx.x + R * q + kThreads * j; };
-    const uint32_t seq = ll_seq(ll);
 #pragma unroll
     for (uint32_t q = 0; q < Q; ++q)
 #pragma unroll
@@ -58,8 +57,6 @@ __device__ __forceinline__ void all_reduce_ll(const LlReduce& ll, float (&v)[Q][
     for (uint32_t q = 0; q < Q; ++q)
 #pragma unroll
         for (uint32_t j = 0; j < P; ++j) v[q][j] = s[q][j];
-    __syncthreads();  // every thread has read ctl
-    if (threadIdx.x == 0) ll_done(ll, seq);
 }
 
 // R threads per token, each playing kThreads / R virtual threads of rmsnorm_inv's order (so the
@@ -77,6 +74,11 @@ __global__ __launch_bounds__(R) void f32_residual_rmsnorm_kernel(ResidualArgs a,
     for (uint32_t q = 0; q < Q; ++q)
 #pragma unroll
         for (uint32_t j = 0; j < P; ++j) wn[q][j] = at(q, j) < H ? __ldg(w + at(q, j)) : 0.0f;
+    __shared__ uint32_t ll_seq;
+    if (a.ll.n > 0) {  // a split model's folded all-reduce: its sequence number, before the wait
+        if (threadIdx.x == 0) ll_seq = ll_take_seq(a.ll.ctl);
+        __syncthreads();
+    }
     pdl_wait();
     pdl_launch_dependents();
     const uint32_t t = blockIdx.x;
@@ -114,7 +116,7 @@ __global__ __launch_bounds__(R) void f32_residual_rmsnorm_kernel(ResidualArgs a,
                 // A split model's rank r != 0 contributes its experts' sum alone (x is rank 0's).
                 v[q][j] = (a.ll.n > 0 && a.ll.rank != 0 ? 0.0f : v[q][j]) + sum;
             }
-        if (a.ll.n > 0) all_reduce_ll<Q, P>(a.ll, v, H);
+        if (a.ll.n > 0) all_reduce_ll<Q, P>(a.ll, v, H, ll_seq);
     } else {
 #pragma unroll
         for (uint32_t q = 0; q < Q; ++q)

@@ -76,9 +76,10 @@ __device__ __forceinline__ float2 ld_ll(const uint4* p, uint32_t seq) {
 // window (local memory) until every peer's pairs carry this all-reduce's sequence number, and
 // sums in rank order, its own partial from x. No barrier, no remote load: one NVLink one-way
 // latency (v17 pulled the peers' slots after an LSA barrier). The sequence number counts the
-// all-reduces on this slot: ctl[0] holds the last one, every CTA reads it after pdl_wait, and the
-// last CTA to finish (ctl[1] counts them) writes it back bumped, so no word left in the slot by
-// any earlier all-reduce, of whatever length and layout, carries the number being waited for.
+// all-reduces on this slot: ctl[0] holds the last one, every CTA takes it before pdl_wait, and
+// the last CTA to take it (ctl[1] counts them) writes it back bumped (ll.cuh ll_take_seq), so no
+// word left in the slot by any earlier all-reduce, of whatever length and layout, carries the
+// number being waited for.
 // It lives in device memory, so graph replays advance it; every rank runs the same all-reduces,
 // so the numbers agree. Slot reuse: a rank writes slot s again two all-reduces later, after it
 // has received every peer's pairs of the one in between, which each peer sends only after its

@@ -457,7 +457,7 @@ int main(int argc, char** argv) {
 #ifndef GPTOSS_HAVE_CUDA
     (void)device; (void)pp; (void)depths; (void)tg; (void)reps; (void)layers; (void)json; (void)profile;
     (void)gemm_probe; (void)ttft; (void)&run_tg_t1; (void)&load_schema_bench;
-    (void)devices; (void)no_collectives;
+    (void)devices; (void)no_collectives; (void)ttft_max_batch;
     die("this build has no CUDA backend (configure with nvcc available)");
 #else
     using namespace gptoss;

@@ -340,11 +340,9 @@ static gptoss_status forward_or_forget(gptoss_session* session, const int32_t* t
     return status;
 }
 
-static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* prompt, size_t n_prompt,
-                                       const GenerateOptions& options, GenerateOutput* out) {
-    gptoss_model* model = session->model;
+static gptoss_status check_prompt(const gptoss_session* session, const int32_t* prompt, size_t n_prompt) {
+    const gptoss_model* model = session->model;
     const Config& config = model->checkpoint->config;
-    BackendSession& backend = *session->backend;
     GPTOSS_TRY(check_model_usable(model, "generate"));
     if (n_prompt == 0) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "prompt: empty (n_prompt is 0)");
     for (size_t i = 0; i < n_prompt; i++)
@@ -354,40 +352,46 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
     if (n_prompt > session->max_context)
         return fail(GPTOSS_ERR_CONTEXT_FULL, "prompt: %zu tokens do not fit the session's max_context of %u",
                     n_prompt, session->max_context);
+    return GPTOSS_OK;
+}
 
-    *out = GenerateOutput();
-    out->n_prompt_tokens = uint32_t(n_prompt);
-    const auto start = std::chrono::steady_clock::now();
-
-    // Longest common prefix with the prefill-written part of the cache; always recompute the
-    // last prompt position, whose logits start the generation.
+// Keeps the longest common prefix of the prompt and the prefill-written part of the cache
+// (always recomputing the last prompt position, whose logits start the generation), restoring
+// the sliding snapshot where that prefix needs it; *resume = the first position to prefill.
+static gptoss_status reuse_prefix(gptoss_session* session, const int32_t* prompt, size_t n_prompt, uint32_t* resume) {
     uint32_t prefix = 0;
     const uint32_t n_reusable = session->n_prefilled;
     while (prefix < n_reusable && prefix < n_prompt && session->cached[prefix] == prompt[prefix]) prefix++;
     prefix = std::min(prefix, uint32_t(n_prompt - 1));
     bool use_snapshot = false;
-    const uint32_t resume = resume_position(session, prefix, &use_snapshot);
+    *resume = resume_position(session, prefix, &use_snapshot);
     if (use_snapshot) {
-        const gptoss_status status = backend.restore_sliding_snapshot();
+        const gptoss_status status = session->backend->restore_sliding_snapshot();
         if (status != GPTOSS_OK) {
             forget_cache(session);
             return status;
         }
     }
-    session->cached.resize(resume);
-    session->n_prefilled = resume;
-    if (session->snapshot_pos > resume) session->snapshot_pos = 0;  // its prefix is about to change
-    out->n_cached_tokens = resume;
+    session->cached.resize(*resume);
+    session->n_prefilled = *resume;
+    if (session->snapshot_pos > *resume) session->snapshot_pos = 0;  // its prefix is about to change
+    return GPTOSS_OK;
+}
 
-    // Where to snapshot the sliding rings: options.snapshot_at, else the end of the prefill.
-    // A position already behind us is kept only if the current snapshot is exactly there.
-    uint32_t snap = options.snapshot_at == 0 || options.snapshot_at > n_prompt ? uint32_t(n_prompt) : options.snapshot_at;
+// Prefills prompt positions resume..n_prompt-1 in chunks of max_batch, split at the snapshot
+// position (options.snapshot_at, else the end of the prompt; a position already behind us is
+// kept only if the current snapshot is exactly there) where the sliding rings are saved.
+// Cancel is checked between chunks: *cancelled, and the rest is not prefilled.
+static gptoss_status prefill_prompt(gptoss_session* session, const int32_t* prompt, size_t n_prompt, uint32_t resume,
+                                    uint32_t snapshot_at, bool* cancelled) {
+    BackendSession& backend = *session->backend;
+    *cancelled = false;
+    uint32_t snap = snapshot_at == 0 || snapshot_at > n_prompt ? uint32_t(n_prompt) : snapshot_at;
     bool snapped = false;
     if (snap < resume) {
         if (session->snapshot_pos == snap) snapped = true;
         else snap = uint32_t(n_prompt);
     }
-    // Prefill in chunks of max_batch, split at the snapshot; cancel is checked between chunks.
     for (uint32_t pos = resume; pos < n_prompt;) {
         if (!snapped && pos == snap) {
             GPTOSS_TRY(backend.save_sliding_snapshot());
@@ -395,8 +399,7 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
             snapped = true;
         }
         if (session->cancel_requested.load()) {
-            out->stop_reason = GPTOSS_STOP_CANCELLED;
-            out->prefill_ms = ms_since(start);
+            *cancelled = true;
             return GPTOSS_OK;
         }
         uint32_t n = std::min<uint32_t>(session->max_batch, uint32_t(n_prompt) - pos);
@@ -410,13 +413,43 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
         GPTOSS_TRY(backend.save_sliding_snapshot());
         session->snapshot_pos = uint32_t(n_prompt);
     }
-    out->prefill_ms = ms_since(start);
+    return GPTOSS_OK;
+}
 
-    // Decode.
-    const auto decode_start = std::chrono::steady_clock::now();
+// After sampling `token`: the reason to stop now, or false to go on (stop tokens, on_token's
+// verdict, max_tokens, a full context). Stops before feeding a token whose logits nobody uses.
+static bool stop_after(const gptoss_session* session, const GenerateOptions& options, int32_t token,
+                       GenerateOutput* out) {
+    if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), token) != options.stop_tokens.end()) {
+        out->stop_reason = token == 200002 ? GPTOSS_STOP_RETURN : token == 200012 ? GPTOSS_STOP_CALL : GPTOSS_STOP_TOKEN;
+        if (options.on_token) options.on_token(token);
+        return true;
+    }
+    if (options.on_token) {
+        const int verdict = options.on_token(token);
+        if (verdict != kContinue) {
+            out->stop_reason = gptoss_stop_reason(verdict);
+            return true;
+        }
+    }
+    if (options.max_tokens != 0 && out->tokens.size() >= options.max_tokens) {
+        out->stop_reason = GPTOSS_STOP_MAX_TOKENS;
+        return true;
+    }
+    if (session->cached.size() >= session->max_context) {
+        out->stop_reason = GPTOSS_STOP_CONTEXT_FULL;
+        return true;
+    }
+    return false;
+}
+
+// Samples and feeds tokens until a stop (stop_after) or cancel.
+static gptoss_status decode_tokens(gptoss_session* session, const GenerateOptions& options, GenerateOutput* out) {
+    gptoss_model* model = session->model;
+    BackendSession& backend = *session->backend;
     Rng rng(options.seed);
     TokenConstraint* constraint = options.constraint.get();
-    std::vector<uint32_t> allowed(constraint != nullptr ? (config.vocab + 31) / 32 : 0);
+    std::vector<uint32_t> allowed(constraint != nullptr ? (model->checkpoint->config.vocab + 31) / 32 : 0);
     const DecodeLoop batched(session);  // decode steps may be shared with other sessions
     // With a batcher and no constraint, a decode step may sample the next token in the step
     // (DecodeItem::sampled); its u is drawn before the step, so the RNG sequence is the same.
@@ -426,7 +459,7 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
     for (;;) {
         if (session->cancel_requested.load()) {
             out->stop_reason = GPTOSS_STOP_CANCELLED;
-            break;
+            return GPTOSS_OK;
         }
         int32_t token = presampled;
         const double u = next_u >= 0.0 ? next_u : rng.next_double();
@@ -442,27 +475,7 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
         }
         if (constraint != nullptr) constraint->accept(token);
         out->tokens.push_back(token);
-        if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), token) != options.stop_tokens.end()) {
-            out->stop_reason = token == 200002 ? GPTOSS_STOP_RETURN : token == 200012 ? GPTOSS_STOP_CALL : GPTOSS_STOP_TOKEN;
-            if (options.on_token) options.on_token(token);
-            break;
-        }
-        if (options.on_token) {
-            const int verdict = options.on_token(token);
-            if (verdict != kContinue) {
-                out->stop_reason = gptoss_stop_reason(verdict);
-                break;
-            }
-        }
-        // Stop before feeding a token whose logits nobody will use.
-        if (options.max_tokens != 0 && out->tokens.size() >= options.max_tokens) {
-            out->stop_reason = GPTOSS_STOP_MAX_TOKENS;
-            break;
-        }
-        if (session->cached.size() >= session->max_context) {
-            out->stop_reason = GPTOSS_STOP_CONTEXT_FULL;
-            break;
-        }
+        if (stop_after(session, options, token, out)) return GPTOSS_OK;
         const uint32_t pos = uint32_t(session->cached.size());
         if (sample_in_step) {
             next_u = rng.next_double();
@@ -472,6 +485,26 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
         }
         session->cached.push_back(token);
     }
+}
+
+static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* prompt, size_t n_prompt,
+                                       const GenerateOptions& options, GenerateOutput* out) {
+    GPTOSS_TRY(check_prompt(session, prompt, n_prompt));
+    *out = GenerateOutput();
+    out->n_prompt_tokens = uint32_t(n_prompt);
+    const auto start = std::chrono::steady_clock::now();
+    uint32_t resume = 0;
+    GPTOSS_TRY(reuse_prefix(session, prompt, n_prompt, &resume));
+    out->n_cached_tokens = resume;
+    bool cancelled = false;
+    GPTOSS_TRY(prefill_prompt(session, prompt, n_prompt, resume, options.snapshot_at, &cancelled));
+    out->prefill_ms = ms_since(start);
+    if (cancelled) {
+        out->stop_reason = GPTOSS_STOP_CANCELLED;
+        return GPTOSS_OK;
+    }
+    const auto decode_start = std::chrono::steady_clock::now();
+    GPTOSS_TRY(decode_tokens(session, options, out));
     out->decode_ms = ms_since(decode_start);
     return GPTOSS_OK;
 }

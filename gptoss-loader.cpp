@@ -420,140 +420,162 @@ std::string shape_string(const std::vector<uint64_t>& shape) {
 
 // Parses one shard: header length, JSON header, every entry's dtype/shape/offsets, then
 // checks that the entries tile the data region exactly (no overlap, no gap, nothing beyond).
-gptoss_status parse_shard(const MappedFile& file, std::map<std::string, FoundTensor>* found) {
-    const char* path = file.path.c_str();
-    if (file.size < 8)
-        return fail(GPTOSS_ERR_FORMAT,
-                    "%s: truncated safetensors file: %zu bytes, shorter than the 8-byte header length",
-                    path, file.size);
-    uint64_t header_len = 0;
-    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | file.data[i];  // little-endian
-    if (header_len > file.size - 8)
-        return fail(GPTOSS_ERR_FORMAT,
-                    "%s: header length %" PRIu64 " goes beyond the end of the file (%zu bytes)", path,
-                    header_len, file.size);
-    const uint8_t* region = file.data + 8 + header_len;
-    const uint64_t region_size = file.size - 8 - header_len;
-
-    simdjson::dom::parser parser;
-    simdjson::dom::element root;
-    simdjson::padded_string header(reinterpret_cast<const char*>(file.data + 8), size_t(header_len));
-    const auto error = parser.parse(header).get(root);
-    if (error != simdjson::SUCCESS)
-        return fail(GPTOSS_ERR_FORMAT, "%s: safetensors header is not valid JSON: %s", path,
-                    simdjson::error_message(error));
-    simdjson::dom::object obj;
-    if (root.get_object().get(obj) != simdjson::SUCCESS)
-        return fail(GPTOSS_ERR_FORMAT, "%s: safetensors header is not a JSON object", path);
-
-    struct Range { uint64_t begin, end; const std::string* name; };
-    std::vector<Range> ranges;
-    for (auto field : obj) {
-        const std::string name(field.key);
-        if (name == "__metadata__") continue;
-        simdjson::dom::object entry;
-        if (field.value.get_object().get(entry) != simdjson::SUCCESS)
-            return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s: header entry is not an object", path,
-                        name.c_str());
-        std::string_view dtype_text;
-        if (entry.at_key("dtype").get_string().get(dtype_text) != simdjson::SUCCESS)
-            return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s: dtype is missing or not a string", path,
-                        name.c_str());
-        Tensor t;
-        t.name = name;
-        if (dtype_text == "BF16") {
-            t.dtype = DType::BF16;
-        } else if (dtype_text == "F32") {
-            t.dtype = DType::F32;
-        } else if (dtype_text == "U8") {
-            t.dtype = DType::U8;
-        } else {
-            return fail(GPTOSS_ERR_FORMAT,
-                        "%s: tensor %s has dtype %.*s, expected one of BF16, F32, U8", path,
-                        name.c_str(), int(dtype_text.size()), dtype_text.data());
-        }
-        simdjson::dom::array shape;
-        if (entry.at_key("shape").get_array().get(shape) != simdjson::SUCCESS)
-            return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s: shape is missing or not an array", path,
-                        name.c_str());
-        uint64_t n_elements = 1;
-        for (simdjson::dom::element dim : shape) {
-            uint64_t d = 0;
-            if (dim.get_uint64().get(d) != simdjson::SUCCESS)
-                return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s: shape holds a non-integer", path,
-                            name.c_str());
-            if (d != 0 && n_elements > UINT64_MAX / 16 / d)
-                return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s: shape %s overflows", path,
-                            name.c_str(), shape_string(t.shape).c_str());
-            n_elements *= d;
-            t.shape.push_back(d);
-        }
-        simdjson::dom::array offsets;
-        uint64_t begin = 0, end = 0;
-        if (entry.at_key("data_offsets").get_array().get(offsets) != simdjson::SUCCESS ||
-            offsets.size() != 2 || offsets.at(0).get_uint64().get(begin) != simdjson::SUCCESS ||
-            offsets.at(1).get_uint64().get(end) != simdjson::SUCCESS)
-            return fail(GPTOSS_ERR_FORMAT,
-                        "%s: tensor %s: data_offsets must be an array of two non-negative integers",
-                        path, name.c_str());
-        if (begin > end)
-            return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64 "] are reversed",
-                        path, name.c_str(), begin, end);
-        if (end > region_size)
-            return fail(GPTOSS_ERR_FORMAT,
-                        "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64 "] lie outside the data "
-                        "region (%" PRIu64 " bytes after the header; file truncated?)",
-                        path, name.c_str(), begin, end, region_size);
-        t.n_bytes = n_elements * dtype_size(t.dtype);
-        if (end - begin != t.n_bytes)
-            return fail(GPTOSS_ERR_FORMAT,
-                        "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64 "] span %" PRIu64
-                        " bytes, expected %" PRIu64 " for %s %s",
-                        path, name.c_str(), begin, end, end - begin, t.n_bytes,
-                        dtype_name(t.dtype), shape_string(t.shape).c_str());
-        // The backends read bf16/f32 through typed pointers; safetensors writers align data.
-        const uint64_t file_offset = 8 + header_len + begin;
-        if (file_offset % dtype_size(t.dtype) != 0)
-            return fail(GPTOSS_ERR_FORMAT,
-                        "%s: tensor %s: data at file offset %" PRIu64 " is not aligned to its %" PRIu64
-                        "-byte elements",
-                        path, name.c_str(), file_offset, dtype_size(t.dtype));
-        t.data = region + begin;
-        FoundTensor f;
-        f.tensor = std::move(t);
-        f.file = &file;
-        auto inserted = found->emplace(name, std::move(f));
-        if (!inserted.second)
-            return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s appears again (already in %s)", path,
-                        name.c_str(), inserted.first->second.file->path.c_str());
-        ranges.push_back({begin, end, &inserted.first->first});
+// The dtype and shape of one header entry into *t (its name already set); *n_elements.
+gptoss_status parse_dtype_shape(const char* path, simdjson::dom::object entry, Tensor* t, uint64_t* n_elements) {
+    const char* name = t->name.c_str();
+    std::string_view dtype_text;
+    if (entry.at_key("dtype").get_string().get(dtype_text) != simdjson::SUCCESS)
+        return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s: dtype is missing or not a string", path, name);
+    if (dtype_text == "BF16") {
+        t->dtype = DType::BF16;
+    } else if (dtype_text == "F32") {
+        t->dtype = DType::F32;
+    } else if (dtype_text == "U8") {
+        t->dtype = DType::U8;
+    } else {
+        return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s has dtype %.*s, expected one of BF16, F32, U8", path, name,
+                    int(dtype_text.size()), dtype_text.data());
     }
+    simdjson::dom::array shape;
+    if (entry.at_key("shape").get_array().get(shape) != simdjson::SUCCESS)
+        return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s: shape is missing or not an array", path, name);
+    *n_elements = 1;
+    for (simdjson::dom::element dim : shape) {
+        uint64_t d = 0;
+        if (dim.get_uint64().get(d) != simdjson::SUCCESS)
+            return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s: shape holds a non-integer", path, name);
+        if (d != 0 && *n_elements > UINT64_MAX / 16 / d)
+            return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s: shape %s overflows", path, name,
+                        shape_string(t->shape).c_str());
+        *n_elements *= d;
+        t->shape.push_back(d);
+    }
+    return GPTOSS_OK;
+}
 
-    // Tiling: sorted by start, each range must begin where the previous one ended.
-    std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+// The data_offsets [*begin, *end) of one header entry, relative to the data region that starts
+// after the header_len-byte header: in the region, the size of t's dtype and shape, aligned to
+// its elements. Sets t->n_bytes.
+gptoss_status parse_offsets(const char* path, simdjson::dom::object entry, uint64_t header_len, uint64_t region_size,
+                            uint64_t n_elements, Tensor* t, uint64_t* begin, uint64_t* end) {
+    const char* name = t->name.c_str();
+    simdjson::dom::array offsets;
+    if (entry.at_key("data_offsets").get_array().get(offsets) != simdjson::SUCCESS || offsets.size() != 2 ||
+        offsets.at(0).get_uint64().get(*begin) != simdjson::SUCCESS ||
+        offsets.at(1).get_uint64().get(*end) != simdjson::SUCCESS)
+        return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s: data_offsets must be an array of two non-negative integers",
+                    path, name);
+    const uint64_t b = *begin, e = *end;
+    if (b > e)
+        return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64 "] are reversed", path,
+                    name, b, e);
+    if (e > region_size)
+        return fail(GPTOSS_ERR_FORMAT,
+                    "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64 "] lie outside the data "
+                    "region (%" PRIu64 " bytes after the header; file truncated?)",
+                    path, name, b, e, region_size);
+    t->n_bytes = n_elements * dtype_size(t->dtype);
+    if (e - b != t->n_bytes)
+        return fail(GPTOSS_ERR_FORMAT,
+                    "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64 "] span %" PRIu64
+                    " bytes, expected %" PRIu64 " for %s %s",
+                    path, name, b, e, e - b, t->n_bytes, dtype_name(t->dtype), shape_string(t->shape).c_str());
+    // The backends read bf16/f32 through typed pointers; safetensors writers align data.
+    const uint64_t file_offset = 8 + header_len + b;
+    if (file_offset % dtype_size(t->dtype) != 0)
+        return fail(GPTOSS_ERR_FORMAT,
+                    "%s: tensor %s: data at file offset %" PRIu64 " is not aligned to its %" PRIu64 "-byte elements",
+                    path, name, file_offset, dtype_size(t->dtype));
+    return GPTOSS_OK;
+}
+
+// A tensor's bytes [begin, end) in the data region.
+struct Range {
+    uint64_t begin, end;
+    const std::string* name;
+};
+
+// The ranges must tile the data region: sorted by start, each begins where the previous ended
+// (empty tensors occupy nothing), and the last ends at region_size.
+gptoss_status check_tiling(const char* path, std::vector<Range>* ranges, uint64_t region_size) {
+    std::sort(ranges->begin(), ranges->end(), [](const Range& a, const Range& b) {
         return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
     });
     uint64_t covered = 0;
     const std::string* previous = nullptr;
-    for (const Range& r : ranges) {
-        if (r.begin == r.end) continue;  // empty tensors occupy nothing
+    for (const Range& r : *ranges) {
+        if (r.begin == r.end) continue;
         if (r.begin < covered)
             return fail(GPTOSS_ERR_FORMAT,
                         "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64
                         "] overlap tensor %s (which ends at %" PRIu64 ")",
                         path, r.name->c_str(), r.begin, r.end, previous->c_str(), covered);
         if (r.begin > covered)
-            return fail(GPTOSS_ERR_FORMAT,
-                        "%s: data region bytes [%" PRIu64 ", %" PRIu64 ") belong to no tensor", path,
-                        covered, r.begin);
+            return fail(GPTOSS_ERR_FORMAT, "%s: data region bytes [%" PRIu64 ", %" PRIu64 ") belong to no tensor",
+                        path, covered, r.begin);
         covered = r.end;
         previous = r.name;
     }
     if (covered != region_size)
-        return fail(GPTOSS_ERR_FORMAT,
-                    "%s: data region bytes [%" PRIu64 ", %" PRIu64 ") belong to no tensor", path,
+        return fail(GPTOSS_ERR_FORMAT, "%s: data region bytes [%" PRIu64 ", %" PRIu64 ") belong to no tensor", path,
                     covered, region_size);
     return GPTOSS_OK;
+}
+
+// The 8-byte header length and the JSON header object of a shard.
+gptoss_status parse_header(const MappedFile& file, simdjson::dom::parser* parser, uint64_t* header_len,
+                           simdjson::dom::object* obj) {
+    const char* path = file.path.c_str();
+    if (file.size < 8)
+        return fail(GPTOSS_ERR_FORMAT, "%s: truncated safetensors file: %zu bytes, shorter than the 8-byte header length",
+                    path, file.size);
+    *header_len = 0;
+    for (int i = 7; i >= 0; --i) *header_len = (*header_len << 8) | file.data[i];  // little-endian
+    if (*header_len > file.size - 8)
+        return fail(GPTOSS_ERR_FORMAT, "%s: header length %" PRIu64 " goes beyond the end of the file (%zu bytes)", path,
+                    *header_len, file.size);
+    simdjson::dom::element root;
+    simdjson::padded_string header(reinterpret_cast<const char*>(file.data + 8), size_t(*header_len));
+    const auto error = parser->parse(header).get(root);
+    if (error != simdjson::SUCCESS)
+        return fail(GPTOSS_ERR_FORMAT, "%s: safetensors header is not valid JSON: %s", path,
+                    simdjson::error_message(error));
+    if (root.get_object().get(*obj) != simdjson::SUCCESS)
+        return fail(GPTOSS_ERR_FORMAT, "%s: safetensors header is not a JSON object", path);
+    return GPTOSS_OK;
+}
+
+gptoss_status parse_shard(const MappedFile& file, std::map<std::string, FoundTensor>* found) {
+    const char* path = file.path.c_str();
+    simdjson::dom::parser parser;
+    uint64_t header_len = 0;
+    simdjson::dom::object obj;
+    GPTOSS_TRY(parse_header(file, &parser, &header_len, &obj));
+    const uint8_t* region = file.data + 8 + header_len;
+    const uint64_t region_size = file.size - 8 - header_len;
+    std::vector<Range> ranges;
+    for (auto field : obj) {
+        const std::string name(field.key);
+        if (name == "__metadata__") continue;
+        simdjson::dom::object entry;
+        if (field.value.get_object().get(entry) != simdjson::SUCCESS)
+            return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s: header entry is not an object", path, name.c_str());
+        Tensor t;
+        t.name = name;
+        uint64_t n_elements = 0, begin = 0, end = 0;
+        GPTOSS_TRY(parse_dtype_shape(path, entry, &t, &n_elements));
+        GPTOSS_TRY(parse_offsets(path, entry, header_len, region_size, n_elements, &t, &begin, &end));
+        t.data = region + begin;
+        FoundTensor f;
+        f.tensor = std::move(t);
+        f.file = &file;
+        auto inserted = found->emplace(name, std::move(f));
+        if (!inserted.second)
+            return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s appears again (already in %s)", path, name.c_str(),
+                        inserted.first->second.file->path.c_str());
+        ranges.push_back({begin, end, &inserted.first->first});
+    }
+    return check_tiling(path, &ranges, region_size);
 }
 
 // Reads model.safetensors.index.json: the shard file names (in order of first appearance) and

@@ -133,6 +133,100 @@ gptoss_status chat_constraint(gptoss_model* model, const gptoss_chat_request& in
     return make_chat_constraint(model, spec, where, "request.response_format_schema", out);
 }
 
+// request.tools as the developer message's "functions" namespace.
+gptoss_status build_tools(const gptoss_chat_request& in, h::Conversation* c) {
+    h::ToolNamespace ns;
+    ns.name = "functions";
+    for (size_t i = 0; i < in.n_tools; ++i) {
+        const gptoss_tool& t = in.tools[i];
+        const std::string at = "tools[" + std::to_string(i) + "]";
+        if (t.name == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.name: NULL", at.c_str());
+        GPTOSS_TRY(check_word(t.name, at + ".name"));
+        h::ToolDef def;
+        def.name = t.name;
+        if (t.description != nullptr) {
+            GPTOSS_TRY(check_text(t.description, at + ".description"));
+            def.description = t.description;
+        }
+        if (t.parameters != nullptr) {
+            GPTOSS_TRY(check_text(t.parameters, at + ".parameters"));
+            std::string ignored;
+            GPTOSS_TRY(h::schema_to_typescript(t.parameters, at + ".parameters", &ignored));
+            def.has_parameters = true;
+            def.parameters = t.parameters;
+        }
+        ns.tools.push_back(std::move(def));
+    }
+    c->has_developer = true;
+    c->developer.namespaces.push_back(std::move(ns));
+    return GPTOSS_OK;
+}
+
+// The role-specific part of message `at` (its content, channel and words already checked):
+// an assistant message records its recipient in *called; a tool message must answer one of them.
+gptoss_status build_message(const gptoss_message& m, const std::string& at, std::vector<std::string>* called,
+                            h::Message* out_m) {
+    const int role = enum_value(m.role);
+    switch (role) {
+    case GPTOSS_ROLE_USER:
+        out_m->role = h::Role::User;
+        return GPTOSS_OK;
+    case GPTOSS_ROLE_ASSISTANT:
+        out_m->role = h::Role::Assistant;
+        // NONE renders no channel: the model does write such messages, and a result's
+        // messages must render back as they were parsed.
+        out_m->channel = channel_name(m.channel);
+        if (m.recipient != nullptr) {
+            out_m->recipient = m.recipient;
+            called->push_back(m.recipient);
+        }
+        if (m.content_type != nullptr)
+            // "json" is the documented shorthand for what the model writes: <|constrain|>json.
+            out_m->content_type = std::strcmp(m.content_type, "json") == 0 ? "<|constrain|>json" : m.content_type;
+        return GPTOSS_OK;
+    case GPTOSS_ROLE_TOOL:
+        out_m->role = h::Role::Tool;
+        if (m.author == nullptr)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT,
+                        "%s.author: NULL; a tool message needs the tool's name, e.g. \"functions.get_weather\"",
+                        at.c_str());
+        GPTOSS_TRY(check_word(m.author, at + ".author"));
+        if (std::find(called->begin(), called->end(), m.author) == called->end())
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT,
+                        "%s: a result from \"%s\" answers no earlier tool call (no assistant message before it "
+                        "has recipient \"%s\")",
+                        at.c_str(), m.author, m.author);
+        out_m->name = m.author;
+        out_m->channel = channel_name(m.channel);
+        out_m->recipient = m.recipient != nullptr ? m.recipient : "assistant";
+        if (m.content_type != nullptr) out_m->content_type = m.content_type;
+        return GPTOSS_OK;
+    default:
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.role: %d is not USER, ASSISTANT or TOOL", at.c_str(), role);
+    }
+}
+
+// request.messages, checked, into c->messages.
+gptoss_status build_messages(const gptoss_chat_request& in, h::Conversation* c) {
+    std::vector<std::string> called;  // recipients of the tool calls so far
+    for (size_t i = 0; i < in.n_messages; ++i) {
+        const gptoss_message& m = in.messages[i];
+        const std::string at = "messages[" + std::to_string(i) + "]";
+        if (m.content == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.content: NULL", at.c_str());
+        GPTOSS_TRY(check_text(m.content, at + ".content"));
+        const int channel = enum_value(m.channel);
+        if (channel < GPTOSS_CHANNEL_NONE || channel > GPTOSS_CHANNEL_FINAL)
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.channel: %d is not a gptoss_channel", at.c_str(), channel);
+        if (m.recipient != nullptr) GPTOSS_TRY(check_word(m.recipient, at + ".recipient"));
+        if (m.content_type != nullptr) GPTOSS_TRY(check_word(m.content_type, at + ".content_type"));
+        h::Message out_m;
+        out_m.content = m.content;
+        GPTOSS_TRY(build_message(m, at, &called, &out_m));
+        c->messages.push_back(std::move(out_m));
+    }
+    return GPTOSS_OK;
+}
+
 // Validates `in` (already read with read_params) and builds the conversation gptoss_chat renders.
 gptoss_status build_conversation(const gptoss_chat_request& in, h::Conversation* out) {
     if (in.n_messages > 0 && in.messages == nullptr)
@@ -156,86 +250,9 @@ gptoss_status build_conversation(const gptoss_chat_request& in, h::Conversation*
         c.developer.has_instructions = true;
         c.developer.instructions = in.instructions;
     }
-    if (in.n_tools > 0) {
-        h::ToolNamespace ns;
-        ns.name = "functions";
-        for (size_t i = 0; i < in.n_tools; ++i) {
-            const gptoss_tool& t = in.tools[i];
-            const std::string at = "tools[" + std::to_string(i) + "]";
-            if (t.name == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.name: NULL", at.c_str());
-            GPTOSS_TRY(check_word(t.name, at + ".name"));
-            h::ToolDef def;
-            def.name = t.name;
-            if (t.description != nullptr) {
-                GPTOSS_TRY(check_text(t.description, at + ".description"));
-                def.description = t.description;
-            }
-            if (t.parameters != nullptr) {
-                GPTOSS_TRY(check_text(t.parameters, at + ".parameters"));
-                std::string ignored;
-                GPTOSS_TRY(h::schema_to_typescript(t.parameters, at + ".parameters", &ignored));
-                def.has_parameters = true;
-                def.parameters = t.parameters;
-            }
-            ns.tools.push_back(std::move(def));
-        }
-        c.has_developer = true;
-        c.developer.namespaces.push_back(std::move(ns));
-    }
+    if (in.n_tools > 0) GPTOSS_TRY(build_tools(in, &c));
     GPTOSS_TRY(check_constraints(in, &c));
-    std::vector<std::string> called;  // recipients of the tool calls so far
-    for (size_t i = 0; i < in.n_messages; ++i) {
-        const gptoss_message& m = in.messages[i];
-        const std::string at = "messages[" + std::to_string(i) + "]";
-        if (m.content == nullptr) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.content: NULL", at.c_str());
-        GPTOSS_TRY(check_text(m.content, at + ".content"));
-        const int channel = enum_value(m.channel);
-        if (channel < GPTOSS_CHANNEL_NONE || channel > GPTOSS_CHANNEL_FINAL)
-            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.channel: %d is not a gptoss_channel", at.c_str(), channel);
-        const int role = enum_value(m.role);
-        if (m.recipient != nullptr) GPTOSS_TRY(check_word(m.recipient, at + ".recipient"));
-        if (m.content_type != nullptr) GPTOSS_TRY(check_word(m.content_type, at + ".content_type"));
-        h::Message out_m;
-        out_m.content = m.content;
-        switch (role) {
-        case GPTOSS_ROLE_USER:
-            out_m.role = h::Role::User;
-            break;
-        case GPTOSS_ROLE_ASSISTANT:
-            out_m.role = h::Role::Assistant;
-            // NONE renders no channel: the model does write such messages, and a result's
-            // messages must render back as they were parsed.
-            out_m.channel = channel_name(m.channel);
-            if (m.recipient != nullptr) {
-                out_m.recipient = m.recipient;
-                called.push_back(m.recipient);
-            }
-            if (m.content_type != nullptr)
-                // "json" is the documented shorthand for what the model writes: <|constrain|>json.
-                out_m.content_type = std::strcmp(m.content_type, "json") == 0 ? "<|constrain|>json" : m.content_type;
-            break;
-        case GPTOSS_ROLE_TOOL:
-            out_m.role = h::Role::Tool;
-            if (m.author == nullptr)
-                return fail(GPTOSS_ERR_INVALID_ARGUMENT,
-                            "%s.author: NULL; a tool message needs the tool's name, e.g. \"functions.get_weather\"",
-                            at.c_str());
-            GPTOSS_TRY(check_word(m.author, at + ".author"));
-            if (std::find(called.begin(), called.end(), m.author) == called.end())
-                return fail(GPTOSS_ERR_INVALID_ARGUMENT,
-                            "%s: a result from \"%s\" answers no earlier tool call (no assistant message before it "
-                            "has recipient \"%s\")",
-                            at.c_str(), m.author, m.author);
-            out_m.name = m.author;
-            out_m.channel = channel_name(m.channel);
-            out_m.recipient = m.recipient != nullptr ? m.recipient : "assistant";
-            if (m.content_type != nullptr) out_m.content_type = m.content_type;
-            break;
-        default:
-            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s.role: %d is not USER, ASSISTANT or TOOL", at.c_str(), role);
-        }
-        c.messages.push_back(std::move(out_m));
-    }
+    GPTOSS_TRY(build_messages(in, &c));
     *out = std::move(c);
     return GPTOSS_OK;
 }
@@ -299,6 +316,71 @@ struct ChatResult {
         return strings.back().c_str();
     }
 };
+
+// One parsed message of the completion into r: the assistant's messages become result
+// messages, those with a recipient also tool calls; final and analysis text are collected. What
+// the model writes in another role (a hallucinated tool result or user turn) stays in raw only,
+// so that appending result->messages to the history is always a valid request.
+void keep_message(const h::ParsedMessage& m, ChatResult& r, std::string* final_text, std::string* analysis_text) {
+    if (!m.header_clean || m.role != h::Role::Assistant)
+        log(GPTOSS_LOG_DEBUG, "chat: %s message (role %s, channel \"%s\", recipient \"%s\")%s; raw keeps the text",
+            m.header_clean ? "kept out a" : "repaired the header of a", h::role_name(m.role), m.channel.c_str(),
+            m.recipient.c_str(), m.role != h::Role::Assistant ? " not from the assistant" : "");
+    if (m.role != h::Role::Assistant) return;
+    gptoss_message out{};
+    out.role = GPTOSS_ROLE_ASSISTANT;
+    out.channel = channel_enum(m.channel);
+    out.content = r.keep(m.content);
+    out.recipient = m.recipient.empty() ? nullptr : r.keep(m.recipient);
+    out.content_type = m.content_type.empty() ? nullptr : r.keep(m.content_type);
+    r.messages.push_back(out);
+    if (!m.recipient.empty()) {
+        gptoss_tool_call call{};
+        const size_t dot = m.recipient.find('.');
+        call.name = r.keep(dot == std::string::npos ? m.recipient : m.recipient.substr(dot + 1));
+        call.recipient = out.recipient;
+        call.arguments = out.content;
+        std::string type = m.content_type;
+        if (type.compare(0, 13, "<|constrain|>") == 0) type.erase(0, 13);
+        call.content_type = type.empty() ? nullptr : r.keep(type);
+        r.tool_calls.push_back(call);
+    } else if (m.channel == "final") {
+        *final_text += m.content;
+    } else if (m.channel == "analysis") {
+        if (!analysis_text->empty()) *analysis_text += "\n";
+        *analysis_text += m.content;
+    }
+}
+
+// gptoss_chat's result (API.md §2) from the completion's parsed messages and tokens.
+gptoss_status build_chat_result(const std::vector<h::ParsedMessage>& messages, const Tokenizer& tokenizer,
+                                const GenerateOutput& output, ChatResult* storage) {
+    ChatResult& r = *storage;
+    std::string final_text, analysis_text;
+    for (const h::ParsedMessage& m : messages) keep_message(m, r, &final_text, &analysis_text);
+    // raw: the completion with specials spelled out, as valid UTF-8.
+    std::string raw_bytes, raw;
+    GPTOSS_TRY(tokenizer.decode(output.tokens.data(), output.tokens.size(), &raw_bytes));
+    Utf8StreamDecoder utf8;
+    utf8.push(raw_bytes, &raw);
+    utf8.flush(&raw);
+    gptoss_chat_result& res = r.result;
+    res.struct_size = sizeof res;
+    res.final = r.keep(final_text);
+    res.analysis = r.keep(analysis_text);
+    res.tool_calls = r.tool_calls.empty() ? nullptr : r.tool_calls.data();
+    res.n_tool_calls = r.tool_calls.size();
+    res.messages = r.messages.empty() ? nullptr : r.messages.data();
+    res.n_messages = r.messages.size();
+    res.stop_reason = output.stop_reason;
+    res.raw = r.keep(raw);
+    res.n_prompt_tokens = output.n_prompt_tokens;
+    res.n_cached_tokens = output.n_cached_tokens;
+    res.n_completion_tokens = uint32_t(output.tokens.size());
+    res.prefill_ms = output.prefill_ms;
+    res.decode_ms = output.decode_ms;
+    return GPTOSS_OK;
+}
 
 }  // namespace
 
@@ -391,64 +473,8 @@ GPTOSS_API gptoss_status gptoss_chat(gptoss_session* session, const gptoss_chat_
 
         // Build the new result, then swap (API.md §2).
         auto storage = std::make_shared<ChatResult>();
-        ChatResult& r = *storage;
-        const std::vector<h::ParsedMessage> messages = stream.messages();
-        std::string final_text, analysis_text;
-        for (const h::ParsedMessage& m : messages) {
-            // Only the assistant's messages: what the model writes in another role (a
-            // hallucinated tool result or user turn) stays in raw, so that appending
-            // result->messages to the history is always a valid request.
-            if (!m.header_clean || m.role != h::Role::Assistant)
-                log(GPTOSS_LOG_DEBUG, "chat: %s message (role %s, channel \"%s\", recipient \"%s\")%s; raw keeps the text",
-                    m.header_clean ? "kept out a" : "repaired the header of a", h::role_name(m.role), m.channel.c_str(),
-                    m.recipient.c_str(), m.role != h::Role::Assistant ? " not from the assistant" : "");
-            if (m.role != h::Role::Assistant) continue;
-            gptoss_message out{};
-            out.role = GPTOSS_ROLE_ASSISTANT;
-            out.channel = channel_enum(m.channel);
-            out.content = r.keep(m.content);
-            out.recipient = m.recipient.empty() ? nullptr : r.keep(m.recipient);
-            out.content_type = m.content_type.empty() ? nullptr : r.keep(m.content_type);
-            r.messages.push_back(out);
-            if (!m.recipient.empty()) {
-                gptoss_tool_call call{};
-                const size_t dot = m.recipient.find('.');
-                call.name = r.keep(dot == std::string::npos ? m.recipient : m.recipient.substr(dot + 1));
-                call.recipient = out.recipient;
-                call.arguments = out.content;
-                std::string type = m.content_type;
-                if (type.compare(0, 13, "<|constrain|>") == 0) type.erase(0, 13);
-                call.content_type = type.empty() ? nullptr : r.keep(type);
-                r.tool_calls.push_back(call);
-            } else if (m.channel == "final") {
-                final_text += m.content;
-            } else if (m.channel == "analysis") {
-                if (!analysis_text.empty()) analysis_text += "\n";
-                analysis_text += m.content;
-            }
-        }
-        // raw: the completion with specials spelled out, as valid UTF-8.
-        std::string raw_bytes, raw;
-        GPTOSS_TRY(tokenizer.decode(output.tokens.data(), output.tokens.size(), &raw_bytes));
-        Utf8StreamDecoder utf8;
-        utf8.push(raw_bytes, &raw);
-        utf8.flush(&raw);
-
-        gptoss_chat_result& res = r.result;
-        res.struct_size = sizeof res;
-        res.final = r.keep(final_text);
-        res.analysis = r.keep(analysis_text);
-        res.tool_calls = r.tool_calls.empty() ? nullptr : r.tool_calls.data();
-        res.n_tool_calls = r.tool_calls.size();
-        res.messages = r.messages.empty() ? nullptr : r.messages.data();
-        res.n_messages = r.messages.size();
-        res.stop_reason = output.stop_reason;
-        res.raw = r.keep(raw);
-        res.n_prompt_tokens = output.n_prompt_tokens;
-        res.n_cached_tokens = output.n_cached_tokens;
-        res.n_completion_tokens = uint32_t(output.tokens.size());
-        res.prefill_ms = output.prefill_ms;
-        res.decode_ms = output.decode_ms;
+        GPTOSS_TRY(build_chat_result(stream.messages(), tokenizer, output, storage.get()));
+        gptoss_chat_result& res = storage->result;
         session->chat_result_previous = std::move(session->chat_result);
         session->chat_result = storage;
         *result_out = &res;

@@ -164,14 +164,16 @@ static bool file_exists(const std::string& path) {
     return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-static gptoss_status load_model(const char* model_dir, const gptoss_model_params& params, gptoss_model** out) {
+// params.device / params.devices → *device (a CUDA ordinal or GPTOSS_DEVICE_CPU) and, for two
+// or more GPUs, *split, the devices to split the model over (gptoss-shard.h); errors name the field.
+static gptoss_status resolve_devices(const gptoss_model_params& params, int32_t* device_out,
+                                     std::vector<int32_t>* split) {
     int32_t device = params.device;
 #ifdef GPTOSS_HAVE_CUDA
     const int n_devices = cuda_device_count();
 #else
     const int n_devices = 0;
 #endif
-    std::vector<int32_t> split;  // two or more GPUs (gptoss-shard.h)
     if (params.n_devices > 0 || params.devices != nullptr) {
         if (params.devices == nullptr || params.n_devices == 0)  // a malformed list, whatever the build
             return validate_devices(params.devices, params.n_devices, n_devices);
@@ -180,7 +182,7 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
 #endif
         GPTOSS_TRY(validate_devices(params.devices, params.n_devices, n_devices));
         device = params.devices[0];
-        if (params.n_devices > 1) split.assign(params.devices, params.devices + params.n_devices);
+        if (params.n_devices > 1) split->assign(params.devices, params.devices + params.n_devices);
     }
     if (device < GPTOSS_DEVICE_AUTO)
         return fail(GPTOSS_ERR_INVALID_ARGUMENT,
@@ -200,22 +202,68 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
                         n_devices);
 #endif
     }
+    *device_out = device;
+    return GPTOSS_OK;
+}
 
-    uint32_t max_decode_batch = 1;
-    GPTOSS_TRY(resolve_max_decode_batch(params.max_decode_batch, &max_decode_batch));
-    OffloadRequest offload;
-    offload.n_cpu_moe = params.n_cpu_moe;
-    offload.gpu_memory_budget = params.gpu_memory_budget;
-    offload.fit_context = params.fit_context;
-    if (offload.n_cpu_moe < GPTOSS_CPU_MOE_AUTO)  // the upper bound is checked once n_layers is known
+// params.n_cpu_moe / gpu_memory_budget / fit_context → *offload (the upper bound of n_cpu_moe is
+// checked once n_layers is known); experts in host memory need a single device.
+static gptoss_status resolve_offload(const gptoss_model_params& params, size_t n_split, OffloadRequest* offload) {
+    offload->n_cpu_moe = params.n_cpu_moe;
+    offload->gpu_memory_budget = params.gpu_memory_budget;
+    offload->fit_context = params.fit_context;
+    if (offload->n_cpu_moe < GPTOSS_CPU_MOE_AUTO)
         return fail(GPTOSS_ERR_INVALID_ARGUMENT,
                     "params.n_cpu_moe: %d; expected 0 (all experts on the GPU), a number of layers, or "
                     "GPTOSS_CPU_MOE_AUTO (-1)",
-                    offload.n_cpu_moe);
-    if (split.size() > 1 && (offload.n_cpu_moe != 0 || offload.gpu_memory_budget != 0))
+                    offload->n_cpu_moe);
+    if (n_split > 1 && (offload->n_cpu_moe != 0 || offload->gpu_memory_budget != 0))
         return fail(GPTOSS_ERR_UNSUPPORTED,
                     "params.n_cpu_moe / params.gpu_memory_budget: experts in host memory are not supported with "
                     "several devices (params.devices)");
+    return GPTOSS_OK;
+}
+
+// The model's tokenizer from model_dir/tokenizer.json, when the file exists (else a warning).
+static gptoss_status load_tokenizer(const char* model_dir, gptoss_model* model) {
+    const std::string tokenizer_path = std::string(model_dir) + "/tokenizer.json";
+    if (!file_exists(tokenizer_path)) {
+        log(GPTOSS_LOG_WARN, "%s: not found; tokenize, detokenize and chat will be unavailable", tokenizer_path.c_str());
+        return GPTOSS_OK;
+    }
+    std::unique_ptr<Tokenizer> tokenizer;
+    GPTOSS_TRY(Tokenizer::load_hf_json(tokenizer_path, &tokenizer));
+    model->tokenizer = std::move(tokenizer);
+    return GPTOSS_OK;
+}
+
+// The backend for the loaded checkpoint: the CPU, one GPU, or the GPUs of `split`.
+static gptoss_status create_backend(gptoss_model* model, int32_t device, const std::vector<int32_t>& split,
+                                    const OffloadRequest& offload, const ProgressFn& upload_progress) {
+    if (device == GPTOSS_DEVICE_CPU) {
+        if (offload.n_cpu_moe != 0)
+            log(GPTOSS_LOG_INFO, "params.n_cpu_moe: ignored by the CPU backend (every weight is in host memory)");
+        return create_cpu_backend(*model->checkpoint, &model->backend);
+    }
+#ifdef GPTOSS_HAVE_CUDA
+    if (split.size() > 1)
+        return create_sharded_cuda_backend(*model->checkpoint, split.data(), split.size(), upload_progress,
+                                           &model->backend);
+    return create_cuda_backend(*model->checkpoint, device, offload, upload_progress, &model->backend);
+#else
+    (void)split, (void)upload_progress;
+    return GPTOSS_OK;
+#endif
+}
+
+static gptoss_status load_model(const char* model_dir, const gptoss_model_params& params, gptoss_model** out) {
+    int32_t device = GPTOSS_DEVICE_CPU;
+    std::vector<int32_t> split;  // two or more GPUs (gptoss-shard.h)
+    GPTOSS_TRY(resolve_devices(params, &device, &split));
+    uint32_t max_decode_batch = 1;
+    GPTOSS_TRY(resolve_max_decode_batch(params.max_decode_batch, &max_decode_batch));
+    OffloadRequest offload;
+    GPTOSS_TRY(resolve_offload(params, split.size(), &offload));
 
     // Loading the files is the first half of the progress bar, uploading to a GPU the second.
     // Every report goes through `report`, which passes on only increasing fractions, so the
@@ -227,39 +275,19 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
         reported = f;
         return params.progress(params.progress_user_data, f);
     };
-    ProgressFn file_progress;
-    if (params.progress != nullptr) file_progress = [&](float f) { return report(f * file_share); };
+    ProgressFn file_progress, upload_progress;
+    if (params.progress != nullptr) {
+        file_progress = [&](float f) { return report(f * file_share); };
+        upload_progress = [&](float f) { return report(0.5f + 0.5f * f); };
+    }
 
     fault_point();
     std::unique_ptr<gptoss_model> model(new gptoss_model());
     GPTOSS_TRY(load_checkpoint(model_dir, file_progress, &model->checkpoint));
-
-    const std::string tokenizer_path = std::string(model_dir) + "/tokenizer.json";
-    if (file_exists(tokenizer_path)) {
-        std::unique_ptr<Tokenizer> tokenizer;
-        GPTOSS_TRY(Tokenizer::load_hf_json(tokenizer_path, &tokenizer));
-        model->tokenizer = std::move(tokenizer);
-    } else {
-        log(GPTOSS_LOG_WARN, "%s: not found; tokenize, detokenize and chat will be unavailable", tokenizer_path.c_str());
-    }
-
+    GPTOSS_TRY(load_tokenizer(model_dir, model.get()));
     fault_point();
     GPTOSS_TRY(check_offload_request(offload, model->checkpoint->config.n_layers));
-    if (device == GPTOSS_DEVICE_CPU) {
-        if (offload.n_cpu_moe != 0)
-            log(GPTOSS_LOG_INFO, "params.n_cpu_moe: ignored by the CPU backend (every weight is in host memory)");
-        GPTOSS_TRY(create_cpu_backend(*model->checkpoint, &model->backend));
-    } else {
-#ifdef GPTOSS_HAVE_CUDA
-        ProgressFn upload_progress;
-        if (params.progress != nullptr) upload_progress = [&](float f) { return report(0.5f + 0.5f * f); };
-        if (split.size() > 1)
-            GPTOSS_TRY(create_sharded_cuda_backend(*model->checkpoint, split.data(), split.size(), upload_progress,
-                                                   &model->backend));
-        else
-            GPTOSS_TRY(create_cuda_backend(*model->checkpoint, device, offload, upload_progress, &model->backend));
-#endif
-    }
+    GPTOSS_TRY(create_backend(model.get(), device, split, offload, upload_progress));
     if (!report(1.0f)) return fail(GPTOSS_ERR_CANCELLED, "%s: loading cancelled by the progress callback", model_dir);
     if (max_decode_batch > 1) model->batcher.reset(new DecodeBatcher(*model->backend, max_decode_batch));
     model->name = model_name(model->checkpoint->config);

@@ -463,6 +463,11 @@ private:
     }
 
     gptoss_status compile(element e, const std::string& path, uint32_t* out);
+    gptoss_status keywords(element e, const std::string& path, std::set<std::string_view>* present);
+    gptoss_status compile_alternatives(element e, const std::string& path, const char* key,
+                                       const std::set<std::string_view>& present, bool nullable, uint32_t* out);
+    gptoss_status compile_typed(element e, const std::string& path, uint32_t types, uint32_t* out);
+    gptoss_status type_keyword(element e, const std::string& path, uint32_t* types);
     gptoss_status compile_ref(element schema, const std::string& path, uint32_t* out);
     gptoss_status compile_enum(element schema, const std::string& path, uint32_t types, bool nullable, uint32_t* out);
     gptoss_status string_node(element schema, const std::string& path, uint32_t* out);
@@ -481,102 +486,81 @@ private:
 
 using json::field;
 
-gptoss_status Compiler::compile(element e, const std::string& path, uint32_t* out) {
-    if (++depth_ > 64) return error(path, "schema nested deeper than 64 levels");
-    struct Leave {
-        uint32_t* d;
-        ~Leave() { --*d; }
-    } leave{&depth_};
-    bool b = false;
-    if (e.get_bool().get(b) == simdjson::SUCCESS) {
-        if (!b) return error(path, "the schema false matches nothing");
-        *out = any_choice();
-        return GPTOSS_OK;
-    }
-    if (e.type() != element_type::OBJECT) return error(path, "expected a schema (an object or a boolean)");
-    std::set<std::string_view> present;
+// The keywords of schema object e that are not annotations into *present; an unsupported one
+// is an error.
+gptoss_status Compiler::keywords(element e, const std::string& path, std::set<std::string_view>* present) {
     simdjson::dom::object object;
     if (e.get_object().get(object) != simdjson::SUCCESS) return error(path, "expected a schema object");
     for (auto kv : object) {
         if (annotations().count(kv.key)) continue;
         if (!supported().count(kv.key)) return error(child(path, kv.key), "unsupported keyword \"%.*s\"",
                                                      int(kv.key.size()), kv.key.data());
-        present.insert(kv.key);
+        present->insert(kv.key);
     }
+    return GPTOSS_OK;
+}
+
+// anyOf / oneOf (key): a choice of the branches (oneOf: proven disjoint), plus null when nullable.
+gptoss_status Compiler::compile_alternatives(element e, const std::string& path, const char* key,
+                                             const std::set<std::string_view>& present, bool nullable, uint32_t* out) {
+    for (std::string_view other : present)
+        if (other != key && other != "nullable")
+            return error(child(path, other), "keyword \"%.*s\" beside \"%s\" is not supported", int(other.size()),
+                         other.data(), key);
     element v;
-    if (present.count("$ref")) {
-        if (present.size() > 1)
-            return error(path, "keywords beside \"$ref\" are not supported (only annotations may sit next to it)");
-        return compile_ref(e, path, out);
+    field(e, key, &v);
+    simdjson::dom::array arr;
+    if (v.get_array().get(arr) != simdjson::SUCCESS || arr.size() == 0)
+        return error(child(path, key), "expected a non-empty array of schemas");
+    const uint32_t c = new_choice(path);
+    size_t i = 0;
+    for (element alt : arr) {
+        uint32_t a = 0;
+        GPTOSS_TRY(compile(alt, child(child(path, key), std::to_string(i++)), &a));
+        raw_[c].push_back(-int64_t(a) - 1);
     }
-    if (present.count("allOf")) {
-        field(e, "allOf", &v);
-        simdjson::dom::array arr;
-        if (v.get_array().get(arr) != simdjson::SUCCESS || arr.size() != 1 || present.size() > 1)
-            return error(child(path, "allOf"), "only an allOf of one schema, with no other keywords, is supported");
-        return compile(arr.at(0).value(), child(child(path, "allOf"), "0"), out);
-    }
-    bool nullable = false;
-    if (field(e, "nullable", &v) && v.get_bool().get(nullable) != simdjson::SUCCESS)
-        return error(child(path, "nullable"), "expected a boolean");
-    for (const char* key : {"anyOf", "oneOf"}) {
-        if (!present.count(key)) continue;
-        for (std::string_view other : present)
-            if (other != key && other != "nullable")
-                return error(child(path, other), "keyword \"%.*s\" beside \"%s\" is not supported", int(other.size()),
-                             other.data(), key);
-        field(e, key, &v);
-        simdjson::dom::array arr;
-        if (v.get_array().get(arr) != simdjson::SUCCESS || arr.size() == 0)
-            return error(child(path, key), "expected a non-empty array of schemas");
-        const uint32_t c = new_choice(path);
-        size_t i = 0;
-        for (element alt : arr) {
-            uint32_t a = 0;
-            GPTOSS_TRY(compile(alt, child(child(path, key), std::to_string(i++)), &a));
-            raw_[c].push_back(-int64_t(a) - 1);
+    if (std::string_view(key) == "oneOf") GPTOSS_TRY(check_one_of(arr, nullable, child(path, key)));
+    if (nullable) raw_[c].push_back(literal_node({"null"}));
+    *out = c;
+    return GPTOSS_OK;
+}
+
+// The "type" keyword of e as type bits (0: absent).
+gptoss_status Compiler::type_keyword(element e, const std::string& path, uint32_t* types) {
+    element v;
+    *types = 0;
+    if (!field(e, "type", &v)) return GPTOSS_OK;
+    std::string_view name;
+    simdjson::dom::array arr;
+    if (v.get_string().get(name) == simdjson::SUCCESS) {
+        *types = type_bit(name);
+        if (*types == 0) return error(child(path, "type"), "unknown type \"%.*s\"", int(name.size()), name.data());
+    } else if (v.get_array().get(arr) == simdjson::SUCCESS) {
+        for (element t : arr) {
+            if (t.get_string().get(name) != simdjson::SUCCESS || type_bit(name) == 0)
+                return error(child(path, "type"), "expected type names");
+            *types |= type_bit(name);
         }
-        if (std::string_view(key) == "oneOf") GPTOSS_TRY(check_one_of(arr, nullable, child(path, key)));
-        if (nullable) raw_[c].push_back(literal_node({"null"}));
-        *out = c;
-        return GPTOSS_OK;
+        if (*types == 0) return error(child(path, "type"), "empty type array");
+    } else {
+        return error(child(path, "type"), "expected a string or an array of strings");
     }
+    return GPTOSS_OK;
+}
+
+// With no "type": the types the keywords describe (a subset of what validates), or 0.
+uint32_t implied_types(const std::set<std::string_view>& present) {
     uint32_t types = 0;
-    if (field(e, "type", &v)) {
-        std::string_view name;
-        simdjson::dom::array arr;
-        if (v.get_string().get(name) == simdjson::SUCCESS) {
-            types = type_bit(name);
-            if (types == 0) return error(child(path, "type"), "unknown type \"%.*s\"", int(name.size()), name.data());
-        } else if (v.get_array().get(arr) == simdjson::SUCCESS) {
-            for (element t : arr) {
-                if (t.get_string().get(name) != simdjson::SUCCESS || type_bit(name) == 0)
-                    return error(child(path, "type"), "expected type names");
-                types |= type_bit(name);
-            }
-            if (types == 0) return error(child(path, "type"), "empty type array");
-        } else {
-            return error(child(path, "type"), "expected a string or an array of strings");
-        }
-    }
-    if (present.count("enum") || present.count("const")) return compile_enum(e, path, types, nullable, out);
-    if (types == 0) {
-        // No type: generate the type the keywords describe (a subset of what validates), or anything.
-        if (present.count("properties") || present.count("required") || present.count("additionalProperties"))
-            types |= kObject;
-        if (present.count("items") || present.count("prefixItems") || present.count("minItems") ||
-            present.count("maxItems"))
-            types |= kArray;
-        if (present.count("minLength") || present.count("maxLength") || present.count("format")) types |= kString;
-        if (types == 0) {
-            if (!nullable) {
-                *out = any_choice();
-                return GPTOSS_OK;
-            }
-            types = kAllTypes;
-        }
-    }
-    if (nullable) types |= kNull;
+    if (present.count("properties") || present.count("required") || present.count("additionalProperties"))
+        types |= kObject;
+    if (present.count("items") || present.count("prefixItems") || present.count("minItems") || present.count("maxItems"))
+        types |= kArray;
+    if (present.count("minLength") || present.count("maxLength") || present.count("format")) types |= kString;
+    return types;
+}
+
+// A choice of one node per type in `types`.
+gptoss_status Compiler::compile_typed(element e, const std::string& path, uint32_t types, uint32_t* out) {
     const uint32_t c = new_choice(path);
     if (types & kNull) raw_[c].push_back(literal_node({"null"}));
     if (types & kBoolean) raw_[c].push_back(literal_node({"false", "true"}));
@@ -597,6 +581,56 @@ gptoss_status Compiler::compile(element e, const std::string& path, uint32_t* ou
     }
     *out = c;
     return GPTOSS_OK;
+}
+
+gptoss_status Compiler::compile(element e, const std::string& path, uint32_t* out) {
+    if (++depth_ > 64) return error(path, "schema nested deeper than 64 levels");
+    struct Leave {
+        uint32_t* d;
+        ~Leave() { --*d; }
+    } leave{&depth_};
+    bool b = false;
+    if (e.get_bool().get(b) == simdjson::SUCCESS) {
+        if (!b) return error(path, "the schema false matches nothing");
+        *out = any_choice();
+        return GPTOSS_OK;
+    }
+    if (e.type() != element_type::OBJECT) return error(path, "expected a schema (an object or a boolean)");
+    std::set<std::string_view> present;
+    GPTOSS_TRY(keywords(e, path, &present));
+    element v;
+    if (present.count("$ref")) {
+        if (present.size() > 1)
+            return error(path, "keywords beside \"$ref\" are not supported (only annotations may sit next to it)");
+        return compile_ref(e, path, out);
+    }
+    if (present.count("allOf")) {
+        field(e, "allOf", &v);
+        simdjson::dom::array arr;
+        if (v.get_array().get(arr) != simdjson::SUCCESS || arr.size() != 1 || present.size() > 1)
+            return error(child(path, "allOf"), "only an allOf of one schema, with no other keywords, is supported");
+        return compile(arr.at(0).value(), child(child(path, "allOf"), "0"), out);
+    }
+    bool nullable = false;
+    if (field(e, "nullable", &v) && v.get_bool().get(nullable) != simdjson::SUCCESS)
+        return error(child(path, "nullable"), "expected a boolean");
+    for (const char* key : {"anyOf", "oneOf"})
+        if (present.count(key)) return compile_alternatives(e, path, key, present, nullable, out);
+    uint32_t types = 0;
+    GPTOSS_TRY(type_keyword(e, path, &types));
+    if (present.count("enum") || present.count("const")) return compile_enum(e, path, types, nullable, out);
+    if (types == 0) {
+        types = implied_types(present);
+        if (types == 0) {
+            if (!nullable) {
+                *out = any_choice();
+                return GPTOSS_OK;
+            }
+            types = kAllTypes;
+        }
+    }
+    if (nullable) types |= kNull;
+    return compile_typed(e, path, types, out);
 }
 
 gptoss_status Compiler::compile_ref(element schema, const std::string& path, uint32_t* out) {

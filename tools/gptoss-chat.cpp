@@ -1026,9 +1026,9 @@ private:
         return true;
     }
 
-    bool generate_once(TurnStats& stats) {
-        std::vector<gptoss_message> msgs;
-        msgs.reserve(conv_.messages.size());
+    // The chat request for the conversation so far; `msgs` and `tools` hold what it points to.
+    gptoss_chat_request build_request(std::vector<gptoss_message>* msgs, std::vector<gptoss_tool>* tools) const {
+        msgs->reserve(conv_.messages.size());
         for (const Message& m : conv_.messages) {
             gptoss_message g;
             std::memset(&g, 0, sizeof g);
@@ -1038,17 +1038,16 @@ private:
             g.author = m.author ? m.author->c_str() : nullptr;
             g.recipient = m.recipient ? m.recipient->c_str() : nullptr;
             g.content_type = m.content_type ? m.content_type->c_str() : nullptr;
-            msgs.push_back(g);
+            msgs->push_back(g);
         }
-        std::vector<gptoss_tool> tools;
         for (const Tool& t : conv_.tools)
-            tools.push_back({t.name.c_str(), t.description.c_str(), t.parameters ? t.parameters->c_str() : nullptr});
+            tools->push_back({t.name.c_str(), t.description.c_str(), t.parameters ? t.parameters->c_str() : nullptr});
         gptoss_chat_request req = gptoss_chat_default_request();
-        req.messages = msgs.data();
-        req.n_messages = msgs.size();
+        req.messages = msgs->data();
+        req.n_messages = msgs->size();
         req.instructions = conv_.instructions ? conv_.instructions->c_str() : nullptr;
-        req.tools = tools.data();
-        req.n_tools = tools.size();
+        req.tools = tools->data();
+        req.n_tools = tools->size();
         req.reasoning_effort = conv_.effort;
         // The conversation file's tool_choice / response_format, unless the command line set them.
         req.response_format = conv_.response_format;
@@ -1073,14 +1072,65 @@ private:
             req.tool_choice = GPTOSS_TOOL_CHOICE_NAMED;
             req.tool_choice_name = opts_.tool_choice.c_str();
         }
+        return req;
+    }
 
+    gptoss_sampling_params sampling_params() const {
         gptoss_sampling_params sp = gptoss_sampling_default_params();
         sp.temperature = opts_.temperature;
         sp.top_p = opts_.top_p;
         sp.top_k = opts_.top_k;
         sp.seed = opts_.seed;
         sp.max_tokens = opts_.max_tokens.value_or(0);
+        return sp;
+    }
 
+    // A reply into the conversation, the last reply (/json, --json) and the session totals.
+    void record_result(const gptoss_chat_result& result, TurnStats& stats) {
+        stats.valid = true;
+        stats.prompt_tokens = result.n_prompt_tokens;
+        stats.cached_tokens = result.n_cached_tokens;
+        stats.completion_tokens = result.n_completion_tokens;
+        stats.prefill_ms = result.prefill_ms;
+        stats.decode_ms = result.decode_ms;
+        stats.stop = result.stop_reason;
+        for (size_t i = 0; i < result.n_messages; ++i) {
+            Message m = copy_message(result.messages[i]);
+            last_.messages.push_back(m);
+            conv_.messages.push_back(std::move(m));
+        }
+        if (result.final && *result.final) last_.final = result.final;
+        if (result.raw) last_.raw_bytes += std::strlen(result.raw);
+        if (result.analysis && *result.analysis) {
+            if (!last_.analysis.empty()) last_.analysis += "\n";
+            last_.analysis += result.analysis;
+        }
+        last_.stats = stats;
+        last_.valid = true;
+        last_stats_ = stats;
+        ++total_calls_;
+        total_prompt_ += stats.prompt_tokens;
+        total_cached_ += stats.cached_tokens;
+        total_completion_ += stats.completion_tokens;
+        total_prefill_ms_ += stats.prefill_ms;
+        total_decode_ms_ += stats.decode_ms;
+    }
+
+    // The end of a streamed turn: [stopped] after Ctrl-C, the stats line, a full-context note.
+    void print_turn_end(const TurnStats& stats) const {
+        // The terminal echoes Ctrl-C as "^C" wherever the cursor is; write over it.
+        if (stats.stop == GPTOSS_STOP_CANCELLED)
+            std::printf("%s%s[stopped]%s\n", isatty(STDOUT_FILENO) ? "\r\x1b[K" : "", style_.bold(), style_.reset());
+        std::printf("%s[%s]%s\n", style_.dim(), stats_line(stats).c_str(), style_.reset());
+        if (stats.stop == GPTOSS_STOP_CONTEXT_FULL) note("the context is full: /reset, or start with a larger --ctx");
+        std::fflush(stdout);
+    }
+
+    bool generate_once(TurnStats& stats) {
+        std::vector<gptoss_message> msgs;
+        std::vector<gptoss_tool> tools;
+        const gptoss_chat_request req = build_request(&msgs, &tools);
+        const gptoss_sampling_params sp = sampling_params();
         // Only a person at a terminal sees the turn as it is written; scripts get answers.
         const bool stream = mode_ == Mode::Interactive && !opts_.json;
         StreamPrinter printer(stdout, style_, opts_.hide_reasoning, model_);
@@ -1098,42 +1148,8 @@ private:
                 note("hint: the GPU failed and the model cannot be used any more; restart %s", kProgram);
             return false;
         }
-        stats.valid = true;
-        stats.prompt_tokens = result->n_prompt_tokens;
-        stats.cached_tokens = result->n_cached_tokens;
-        stats.completion_tokens = result->n_completion_tokens;
-        stats.prefill_ms = result->prefill_ms;
-        stats.decode_ms = result->decode_ms;
-        stats.stop = result->stop_reason;
-        for (size_t i = 0; i < result->n_messages; ++i) {
-            Message m = copy_message(result->messages[i]);
-            last_.messages.push_back(m);
-            conv_.messages.push_back(std::move(m));
-        }
-        if (result->final && *result->final) last_.final = result->final;
-        if (result->raw) last_.raw_bytes += std::strlen(result->raw);
-        if (result->analysis && *result->analysis) {
-            if (!last_.analysis.empty()) last_.analysis += "\n";
-            last_.analysis += result->analysis;
-        }
-        last_.stats = stats;
-        last_.valid = true;
-        last_stats_ = stats;
-        ++total_calls_;
-        total_prompt_ += stats.prompt_tokens;
-        total_cached_ += stats.cached_tokens;
-        total_completion_ += stats.completion_tokens;
-        total_prefill_ms_ += stats.prefill_ms;
-        total_decode_ms_ += stats.decode_ms;
-        if (stream) {
-            // The terminal echoes Ctrl-C as "^C" wherever the cursor is; write over it.
-            if (stats.stop == GPTOSS_STOP_CANCELLED)
-                std::printf("%s%s[stopped]%s\n", isatty(STDOUT_FILENO) ? "\r\x1b[K" : "", style_.bold(), style_.reset());
-            std::printf("%s[%s]%s\n", style_.dim(), stats_line(stats).c_str(), style_.reset());
-            if (stats.stop == GPTOSS_STOP_CONTEXT_FULL)
-                note("the context is full: /reset, or start with a larger --ctx");
-            std::fflush(stdout);
-        }
+        record_result(*result, stats);
+        if (stream) print_turn_end(stats);
         return true;
     }
 

@@ -168,6 +168,60 @@ bool set_sampling_option(Options& o, const std::string& name, const std::string&
     return true;
 }
 
+[[noreturn]] void print_version() {
+#ifdef GPTOSS_HAVE_LIBEDIT
+    const char* editing = "libedit";
+#else
+    const char* editing = "none";
+#endif
+    std::printf("%s %s (library %u, line editing: %s)\n", kProgram, GPTOSS_VERSION_STRING, gptoss_version(), editing);
+    std::exit(0);
+}
+
+// --devices: GPU numbers separated by commas.
+std::vector<int32_t> parse_devices_arg(const std::string& v) {
+    std::vector<int32_t> devices;
+    size_t start = 0;
+    while (start <= v.size()) {
+        const size_t comma = std::min(v.find(',', start), v.size());
+        uint32_t n = 0;
+        if (!parse_u32(v.substr(start, comma - start), &n) || n > 1024)
+            usage_error(kProgram, "--devices: expected GPU numbers separated by commas, found \"%s\"", v.c_str());
+        devices.push_back(int32_t(n));
+        start = comma + 1;
+    }
+    return devices;
+}
+
+// The options that choose the model and where it runs (next() reads the option's value);
+// false when `arg` is none of them.
+template <typename Next>
+bool parse_model_option(const std::string& arg, Next&& next, Options& o) {
+    if (arg == "-m" || arg == "--model") {
+        o.model_dir = next();
+    } else if (arg == "--device") {
+        std::string v = next();
+        if (!parse_device(v, &o.device))
+            usage_error(kProgram, "--device: expected cpu, auto or a GPU number, found \"%s\"", v.c_str());
+    } else if (arg == "--devices") {
+        o.devices = parse_devices_arg(next());
+    } else if (arg == "--n-cpu-moe") {
+        std::string v = next();
+        if (!parse_cpu_moe(v, &o.n_cpu_moe))
+            usage_error(kProgram, "--n-cpu-moe: expected a number of layers or auto, found \"%s\"", v.c_str());
+    } else if (arg == "--gpu-memory") {
+        std::string v = next();
+        if (!parse_bytes(v, &o.gpu_memory) || o.gpu_memory == 0)
+            usage_error(kProgram, "--gpu-memory: expected a size such as 24G or 8192M, found \"%s\"", v.c_str());
+    } else if (arg == "--ctx") {
+        std::string v = next();
+        if (!parse_u32(v, &o.ctx)) usage_error(kProgram, "--ctx: expected a token count, found \"%s\"", v.c_str());
+    } else {
+        return false;
+    }
+    return true;
+}
+
 Options parse_args(int argc, char** argv) {
     Options o;
     if (const char* m = std::getenv("GPTOSS_MODEL"); m && *m) o.model_dir = m;
@@ -190,48 +244,8 @@ Options parse_args(int argc, char** argv) {
             return argv[++i];
         };
         if (arg == "-h" || arg == "--help") { usage(stdout); std::exit(0); }
-        else if (arg == "--version") {
-#ifdef GPTOSS_HAVE_LIBEDIT
-            const char* editing = "libedit";
-#else
-            const char* editing = "none";
-#endif
-            std::printf("%s %s (library %u, line editing: %s)\n", kProgram, GPTOSS_VERSION_STRING, gptoss_version(),
-                        editing);
-            std::exit(0);
-        }
-        else if (arg == "-m" || arg == "--model") o.model_dir = next();
-        else if (arg == "--device") {
-            std::string v = next();
-            if (!parse_device(v, &o.device)) usage_error(kProgram, "--device: expected cpu, auto or a GPU number, found \"%s\"", v.c_str());
-        }
-        else if (arg == "--devices") {
-            std::string v = next();
-            o.devices.clear();
-            size_t start = 0;
-            while (start <= v.size()) {
-                const size_t comma = std::min(v.find(',', start), v.size());
-                uint32_t n = 0;
-                if (!parse_u32(v.substr(start, comma - start), &n) || n > 1024)
-                    usage_error(kProgram, "--devices: expected GPU numbers separated by commas, found \"%s\"", v.c_str());
-                o.devices.push_back(int32_t(n));
-                start = comma + 1;
-            }
-        }
-        else if (arg == "--n-cpu-moe") {
-            std::string v = next();
-            if (!parse_cpu_moe(v, &o.n_cpu_moe))
-                usage_error(kProgram, "--n-cpu-moe: expected a number of layers or auto, found \"%s\"", v.c_str());
-        }
-        else if (arg == "--gpu-memory") {
-            std::string v = next();
-            if (!parse_bytes(v, &o.gpu_memory) || o.gpu_memory == 0)
-                usage_error(kProgram, "--gpu-memory: expected a size such as 24G or 8192M, found \"%s\"", v.c_str());
-        }
-        else if (arg == "--ctx") {
-            std::string v = next();
-            if (!parse_u32(v, &o.ctx)) usage_error(kProgram, "--ctx: expected a token count, found \"%s\"", v.c_str());
-        }
+        else if (arg == "--version") print_version();
+        else if (parse_model_option(arg, next, o)) continue;
         else if (arg == "-r" || arg == "--reasoning") {
             std::string v = next();
             if (!parse_effort(v, &o.effort)) usage_error(kProgram, "--reasoning: expected low, medium or high, found \"%s\"", v.c_str());

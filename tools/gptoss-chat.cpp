@@ -1393,43 +1393,32 @@ int run_loop(Chat& chat, const Options& o, Mode mode) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-    Options o = parse_args(argc, argv);
-    if (o.verbose) gptoss_set_log_callback(log_to_stderr, nullptr, GPTOSS_LOG_INFO);
-    if (gptoss_version() / 1000000 != GPTOSS_VERSION_MAJOR) {
-        std::fprintf(stderr, "%s: libgptoss version %u does not match this program (%s)\n", kProgram, gptoss_version(),
-                     GPTOSS_VERSION_STRING);
-        return 1;
-    }
-    Mode mode = o.prompt ? Mode::OneShot : isatty(STDIN_FILENO) ? Mode::Interactive : Mode::Lines;
-
-    // Files first: a typo in --tools should not cost a model load.
-    std::vector<Tool> cli_tools;
+// --tools, --json-schema and --conversation, read before the model loads (a typo should not cost
+// a load); false after saying what is wrong.
+bool read_input_files(Options& o, std::vector<Tool>* cli_tools, std::optional<ParsedConversation>* start) {
     std::string err;
-    if (!o.tools_file.empty() && !load_tools_file(o.tools_file, cli_tools, err)) {
+    if (!o.tools_file.empty() && !load_tools_file(o.tools_file, *cli_tools, err)) {
         std::fprintf(stderr, "%s: --tools %s\n", kProgram, err.c_str());
-        return 2;
+        return false;
     }
     if (!o.json_schema_file.empty() && !read_file(o.json_schema_file, o.json_schema, err)) {
         std::fprintf(stderr, "%s: --json-schema %s\n", kProgram, err.c_str());
-        return 2;
+        return false;
     }
-    std::optional<ParsedConversation> start;
     if (!o.conversation_file.empty()) {
         std::string text;
         ParsedConversation parsed;
         if (!read_file(o.conversation_file, text, err) || !parse_conversation(text, o.conversation_file, parsed, err)) {
             std::fprintf(stderr, "%s: --conversation %s\n", kProgram, err.c_str());
-            return 2;
+            return false;
         }
-        start = std::move(parsed);
+        *start = std::move(parsed);
     }
+    return true;
+}
 
-    bool tiny = o.model_dir.empty();
-    std::string dir = o.model_dir;
-    if (tiny && !ensure_tiny_model(dir)) return 1;
-    if (!tiny && !dir.empty() && dir[0] == '~') dir = home_dir() + dir.substr(1);
-
+// The model from `dir` with the command line's device options, or null after saying why.
+gptoss_model* load_model(Options& o, const std::string& dir) {
     Progress progress;
     gptoss_model_params mp = gptoss_model_default_params();
     mp.device = o.device;
@@ -1442,17 +1431,54 @@ int main(int argc, char** argv) {
     mp.progress = on_progress;
     mp.progress_user_data = &progress;
     gptoss_model* model = nullptr;
-    gptoss_status st = gptoss_load(dir.c_str(), &mp, &model);
+    const gptoss_status st = gptoss_load(dir.c_str(), &mp, &model);
     if (progress.drawn) std::fprintf(stderr, "\r\x1b[K");
     if (st != GPTOSS_OK) {
         std::fprintf(stderr, "%s: cannot load the model from %s: %s\n", kProgram, dir.c_str(), gptoss_last_error());
         load_hint(st, dir, o.device);
+        return nullptr;
+    }
+    return model;
+}
+
+// The interactive session's first line: the model, where it runs, its context.
+void print_banner(const Options& o, const gptoss_model* model) {
+    gptoss_model_info info;
+    std::memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    if (gptoss_model_get_info(model, &info) != GPTOSS_OK) return;
+    std::printf("%s %s on %s, %u layers%s, context %u\n", kProgram, info.name ? info.name : "?",
+                info.device == GPTOSS_DEVICE_CPU ? "the CPU" : ("GPU " + std::to_string(info.device)).c_str(),
+                info.n_layers,
+                info.n_cpu_moe ? (" (the experts of " + std::to_string(info.n_cpu_moe) + " in host memory, " +
+                                  std::to_string(info.host_weight_bytes / 1000000) + " MB)").c_str()
+                               : "",
+                o.ctx ? o.ctx : info.max_context);
+}
+
+int main(int argc, char** argv) {
+    Options o = parse_args(argc, argv);
+    if (o.verbose) gptoss_set_log_callback(log_to_stderr, nullptr, GPTOSS_LOG_INFO);
+    if (gptoss_version() / 1000000 != GPTOSS_VERSION_MAJOR) {
+        std::fprintf(stderr, "%s: libgptoss version %u does not match this program (%s)\n", kProgram, gptoss_version(),
+                     GPTOSS_VERSION_STRING);
         return 1;
     }
+    Mode mode = o.prompt ? Mode::OneShot : isatty(STDIN_FILENO) ? Mode::Interactive : Mode::Lines;
+    std::vector<Tool> cli_tools;
+    std::optional<ParsedConversation> start;
+    if (!read_input_files(o, &cli_tools, &start)) return 2;
+
+    bool tiny = o.model_dir.empty();
+    std::string dir = o.model_dir;
+    if (tiny && !ensure_tiny_model(dir)) return 1;
+    if (!tiny && !dir.empty() && dir[0] == '~') dir = home_dir() + dir.substr(1);
+    gptoss_model* model = load_model(o, dir);
+    if (model == nullptr) return 1;
     gptoss_session_params sp = gptoss_session_default_params();
     sp.max_context = o.ctx;
     gptoss_session* session = nullptr;
-    st = gptoss_session_create(model, &sp, &session);
+    const gptoss_status st = gptoss_session_create(model, &sp, &session);
     if (st != GPTOSS_OK) {
         std::fprintf(stderr, "%s: cannot create a session: %s\n", kProgram, gptoss_last_error());
         if (st == GPTOSS_ERR_OUT_OF_MEMORY) std::fprintf(stderr, "hint: the KV cache does not fit; lower --ctx\n");
@@ -1460,19 +1486,7 @@ int main(int argc, char** argv) {
         return 1;
     }
     if (tiny) tiny_model_notice();
-    if (mode == Mode::Interactive) {
-        gptoss_model_info info;
-        std::memset(&info, 0, sizeof info);
-        info.struct_size = sizeof info;
-        if (gptoss_model_get_info(model, &info) == GPTOSS_OK)
-            std::printf("%s %s on %s, %u layers%s, context %u\n", kProgram, info.name ? info.name : "?",
-                        info.device == GPTOSS_DEVICE_CPU ? "the CPU" : ("GPU " + std::to_string(info.device)).c_str(),
-                        info.n_layers,
-                        info.n_cpu_moe ? (" (the experts of " + std::to_string(info.n_cpu_moe) + " in host memory, " +
-                                          std::to_string(info.host_weight_bytes / 1000000) + " MB)").c_str()
-                                       : "",
-                        o.ctx ? o.ctx : info.max_context);
-    }
+    if (mode == Mode::Interactive) print_banner(o, model);
 
     int rc = 0;
     {

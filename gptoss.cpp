@@ -587,6 +587,93 @@ static void token_text(const Tokenizer* tokenizer, int32_t token, Utf8StreamDeco
 // C API: status, errors, logging, version. The extern "C" functions sit inside namespace
 // gptoss only for name lookup; C linkage gives them their plain gptoss_* symbols.
 
+// gptoss_generate's options: the sampling parameters, and a JSON Schema constraint when
+// params.json_schema asks for one.
+static gptoss_status token_generate_options(gptoss_session* session, const gptoss_sampling_params& params,
+                                          GenerateOptions* options) {
+    GPTOSS_TRY(make_generate_options(params, options));
+    if (params.json_schema == nullptr) return GPTOSS_OK;
+    if (session->model->tokenizer == nullptr)
+        return fail(GPTOSS_ERR_UNSUPPORTED, "sampling.json_schema: the model has no tokenizer (tokenizer.json missing)");
+    if (options->stop_tokens.empty())
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT,
+                    "sampling.json_schema: needs at least one stop token to end the document (stop_tokens is empty)");
+    return make_json_constraint(session->model, params.json_schema, "sampling.json_schema", options->stop_tokens,
+                                &options->constraint);
+}
+
+// gptoss_generate's streaming: each sampled token's complete characters go to on_event, and
+// stop strings are matched against the text so far (stop_cut: where the first match begins).
+struct TextStream {
+    const Tokenizer* tokenizer;
+    gptoss_event_fn on_event;
+    void* user_data;
+    std::vector<std::string> stop_strings;
+    Utf8StreamDecoder decoder;
+    std::string piece, text_so_far;
+    size_t stop_cut = std::string::npos;
+
+    TextStream(const Tokenizer* t, const gptoss_sampling_params& params, gptoss_event_fn fn, void* user)
+        : tokenizer(t), on_event(fn), user_data(user),
+          stop_strings(params.stop_strings, params.stop_strings + params.n_stop_strings) {}
+
+    // GenerateOptions::on_token: kContinue, or the reason to stop.
+    int push(int32_t token) {
+        token_text(tokenizer, token, &decoder, &piece);
+        if (on_event != nullptr) {
+            gptoss_event event;
+            std::memset(&event, 0, sizeof event);
+            event.struct_size = sizeof event;
+            event.token = token;
+            event.text = piece.c_str();
+            event.text_len = piece.size();
+            event.channel = GPTOSS_CHANNEL_NONE;
+            event.recipient = nullptr;
+            if (!on_event(user_data, &event)) return GPTOSS_STOP_CANCELLED;
+        }
+        if (stop_strings.empty()) return kContinue;
+        const size_t from = text_so_far.size();
+        text_so_far += piece;
+        for (const std::string& s : stop_strings) {
+            const size_t at = text_so_far.find(s, from >= s.size() ? from - s.size() + 1 : 0);
+            if (at != std::string::npos) {
+                stop_cut = std::min(stop_cut, at);
+                return GPTOSS_STOP_STRING;
+            }
+        }
+        return kContinue;
+    }
+};
+
+// gptoss_generate's result, built in the session's idle slot and then swapped in (API.md §2);
+// the text is cut where a stop string began.
+static gptoss_status store_generate_result(gptoss_session* session, GenerateOutput output, size_t stop_cut,
+                                           const gptoss_generate_result** result_out) {
+    fault_point();
+    const Tokenizer* tokenizer = session->model->tokenizer.get();
+    const int next = 1 - session->generate_current;
+    GenerateResultStorage& storage = session->generate_results[next];
+    storage.tokens = std::move(output.tokens);
+    storage.text.clear();
+    if (tokenizer != nullptr) GPTOSS_TRY(tokenizer->decode(storage.tokens.data(), storage.tokens.size(), &storage.text));
+    if (stop_cut != std::string::npos && stop_cut < storage.text.size()) storage.text.resize(stop_cut);
+    gptoss_generate_result& r = storage.result;
+    std::memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    r.tokens = storage.tokens.data();
+    r.n_tokens = storage.tokens.size();
+    r.text = storage.text.c_str();
+    r.text_len = storage.text.size();
+    r.stop_reason = output.stop_reason;
+    r.n_prompt_tokens = output.n_prompt_tokens;
+    r.n_cached_tokens = output.n_cached_tokens;
+    r.prefill_ms = output.prefill_ms;
+    r.decode_ms = output.decode_ms;
+    session->generate_current = next;
+    *result_out = &r;
+    return GPTOSS_OK;
+}
+
 extern "C" {
 
 GPTOSS_API const char* gptoss_status_string(gptoss_status status) {
@@ -804,74 +891,13 @@ GPTOSS_API gptoss_status gptoss_generate(gptoss_session* session, const int32_t*
         gptoss_sampling_params_init(&params, sizeof params);
         if (sampling != nullptr) GPTOSS_TRY(read_params(sampling, &params, "gptoss_sampling_params"));
         GenerateOptions options;
-        GPTOSS_TRY(make_generate_options(params, &options));
+        GPTOSS_TRY(token_generate_options(session, params, &options));
         const Tokenizer* tokenizer = session->model->tokenizer.get();
-        if (params.json_schema != nullptr) {
-            if (tokenizer == nullptr)
-                return fail(GPTOSS_ERR_UNSUPPORTED, "sampling.json_schema: the model has no tokenizer (tokenizer.json missing)");
-            if (options.stop_tokens.empty())
-                return fail(GPTOSS_ERR_INVALID_ARGUMENT,
-                            "sampling.json_schema: needs at least one stop token to end the document (stop_tokens is empty)");
-            GPTOSS_TRY(make_json_constraint(session->model, params.json_schema, "sampling.json_schema", options.stop_tokens,
-                                            &options.constraint));
-        }
-
-        // Streaming: each sampled token's complete characters; stop strings match the text.
-        Utf8StreamDecoder decoder;
-        std::string piece, text_so_far;
-        std::vector<std::string> stop_strings(params.stop_strings, params.stop_strings + params.n_stop_strings);
-        size_t stop_cut = std::string::npos;
-        options.on_token = [&](int32_t token) -> int {
-            token_text(tokenizer, token, &decoder, &piece);
-            if (on_event != nullptr) {
-                gptoss_event event;
-                std::memset(&event, 0, sizeof event);
-                event.struct_size = sizeof event;
-                event.token = token;
-                event.text = piece.c_str();
-                event.text_len = piece.size();
-                event.channel = GPTOSS_CHANNEL_NONE;
-                event.recipient = nullptr;
-                if (!on_event(user_data, &event)) return GPTOSS_STOP_CANCELLED;
-            }
-            if (!stop_strings.empty()) {
-                const size_t from = text_so_far.size();
-                text_so_far += piece;
-                for (const std::string& s : stop_strings) {
-                    const size_t at = text_so_far.find(s, from >= s.size() ? from - s.size() + 1 : 0);
-                    if (at != std::string::npos) {
-                        stop_cut = std::min(stop_cut, at);
-                        return GPTOSS_STOP_STRING;
-                    }
-                }
-            }
-            return kContinue;
-        };
+        TextStream stream(tokenizer, params, on_event, user_data);
+        options.on_token = [&](int32_t token) { return stream.push(token); };
         GenerateOutput output;
         GPTOSS_TRY(session_generate(session, prompt, n_prompt, options, &output));
-
-        // Build the result in the idle slot, then swap (API.md §2).
-        fault_point();
-        const int next = 1 - session->generate_current;
-        GenerateResultStorage& storage = session->generate_results[next];
-        storage.tokens = std::move(output.tokens);
-        storage.text.clear();
-        if (tokenizer != nullptr) GPTOSS_TRY(tokenizer->decode(storage.tokens.data(), storage.tokens.size(), &storage.text));
-        if (stop_cut != std::string::npos && stop_cut < storage.text.size()) storage.text.resize(stop_cut);
-        gptoss_generate_result& r = storage.result;
-        std::memset(&r, 0, sizeof r);
-        r.struct_size = sizeof r;
-        r.tokens = storage.tokens.data();
-        r.n_tokens = storage.tokens.size();
-        r.text = storage.text.c_str();
-        r.text_len = storage.text.size();
-        r.stop_reason = output.stop_reason;
-        r.n_prompt_tokens = output.n_prompt_tokens;
-        r.n_cached_tokens = output.n_cached_tokens;
-        r.prefill_ms = output.prefill_ms;
-        r.decode_ms = output.decode_ms;
-        session->generate_current = next;
-        *result_out = &r;
+        GPTOSS_TRY(store_generate_result(session, std::move(output), stream.stop_cut, result_out));
         return GPTOSS_OK;
     });
     session->running.store(false);

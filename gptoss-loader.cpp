@@ -267,6 +267,55 @@ gptoss_status check_config(const std::string& path, const Config& c) {
     return GPTOSS_OK;
 }
 
+// rope_scaling (transformers 4) or rope_parameters (transformers 5); absent means plain RoPE.
+gptoss_status parse_rope_field(const std::string& path, simdjson::dom::object obj, Config* c) {
+    simdjson::dom::element rope;
+    const char* rope_field = "rope_scaling";
+    bool have_rope = obj.at_key(rope_field).get(rope) == simdjson::SUCCESS && !rope.is_null();
+    if (!have_rope) {
+        rope_field = "rope_parameters";
+        have_rope = obj.at_key(rope_field).get(rope) == simdjson::SUCCESS && !rope.is_null();
+    }
+    if (!have_rope) return GPTOSS_OK;
+    simdjson::dom::object rope_obj;
+    if (rope.get_object().get(rope_obj) != simdjson::SUCCESS)
+        return fail(GPTOSS_ERR_FORMAT, "%s: field %s must be an object", path.c_str(), rope_field);
+    return parse_rope(path, rope_obj, c);
+}
+
+// layer_types into c->layer_sliding; transformers' default alternates sliding (even layers)
+// and full (odd layers).
+gptoss_status parse_layer_types(const std::string& path, simdjson::dom::object obj, Config* c) {
+    simdjson::dom::element types;
+    if (obj.at_key("layer_types").get(types) != simdjson::SUCCESS || types.is_null()) {
+        for (uint32_t l = 0; l < c->n_layers; ++l) c->layer_sliding.push_back(l % 2 == 0);
+        return GPTOSS_OK;
+    }
+    simdjson::dom::array array;
+    if (types.get_array().get(array) != simdjson::SUCCESS)
+        return fail(GPTOSS_ERR_FORMAT, "%s: field layer_types must be an array of strings", path.c_str());
+    size_t i = 0;
+    for (simdjson::dom::element item : array) {
+        std::string_view type;
+        if (item.get_string().get(type) != simdjson::SUCCESS)
+            return fail(GPTOSS_ERR_FORMAT, "%s: field layer_types[%zu] must be a string", path.c_str(), i);
+        if (type == "sliding_attention") {
+            c->layer_sliding.push_back(true);
+        } else if (type == "full_attention") {
+            c->layer_sliding.push_back(false);
+        } else {
+            return fail(GPTOSS_ERR_FORMAT,
+                        "%s: field layer_types[%zu] is \"%.*s\", expected \"sliding_attention\" or \"full_attention\"",
+                        path.c_str(), i, int(type.size()), type.data());
+        }
+        ++i;
+    }
+    if (c->layer_sliding.size() != c->n_layers)
+        return fail(GPTOSS_ERR_FORMAT, "%s: field layer_types has %zu entries, expected num_hidden_layers (%u)",
+                    path.c_str(), c->layer_sliding.size(), c->n_layers);
+    return GPTOSS_OK;
+}
+
 }  // namespace
 
 gptoss_status parse_config_json(const std::string& path, const char* json, size_t len, Config* out) {
@@ -299,54 +348,8 @@ gptoss_status parse_config_json(const std::string& path, const char* json, size_
     GPTOSS_TRY(get_float(path, obj, "rope_theta", &c.rope_theta));
     GPTOSS_TRY(get_float(path, obj, "swiglu_limit", &c.swiglu_limit));
 
-    // rope_scaling (transformers 4) or rope_parameters (transformers 5); absent means plain RoPE.
-    simdjson::dom::element rope;
-    const char* rope_field = "rope_scaling";
-    bool have_rope = obj.at_key(rope_field).get(rope) == simdjson::SUCCESS && !rope.is_null();
-    if (!have_rope) {
-        rope_field = "rope_parameters";
-        have_rope = obj.at_key(rope_field).get(rope) == simdjson::SUCCESS && !rope.is_null();
-    }
-    if (have_rope) {
-        simdjson::dom::object rope_obj;
-        if (rope.get_object().get(rope_obj) != simdjson::SUCCESS)
-            return fail(GPTOSS_ERR_FORMAT, "%s: field %s must be an object", path.c_str(), rope_field);
-        GPTOSS_TRY(parse_rope(path, rope_obj, &c));
-    }
-
-    // layer_types: transformers' default alternates sliding (even layers) and full (odd layers).
-    simdjson::dom::element types;
-    if (obj.at_key("layer_types").get(types) == simdjson::SUCCESS && !types.is_null()) {
-        simdjson::dom::array array;
-        if (types.get_array().get(array) != simdjson::SUCCESS)
-            return fail(GPTOSS_ERR_FORMAT, "%s: field layer_types must be an array of strings",
-                        path.c_str());
-        size_t i = 0;
-        for (simdjson::dom::element item : array) {
-            std::string_view type;
-            if (item.get_string().get(type) != simdjson::SUCCESS)
-                return fail(GPTOSS_ERR_FORMAT, "%s: field layer_types[%zu] must be a string",
-                            path.c_str(), i);
-            if (type == "sliding_attention") {
-                c.layer_sliding.push_back(true);
-            } else if (type == "full_attention") {
-                c.layer_sliding.push_back(false);
-            } else {
-                return fail(GPTOSS_ERR_FORMAT,
-                            "%s: field layer_types[%zu] is \"%.*s\", expected \"sliding_attention\" or "
-                            "\"full_attention\"",
-                            path.c_str(), i, int(type.size()), type.data());
-            }
-            ++i;
-        }
-        if (c.layer_sliding.size() != c.n_layers)
-            return fail(GPTOSS_ERR_FORMAT,
-                        "%s: field layer_types has %zu entries, expected num_hidden_layers (%u)",
-                        path.c_str(), c.layer_sliding.size(), c.n_layers);
-    } else {
-        for (uint32_t l = 0; l < c.n_layers; ++l) c.layer_sliding.push_back(l % 2 == 0);
-    }
-
+    GPTOSS_TRY(parse_rope_field(path, obj, &c));
+    GPTOSS_TRY(parse_layer_types(path, obj, &c));
     GPTOSS_TRY(check_config(path, c));
 
     // End-of-sequence ids: config.json first, then generation_config.json (load_config).

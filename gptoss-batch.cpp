@@ -113,6 +113,35 @@ void DecodeBatcher::counters(uint64_t* steps, uint64_t* tokens) const {
     *tokens = state_->tokens;
 }
 
+// The step a leader runs (its vectors reserved for pending.size(), so nothing here allocates):
+// every pending decode token (up to max_sessions), then prompt chunks while the step has at
+// most step_token_budget() tokens (at least one chunk); the rest stay in *kept, in order.
+// Returns the number of decode tokens taken.
+template <typename Request>
+static uint32_t take_step(const std::vector<Request*>& pending, uint32_t max_sessions, std::vector<Request*>* batch,
+                          std::vector<Request*>* kept) {
+    uint32_t n_decode = 0, n_tokens = 0;
+    for (Request* r : pending)
+        if (!r->item.prefill && n_decode < max_sessions) {
+            batch->push_back(r);
+            n_decode++;
+            n_tokens++;
+        }
+    bool any_prefill = false;
+    for (Request* r : pending) {
+        if (!r->item.prefill) {
+            if (std::find(batch->begin(), batch->end(), r) == batch->end()) kept->push_back(r);
+        } else if (!any_prefill || n_tokens + r->item.n <= DecodeBatcher::step_token_budget()) {
+            batch->push_back(r);
+            n_tokens += r->item.n;
+            any_prefill = true;
+        } else {
+            kept->push_back(r);
+        }
+    }
+    return n_decode;
+}
+
 gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens, uint32_t n, uint32_t pos,
                                  bool prefill, const SamplingConfig* sampling, double u, int32_t* sampled) {
     State& s = *state_;
@@ -151,9 +180,6 @@ gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens,
             s.wake.wait_until(lock, deadline);
         } else {
             // Lead one step over the oldest pending requests (not necessarily our own).
-            // Nothing below throws once the vectors are reserved.
-            // Every pending decode token (up to the cap), then prefill chunks while the step
-            // has at most step_token_budget() tokens (at least one); the rest stay, in order.
             std::vector<State::Request*> batch, kept;
             std::vector<DecodeItem*> items;
             try {
@@ -165,25 +191,8 @@ gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens,
                 if (!prefill) s.pending_decode--;
                 throw;
             }
-            uint32_t n_decode = 0, n_tokens = 0;
-            for (State::Request* r : s.pending)
-                if (!r->item.prefill && n_decode < max_sessions_) {
-                    batch.push_back(r);
-                    n_decode++;
-                    n_tokens++;
-                }
-            bool any_prefill = false;
-            for (State::Request* r : s.pending) {
-                if (!r->item.prefill) {
-                    if (std::find(batch.begin(), batch.end(), r) == batch.end()) kept.push_back(r);
-                } else if (!any_prefill || n_tokens + r->item.n <= step_token_budget()) {
-                    batch.push_back(r);
-                    n_tokens += r->item.n;
-                    any_prefill = true;
-                } else {
-                    kept.push_back(r);
-                }
-            }
+            // Nothing below throws once the vectors are reserved.
+            const uint32_t n_decode = take_step(s.pending, max_sessions_, &batch, &kept);
             s.pending.swap(kept);
             s.pending_decode -= n_decode;
             for (State::Request* r : batch) items.push_back(&r->item);

@@ -235,8 +235,10 @@ gptoss_status parse_assistant(element m, const std::string& at, bool has_content
     }
     if (has_content && !content.empty())  // text before tool calls is a preamble
         st->pending.push_back({make_message(GPTOSS_ROLE_ASSISTANT, GPTOSS_CHANNEL_COMMENTARY), content, "", "", ""});
+    // A named array: a temporary simdjson_result would die before the loop (its value() is a reference).
+    const simdjson::dom::array call_array = calls.get_array().value();
     size_t k = 0;
-    for (element call : calls.get_array().value())
+    for (element call : call_array)
         GPTOSS_TRY(parse_tool_call(call, at + ".tool_calls[" + std::to_string(k++) + "]", st));
     return GPTOSS_OK;
 }
@@ -378,16 +380,18 @@ gptoss_status parse_chat_completions_json(const char* json, size_t len, ChatRequ
     if (!field(root, "messages", &messages)) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "messages: missing");
     if (messages.type() != element_type::ARRAY)
         return fail(GPTOSS_ERR_INVALID_ARGUMENT, "messages: expected an array, found %s", type_name(messages));
+    const simdjson::dom::array message_array = messages.get_array().value();
     size_t i = 0;
-    for (element m : messages.get_array().value())
+    for (element m : message_array)
         GPTOSS_TRY(parse_message(m, "messages[" + std::to_string(i++) + "]", &st));
 
     element tools;
     if (field(root, "tools", &tools) && tools.type() != element_type::NULL_VALUE) {
         if (tools.type() != element_type::ARRAY)
             return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tools: expected an array, found %s", type_name(tools));
+        const simdjson::dom::array tool_array = tools.get_array().value();
         size_t k = 0;
-        for (element t : tools.get_array().value())
+        for (element t : tool_array)
             GPTOSS_TRY(parse_tool(t, "tools[" + std::to_string(k++) + "]", out));
     }
     GPTOSS_TRY(parse_options(root, out));

@@ -128,9 +128,10 @@ static uint32_t take_step(const std::vector<Request*>& pending, uint32_t max_ses
             n_tokens++;
         }
     bool any_prefill = false;
+    uint32_t decode_seen = 0;  // the first n_decode decode requests are in the batch
     for (Request* r : pending) {
         if (!r->item.prefill) {
-            if (std::find(batch->begin(), batch->end(), r) == batch->end()) kept->push_back(r);
+            if (decode_seen++ >= n_decode) kept->push_back(r);
         } else if (!any_prefill || n_tokens + r->item.n <= DecodeBatcher::step_token_budget()) {
             batch->push_back(r);
             n_tokens += r->item.n;

@@ -583,14 +583,10 @@ static void token_text(const Tokenizer* tokenizer, int32_t token, Utf8StreamDeco
     decoder->push(tokenizer->token_bytes(token), text);
 }
 
-// ---------------------------------------------------------------------------
-// C API: status, errors, logging, version. The extern "C" functions sit inside namespace
-// gptoss only for name lookup; C linkage gives them their plain gptoss_* symbols.
-
 // gptoss_generate's options: the sampling parameters, and a JSON Schema constraint when
 // params.json_schema asks for one.
 static gptoss_status token_generate_options(gptoss_session* session, const gptoss_sampling_params& params,
-                                          GenerateOptions* options) {
+                                            GenerateOptions* options) {
     GPTOSS_TRY(make_generate_options(params, options));
     if (params.json_schema == nullptr) return GPTOSS_OK;
     if (session->model->tokenizer == nullptr)
@@ -673,6 +669,10 @@ static gptoss_status store_generate_result(gptoss_session* session, GenerateOutp
     *result_out = &r;
     return GPTOSS_OK;
 }
+
+// ---------------------------------------------------------------------------
+// C API: status, errors, logging, version. The extern "C" functions sit inside namespace
+// gptoss only for name lookup; C linkage gives them their plain gptoss_* symbols.
 
 extern "C" {
 

@@ -326,7 +326,7 @@ __device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int
     const int hpg = int(a.Q / a.G);
     const int p = pos0, lo = visible_lo(p, a.window);
     // kAttentionSplit, longer past 16 384 keys; batched: batch_split_len
-    const int len = int(kBatch ? batch_split_len(uint32_t(p)) : decode_split_len(uint32_t(p)));
+    const int len = int(kBatch ? batch_split_len(uint32_t(p)) : decode_split_len(uint32_t(p), a.split_min));
     const int s_rel = blockIdx.x, s = lo / len + s_rel;
     const int s_begin = s * len, s_end = s_begin + len - 1;
     if (s_begin > p || s_end < lo) return;
@@ -407,7 +407,7 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
     const int g = blockIdx.y;
     const int hpg = int(a.Q / a.G);
     const int p = pos0, lo = visible_lo(p, a.window);
-    const int len = int(kBatch ? batch_split_len(uint32_t(p)) : decode_split_len(uint32_t(p)));
+    const int len = int(kBatch ? batch_split_len(uint32_t(p)) : decode_split_len(uint32_t(p), a.split_min));
     const int s_rel = blockIdx.x, s = lo / len + s_rel;
     const int s_begin = s * len, s_end = s_begin + len - 1;
     if (s_begin > p || s_end < lo) return;
@@ -563,7 +563,7 @@ __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const Attent
                                                                    int* counters, uint32_t max_splits, int prefetch) {
     if (prefetch) {
         const int p = a.step->pos0, lo = visible_lo(p, a.window);
-        const int len = int(decode_split_len(uint32_t(p)));
+        const int len = int(decode_split_len(uint32_t(p), a.split_min));
         const int s_begin = (lo / len + int(blockIdx.x)) * len;
         const int s_end = s_begin + len - 1;
         int kb = s_begin;
@@ -699,6 +699,31 @@ int decode_attention_stages() {
 
 void set_decode_attention_stages(int stages) { g_decode_attention_stages.store(stages == 1 ? 1 : 2); }
 
+namespace {
+std::atomic<uint32_t> g_decode_attention_split{0};  // 0: not chosen yet (GPTOSS_DECODE_ATTN_SPLIT)
+// 256-key shortest splits: +4 % decode at 8 192 keys on an H200, level at 0 / 2 048 / 32 768
+// against 128 (bench/NOTES.md "v26"); 512 loses at 2 048.
+constexpr long kDefaultDecodeSplit = 256;
+uint32_t split_keys(long v) {  // a power of two in [kAttentionSplit, 4096]
+    uint32_t len = kAttentionSplit;
+    while (len < 4096 && long(len) * 2 <= v) len *= 2;
+    return len;
+}
+}  // namespace
+
+uint32_t decode_attention_split_min() {
+    uint32_t v = g_decode_attention_split.load();
+    if (v == 0) {
+        const char* s = std::getenv("GPTOSS_DECODE_ATTN_SPLIT");
+        uint32_t expected = 0;
+        g_decode_attention_split.compare_exchange_strong(expected, split_keys(s && *s ? std::atol(s) : kDefaultDecodeSplit));
+        v = g_decode_attention_split.load();
+    }
+    return v;
+}
+
+void set_decode_attention_split_min(uint32_t keys) { g_decode_attention_split.store(split_keys(long(keys))); }
+
 
 gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* counters, uint32_t max_splits,
                                cudaStream_t stream) {
@@ -710,14 +735,16 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* coun
         return !(s && *s) || std::atoi(s) != 0;
     }();
     const int prefetch = prefetch_on && a.qkv != nullptr;
+    AttentionArgs b = a;
+    b.split_min = decode_attention_split_min();
     if (decode_attention_mma()) {
         const int stages = decode_attention_stages();
         const auto kernel = stages == 2 ? bf16_attention_decode_mma_kernel<2> : bf16_attention_decode_mma_kernel<1>;
         const size_t smem = decode_smem_mma(stages);
         GPTOSS_TRY(opt_in_smem(kernel, smem, "attention_decode"));
-        GPTOSS_LAUNCH(kernel, grid, 256, smem, stream, a, partial, counters, max_splits, prefetch);
+        GPTOSS_LAUNCH(kernel, grid, 256, smem, stream, b, partial, counters, max_splits, prefetch);
     } else {
-        GPTOSS_LAUNCH(bf16_attention_decode_kernel, grid, 256, kDecodeSmem, stream, a, partial, counters, max_splits,
+        GPTOSS_LAUNCH(bf16_attention_decode_kernel, grid, 256, kDecodeSmem, stream, b, partial, counters, max_splits,
                       prefetch);
     }
     return GPTOSS_OK;

@@ -252,6 +252,9 @@ struct AttentionArgs {
     const float* qkv = nullptr;
     const float* inv_freq = nullptr;
     float rope_scale = 1.0f;
+    // attention_decode's shortest split (decode_split_len's min_len); attention_decode sets it
+    // from decode_attention_split_min(), whatever the caller put here.
+    uint32_t split_min = 128;
 };
 constexpr uint32_t kAttentionSplit = 128;
 // Decode attention splits: kAttentionSplit keys each, the length doubled while more than
@@ -264,13 +267,17 @@ constexpr uint32_t kAttentionSplit = 128;
 #define GPTOSS_MAX_DECODE_SPLITS 128
 #endif
 constexpr uint32_t kMaxDecodeSplits = GPTOSS_MAX_DECODE_SPLITS;
-constexpr uint32_t decode_split_len(uint32_t pos) {
-    uint32_t len = kAttentionSplit;
+// min_len: the shortest split (a power of two >= kAttentionSplit; decode_attention_split_min()).
+constexpr uint32_t decode_split_len(uint32_t pos, uint32_t min_len = kAttentionSplit) {
+    uint32_t len = min_len;
     while (pos / len + 1 > kMaxDecodeSplits) len *= 2;
     return len;
 }
-// Splits covering keys 0..pos (at most kMaxDecodeSplits).
-constexpr uint32_t decode_splits_needed(uint32_t pos) { return pos / decode_split_len(pos) + 1; }
+// Splits covering keys 0..pos (at most kMaxDecodeSplits); with min_len = kAttentionSplit an
+// upper bound for every longer min_len.
+constexpr uint32_t decode_splits_needed(uint32_t pos, uint32_t min_len = kAttentionSplit) {
+    return pos / decode_split_len(pos, min_len) + 1;
+}
 // The batched step's splits (attention_decode_batch): at least kBatchAttentionSplit keys, so each of
 // a CTA's 8 warps walks several 16-key sub-blocks with the next one in flight (128-key splits gave
 // each warp one, and a CTA's life was its load and merge latency: H200, 64 streams, bench/NOTES.md
@@ -308,6 +315,13 @@ void set_decode_attention_mma(bool on);
 // (only when the loads are issued changes). The batched kernel always uses 1. Setter as above.
 int decode_attention_stages();
 void set_decode_attention_stages(int stages);
+// attention_decode's shortest split in keys: 256 (default), or 128 ... 4096
+// (GPTOSS_DECODE_ATTN_SPLIT, rounded down to a power of two; bench/NOTES.md "v26"): longer
+// splits give each warp several 16-key sub-blocks and the merging CTA fewer partials, fewer CTAs
+// a longer life. A function of the setting and the position, so still deterministic; the bits
+// differ between settings. The batched kernel keeps batch_split_len. Setter as above.
+uint32_t decode_attention_split_min();
+void set_decode_attention_split_min(uint32_t keys);
 
 // Copies the chunk's k/v [T, G·D] into the cache: positions max(pos0, pos0 + T - slots) ..
 // pos0 + T - 1 to slot = position % slots.

@@ -490,13 +490,16 @@ struct AttnCase {
 struct DecodeSplit {
     const bool was = cuda::decode_attention_mma();
     const int was_stages = cuda::decode_attention_stages();
-    explicit DecodeSplit(bool mma, int stages = 2) {
+    const uint32_t was_min = cuda::decode_attention_split_min();
+    explicit DecodeSplit(bool mma, int stages = 2, uint32_t split_min = cuda::kAttentionSplit) {
         cuda::set_decode_attention_mma(mma);
         cuda::set_decode_attention_stages(stages);
+        cuda::set_decode_attention_split_min(split_min);
     }
     ~DecodeSplit() {
         cuda::set_decode_attention_mma(was);
         cuda::set_decode_attention_stages(was_stages);
+        cuda::set_decode_attention_split_min(was_min);
     }
 };
 
@@ -567,6 +570,46 @@ TEST_CASE("decode attention and a 1-token prefill match cpu::attention; the pref
                          "decode, tensor-core split");
             // The prefill kernel rounds q to bf16 (kernels.h); the reference takes the same q.
             expect_close(unpermuted_rows(single, 1, whole.Q * whole.D), dec.reference(true), 2e-3f, 8e-3f, "prefill");
+        }
+    }
+}
+
+// Longer shortest splits (decode_attention_split_min, bench/NOTES.md "v26"): the split lengths,
+// then each setting against cpu::attention around its split edges, past 16k keys and at 70k, both
+// splits (FMA, tensor cores with 1 and 2 stages: the same bits), and the grid the backend
+// launches (kMaxDecodeSplits) against a wider one: the same bits.
+TEST_CASE("decode attention with longer shortest splits matches cpu::attention; stages and grid do not change the bits") {
+    CHECK(cuda::decode_split_len(8191, 512) == 512);
+    CHECK(cuda::decode_splits_needed(8191, 512) == 16);
+    CHECK(cuda::decode_split_len(65535, 512) == 512);
+    CHECK(cuda::decode_split_len(65536, 512) == 1024);
+    CHECK(cuda::decode_splits_needed(131071, 256) <= cuda::kMaxDecodeSplits);
+    for (uint32_t p = 0; p < 140000; p += 997) CHECK(cuda::decode_splits_needed(p, 1024) <= cuda::decode_splits_needed(p));
+    {
+        const DecodeSplit split(true, 2, 300);  // rounded down to a power of two
+        CHECK(cuda::decode_attention_split_min() == 256);
+        cuda::set_decode_attention_split_min(1u << 20);
+        CHECK(cuda::decode_attention_split_min() == 4096);
+        cuda::set_decode_attention_split_min(0);
+        CHECK(cuda::decode_attention_split_min() == cuda::kAttentionSplit);
+    }
+    for (const uint32_t split_min : {256u, 512u, 2048u}) {
+        for (uint32_t window : {0u, 128u}) {
+            for (uint32_t p : {0u, 127u, split_min - 1, split_min, split_min + 129, 8191u, 16384u, 70001u}) {
+                const uint32_t slots = window ? 128 : p + 1;
+                AttnCase dec(p, 1, window, slots, 5077 + p + split_min);
+                std::vector<uint16_t> outs[3];
+                for (const int mode : {0, 1, 2}) {
+                    const DecodeSplit split(mode > 0, mode > 0 ? mode : 2, split_min);
+                    outs[mode] = dec.run(true, cuda::kMaxDecodeSplits);
+                    const auto wide = dec.run(true);
+                    INFO("split_min " << split_min << " mode " << mode << " window " << window << " position " << p);
+                    CHECK(std::memcmp(outs[mode].data(), wide.data(), wide.size() * 2) == 0);
+                    expect_close(unpermuted_rows(outs[mode], 1, dec.Q * dec.D), dec.reference(mode > 0), 2e-3f, 8e-3f,
+                                 "decode, longer splits");
+                }
+                CHECK(outs[1] == outs[2]);
+            }
         }
     }
 }

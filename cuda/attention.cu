@@ -243,8 +243,11 @@ __device__ __forceinline__ void decode_rope(const AttentionArgs& a, int g, int h
 // The end of a split CTA: st holds warp h's state for query head h of kv head blockIdx.y (lane l:
 // output dims 2l, 2l + 1). With one split (s_first == s_last) it merges into the sink in place;
 // else it writes its partial and the last CTA of the kv head merges every split in order.
-__device__ __forceinline__ void finish_split(const AttentionArgs& a, const SplitState<1>& st, int s_first, int s_last,
-                                             int s_rel, float* partial, int* counters, uint32_t max_splits) {
+// sink: a.sinks[head] of warp h's query head (warps h < Q / G), which the caller loads early (a
+// weight: before its dependency wait where it has one), not on the step's critical path here.
+__device__ __forceinline__ void finish_split(const AttentionArgs& a, const SplitState<1>& st, float sink, int s_first,
+                                             int s_last, int s_rel, float* partial, int* counters,
+                                             uint32_t max_splits) {
     __shared__ int is_last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = blockIdx.y;
@@ -252,7 +255,7 @@ __device__ __forceinline__ void finish_split(const AttentionArgs& a, const Split
     if (s_first == s_last) {  // one split: merge it into the sink here (the same merge_ml/merge_o
         if (warp >= hpg) return;  // sequence as below, so the same bits), no partials, no counter
         const int head = g * hpg + warp;
-        float M = a.sinks[head], L = 1.0f, O0 = 0.0f, O1 = 0.0f, wa, wb;
+        float M = sink, L = 1.0f, O0 = 0.0f, O1 = 0.0f, wa, wb;
         merge_ml(M, L, st.m[0], st.l[0], wa, wb);
         merge_o(O0, st.o[0][0], wa, wb);
         merge_o(O1, st.o[0][1], wa, wb);
@@ -281,7 +284,7 @@ __device__ __forceinline__ void finish_split(const AttentionArgs& a, const Split
     if (!is_last || warp >= hpg) return;
     __threadfence();
     const int head = g * hpg + warp;
-    float M = a.sinks[head], L = 1.0f, O0 = 0.0f, O1 = 0.0f;
+    float M = sink, L = 1.0f, O0 = 0.0f, O1 = 0.0f;
     const int n = min(s_last - s_first + 1, int(max_splits));
     for (int base = 0; base < n; base += 8) {  // 8 splits' loads in flight, then merged in order
         float m[8], l[8], o0[8], o1[8];
@@ -331,6 +334,7 @@ __device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int
     const int s_begin = s * len, s_end = s_begin + len - 1;
     if (s_begin > p || s_end < lo) return;
     __shared__ uint32_t knew[kD / 2], vnew[kD / 2];
+    const float sink = warp < hpg ? __ldg(a.sinks + g * hpg + warp) : 0.0f;
     const bool fused = a.qkv != nullptr;
     if (fused) decode_rope(a, g, hpg, p, s_end >= p, qs, knew, vnew);
     else
@@ -353,7 +357,7 @@ __device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int
         __syncthreads();
         if (warp < hpg) attend_block<1>(st, qs + warp * kD, ks, vs, ps_all + warp * kBlock, kb, lo, p, 1, lane);
     }
-    finish_split(a, st, lo / len, p / len, s_rel, partial, counters, max_splits);
+    finish_split(a, st, sink, lo / len, p / len, s_rel, partial, counters, max_splits);
 }
 
 // ---------------------------------------------------------------------------
@@ -412,6 +416,7 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
     const int s_begin = s * len, s_end = s_begin + len - 1;
     if (s_begin > p || s_end < lo) return;
     __shared__ uint32_t knew[kD / 2], vnew[kD / 2];
+    const float sink = warp < hpg ? __ldg(a.sinks + g * hpg + warp) : 0.0f;  // before the wait: a weight
     const bool fused = a.qkv != nullptr;
     const int kmax = fused ? p - 1 : p;
     uint8_t* my_stage = stages + size_t(warp) * kStages * 2 * kSubTile;
@@ -552,7 +557,7 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
             merge_o(st.o[0][1], o1, wa, wb);
         }
     }
-    finish_split(a, st, lo / len, p / len, s_rel, partial, counters, max_splits);
+    finish_split(a, st, sink, lo / len, p / len, s_rel, partial, counters, max_splits);
 }
 
 // prefetch (fused RoPE only; GPTOSS_DECODE_ATTN_PREFETCH): the step's position (uploaded before

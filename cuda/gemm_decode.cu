@@ -103,8 +103,23 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
         if (cc < n_chunks) load_chunk<kFp4>(ring[i], wp, sp, cc);
     }
     if (args.routed && args.route_early) read_pair();
+    // The epilogue's bias (a weight, known with the expert) and, for kAdd, the residual row it
+    // adds to (final once the wait returns; only this CTA writes those rows) are loaded here,
+    // ahead of the chunk chain: in the epilogue each was one more dependent round trip at the
+    // end of every CTA, i.e. on the tail of the kernel.
+    const uint32_t er = slab * 16 + threadIdx.x;  // the row thread threadIdx.x < 16 finishes
+    const bool swiglu = args.epilogue == int(Epilogue::kSwiglu);
+    const float* bias = args.w.bias ? args.w.bias + size_t(expert) * args.w.bias_expert_stride : nullptr;
+    float bias_lo = 0.0f, bias_hi = 0.0f;  // swiglu: rows slab·16 + r and + 8 (r < 8); else row er
+    if (bias && (swiglu ? threadIdx.x < 8 : threadIdx.x < 16 && er < N)) {
+        bias_lo = __ldg(bias + er);
+        if (swiglu) bias_hi = __ldg(bias + er + 8);
+    }
     if (!args.routed || args.route_ready) pdl_wait();
     pdl_launch_dependents();
+    float resid = 0.0f;
+    if (args.epilogue == int(Epilogue::kAdd) && threadIdx.x < 16 && er < N)
+        resid = __ldcg(args.out_f32 + size_t(out_row) * args.ldo + er);
 
     // Activation ring: shfl = word `lane` of each chunk's 128-byte slice of the row; else the
     // two 16-byte B fragments of lanes g == 0 (zero elsewhere).
@@ -179,8 +194,7 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
         red[warp][g + 8] = acc[2];
     }
     __syncthreads();
-    const float* bias = args.w.bias ? args.w.bias + size_t(expert) * args.w.bias_expert_stride : nullptr;
-    if (args.epilogue == int(Epilogue::kSwiglu)) {
+    if (swiglu) {
         if (threadIdx.x >= 8) return;
         const int r = threadIdx.x;
         float gate = red[0][r], up = red[0][r + 8];
@@ -189,9 +203,8 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
             gate = __fadd_rn(gate, red[w][r]);
             up = __fadd_rn(up, red[w][r + 8]);
         }
-        const uint32_t r_lo = slab * 16 + r;
-        gate += bias ? bias[r_lo] : 0.0f;
-        up += bias ? bias[r_lo + 8] : 0.0f;
+        gate += bias_lo;
+        up += bias_hi;
         const float y = swiglu_clamped(gate, up, args.limit);
         args.out_bf16[size_t(out_row) * args.ldo + permuted_k(slab * 8 + r)] = f32_to_bf16_bits(y);
     } else {
@@ -201,9 +214,9 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
             float s = red[0][r];
 #pragma unroll
             for (int w = 1; w < NW; ++w) s = __fadd_rn(s, red[w][r]);
-            const float v = s + (bias ? bias[row] : 0.0f);
+            const float v = s + bias_lo;
             float* o = args.out_f32 + size_t(out_row) * args.ldo + row;
-            if (args.epilogue == int(Epilogue::kAdd)) *o += v; else *o = v;
+            *o = args.epilogue == int(Epilogue::kAdd) ? resid + v : v;
         }
     }
 }

@@ -200,6 +200,14 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
     // The norm weight (read only) before the wait, x after it: 16-byte cp.async copies, all in
     // flight at once (a load-then-store loop would pay one memory latency per iteration).
     for (uint32_t i = threadIdx.x; i < H / 4; i += blockDim.x) cp_async16(wf + 4 * i, a.norm_w + 4 * i);
+    // The router bias of the logits this thread will hold (lanes 4·gg of warp 0: experts
+    // slab·16 + gg and + 8), also before the wait: after it, it was one more dependent load.
+    float b_lo = 0.0f, b_hi = 0.0f;
+    if (a.router.bias && threadIdx.x < 32 && (threadIdx.x & 3) == 0) {
+        const uint32_t e_lo = slab * 16 + (threadIdx.x >> 2), e_hi = e_lo + 8;
+        if (e_lo < E) b_lo = __ldg(a.router.bias + e_lo);
+        if (e_hi < E) b_hi = __ldg(a.router.bias + e_hi);
+    }
     pdl_wait();
     pdl_launch_dependents();
     for (uint32_t i = threadIdx.x; i < H / 4; i += blockDim.x) cp_async16(xf + 4 * i, a.x + 4 * i);
@@ -255,8 +263,8 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
         }
         r_lo = min(slab * 16 + gg, E);
         r_hi = min(slab * 16 + gg + 8, E);
-        if (r_lo < E) l_lo = s4[0] + (a.router.bias ? a.router.bias[r_lo] : 0.0f);
-        if (r_hi < E) l_hi = s4[2] + (a.router.bias ? a.router.bias[r_hi] : 0.0f);
+        if (r_lo < E) l_lo = s4[0] + b_lo;
+        if (r_hi < E) l_hi = s4[2] + b_hi;
         if (r_lo < E) a.logits[r_lo] = l_lo;
         if (r_hi < E) a.logits[r_hi] = l_hi;
     }

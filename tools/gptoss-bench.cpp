@@ -380,7 +380,10 @@ SchemaBench load_schema_bench(const std::string& schema_file, const std::string&
     return sb;
 }
 
-int main(int argc, char** argv) {
+namespace {
+
+// Everything main reads from the command line (see print_usage).
+struct BenchArgs {
     std::string model_dir, synthetic, schema_file, tokenizer_dir, host_moe, host_moe_sweep;
     int32_t device = 0;
     std::vector<int32_t> devices;  // --devices: two or more split the model
@@ -391,316 +394,408 @@ int main(int argc, char** argv) {
     uint32_t tg = 128, reps = 3, layers = 0;
     bool json = false, profile = false, gemm_probe = true, no_collectives = false;
     gptoss::OffloadRequest offload;  // --n-cpu-moe, --gpu-memory
+};
+
+void print_usage() {
+    std::printf(
+        "usage: gptoss-bench (--model DIR | --synthetic 20b|120b) [--device N|cpu] [--devices 0,1] [-p 512,2048] [-n 128]\n"
+        "                    [-d 0,8192] [-r REPS] [--layers N] [--ttft 8192,32768,131000 [--max-batch N]] [--profile] [--json]\n"
+        "                    [--no-gemm-probe] [--json-schema FILE --tokenizer DIR] [--no-collectives]\n"
+        "                    [--concurrency 1,8,32,64 [--decode-batch N]] [--n-cpu-moe N|auto [--gpu-memory 24G]]\n"
+        "       gptoss-bench --host-moe 20b|120b [--json]   (CPU only: host MXFP4 experts vs the host read floor)\n"
+        "       gptoss-bench --host-moe-sweep 20b|120b      (CPU only: the host experts' splits, prefetch, pages, pool sizes)\n"
+        "Prints pp (prefill) and tg (decode) throughput at each context depth, with GB/s and %% of the\n"
+        "bandwidth floor (decode) or TFLOP/s and %% of the measured bf16 tensor-core rate (prefill).\n"
+        "--concurrency: N streams at once through gptoss_generate (prompt -p's first value, -n tokens\n"
+        "each), decode steps batched up to --decode-batch sessions (default the largest N; 1 = off).\n"
+        "--max-batch: prompt tokens per forward of the --ttft sessions (default: the library's choice).\n");
+}
+
+BenchArgs parse_args(int argc, char** argv) {
+    BenchArgs b;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto value = [&]() -> const char* {
             if (i + 1 >= argc) die("%s needs a value", a.c_str());
             return argv[++i];
         };
-        if (a == "--model" || a == "-m") model_dir = value();
-        else if (a == "--synthetic") synthetic = value();
+        if (a == "--model" || a == "-m") b.model_dir = value();
+        else if (a == "--synthetic") b.synthetic = value();
         else if (a == "--device") {
             const std::string d = value();
-            device = d == "cpu" ? GPTOSS_DEVICE_CPU : int32_t(std::atoi(d.c_str()));
+            b.device = d == "cpu" ? GPTOSS_DEVICE_CPU : int32_t(std::atoi(d.c_str()));
         }
-        else if (a == "--no-collectives") no_collectives = true;
+        else if (a == "--no-collectives") b.no_collectives = true;
         else if (a == "--devices") {
-            for (uint32_t d : parse_list(value())) devices.push_back(int32_t(d));
-            if (!devices.empty()) device = devices[0];
+            for (uint32_t d : parse_list(value())) b.devices.push_back(int32_t(d));
+            if (!b.devices.empty()) b.device = b.devices[0];
         }
-        else if (a == "-p" || a == "--prompt") pp = parse_list(value());
-        else if (a == "-n" || a == "--gen") tg = uint32_t(std::atoi(value()));
-        else if (a == "-d" || a == "--depth") depths = parse_list(value());
-        else if (a == "-r" || a == "--reps") reps = uint32_t(std::max(1, std::atoi(value())));
-        else if (a == "--layers") layers = uint32_t(std::atoi(value()));
-        else if (a == "--ttft") ttft = parse_list(value());
-        else if (a == "--max-batch") ttft_max_batch = uint32_t(std::atoi(value()));
-        else if (a == "--concurrency") concurrency = parse_list(value());
-        else if (a == "--decode-batch") decode_batch = uint32_t(std::atoi(value()));
-        else if (a == "--json") json = true;
-        else if (a == "--profile") profile = true;
-        else if (a == "--no-gemm-probe") gemm_probe = false;
-        else if (a == "--json-schema") schema_file = value();
-        else if (a == "--tokenizer") tokenizer_dir = value();
-        else if (a == "--host-moe") host_moe = value();  // CPU experts of issue 16 (tools/bench-host-moe.h)
-        else if (a == "--host-moe-sweep") host_moe_sweep = value();
+        else if (a == "-p" || a == "--prompt") b.pp = parse_list(value());
+        else if (a == "-n" || a == "--gen") b.tg = uint32_t(std::atoi(value()));
+        else if (a == "-d" || a == "--depth") b.depths = parse_list(value());
+        else if (a == "-r" || a == "--reps") b.reps = uint32_t(std::max(1, std::atoi(value())));
+        else if (a == "--layers") b.layers = uint32_t(std::atoi(value()));
+        else if (a == "--ttft") b.ttft = parse_list(value());
+        else if (a == "--max-batch") b.ttft_max_batch = uint32_t(std::atoi(value()));
+        else if (a == "--concurrency") b.concurrency = parse_list(value());
+        else if (a == "--decode-batch") b.decode_batch = uint32_t(std::atoi(value()));
+        else if (a == "--json") b.json = true;
+        else if (a == "--profile") b.profile = true;
+        else if (a == "--no-gemm-probe") b.gemm_probe = false;
+        else if (a == "--json-schema") b.schema_file = value();
+        else if (a == "--tokenizer") b.tokenizer_dir = value();
+        else if (a == "--host-moe") b.host_moe = value();  // CPU experts of issue 16 (tools/bench-host-moe.h)
+        else if (a == "--host-moe-sweep") b.host_moe_sweep = value();
         else if (a == "--n-cpu-moe") {
-            if (!gptoss::cli::parse_cpu_moe(value(), &offload.n_cpu_moe)) die("--n-cpu-moe: expected N or auto");
+            if (!gptoss::cli::parse_cpu_moe(value(), &b.offload.n_cpu_moe)) die("--n-cpu-moe: expected N or auto");
         }
         else if (a == "--gpu-memory") {
-            if (!gptoss::cli::parse_bytes(value(), &offload.gpu_memory_budget)) die("--gpu-memory: expected e.g. 24G");
+            if (!gptoss::cli::parse_bytes(value(), &b.offload.gpu_memory_budget)) die("--gpu-memory: expected e.g. 24G");
         }
         else if (a == "-h" || a == "--help") {
-            std::printf(
-                "usage: gptoss-bench (--model DIR | --synthetic 20b|120b) [--device N|cpu] [--devices 0,1] [-p 512,2048] [-n 128]\n"
-                "                    [-d 0,8192] [-r REPS] [--layers N] [--ttft 8192,32768,131000 [--max-batch N]] [--profile] [--json]\n"
-                "                    [--no-gemm-probe] [--json-schema FILE --tokenizer DIR] [--no-collectives]\n"
-                "                    [--concurrency 1,8,32,64 [--decode-batch N]] [--n-cpu-moe N|auto [--gpu-memory 24G]]\n"
-                "       gptoss-bench --host-moe 20b|120b [--json]   (CPU only: host MXFP4 experts vs the host read floor)\n"
-                "       gptoss-bench --host-moe-sweep 20b|120b      (CPU only: the host experts' splits, prefetch, pages, pool sizes)\n"
-                "Prints pp (prefill) and tg (decode) throughput at each context depth, with GB/s and %% of the\n"
-                "bandwidth floor (decode) or TFLOP/s and %% of the measured bf16 tensor-core rate (prefill).\n"
-                "--concurrency: N streams at once through gptoss_generate (prompt -p's first value, -n tokens\n"
-                "each), decode steps batched up to --decode-batch sessions (default the largest N; 1 = off).\n"
-                "--max-batch: prompt tokens per forward of the --ttft sessions (default: the library's choice).\n");
-            return 0;
+            print_usage();
+            std::exit(0);
         } else die("unknown option %s (see --help)", a.c_str());
     }
-    if (!host_moe.empty()) return run_host_moe(host_moe, json);
-    if (!host_moe_sweep.empty()) return run_host_moe_sweep(host_moe_sweep);
-    if (model_dir.empty() == synthetic.empty()) die("give exactly one of --model DIR and --synthetic 20b|120b");
-    if (schema_file.empty() != tokenizer_dir.empty()) die("--json-schema and --tokenizer go together");
-    if (!concurrency.empty())
-        return run_concurrency(model_dir, synthetic, device, layers, concurrency, decode_batch, pp.empty() ? 512 : pp[0],
-                               tg, json);
-    if (device == GPTOSS_DEVICE_CPU) return run_cpu(model_dir, pp, depths, tg, reps, json);
-#ifndef GPTOSS_HAVE_CUDA
-    (void)device; (void)pp; (void)depths; (void)tg; (void)reps; (void)layers; (void)json; (void)profile;
-    (void)gemm_probe; (void)ttft; (void)&run_tg_t1; (void)&load_schema_bench;
-    (void)devices; (void)no_collectives; (void)ttft_max_batch;
-    die("this build has no CUDA backend (configure with nvcc available)");
-#else
-    using namespace gptoss;
-    if (no_collectives) {
-        std::fprintf(stderr, "--no-collectives: the split model skips its all-reduces (timing only, wrong results)\n");
-        cuda::debug_skip_collectives(true);
-    }
-    cuda::DeviceCeilings ceil;
-    check(cuda::measure_ceilings(device, gemm_probe, &ceil), "measuring the device ceilings");
+    return b;
+}
 
-    std::unique_ptr<Checkpoint> ck;
-    std::unique_ptr<Backend> backend;
-    Config config;
-    double load_s = 0, load_gb = 0;
+#ifdef GPTOSS_HAVE_CUDA
+// The model under test: synthetic weights built on the device(s), or a checkpoint uploaded.
+struct BenchModel {
+    std::unique_ptr<gptoss::Checkpoint> ck;
+    std::unique_ptr<gptoss::Backend> backend;
+    gptoss::Config config;
+    double load_s = 0, load_gb = 0;  // load_gb 0: synthetic
+};
+
+BenchModel load_bench_model(const BenchArgs& a, const gptoss::OffloadRequest& offload) {
+    using namespace gptoss;
+    BenchModel m;
     const bool offloading = offload.n_cpu_moe != 0 || offload.gpu_memory_budget != 0;
-    if (offloading && devices.size() > 1) die("--n-cpu-moe / --gpu-memory take one GPU");
-    const uint32_t max_pp = *std::max_element(pp.begin(), pp.end());
-    const uint32_t fill = fill_chunk(max_pp);
-    const uint32_t max_depth = *std::max_element(depths.begin(), depths.end());
-    const uint32_t max_context = max_depth + std::max(max_pp, tg) + 16;
-    offload.fit_context = max_context;  // the session below
-    if (!synthetic.empty()) {
-        config = preset(synthetic);
-        if (layers) {
-            config.n_layers = layers;
-            config.layer_sliding.resize(layers);
+    const bool split = a.devices.size() > 1;
+    if (!a.synthetic.empty()) {
+        m.config = preset(a.synthetic);
+        if (a.layers) {
+            m.config.n_layers = a.layers;
+            m.config.layer_sliding.resize(a.layers);
         }
         const double t0 = now_ms();
-        if (devices.size() > 1)
-            check(cuda::create_sharded_synthetic_backend(config, devices.data(), devices.size(), 1, &backend),
+        if (split)
+            check(cuda::create_sharded_synthetic_backend(m.config, a.devices.data(), a.devices.size(), 1, &m.backend),
                   "building the synthetic model over several GPUs");
         else if (offloading)
-            check(cuda::create_synthetic_backend(config, device, 1, offload, &backend), "building the synthetic model");
+            check(cuda::create_synthetic_backend(m.config, a.device, 1, offload, &m.backend),
+                  "building the synthetic model");
         else
-            check(cuda::create_synthetic_backend(config, device, 1, &backend), "building the synthetic model");
-        load_s = (now_ms() - t0) / 1e3;
-    } else {
-        const double t0 = now_ms();
-        check(load_checkpoint(model_dir, {}, &ck), "loading the checkpoint");
-        const double t1 = now_ms();
-        if (devices.size() > 1)
-            check(create_sharded_cuda_backend(*ck, devices.data(), devices.size(), {}, &backend),
-                  "uploading the weights to several GPUs");
-        else if (offloading)
-            check(create_cuda_backend(*ck, device, offload, {}, &backend), "uploading the weights");
-        else
-            check(create_cuda_backend(*ck, device, {}, &backend), "uploading the weights");
-        load_s = (now_ms() - t1) / 1e3;
-        load_gb = double(ck->total_bytes) / 1e9;
-        config = ck->config;
-        std::fprintf(stderr, "mapped in %.2f s; uploaded %.2f GB in %.2f s (%.2f GB/s)\n", (t1 - t0) / 1e3, load_gb,
-                     load_s, load_gb / load_s);
+            check(cuda::create_synthetic_backend(m.config, a.device, 1, &m.backend), "building the synthetic model");
+        m.load_s = (now_ms() - t0) / 1e3;
+        return m;
     }
-    // Experts in host memory: the host's streaming-read rate with the same threads, for the floor.
-    const uint32_t n_host = backend->n_cpu_moe();
-    const double host_gbps = n_host ? cpu::measure_host_read_gbps(size_t(4) << 30) : 0.0;
-    std::unique_ptr<BackendSession> session;
-    check(backend->create_session(max_context, fill, &session), "creating the session");
+    const double t0 = now_ms();
+    check(load_checkpoint(a.model_dir, {}, &m.ck), "loading the checkpoint");
+    const double t1 = now_ms();
+    if (split)
+        check(create_sharded_cuda_backend(*m.ck, a.devices.data(), a.devices.size(), {}, &m.backend),
+              "uploading the weights to several GPUs");
+    else if (offloading)
+        check(create_cuda_backend(*m.ck, a.device, offload, {}, &m.backend), "uploading the weights");
+    else
+        check(create_cuda_backend(*m.ck, a.device, {}, &m.backend), "uploading the weights");
+    m.load_s = (now_ms() - t1) / 1e3;
+    m.load_gb = double(m.ck->total_bytes) / 1e9;
+    m.config = m.ck->config;
+    std::fprintf(stderr, "mapped in %.2f s; uploaded %.2f GB in %.2f s (%.2f GB/s)\n", (t1 - t0) / 1e3, m.load_gb,
+                 m.load_s, m.load_gb / m.load_s);
+    return m;
+}
 
-    Rng rng(42);
-    std::vector<int32_t> tokens(size_t(max_depth) + max_pp + tg + 16);
-    for (int32_t& t : tokens) t = int32_t(rng.next_u64() % 199998);
+using OpTimes = std::vector<std::pair<std::string, double>>;
 
-    std::unique_ptr<Tokenizer> schema_tokenizer;
-    SchemaBench sb;
-    if (!schema_file.empty()) sb = load_schema_bench(schema_file, tokenizer_dir, &schema_tokenizer);
+// Everything one run measured, for the text or JSON report.
+struct Report {
+    std::string what;
+    gptoss::Config config;
+    gptoss::cuda::DeviceCeilings ceil;
+    double load_s = 0, load_gb = 0;
+    uint32_t n_host = 0;  // layers whose experts are in host memory
+    double host_gbps = 0, host_weight_gb = 0, weight_gb = 0;
     std::vector<Result> results;
-    const SamplingConfig greedy{0.0f, 1.0f, 0};
-    for (uint32_t depth : depths) {
-        for (uint32_t pos = 0; pos < depth; pos += fill)
-            check(session->forward(tokens.data() + pos, std::min(fill, depth - pos), pos), "filling the context");
-        check(cuda::synchronize(session.get()), "filling the context");
-        for (uint32_t n : pp) {
-            if (n == 0) continue;  // -p 0: decode only
-            std::vector<double> t;
-            for (uint32_t r = 0; r <= reps; ++r) {  // first run is the warm-up
-                const double t0 = now_ms();
-                check(session->forward(tokens.data() + depth, n, depth), "prefill");
-                check(cuda::synchronize(session.get()), "prefill");
-                if (r) t.push_back(now_ms() - t0);
-            }
-            std::sort(t.begin(), t.end());
-            const double ms = t[t.size() / 2];
-            Result res{"pp" + std::to_string(n), depth, n, ms / n, n / (ms / 1e3), 0, 0, 0, 0};
-            res.tflops = prefill_flops(config, depth, n) / (ms / 1e3) / 1e12;
-            res.pct_tc = ceil.bf16_tflops > 0 ? 100.0 * res.tflops / ceil.bf16_tflops : 0;
-            std::fprintf(stderr, "%s @ %u: %.1f tok/s\n", res.test.c_str(), depth, res.tok_s);
-            results.push_back(res);
-        }
-        if (tg) {
-            int32_t tok = tokens[depth];
-            check(session->decode(tok, depth), "decode warm-up");  // captures the graph
-            check(session->sample(greedy, 0.0, &tok), "decode warm-up");
-            std::vector<double> t;
-            double bytes = 0;
-            for (uint32_t r = 0; r < reps; ++r) {
-                tok = tokens[depth];
-                bytes = 0;
-                const double t0 = now_ms();
-                for (uint32_t i = 0; i < tg; ++i) {
-                    check(session->decode(tok, depth + i), "decode");
-                    check(session->sample(greedy, 0.0, &tok), "decode");
-                    bytes += decode_bytes(config, depth + i);
-                }
-                t.push_back(now_ms() - t0);
-            }
-            std::sort(t.begin(), t.end());
-            const double ms = t[t.size() / 2];
-            Result res{"tg" + std::to_string(tg), depth, tg, ms / tg, tg / (ms / 1e3), 0, 0, 0, 0};
-            res.gbps = bytes / (ms / 1e3) / 1e9;
-            res.pct_floor = 100.0 * res.gbps / ceil.copy_gbps;
-            if (n_host > 0) {  // the floor: the GPU part at the copy rate + the host part at the host read rate
-                const double hb = host_decode_bytes(config, n_host) * tg;
-                const double floor_ms = ((bytes - hb) / (ceil.copy_gbps * 1e9) + hb / (host_gbps * 1e9)) * 1e3;
-                res.pct_floor = 100.0 * floor_ms / ms;
-            }
-            std::fprintf(stderr, "%s @ %u: %.1f tok/s\n", res.test.c_str(), depth, res.tok_s);
-            results.push_back(res);
-            if (sb.grammar) {
-                for (bool mask : {false, true}) {
-                    std::vector<double> t;
-                    for (uint32_t r = 0; r < reps; ++r) t.push_back(run_tg_t1(*session, tokens[depth], depth, tg, &sb, mask));
-                    std::sort(t.begin(), t.end());
-                    const double ms = t[t.size() / 2];
-                    Result rr{"tg" + std::to_string(tg) + (mask ? " T=1 json" : " T=1"), depth, tg, ms / tg,
-                              tg / (ms / 1e3), 0, 0, 0, 0};
-                    std::fprintf(stderr, "%s @ %u: %.1f tok/s\n", rr.test.c_str(), depth, rr.tok_s);
-                    results.push_back(rr);
-                }
-            }
-        }
-    }
+    OpTimes sample_us;
+    std::vector<std::pair<uint32_t, double>> ttft_s;
+    std::vector<std::pair<std::string, OpTimes>> profiles;
+};
 
-    // Sampling latency per call on the last logits (host-timed: launches + the 4-byte copy).
-    std::vector<std::pair<std::string, double>> sample_us;
+double median(std::vector<double> t) {
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+void add_result(Report* rep, const Result& res) {
+    std::fprintf(stderr, "%s @ %u: %.1f tok/s\n", res.test.c_str(), res.depth, res.tok_s);
+    rep->results.push_back(res);
+}
+
+// pp lines at `depth` (the context already filled): the median of reps forwards after a warm-up.
+void bench_prefill(gptoss::BackendSession& session, const std::vector<int32_t>& tokens, uint32_t depth,
+                   const BenchArgs& a, Report* rep) {
+    for (uint32_t n : a.pp) {
+        if (n == 0) continue;  // -p 0: decode only
+        std::vector<double> t;
+        for (uint32_t r = 0; r <= a.reps; ++r) {  // first run is the warm-up
+            const double t0 = now_ms();
+            check(session.forward(tokens.data() + depth, n, depth), "prefill");
+            check(gptoss::cuda::synchronize(&session), "prefill");
+            if (r) t.push_back(now_ms() - t0);
+        }
+        const double ms = median(t);
+        Result res{"pp" + std::to_string(n), depth, n, ms / n, n / (ms / 1e3), 0, 0, 0, 0};
+        res.tflops = prefill_flops(rep->config, depth, n) / (ms / 1e3) / 1e12;
+        res.pct_tc = rep->ceil.bf16_tflops > 0 ? 100.0 * res.tflops / rep->ceil.bf16_tflops : 0;
+        add_result(rep, res);
+    }
+}
+
+// The tg line at `depth` (greedy, GPU sampling, the decode graph), against the bandwidth floor;
+// with a schema, the T=1 lines without and with its mask.
+void bench_decode(gptoss::BackendSession& session, const std::vector<int32_t>& tokens, uint32_t depth,
+                  const BenchArgs& a, SchemaBench* sb, Report* rep) {
+    const gptoss::SamplingConfig greedy{0.0f, 1.0f, 0};
+    const uint32_t tg = a.tg;
+    int32_t tok = tokens[depth];
+    check(session.decode(tok, depth), "decode warm-up");  // captures the graph
+    check(session.sample(greedy, 0.0, &tok), "decode warm-up");
+    std::vector<double> t;
+    double bytes = 0;
+    for (uint32_t r = 0; r < a.reps; ++r) {
+        tok = tokens[depth];
+        bytes = 0;
+        const double t0 = now_ms();
+        for (uint32_t i = 0; i < tg; ++i) {
+            check(session.decode(tok, depth + i), "decode");
+            check(session.sample(greedy, 0.0, &tok), "decode");
+            bytes += decode_bytes(rep->config, depth + i);
+        }
+        t.push_back(now_ms() - t0);
+    }
+    const double ms = median(t);
+    Result res{"tg" + std::to_string(tg), depth, tg, ms / tg, tg / (ms / 1e3), 0, 0, 0, 0};
+    res.gbps = bytes / (ms / 1e3) / 1e9;
+    res.pct_floor = 100.0 * res.gbps / rep->ceil.copy_gbps;
+    if (rep->n_host > 0) {  // the floor: the GPU part at the copy rate + the host part at the host read rate
+        const double hb = host_decode_bytes(rep->config, rep->n_host) * tg;
+        const double floor_ms = ((bytes - hb) / (rep->ceil.copy_gbps * 1e9) + hb / (rep->host_gbps * 1e9)) * 1e3;
+        res.pct_floor = 100.0 * floor_ms / ms;
+    }
+    add_result(rep, res);
+    if (!sb->grammar) return;
+    for (bool mask : {false, true}) {
+        std::vector<double> tm;
+        for (uint32_t r = 0; r < a.reps; ++r) tm.push_back(run_tg_t1(session, tokens[depth], depth, tg, sb, mask));
+        const double msm = median(tm);
+        add_result(rep, Result{"tg" + std::to_string(tg) + (mask ? " T=1 json" : " T=1"), depth, tg, msm / tg,
+                               tg / (msm / 1e3), 0, 0, 0, 0});
+    }
+}
+
+// Sampling latency per call on the last logits (host-timed: launches + the 4-byte copy).
+OpTimes sampling_latency(gptoss::BackendSession& session) {
+    using gptoss::SamplingConfig;
+    OpTimes out;
     for (const auto& [name, cfg] : std::vector<std::pair<std::string, SamplingConfig>>{
-             {"greedy", greedy}, {"T=1 top_p=0.9", {1.0f, 0.9f, 0}}, {"T=0.7 top_k=40", {0.7f, 1.0f, 40}}}) {
+             {"greedy", {0.0f, 1.0f, 0}}, {"T=1 top_p=0.9", {1.0f, 0.9f, 0}}, {"T=0.7 top_k=40", {0.7f, 1.0f, 40}}}) {
         int32_t tok = 0;
-        check(session->sample(cfg, 0.5, &tok), "sampling warm-up");
+        check(session.sample(cfg, 0.5, &tok), "sampling warm-up");
         const int n = 200;
         const double t0 = now_ms();
-        for (int i = 0; i < n; ++i) check(session->sample(cfg, (i + 0.5) / n, &tok), "sampling");
-        sample_us.emplace_back(name, (now_ms() - t0) * 1e3 / n);
+        for (int i = 0; i < n; ++i) check(session.sample(cfg, (i + 0.5) / n, &tok), "sampling");
+        out.emplace_back(name, (now_ms() - t0) * 1e3 / n);
     }
+    return out;
+}
 
-    std::vector<std::pair<std::string, std::vector<std::pair<std::string, double>>>> profiles;
-    if (profile) {
-        for (uint32_t depth : {0u, max_depth}) {
-            std::vector<std::pair<std::string, double>> ops;
-            int32_t tok = tokens[0];
-            check(cuda::profile_forward(session.get(), &tok, 1, depth, true, &ops), "profiling decode");
-            profiles.emplace_back("decode @" + std::to_string(depth), ops);
-        }
-        if (max_pp) {
-            std::vector<std::pair<std::string, double>> ops;
-            check(cuda::profile_forward(session.get(), tokens.data(), max_pp, 0, false, &ops), "profiling prefill");
-            profiles.emplace_back("prefill " + std::to_string(max_pp) + " @0", ops);
-            if (max_depth > 0) {  // attention's share grows with depth
-                ops.clear();
-                check(cuda::profile_forward(session.get(), tokens.data(), max_pp, max_depth, false, &ops),
-                      "profiling prefill at depth");
-                profiles.emplace_back("prefill " + std::to_string(max_pp) + " @" + std::to_string(max_depth), ops);
-            }
-        }
+// --profile: un-graphed per-op times of a decode step at depth 0 and the deepest depth, and of
+// the largest prefill at 0 and at the deepest depth.
+std::vector<std::pair<std::string, OpTimes>> collect_profiles(gptoss::BackendSession& session,
+                                                              const std::vector<int32_t>& tokens, uint32_t max_pp,
+                                                              uint32_t max_depth) {
+    using gptoss::cuda::profile_forward;
+    std::vector<std::pair<std::string, OpTimes>> profiles;
+    for (uint32_t depth : {0u, max_depth}) {
+        OpTimes ops;
+        int32_t tok = tokens[0];
+        check(profile_forward(&session, &tok, 1, depth, true, &ops), "profiling decode");
+        profiles.emplace_back("decode @" + std::to_string(depth), ops);
     }
-
-    session.reset();
-    std::vector<std::pair<uint32_t, double>> ttft_s;
-    if (!ttft.empty() && devices.size() <= 1) ttft_s = measure_ttft(std::move(backend), config, ttft, ttft_max_batch);
-
-    std::string what = synthetic.empty() ? model_dir : "synthetic " + synthetic;
-    if (devices.size() > 1) what += " split over " + std::to_string(devices.size()) + " GPUs";
-    if (json) {
-        std::printf("{\"model\": \"%s\", \"layers\": %u, \"device\": \"%s\", \"sm_count\": %d, \"memory_gib\": %.1f,\n",
-                    what.c_str(), config.n_layers, ceil.name.c_str(), ceil.sm_count, ceil.memory_gib);
-        std::printf(" \"copy_gbps\": %.1f, \"read_gbps\": %.1f, \"bf16_tflops\": %.1f, \"load_s\": %.2f, \"load_gb\": %.2f,\n",
-                    ceil.copy_gbps, ceil.read_gbps, ceil.bf16_tflops, load_s, load_gb);
-        std::printf(" \"decode_bytes_per_token_at_0\": %.0f,\n \"sample_us\": {", decode_bytes(config, 0));
-        for (size_t i = 0; i < sample_us.size(); ++i)
-            std::printf("%s\"%s\": %.1f", i ? ", " : "", sample_us[i].first.c_str(), sample_us[i].second);
-        std::printf("},\n \"results\": [\n");
-        for (size_t i = 0; i < results.size(); ++i) {
-            const Result& r = results[i];
-            std::printf("  {\"test\": \"%s\", \"depth\": %u, \"tokens\": %u, \"tok_s\": %.1f, \"ms_per_token\": %.4f, "
-                        "\"gbps\": %.1f, \"pct_floor\": %.1f, \"tflops\": %.1f, \"pct_tensor_core\": %.1f}%s\n",
-                        r.test.c_str(), r.depth, r.n, r.tok_s, r.ms_per_token, r.gbps, r.pct_floor, r.tflops, r.pct_tc,
-                        i + 1 < results.size() ? "," : "");
-        }
-        std::printf(" ],\n \"ttft_s\": {");
-        for (size_t i = 0; i < ttft_s.size(); ++i)
-            std::printf("%s\"%u\": %.4f", i ? ", " : "", ttft_s[i].first, ttft_s[i].second);
-        std::printf("},\n \"profile_ms\": {");
-        for (size_t p = 0; p < profiles.size(); ++p) {
-            std::printf("%s\n  \"%s\": {", p ? "," : "", profiles[p].first.c_str());
-            for (size_t i = 0; i < profiles[p].second.size(); ++i)
-                std::printf("%s\"%s\": %.4f", i ? ", " : "", profiles[p].second[i].first.c_str(),
-                            profiles[p].second[i].second);
-            std::printf("}");
-        }
-        std::printf("}\n}\n");
-        return 0;
+    if (!max_pp) return profiles;
+    OpTimes ops;
+    check(profile_forward(&session, tokens.data(), max_pp, 0, false, &ops), "profiling prefill");
+    profiles.emplace_back("prefill " + std::to_string(max_pp) + " @0", ops);
+    if (max_depth > 0) {  // attention's share grows with depth
+        ops.clear();
+        check(profile_forward(&session, tokens.data(), max_pp, max_depth, false, &ops), "profiling prefill at depth");
+        profiles.emplace_back("prefill " + std::to_string(max_pp) + " @" + std::to_string(max_depth), ops);
     }
-    std::printf("model: %s (%u layers)   device: %s, %d SMs, %.1f GiB\n", what.c_str(), config.n_layers,
-                ceil.name.c_str(), ceil.sm_count, ceil.memory_gib);
-    std::printf("ceilings: D2D copy %.0f GB/s, streaming read %.0f GB/s, cuBLASLt bf16 %.0f TFLOP/s\n", ceil.copy_gbps,
-                ceil.read_gbps, ceil.bf16_tflops);
-    const double floor_ms = decode_bytes(config, 0) / (ceil.copy_gbps * 1e9) * 1e3;
-    std::printf("decode floor at depth 0: %.3f GB/token / %.0f GB/s = %.3f ms/token = %.0f tok/s\n",
-                decode_bytes(config, 0) / 1e9, ceil.copy_gbps, floor_ms, 1e3 / floor_ms);
-    if (n_host > 0) {
-        const double hb = host_decode_bytes(config, n_host);
-        const double off_ms = ((decode_bytes(config, 0) - hb) / (ceil.copy_gbps * 1e9) + hb / (host_gbps * 1e9)) * 1e3;
+    return profiles;
+}
+
+void print_json(const Report& r) {
+    const auto& c = r.ceil;
+    std::printf("{\"model\": \"%s\", \"layers\": %u, \"device\": \"%s\", \"sm_count\": %d, \"memory_gib\": %.1f,\n",
+                r.what.c_str(), r.config.n_layers, c.name.c_str(), c.sm_count, c.memory_gib);
+    std::printf(" \"copy_gbps\": %.1f, \"read_gbps\": %.1f, \"bf16_tflops\": %.1f, \"load_s\": %.2f, \"load_gb\": %.2f,\n",
+                c.copy_gbps, c.read_gbps, c.bf16_tflops, r.load_s, r.load_gb);
+    std::printf(" \"decode_bytes_per_token_at_0\": %.0f,\n \"sample_us\": {", decode_bytes(r.config, 0));
+    for (size_t i = 0; i < r.sample_us.size(); ++i)
+        std::printf("%s\"%s\": %.1f", i ? ", " : "", r.sample_us[i].first.c_str(), r.sample_us[i].second);
+    std::printf("},\n \"results\": [\n");
+    for (size_t i = 0; i < r.results.size(); ++i) {
+        const Result& x = r.results[i];
+        std::printf("  {\"test\": \"%s\", \"depth\": %u, \"tokens\": %u, \"tok_s\": %.1f, \"ms_per_token\": %.4f, "
+                    "\"gbps\": %.1f, \"pct_floor\": %.1f, \"tflops\": %.1f, \"pct_tensor_core\": %.1f}%s\n",
+                    x.test.c_str(), x.depth, x.n, x.tok_s, x.ms_per_token, x.gbps, x.pct_floor, x.tflops, x.pct_tc,
+                    i + 1 < r.results.size() ? "," : "");
+    }
+    std::printf(" ],\n \"ttft_s\": {");
+    for (size_t i = 0; i < r.ttft_s.size(); ++i)
+        std::printf("%s\"%u\": %.4f", i ? ", " : "", r.ttft_s[i].first, r.ttft_s[i].second);
+    std::printf("},\n \"profile_ms\": {");
+    for (size_t p = 0; p < r.profiles.size(); ++p) {
+        std::printf("%s\n  \"%s\": {", p ? "," : "", r.profiles[p].first.c_str());
+        for (size_t i = 0; i < r.profiles[p].second.size(); ++i)
+            std::printf("%s\"%s\": %.4f", i ? ", " : "", r.profiles[p].second[i].first.c_str(),
+                        r.profiles[p].second[i].second);
+        std::printf("}");
+    }
+    std::printf("}\n}\n");
+}
+
+// The text report's head: the model, the ceilings and the decode floor, the load, the schema.
+void print_text_head(const Report& r, const std::string& schema_file, const SchemaBench& sb) {
+    const auto& c = r.ceil;
+    std::printf("model: %s (%u layers)   device: %s, %d SMs, %.1f GiB\n", r.what.c_str(), r.config.n_layers,
+                c.name.c_str(), c.sm_count, c.memory_gib);
+    std::printf("ceilings: D2D copy %.0f GB/s, streaming read %.0f GB/s, cuBLASLt bf16 %.0f TFLOP/s\n", c.copy_gbps,
+                c.read_gbps, c.bf16_tflops);
+    const double bytes0 = decode_bytes(r.config, 0), floor_ms = bytes0 / (c.copy_gbps * 1e9) * 1e3;
+    std::printf("decode floor at depth 0: %.3f GB/token / %.0f GB/s = %.3f ms/token = %.0f tok/s\n", bytes0 / 1e9,
+                c.copy_gbps, floor_ms, 1e3 / floor_ms);
+    if (r.n_host > 0) {
+        const double hb = host_decode_bytes(r.config, r.n_host);
+        const double off_ms = ((bytes0 - hb) / (c.copy_gbps * 1e9) + hb / (r.host_gbps * 1e9)) * 1e3;
         std::printf("experts of %u of %u layers in host memory (%.2f GB; device weights %.2f GB): host streaming read "
                     "%.1f GB/s (%u hardware threads); decode floor %.3f GB/token on the GPU + %.3f GB/token from host "
                     "memory = %.3f ms/token = %.1f tok/s (%% floor of tg lines is against this)\n",
-                    n_host, config.n_layers, double(backend->host_weight_bytes()) / 1e9,
-                    double(backend->weight_bytes()) / 1e9, host_gbps, std::thread::hardware_concurrency(),
-                    (decode_bytes(config, 0) - hb) / 1e9, hb / 1e9, off_ms, 1e3 / off_ms);
+                    r.n_host, r.config.n_layers, r.host_weight_gb, r.weight_gb, r.host_gbps,
+                    std::thread::hardware_concurrency(), (bytes0 - hb) / 1e9, hb / 1e9, off_ms, 1e3 / off_ms);
     }
-    if (load_gb > 0) std::printf("load: %.2f GB in %.2f s = %.2f GB/s\n", load_gb, load_s, load_gb / load_s);
-    else std::printf("synthetic weights built on the device in %.2f s\n", load_s);
+    if (r.load_gb > 0) std::printf("load: %.2f GB in %.2f s = %.2f GB/s\n", r.load_gb, r.load_s, r.load_gb / r.load_s);
+    else std::printf("synthetic weights built on the device in %.2f s\n", r.load_s);
     if (sb.grammar)
         std::printf("json schema %s: compile %.3f ms, token table %.0f ms (once per tokenizer), mask %.1f µs mean "
                     "(host; %llu masks, %llu cache hits, %llu documents)\n",
                     schema_file.c_str(), sb.compile_ms, sb.table_ms, sb.masks ? sb.mask_ms * 1e3 / sb.masks : 0.0,
                     (unsigned long long)sb.masks, (unsigned long long)sb.hits, (unsigned long long)sb.documents);
+}
+
+// The rest: sampling latency, the results table, time to first token, the profiles.
+void print_text_body(const Report& r) {
     std::printf("sampling, µs per call:");
-    for (const auto& [name, us] : sample_us) std::printf("  %s %.1f", name.c_str(), us);
+    for (const auto& [name, us] : r.sample_us) std::printf("  %s %.1f", name.c_str(), us);
     std::printf("\n");
     std::printf("\n| test   | depth | tok/s    | ms/token | GB/s   | %% floor | TFLOP/s | %% bf16 TC |\n");
     std::printf("|--------|-------|----------|----------|--------|---------|---------|-----------|\n");
-    for (const Result& r : results)
-        std::printf("| %-6s | %5u | %8.1f | %8.4f | %6.0f | %7.1f | %7.1f | %9.1f |\n", r.test.c_str(), r.depth,
-                    r.tok_s, r.ms_per_token, r.gbps, r.pct_floor, r.tflops, r.pct_tc);
-    for (const auto& [n, sec] : ttft_s)
+    for (const Result& x : r.results)
+        std::printf("| %-6s | %5u | %8.1f | %8.4f | %6.0f | %7.1f | %7.1f | %9.1f |\n", x.test.c_str(), x.depth,
+                    x.tok_s, x.ms_per_token, x.gbps, x.pct_floor, x.tflops, x.pct_tc);
+    for (const auto& [n, sec] : r.ttft_s)
         std::printf("time to first token, %u-token prompt (gptoss_generate, fresh session): %.3f s = %.0f tok/s\n", n,
                     sec, n / sec);
-    for (const auto& [name, ops] : profiles) {
+    for (const auto& [name, ops] : r.profiles) {
         double total = 0;
         for (const auto& o : ops) total += o.second;
         std::printf("\nper-op time, %s (un-graphed, summed over layers): %.3f ms\n", name.c_str(), total);
         for (const auto& o : ops) std::printf("  %-24s %8.4f ms  %5.1f%%\n", o.first.c_str(), o.second, 100 * o.second / total);
     }
+}
+
+// The pp / tg run on one or several GPUs (everything but --concurrency, --device cpu and the
+// host-experts benches).
+int run_gpu(const BenchArgs& a) {
+    using namespace gptoss;
+    if (a.no_collectives) {
+        std::fprintf(stderr, "--no-collectives: the split model skips its all-reduces (timing only, wrong results)\n");
+        cuda::debug_skip_collectives(true);
+    }
+    Report rep;
+    check(cuda::measure_ceilings(a.device, a.gemm_probe, &rep.ceil), "measuring the device ceilings");
+    OffloadRequest offload = a.offload;
+    if ((offload.n_cpu_moe != 0 || offload.gpu_memory_budget != 0) && a.devices.size() > 1)
+        die("--n-cpu-moe / --gpu-memory take one GPU");
+    const uint32_t max_pp = *std::max_element(a.pp.begin(), a.pp.end());
+    const uint32_t fill = fill_chunk(max_pp);
+    const uint32_t max_depth = *std::max_element(a.depths.begin(), a.depths.end());
+    const uint32_t max_context = max_depth + std::max(max_pp, a.tg) + 16;
+    offload.fit_context = max_context;  // the session below
+    BenchModel m = load_bench_model(a, offload);
+    rep.config = m.config;
+    rep.load_s = m.load_s;
+    rep.load_gb = m.load_gb;
+    // Experts in host memory: the host's streaming-read rate with the same threads, for the floor.
+    rep.n_host = m.backend->n_cpu_moe();
+    rep.host_gbps = rep.n_host ? cpu::measure_host_read_gbps(size_t(4) << 30) : 0.0;
+    rep.host_weight_gb = double(m.backend->host_weight_bytes()) / 1e9;
+    rep.weight_gb = double(m.backend->weight_bytes()) / 1e9;
+    std::unique_ptr<BackendSession> session;
+    check(m.backend->create_session(max_context, fill, &session), "creating the session");
+
+    Rng rng(42);
+    std::vector<int32_t> tokens(size_t(max_depth) + max_pp + a.tg + 16);
+    for (int32_t& t : tokens) t = int32_t(rng.next_u64() % 199998);
+    std::unique_ptr<Tokenizer> schema_tokenizer;
+    SchemaBench sb;
+    if (!a.schema_file.empty()) sb = load_schema_bench(a.schema_file, a.tokenizer_dir, &schema_tokenizer);
+    for (uint32_t depth : a.depths) {
+        for (uint32_t pos = 0; pos < depth; pos += fill)
+            check(session->forward(tokens.data() + pos, std::min(fill, depth - pos), pos), "filling the context");
+        check(cuda::synchronize(session.get()), "filling the context");
+        bench_prefill(*session, tokens, depth, a, &rep);
+        if (a.tg) bench_decode(*session, tokens, depth, a, &sb, &rep);
+    }
+    rep.sample_us = sampling_latency(*session);
+    if (a.profile) rep.profiles = collect_profiles(*session, tokens, max_pp, max_depth);
+    session.reset();
+    if (!a.ttft.empty() && a.devices.size() <= 1)
+        rep.ttft_s = measure_ttft(std::move(m.backend), rep.config, a.ttft, a.ttft_max_batch);
+
+    rep.what = a.synthetic.empty() ? a.model_dir : "synthetic " + a.synthetic;
+    if (a.devices.size() > 1) rep.what += " split over " + std::to_string(a.devices.size()) + " GPUs";
+    if (a.json) {
+        print_json(rep);
+        return 0;
+    }
+    print_text_head(rep, a.schema_file, sb);
+    print_text_body(rep);
     return 0;
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const BenchArgs a = parse_args(argc, argv);
+    if (!a.host_moe.empty()) return run_host_moe(a.host_moe, a.json);
+    if (!a.host_moe_sweep.empty()) return run_host_moe_sweep(a.host_moe_sweep);
+    if (a.model_dir.empty() == a.synthetic.empty()) die("give exactly one of --model DIR and --synthetic 20b|120b");
+    if (a.schema_file.empty() != a.tokenizer_dir.empty()) die("--json-schema and --tokenizer go together");
+    if (!a.concurrency.empty())
+        return run_concurrency(a.model_dir, a.synthetic, a.device, a.layers, a.concurrency, a.decode_batch,
+                               a.pp.empty() ? 512 : a.pp[0], a.tg, a.json);
+    if (a.device == GPTOSS_DEVICE_CPU) return run_cpu(a.model_dir, a.pp, a.depths, a.tg, a.reps, a.json);
+#ifndef GPTOSS_HAVE_CUDA
+    (void)&run_tg_t1; (void)&load_schema_bench;
+    die("this build has no CUDA backend (configure with nvcc available)");
+#else
+    return run_gpu(a);
 #endif
 }

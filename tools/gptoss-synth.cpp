@@ -408,14 +408,34 @@ uint64_t parse_number(const char* flag, const char* text) {
     return v;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// Everything main reads from the command line (see usage); the shape with its overrides applied.
+struct SynthArgs {
     Shape shape = kTiny;
     std::string out, tokenizer_dir;
     uint64_t seed = 1, shard_bytes = 5000000000ull;
     bool single_file = false;
     unsigned n_threads = std::max(1u, std::thread::hardware_concurrency());
+};
+
+// --layers, --experts, ... after the preset, whatever their order on the command line.
+void apply_overrides(const std::vector<std::pair<std::string, std::string>>& overrides, Shape* shape) {
+    for (const auto& o : overrides) {
+        const uint64_t v = parse_number(o.first.c_str(), o.second.c_str());
+        if (v == 0 || v > UINT32_MAX) die("%s must be in [1, 2^32)", o.first.c_str());
+        const uint32_t u = uint32_t(v);
+        if (o.first == "--layers") shape->layers = u;
+        else if (o.first == "--experts") shape->experts = u;
+        else if (o.first == "--experts-per-token") shape->experts_per_token = u;
+        else if (o.first == "--vocab") shape->vocab = u;
+        else if (o.first == "--hidden") shape->hidden = u;
+        else if (o.first == "--intermediate") shape->intermediate = u;
+        else if (o.first == "--heads") shape->heads = u;
+        else shape->kv_heads = u;
+    }
+}
+
+SynthArgs parse_args(int argc, char** argv) {
+    SynthArgs s;
     std::vector<std::pair<std::string, std::string>> overrides;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -425,25 +445,25 @@ int main(int argc, char** argv) {
         };
         if (a == "--help" || a == "-h") {
             usage();
-            return 0;
+            std::exit(0);
         } else if (a == "--preset") {
             const std::string p = value();
-            if (p == "tiny") shape = kTiny;
-            else if (p == "20b") shape = k20b;
-            else if (p == "120b") shape = k120b;
+            if (p == "tiny") s.shape = kTiny;
+            else if (p == "20b") s.shape = k20b;
+            else if (p == "120b") s.shape = k120b;
             else die("--preset is \"%s\", expected tiny, 20b or 120b", p.c_str());
         } else if (a == "--out") {
-            out = value();
+            s.out = value();
         } else if (a == "--seed") {
-            seed = parse_number("--seed", value());
+            s.seed = parse_number("--seed", value());
         } else if (a == "--tokenizer-dir") {
-            tokenizer_dir = value();
+            s.tokenizer_dir = value();
         } else if (a == "--single-file") {
-            single_file = true;
+            s.single_file = true;
         } else if (a == "--shard-bytes") {
-            shard_bytes = parse_number("--shard-bytes", value());
+            s.shard_bytes = parse_number("--shard-bytes", value());
         } else if (a == "--threads") {
-            n_threads = unsigned(std::max<uint64_t>(1, parse_number("--threads", value())));
+            s.n_threads = unsigned(std::max<uint64_t>(1, parse_number("--threads", value())));
         } else if (a == "--layers" || a == "--experts" || a == "--experts-per-token" ||
                    a == "--vocab" || a == "--hidden" || a == "--intermediate" || a == "--heads" ||
                    a == "--kv-heads") {
@@ -453,33 +473,20 @@ int main(int argc, char** argv) {
             die("unknown argument %s", a.c_str());
         }
     }
-    for (const auto& o : overrides) {
-        const uint64_t v = parse_number(o.first.c_str(), o.second.c_str());
-        if (v == 0 || v > UINT32_MAX) die("%s must be in [1, 2^32)", o.first.c_str());
-        const uint32_t u = uint32_t(v);
-        if (o.first == "--layers") shape.layers = u;
-        else if (o.first == "--experts") shape.experts = u;
-        else if (o.first == "--experts-per-token") shape.experts_per_token = u;
-        else if (o.first == "--vocab") shape.vocab = u;
-        else if (o.first == "--hidden") shape.hidden = u;
-        else if (o.first == "--intermediate") shape.intermediate = u;
-        else if (o.first == "--heads") shape.heads = u;
-        else shape.kv_heads = u;
-    }
-    if (out.empty()) {
+    apply_overrides(overrides, &s.shape);
+    if (s.out.empty()) {
         usage();
         die("--out DIR is required");
     }
-    if (shape.hidden % 32 || shape.intermediate % 32)
+    if (s.shape.hidden % 32 || s.shape.intermediate % 32)
         die("--hidden and --intermediate must be multiples of 32 (MXFP4 blocks)");
-    if (shape.experts_per_token > shape.experts) shape.experts_per_token = shape.experts;
+    if (s.shape.experts_per_token > s.shape.experts) s.shape.experts_per_token = s.shape.experts;
+    return s;
+}
 
-    const auto start = std::chrono::steady_clock::now();
-    make_dirs(out);
-    remove_old_weights(out);
-
-    std::vector<TensorSpec> tensors = model_tensors(shape);
-    // Shards are filled in model order (embeddings first, lm_head last), as Hugging Face does.
+// Shards filled in model order (embeddings first, lm_head last), as Hugging Face does, each up to
+// shard_bytes (one file with single_file), named and laid out; they point into `tensors`.
+std::vector<Shard> plan_shards(const std::vector<TensorSpec>& tensors, bool single_file, uint64_t shard_bytes) {
     std::vector<Shard> shards(1);
     for (const TensorSpec& t : tensors) {
         uint64_t used = 0;
@@ -498,45 +505,62 @@ int main(int argc, char** argv) {
         }
         layout_shard(&shards[i]);
     }
-    uint64_t total = 0;
-    for (const Shard& s : shards) {
-        write_shard(out, s, seed, n_threads);
-        total += s.data_bytes;
-    }
-    if (!single_file) {
-        std::vector<std::pair<std::string, std::string>> map;
-        for (const Shard& s : shards)
-            for (const TensorSpec* t : s.tensors) map.emplace_back(t->name, s.file_name);
-        std::sort(map.begin(), map.end());
-        std::string index = "{\n  \"metadata\": {\n    \"total_size\": " + std::to_string(total) +
-                            "\n  },\n  \"weight_map\": {";
-        for (size_t i = 0; i < map.size(); ++i)
-            index += std::string(i ? ",\n    \"" : "\n    \"") + map[i].first + "\": \"" + map[i].second + "\"";
-        index += "\n  }\n}\n";
-        write_text(out + "/model.safetensors.index.json", index);
-    }
-    write_text(out + "/config.json", config_json(shape));
-    write_text(out + "/generation_config.json", generation_config_json(shape));
+    return shards;
+}
 
+// model.safetensors.index.json: the total size and each tensor's shard, sorted by name.
+void write_index(const std::string& out, const std::vector<Shard>& shards, uint64_t total) {
+    std::vector<std::pair<std::string, std::string>> map;
+    for (const Shard& s : shards)
+        for (const TensorSpec* t : s.tensors) map.emplace_back(t->name, s.file_name);
+    std::sort(map.begin(), map.end());
+    std::string index = "{\n  \"metadata\": {\n    \"total_size\": " + std::to_string(total) +
+                        "\n  },\n  \"weight_map\": {";
+    for (size_t i = 0; i < map.size(); ++i)
+        index += std::string(i ? ",\n    \"" : "\n    \"") + map[i].first + "\": \"" + map[i].second + "\"";
+    index += "\n  }\n}\n";
+    write_text(out + "/model.safetensors.index.json", index);
+}
+
+// tokenizer.json and tokenizer_config.json from tokenizer_dir, where given and present.
+void copy_tokenizer(const std::string& tokenizer_dir, const std::string& out) {
     if (tokenizer_dir.empty()) {
         fprintf(stderr, "gptoss-synth: no --tokenizer-dir given: tokenizer.json not copied\n");
-    } else {
-        for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
-            const std::string from = tokenizer_dir + "/" + f;
-            struct stat st;
-            if (stat(from.c_str(), &st) != 0) {
-                fprintf(stderr, "gptoss-synth: %s not found: not copied (run `make tokenizer-data`)\n",
-                        from.c_str());
-                continue;
-            }
-            copy_file(from, out + "/" + f);
-        }
+        return;
     }
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+        const std::string from = tokenizer_dir + "/" + f;
+        struct stat st;
+        if (stat(from.c_str(), &st) != 0) {
+            fprintf(stderr, "gptoss-synth: %s not found: not copied (run `make tokenizer-data`)\n", from.c_str());
+            continue;
+        }
+        copy_file(from, out + "/" + f);
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const SynthArgs a = parse_args(argc, argv);
+    const auto start = std::chrono::steady_clock::now();
+    make_dirs(a.out);
+    remove_old_weights(a.out);
+    const std::vector<TensorSpec> tensors = model_tensors(a.shape);
+    const std::vector<Shard> shards = plan_shards(tensors, a.single_file, a.shard_bytes);
+    uint64_t total = 0;
+    for (const Shard& s : shards) {
+        write_shard(a.out, s, a.seed, a.n_threads);
+        total += s.data_bytes;
+    }
+    if (!a.single_file) write_index(a.out, shards, total);
+    write_text(a.out + "/config.json", config_json(a.shape));
+    write_text(a.out + "/generation_config.json", generation_config_json(a.shape));
+    copy_tokenizer(a.tokenizer_dir, a.out);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     printf("gptoss-synth: wrote %s: %u layers, %u experts, hidden %u, vocab %u, %zu file(s), %.3f GB "
            "in %.2f s\n",
-           out.c_str(), shape.layers, shape.experts, shape.hidden, shape.vocab, shards.size(),
+           a.out.c_str(), a.shape.layers, a.shape.experts, a.shape.hidden, a.shape.vocab, shards.size(),
            double(total) / 1e9, seconds);
     return 0;
 }

@@ -108,6 +108,7 @@ gptoss_status check_config(const Config& c) {
 }
 
 class CudaBackend;
+class Stager;
 
 // ---------------------------------------------------------------------------
 // Session
@@ -146,6 +147,15 @@ private:
     // The whole forward on stream_: the prefill kernels for n >= 1 tokens, or (decode) the
     // decode kernels for one token; full_splits = decode attention splits per full layer.
     gptoss_status enqueue(uint32_t n, bool decode, uint32_t full_splits);
+    // enqueue()'s parts for layer l, in order: QKV, RoPE, attention, O (+ the split model's
+    // attention all-reduce); RMSNorm + router + top-K + route; the experts (or host_moe) and the
+    // combine + the next layer's RMSNorm. rs: the route's tiling for this forward.
+    struct RouteShape {
+        uint32_t tile_tokens = 0, max_tiles = 0, tile_extra = 0;
+    };
+    gptoss_status enqueue_attention(uint32_t l, uint32_t n, bool decode, uint32_t full_splits);
+    gptoss_status enqueue_router(uint32_t l, uint32_t n, bool decode, const RouteShape& rs);
+    gptoss_status enqueue_moe(uint32_t l, uint32_t n, bool decode, const RouteShape& rs);
     // GEMM dispatch of enqueue(): the decode kernels (one token) or the prefill kernels (a
     // chunk). Arguments as cuda::gemm (kernels.h); route null for dense weights.
     gptoss_status project(bool decode, const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
@@ -346,6 +356,11 @@ public:
     }
 
     gptoss_status load(const Checkpoint& ck, const ProgressFn& progress);
+    // load()'s parts for one layer, through the pinned stager and the raw device staging at rb:
+    // norms, QKV, O, sinks, the router and the expert biases; the experts' MXFP4 blocks and
+    // scales, repacked (device layers only).
+    gptoss_status load_layer_dense(const LayerWeights& lw, LayerDev& L, Stager& st, char* rb, cudaStream_t s);
+    gptoss_status load_layer_experts(const LayerWeights& lw, LayerDev& L, Stager& st, char* rb, cudaStream_t s);
     gptoss_status synthesize(uint64_t seed);
 
     GemmWeights dense(const void* w, const float* bias, uint32_t N, uint32_t K) const {
@@ -436,6 +451,14 @@ public:
     cudaStream_t s = nullptr;
 };
 
+// n bf16 values at `data` (host) → fp32 at `out` (device) through the raw staging at rb; gate_up:
+// regrouped as the gate/up rows are (repack.cu).
+gptoss_status bf16_to_f32_via(Stager& st, char* rb, cudaStream_t s, const void* data, uint32_t n, bool gate_up,
+                              float* out) {
+    GPTOSS_TRY(st.upload(data, size_t(n) * 2, rb));
+    return bf16_to_f32(rb, n, gate_up, out, s);
+}
+
 gptoss_status CudaBackend::load(const Checkpoint& ck, const ProgressFn& progress) {
     const Dims& d = dims_;
     const Weights& w = ck.weights;
@@ -454,12 +477,6 @@ gptoss_status CudaBackend::load(const Checkpoint& ck, const ProgressFn& progress
     char* rb = raw.as<char>();
     GPTOSS_CUDA_TRY(cudaMemsetAsync(bad_scale_, 0, sizeof(int), stream.s));
 
-    auto bias_f32 = [&](const Tensor& t, uint32_t n, bool gate_up, float* out) -> gptoss_status {
-        GPTOSS_TRY(st.upload(t.data, size_t(n) * 2, rb));
-        return bf16_to_f32(rb, n, gate_up, out, stream.s);
-    };
-    auto norm_f32 = [&](const Tensor& t, float* out) { return bias_f32(t, d.H, false, out); };
-
     GPTOSS_TRY(st.upload(w.embed.data, size_t(d.V) * d.H * 2, embed_));
     for (size_t r0 = 0; r0 < lm_rows(); r0 += lm_chunk) {
         const size_t n = std::min<size_t>(lm_chunk, lm_rows() - r0);
@@ -467,65 +484,14 @@ gptoss_status CudaBackend::load(const Checkpoint& ck, const ProgressFn& progress
         GPTOSS_TRY(repack_bf16(reinterpret_cast<uint16_t*>(rb), uint32_t(n), d.H,
                                static_cast<char*>(lm_head_) + (r0 / 16) * (d.H / 64) * 2048, stream.s));
     }
-    GPTOSS_TRY(norm_f32(w.norm, final_norm_));
+    GPTOSS_TRY(bf16_to_f32_via(st, rb, stream.s, w.norm.data, d.H, false, final_norm_));
     GPTOSS_TRY(upload_rope());
 
     for (uint32_t l = 0; l < config_.n_layers; ++l) {
         const LayerWeights& lw = w.layers[l];
-        LayerDev& L = layers_[l];
-        GPTOSS_TRY(norm_f32(lw.attn_norm, L.attn_norm));
-        GPTOSS_TRY(norm_f32(lw.mlp_norm, L.mlp_norm));
-        // q | k | v rows concatenated, then one repack.
-        const size_t qb = size_t(d.QD) * d.H * 2, kb = size_t(d.G) * d.D * d.H * 2;
-        GPTOSS_TRY(st.upload(lw.q_weight.data, qb, rb));
-        GPTOSS_TRY(st.upload(lw.k_weight.data, kb, rb + qb));
-        GPTOSS_TRY(st.upload(lw.v_weight.data, kb, rb + qb + kb));
-        GPTOSS_TRY(repack_bf16(reinterpret_cast<uint16_t*>(rb), d.QKV, d.H, L.qkv_w, stream.s));
-        GPTOSS_TRY(st.upload(lw.q_bias.data, d.QD * 2, rb));
-        GPTOSS_TRY(st.upload(lw.k_bias.data, d.G * d.D * 2, rb + d.QD * 2));
-        GPTOSS_TRY(st.upload(lw.v_bias.data, d.G * d.D * 2, rb + d.QD * 2 + d.G * d.D * 2));
-        GPTOSS_TRY(bf16_to_f32(rb, d.QKV, false, L.qkv_b, stream.s));
-        GPTOSS_TRY(st.upload(lw.o_weight.data, size_t(d.H) * d.QD * 2, rb));
-        GPTOSS_TRY(repack_bf16(reinterpret_cast<uint16_t*>(rb), d.H, d.QD, L.o_w, stream.s));
-        GPTOSS_TRY(bias_f32(lw.o_bias, d.H, false, L.o_b));
-        if (lw.sinks.dtype == DType::F32) {
-            GPTOSS_TRY(st.upload(lw.sinks.data, d.Q * 4, L.sinks));
-        } else {
-            GPTOSS_TRY(bias_f32(lw.sinks, d.Q, false, L.sinks));
-        }
-        GPTOSS_TRY(st.upload(lw.router_weight.data, size_t(d.E) * d.H * 2, rb));
-        GPTOSS_TRY(repack_bf16(reinterpret_cast<uint16_t*>(rb), d.E, d.H, L.router_w, stream.s));
-        GPTOSS_TRY(bias_f32(lw.router_bias, d.E, false, L.router_b));
-        // The gate/up regrouping of the rows applies to each expert's bias too.
-        for (uint32_t e = 0; e < d.E; ++e) {
-            GPTOSS_TRY(st.upload(lw.gate_up_bias.bf16() + size_t(e) * 2 * d.I, size_t(2 * d.I) * 2, rb));
-            GPTOSS_TRY(bf16_to_f32(rb, 2 * d.I, true, L.gu_b + size_t(e) * 2 * d.I, stream.s));
-        }
-        GPTOSS_TRY(bias_f32(lw.down_bias, d.E * d.H, false, L.dn_b));
-        if (l < n_host_) {
-            GPTOSS_TRY(host_.copy_layer(l, lw));
-            if (progress && !progress(float(l + 1) / float(config_.n_layers))) {
-                GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream.s));
-                return fail(GPTOSS_ERR_CANCELLED, "loading cancelled by the progress callback after layer %u", l);
-            }
-            continue;
-        }
-        const GemmWeights gu = experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H);
-        const GemmWeights dn = experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I);
-        const size_t gu_blk = size_t(2 * d.I) * d.H / 2, gu_sc = size_t(2 * d.I) * d.H / 32;
-        const size_t dn_blk = size_t(d.H) * d.I / 2, dn_sc = size_t(d.H) * d.I / 32;
-        for (uint32_t e = 0; e < d.E; ++e) {
-            GPTOSS_TRY(st.upload(lw.gate_up_blocks.u8() + e * gu_blk, gu_blk, rb));
-            GPTOSS_TRY(st.upload(lw.gate_up_scales.u8() + e * gu_sc, gu_sc, rb + gu_blk));
-            GPTOSS_TRY(repack_mxfp4(reinterpret_cast<uint8_t*>(rb), reinterpret_cast<uint8_t*>(rb + gu_blk), 2 * d.I,
-                                    d.H, true, static_cast<char*>(L.gu_w) + e * gu.w_expert_stride,
-                                    L.gu_s + e * gu.s_expert_stride, bad_scale_, stream.s));
-            GPTOSS_TRY(st.upload(lw.down_blocks.u8() + e * dn_blk, dn_blk, rb));
-            GPTOSS_TRY(st.upload(lw.down_scales.u8() + e * dn_sc, dn_sc, rb + dn_blk));
-            GPTOSS_TRY(repack_mxfp4(reinterpret_cast<uint8_t*>(rb), reinterpret_cast<uint8_t*>(rb + dn_blk), d.H, d.I,
-                                    false, static_cast<char*>(L.dn_w) + e * dn.w_expert_stride,
-                                    L.dn_s + e * dn.s_expert_stride, bad_scale_, stream.s));
-        }
+        GPTOSS_TRY(load_layer_dense(lw, layers_[l], st, rb, stream.s));
+        if (l < n_host_) GPTOSS_TRY(host_.copy_layer(l, lw));
+        else GPTOSS_TRY(load_layer_experts(lw, layers_[l], st, rb, stream.s));
         if (progress && !progress(float(l + 1) / float(config_.n_layers))) {
             GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream.s));
             return fail(GPTOSS_ERR_CANCELLED, "loading cancelled by the progress callback after layer %u", l);
@@ -538,6 +504,61 @@ gptoss_status CudaBackend::load(const Checkpoint& ck, const ProgressFn& progress
         return fail(GPTOSS_ERR_UNSUPPORTED,
                     "CUDA backend: an MXFP4 scale byte is %d (2^%d); the GPU dequantizer supports at most 128", bad,
                     bad - 127);
+    return GPTOSS_OK;
+}
+
+gptoss_status CudaBackend::load_layer_dense(const LayerWeights& lw, LayerDev& L, Stager& st, char* rb,
+                                            cudaStream_t s) {
+    const Dims& d = dims_;
+    GPTOSS_TRY(bf16_to_f32_via(st, rb, s, lw.attn_norm.data, d.H, false, L.attn_norm));
+    GPTOSS_TRY(bf16_to_f32_via(st, rb, s, lw.mlp_norm.data, d.H, false, L.mlp_norm));
+    // q | k | v rows concatenated, then one repack.
+    const size_t qb = size_t(d.QD) * d.H * 2, kb = size_t(d.G) * d.D * d.H * 2;
+    GPTOSS_TRY(st.upload(lw.q_weight.data, qb, rb));
+    GPTOSS_TRY(st.upload(lw.k_weight.data, kb, rb + qb));
+    GPTOSS_TRY(st.upload(lw.v_weight.data, kb, rb + qb + kb));
+    GPTOSS_TRY(repack_bf16(reinterpret_cast<uint16_t*>(rb), d.QKV, d.H, L.qkv_w, s));
+    GPTOSS_TRY(st.upload(lw.q_bias.data, d.QD * 2, rb));
+    GPTOSS_TRY(st.upload(lw.k_bias.data, d.G * d.D * 2, rb + d.QD * 2));
+    GPTOSS_TRY(st.upload(lw.v_bias.data, d.G * d.D * 2, rb + d.QD * 2 + d.G * d.D * 2));
+    GPTOSS_TRY(bf16_to_f32(rb, d.QKV, false, L.qkv_b, s));
+    GPTOSS_TRY(st.upload(lw.o_weight.data, size_t(d.H) * d.QD * 2, rb));
+    GPTOSS_TRY(repack_bf16(reinterpret_cast<uint16_t*>(rb), d.H, d.QD, L.o_w, s));
+    GPTOSS_TRY(bf16_to_f32_via(st, rb, s, lw.o_bias.data, d.H, false, L.o_b));
+    if (lw.sinks.dtype == DType::F32) {
+        GPTOSS_TRY(st.upload(lw.sinks.data, d.Q * 4, L.sinks));
+    } else {
+        GPTOSS_TRY(bf16_to_f32_via(st, rb, s, lw.sinks.data, d.Q, false, L.sinks));
+    }
+    GPTOSS_TRY(st.upload(lw.router_weight.data, size_t(d.E) * d.H * 2, rb));
+    GPTOSS_TRY(repack_bf16(reinterpret_cast<uint16_t*>(rb), d.E, d.H, L.router_w, s));
+    GPTOSS_TRY(bf16_to_f32_via(st, rb, s, lw.router_bias.data, d.E, false, L.router_b));
+    // The gate/up regrouping of the rows applies to each expert's bias too.
+    for (uint32_t e = 0; e < d.E; ++e)
+        GPTOSS_TRY(bf16_to_f32_via(st, rb, s, lw.gate_up_bias.bf16() + size_t(e) * 2 * d.I, 2 * d.I, true,
+                                   L.gu_b + size_t(e) * 2 * d.I));
+    return bf16_to_f32_via(st, rb, s, lw.down_bias.data, d.E * d.H, false, L.dn_b);
+}
+
+gptoss_status CudaBackend::load_layer_experts(const LayerWeights& lw, LayerDev& L, Stager& st, char* rb,
+                                              cudaStream_t s) {
+    const Dims& d = dims_;
+    const GemmWeights gu = experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H);
+    const GemmWeights dn = experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I);
+    const size_t gu_blk = size_t(2 * d.I) * d.H / 2, gu_sc = size_t(2 * d.I) * d.H / 32;
+    const size_t dn_blk = size_t(d.H) * d.I / 2, dn_sc = size_t(d.H) * d.I / 32;
+    for (uint32_t e = 0; e < d.E; ++e) {
+        GPTOSS_TRY(st.upload(lw.gate_up_blocks.u8() + e * gu_blk, gu_blk, rb));
+        GPTOSS_TRY(st.upload(lw.gate_up_scales.u8() + e * gu_sc, gu_sc, rb + gu_blk));
+        GPTOSS_TRY(repack_mxfp4(reinterpret_cast<uint8_t*>(rb), reinterpret_cast<uint8_t*>(rb + gu_blk), 2 * d.I,
+                                d.H, true, static_cast<char*>(L.gu_w) + e * gu.w_expert_stride,
+                                L.gu_s + e * gu.s_expert_stride, bad_scale_, s));
+        GPTOSS_TRY(st.upload(lw.down_blocks.u8() + e * dn_blk, dn_blk, rb));
+        GPTOSS_TRY(st.upload(lw.down_scales.u8() + e * dn_sc, dn_sc, rb + dn_blk));
+        GPTOSS_TRY(repack_mxfp4(reinterpret_cast<uint8_t*>(rb), reinterpret_cast<uint8_t*>(rb + dn_blk), d.H, d.I,
+                                false, static_cast<char*>(L.dn_w) + e * dn.w_expert_stride,
+                                L.dn_s + e * dn.s_expert_stride, bad_scale_, s));
+    }
     return GPTOSS_OK;
 }
 
@@ -789,134 +810,31 @@ gptoss_status CudaSession::project(bool decode, const GemmWeights& w, const uint
     return gemm(w, x, n_rows, route, epilogue, out_f32, out_bf16, ldo, swiglu_limit, nb, stream_);
 }
 
+// Timing only (decode_probe.h): an empty kernel in place of each op GPTOSS_DECODE_PROBE lists.
+bool emptied(bool decode, DecodeOp op) { return decode && decode_probe_skips(op); }
+
 gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits) {
     CudaBackend& b = be_;
     const Dims& d = b.dims_;
     const Config& c = b.config_;
     if (decode && n != 1) return fail(GPTOSS_ERR_INTERNAL, "CUDA enqueue: decode of %u tokens", n);
     // Route tiles: 8 token columns per tile of gemm()'s nb, or gemm_prefill's 64 / 128 tokens.
-    const uint32_t tile_tokens = decode ? 8u : prefill_gemm_ ? gemm_prefill_tile_tokens(n * d.K, d.E) : 64u;
-    const uint32_t max_tiles = route_max_tiles(n, d.E, d.K, tile_tokens);
-    const uint32_t tile_extra = !decode && prefill_gemm_ ? gemm_prefill_tile_extra(tile_tokens) : 0u;
-    cudaStream_t s = stream_;
+    RouteShape rs;
+    rs.tile_tokens = decode ? 8u : prefill_gemm_ ? gemm_prefill_tile_tokens(n * d.K, d.E) : 64u;
+    rs.max_tiles = route_max_tiles(n, d.E, d.K, rs.tile_tokens);
+    rs.tile_extra = !decode && prefill_gemm_ ? gemm_prefill_tile_extra(rs.tile_tokens) : 0u;
 
     ResidualArgs embed;
     embed.mode = ResidualMode::kEmbed;
     embed.embed = b.embed_;
     embed.tokens = tokens_;
     GPTOSS_TRY(mark("start"));
-    GPTOSS_TRY(residual_rmsnorm(embed, x_, b.layers_[0].attn_norm, c.rms_norm_eps, xn_, n, d.H, s));
+    GPTOSS_TRY(residual_rmsnorm(embed, x_, b.layers_[0].attn_norm, c.rms_norm_eps, xn_, n, d.H, stream_));
     GPTOSS_TRY(mark("embed+norm"));
-    // Timing only (decode_probe.h): an empty kernel in place of each op GPTOSS_DECODE_PROBE lists.
-    const auto emptied = [&](DecodeOp op) { return decode && decode_probe_skips(op); };
     for (uint32_t l = 0; l < c.n_layers; ++l) {
-        const LayerDev& L = b.layers_[l];
-        const LayerKv& kv = kv_[l];
-        if (emptied(DecodeOp::kQkv)) {
-            GPTOSS_TRY(decode_probe_empty(s));
-        } else {
-            GPTOSS_TRY(project(decode, b.dense(L.qkv_w, L.qkv_b, d.QKV, d.H), xn_, n, nullptr, Epilogue::kStore, qkv_,
-                               nullptr, d.QKV, 0));
-            GPTOSS_TRY(mark("qkv gemm"));
-        }
-        // Decode writes K/V straight into the cache; a chunk goes through k_new_/v_new_ and is
-        // committed after attention (its queries still need the ring slots it will overwrite).
-        // (RoPE is fused into the decode attention kernel.)
-        const bool direct = decode;
-        if (!direct) {
-            GPTOSS_TRY(rope_qkv(qkv_, step_, b.inv_freq_, b.rope_scale_, q_, k_new_, v_new_, nullptr, nullptr, kv.slots,
-                                n, d.Q, d.G, d.D, s));
-            GPTOSS_TRY(mark("rope"));
-        }
-        AttentionArgs aa;
-        aa.q = q_; aa.k_new = direct ? nullptr : k_new_; aa.v_new = direct ? nullptr : v_new_; aa.k_cache = kv.k; aa.v_cache = kv.v;
-        aa.slots = kv.slots; aa.window = L.sliding ? c.sliding_window : 0; aa.sinks = L.sinks; aa.step = step_;
-        aa.T = n; aa.Q = d.Q; aa.G = d.G; aa.D = d.D; aa.out = attn_;
-        if (decode) {
-            aa.qkv = qkv_; aa.inv_freq = b.inv_freq_; aa.rope_scale = b.rope_scale_;
-            const uint32_t splits = L.sliding ? std::min(max_splits_, ceil_div(c.sliding_window, kAttentionSplit) + 1)
-                                              : std::min(full_splits, kMaxDecodeSplits);
-            if (emptied(DecodeOp::kAttn)) GPTOSS_TRY(decode_probe_empty(s));
-            else GPTOSS_TRY(attention_decode(aa, partial_, counters_, splits, s));
-        } else {
-            GPTOSS_TRY(attention_prefill(aa, s));
-        }
-        GPTOSS_TRY(mark(direct ? (L.sliding ? "rope + attention (sliding)" : "rope + attention (full)")
-                               : (L.sliding ? "attention (sliding)" : "attention (full)")));
-        if (!direct) {
-            GPTOSS_TRY(kv_commit(k_new_, v_new_, kv.k, kv.v, kv.slots, step_, n, d.G * d.D, s));
-            GPTOSS_TRY(mark("kv commit"));
-        }
-        // Split model: rank 0 adds the residual, the others store their partial o_proj; the
-        // all-reduce sums them (gptoss-shard.h).
-        if (emptied(DecodeOp::kO)) GPTOSS_TRY(decode_probe_empty(s));
-        else GPTOSS_TRY(project(decode, b.dense(L.o_w, L.o_b, d.H, d.QD), attn_, n, nullptr,
-                                b.rank_.rank == 0 ? Epilogue::kAdd : Epilogue::kStore, x_, nullptr, d.H, 0));
-        GPTOSS_TRY(mark("o gemm + residual"));
-        if (comm_) {
-            GPTOSS_TRY(rank_all_reduce(comm_, x_, size_t(n) * d.H, s));
-            GPTOSS_TRY(mark("all-reduce (attention)"));
-        }
-        if (decode && router_decode_supported(d.E, d.K, d.H)) {
-            RouterDecodeArgs ra;
-            ra.x = x_; ra.norm_w = L.mlp_norm; ra.eps = c.rms_norm_eps; ra.router = b.dense(L.router_w, L.router_b, d.E, d.H);
-            ra.K = d.K; ra.xn = xn_; ra.logits = rlogits_; ra.counter = counters_ + d.G; ra.experts = experts_; ra.weights = weights_; ra.tiles = tiles_; ra.pairs = pairs_;
-            if (emptied(DecodeOp::kRouter)) GPTOSS_TRY(decode_probe_empty(s));
-            else GPTOSS_TRY(router_decode(ra, s));
-            GPTOSS_TRY(mark("rmsnorm + router + top-k (fused)"));
-        } else {
-            ResidualArgs none;
-            GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, c.rms_norm_eps, xn_, n, d.H, s));
-            GPTOSS_TRY(mark("rmsnorm"));
-            GPTOSS_TRY(project(decode, b.dense(L.router_w, L.router_b, d.E, d.H), xn_, n, nullptr, Epilogue::kStore,
-                               rlogits_, nullptr, d.E, 0));
-            GPTOSS_TRY(mark("router gemm"));
-            GPTOSS_TRY(router_route(rlogits_, n, d.E, d.K, experts_, weights_, tiles_, pairs_, tile_tokens, s,
-                                    tile_extra));
-            GPTOSS_TRY(mark("router top-k + route"));
-        }
-        GemmRoute r1;
-        r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = d.K; r1.max_tiles = max_tiles; r1.tile_tokens = tile_tokens; r1.tile_extra = tile_extra;
-        GemmRoute r2 = r1;
-        r2.in_div = 1;
-        const float* next_norm = l + 1 < c.n_layers ? b.layers_[l + 1].attn_norm : b.final_norm_;
-        if (l < b.n_host_) {
-            GPTOSS_TRY(host_moe(l, n, decode, r1, r2));
-        } else {
-            if (emptied(DecodeOp::kGateUp)) GPTOSS_TRY(decode_probe_empty(s));
-            else GPTOSS_TRY(project(decode, b.experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H), xn_, n, &r1,
-                                    Epilogue::kSwiglu, nullptr, act_, d.I, c.swiglu_limit));
-            GPTOSS_TRY(mark("moe gate_up + swiglu"));
-            if (emptied(DecodeOp::kDown)) {
-                GPTOSS_TRY(decode_probe_empty(s));
-            } else {
-                GPTOSS_TRY(project(decode, b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I), act_, n * d.K, &r2,
-                                   Epilogue::kStore, part_, nullptr, d.H, 0, /*route_ready=*/true));
-                GPTOSS_TRY(mark("moe down"));
-            }
-        }
-        ResidualArgs moe;
-        moe.mode = ResidualMode::kMoeAdd;
-        moe.part = part_;
-        moe.weights = weights_;
-        moe.K = d.K;
-        // Split model: each rank's expert outputs are partial sums over its expert columns, so
-        // the combined residual is all-reduced, rank 0 adding x. Decode in lsa mode folds that
-        // all-reduce into the combine kernel (ResidualArgs::ll, rank_ll_reduce: one kernel
-        // instead of four); otherwise x is zeroed on the other ranks, combined, all-reduced and
-        // then normed.
-        const bool fused = comm_ && decode && n == 1 && rank_ll_reduce(comm_, d.H, &moe.ll);
-        if (comm_ && !fused && b.rank_.rank != 0)  // the residual is rank 0's to add
-            GPTOSS_CUDA_TRY(cudaMemsetAsync(x_, 0, size_t(n) * d.H * sizeof(float), s));
-        if (emptied(DecodeOp::kCombine)) GPTOSS_TRY(decode_probe_empty(s));
-        else GPTOSS_TRY(residual_rmsnorm(moe, x_, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
-        GPTOSS_TRY(mark(fused ? "moe combine + all-reduce + rmsnorm" : "moe combine + rmsnorm"));
-        if (comm_ && !fused) {
-            GPTOSS_TRY(rank_all_reduce(comm_, x_, size_t(n) * d.H, s));
-            ResidualArgs none;
-            GPTOSS_TRY(residual_rmsnorm(none, x_, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
-            GPTOSS_TRY(mark("all-reduce (moe) + rmsnorm"));
-        }
+        GPTOSS_TRY(enqueue_attention(l, n, decode, full_splits));
+        GPTOSS_TRY(enqueue_router(l, n, decode, rs));
+        GPTOSS_TRY(enqueue_moe(l, n, decode, rs));
     }
     // One row: the decode GEMV serves prefill too (a row's bits depend only on that row).
     // Split model: this rank's vocabulary rows land at their offset; the all-gather fills the rest.
@@ -925,8 +843,139 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
                        Epilogue::kStore, logits_ + size_t(b.rank_.rank) * lm_rows, nullptr, lm_rows, 0));
     GPTOSS_TRY(mark("lm_head"));
     if (comm_) {
-        GPTOSS_TRY(rank_all_gather(comm_, logits_, lm_rows, s));
+        GPTOSS_TRY(rank_all_gather(comm_, logits_, lm_rows, stream_));
         GPTOSS_TRY(mark("all-gather (logits)"));
+    }
+    return GPTOSS_OK;
+}
+
+gptoss_status CudaSession::enqueue_attention(uint32_t l, uint32_t n, bool decode, uint32_t full_splits) {
+    CudaBackend& b = be_;
+    const Dims& d = b.dims_;
+    const Config& c = b.config_;
+    const LayerDev& L = b.layers_[l];
+    const LayerKv& kv = kv_[l];
+    cudaStream_t s = stream_;
+    if (emptied(decode, DecodeOp::kQkv)) {
+        GPTOSS_TRY(decode_probe_empty(s));
+    } else {
+        GPTOSS_TRY(project(decode, b.dense(L.qkv_w, L.qkv_b, d.QKV, d.H), xn_, n, nullptr, Epilogue::kStore, qkv_,
+                           nullptr, d.QKV, 0));
+        GPTOSS_TRY(mark("qkv gemm"));
+    }
+    // Decode writes K/V straight into the cache; a chunk goes through k_new_/v_new_ and is
+    // committed after attention (its queries still need the ring slots it will overwrite).
+    // (RoPE is fused into the decode attention kernel.)
+    const bool direct = decode;
+    if (!direct) {
+        GPTOSS_TRY(rope_qkv(qkv_, step_, b.inv_freq_, b.rope_scale_, q_, k_new_, v_new_, nullptr, nullptr, kv.slots,
+                            n, d.Q, d.G, d.D, s));
+        GPTOSS_TRY(mark("rope"));
+    }
+    AttentionArgs aa;
+    aa.q = q_; aa.k_new = direct ? nullptr : k_new_; aa.v_new = direct ? nullptr : v_new_; aa.k_cache = kv.k; aa.v_cache = kv.v;
+    aa.slots = kv.slots; aa.window = L.sliding ? c.sliding_window : 0; aa.sinks = L.sinks; aa.step = step_;
+    aa.T = n; aa.Q = d.Q; aa.G = d.G; aa.D = d.D; aa.out = attn_;
+    if (decode) {
+        aa.qkv = qkv_; aa.inv_freq = b.inv_freq_; aa.rope_scale = b.rope_scale_;
+        const uint32_t splits = L.sliding ? std::min(max_splits_, ceil_div(c.sliding_window, kAttentionSplit) + 1)
+                                          : std::min(full_splits, kMaxDecodeSplits);
+        if (emptied(decode, DecodeOp::kAttn)) GPTOSS_TRY(decode_probe_empty(s));
+        else GPTOSS_TRY(attention_decode(aa, partial_, counters_, splits, s));
+    } else {
+        GPTOSS_TRY(attention_prefill(aa, s));
+    }
+    GPTOSS_TRY(mark(direct ? (L.sliding ? "rope + attention (sliding)" : "rope + attention (full)")
+                           : (L.sliding ? "attention (sliding)" : "attention (full)")));
+    if (!direct) {
+        GPTOSS_TRY(kv_commit(k_new_, v_new_, kv.k, kv.v, kv.slots, step_, n, d.G * d.D, s));
+        GPTOSS_TRY(mark("kv commit"));
+    }
+    // Split model: rank 0 adds the residual, the others store their partial o_proj; the
+    // all-reduce sums them (gptoss-shard.h).
+    if (emptied(decode, DecodeOp::kO)) GPTOSS_TRY(decode_probe_empty(s));
+    else GPTOSS_TRY(project(decode, b.dense(L.o_w, L.o_b, d.H, d.QD), attn_, n, nullptr,
+                            b.rank_.rank == 0 ? Epilogue::kAdd : Epilogue::kStore, x_, nullptr, d.H, 0));
+    GPTOSS_TRY(mark("o gemm + residual"));
+    if (comm_) {
+        GPTOSS_TRY(rank_all_reduce(comm_, x_, size_t(n) * d.H, s));
+        GPTOSS_TRY(mark("all-reduce (attention)"));
+    }
+    return GPTOSS_OK;
+}
+
+gptoss_status CudaSession::enqueue_router(uint32_t l, uint32_t n, bool decode, const RouteShape& rs) {
+    CudaBackend& b = be_;
+    const Dims& d = b.dims_;
+    const Config& c = b.config_;
+    const LayerDev& L = b.layers_[l];
+    cudaStream_t s = stream_;
+    if (decode && router_decode_supported(d.E, d.K, d.H)) {
+        RouterDecodeArgs ra;
+        ra.x = x_; ra.norm_w = L.mlp_norm; ra.eps = c.rms_norm_eps; ra.router = b.dense(L.router_w, L.router_b, d.E, d.H);
+        ra.K = d.K; ra.xn = xn_; ra.logits = rlogits_; ra.counter = counters_ + d.G; ra.experts = experts_; ra.weights = weights_; ra.tiles = tiles_; ra.pairs = pairs_;
+        if (emptied(decode, DecodeOp::kRouter)) GPTOSS_TRY(decode_probe_empty(s));
+        else GPTOSS_TRY(router_decode(ra, s));
+        return mark("rmsnorm + router + top-k (fused)");
+    }
+    ResidualArgs none;
+    GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, c.rms_norm_eps, xn_, n, d.H, s));
+    GPTOSS_TRY(mark("rmsnorm"));
+    GPTOSS_TRY(project(decode, b.dense(L.router_w, L.router_b, d.E, d.H), xn_, n, nullptr, Epilogue::kStore,
+                       rlogits_, nullptr, d.E, 0));
+    GPTOSS_TRY(mark("router gemm"));
+    GPTOSS_TRY(router_route(rlogits_, n, d.E, d.K, experts_, weights_, tiles_, pairs_, rs.tile_tokens, s,
+                            rs.tile_extra));
+    return mark("router top-k + route");
+}
+
+gptoss_status CudaSession::enqueue_moe(uint32_t l, uint32_t n, bool decode, const RouteShape& rs) {
+    CudaBackend& b = be_;
+    const Dims& d = b.dims_;
+    const Config& c = b.config_;
+    const LayerDev& L = b.layers_[l];
+    cudaStream_t s = stream_;
+    GemmRoute r1;
+    r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = d.K; r1.max_tiles = rs.max_tiles; r1.tile_tokens = rs.tile_tokens; r1.tile_extra = rs.tile_extra;
+    GemmRoute r2 = r1;
+    r2.in_div = 1;
+    const float* next_norm = l + 1 < c.n_layers ? b.layers_[l + 1].attn_norm : b.final_norm_;
+    if (l < b.n_host_) {
+        GPTOSS_TRY(host_moe(l, n, decode, r1, r2));
+    } else {
+        if (emptied(decode, DecodeOp::kGateUp)) GPTOSS_TRY(decode_probe_empty(s));
+        else GPTOSS_TRY(project(decode, b.experts(L.gu_w, L.gu_s, L.gu_b, 2 * d.I, d.H), xn_, n, &r1,
+                                Epilogue::kSwiglu, nullptr, act_, d.I, c.swiglu_limit));
+        GPTOSS_TRY(mark("moe gate_up + swiglu"));
+        if (emptied(decode, DecodeOp::kDown)) {
+            GPTOSS_TRY(decode_probe_empty(s));
+        } else {
+            GPTOSS_TRY(project(decode, b.experts(L.dn_w, L.dn_s, L.dn_b, d.H, d.I), act_, n * d.K, &r2,
+                               Epilogue::kStore, part_, nullptr, d.H, 0, /*route_ready=*/true));
+            GPTOSS_TRY(mark("moe down"));
+        }
+    }
+    ResidualArgs moe;
+    moe.mode = ResidualMode::kMoeAdd;
+    moe.part = part_;
+    moe.weights = weights_;
+    moe.K = d.K;
+    // Split model: each rank's expert outputs are partial sums over its expert columns, so
+    // the combined residual is all-reduced, rank 0 adding x. Decode in lsa mode folds that
+    // all-reduce into the combine kernel (ResidualArgs::ll, rank_ll_reduce: one kernel
+    // instead of four); otherwise x is zeroed on the other ranks, combined, all-reduced and
+    // then normed.
+    const bool fused = comm_ && decode && n == 1 && rank_ll_reduce(comm_, d.H, &moe.ll);
+    if (comm_ && !fused && b.rank_.rank != 0)  // the residual is rank 0's to add
+        GPTOSS_CUDA_TRY(cudaMemsetAsync(x_, 0, size_t(n) * d.H * sizeof(float), s));
+    if (emptied(decode, DecodeOp::kCombine)) GPTOSS_TRY(decode_probe_empty(s));
+    else GPTOSS_TRY(residual_rmsnorm(moe, x_, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
+    GPTOSS_TRY(mark(fused ? "moe combine + all-reduce + rmsnorm" : "moe combine + rmsnorm"));
+    if (comm_ && !fused) {
+        GPTOSS_TRY(rank_all_reduce(comm_, x_, size_t(n) * d.H, s));
+        ResidualArgs none;
+        GPTOSS_TRY(residual_rmsnorm(none, x_, next_norm, c.rms_norm_eps, xn_, n, d.H, s));
+        GPTOSS_TRY(mark("all-reduce (moe) + rmsnorm"));
     }
     return GPTOSS_OK;
 }

@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 namespace gptoss {
 namespace cuda {
@@ -145,14 +146,53 @@ BatchDecoder::~BatchDecoder() {
     if (stream_) cudaStreamDestroy(stream_);
 }
 
+gptoss_status BatchDecoder::init_stream() {
+    GPTOSS_CUDA_TRY(cudaGetDevice(&device_));  // the caller's DeviceGuard chose the backend's
+    GPTOSS_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&sampled_done_, cudaEventDisableTiming));
+    return GPTOSS_OK;
+}
+
+size_t BatchDecoder::carve(const BatchModel& m, uint32_t items, uint32_t sp, char* base) {
+    const uint32_t L = uint32_t(m.layers.size()), QKV = (m.Q + 2 * m.G) * m.D, QD = m.Q * m.D;
+    const uint32_t max_tiles = route_max_tiles(items, m.E, m.K, 8);
+    size_t off = 0;
+    auto take = [&](auto*& p, size_t bytes) {
+        if (base) p = reinterpret_cast<std::remove_reference_t<decltype(p)>>(base + off);
+        off += align_up(bytes);
+    };
+    take(tokens_, size_t(items) * 4);
+    take(items_, size_t(L) * items * sizeof(BatchAttentionItem));
+    take(x_, size_t(items) * m.H * 4);
+    take(xn_, size_t(items) * m.H * 2);
+    take(qkv_, size_t(items) * QKV * 4);
+    take(attn_, size_t(items) * QD * 2);
+    take(rlogits_, size_t(items) * m.E * 4);
+    take(experts_, size_t(items) * m.K * 4);
+    take(weights_, size_t(items) * m.K * 4);
+    take(tiles_, (1 + 3 * size_t(max_tiles)) * 4);
+    take(pairs_, size_t(items) * m.K * 4);
+    take(act_, size_t(items) * m.K * m.I * 2);
+    take(part_, size_t(items) * m.K * m.H * 4);
+    take(logits_, size_t(items) * m.V * 4);
+    take(partial_, size_t(items) * m.Q * sp * (m.D + 2) * 4);
+    take(counters_, size_t(items) * m.G * 4);
+    take(route_counter_, 4);
+    take(rows_, size_t(items) * sizeof(SampleRow));
+    take(sampled_, size_t(items) * 4);
+    char* scratch = nullptr;
+    take(scratch, sample_rows_scratch_bytes(items));
+    if (base) {
+        sample_scratch_ = scratch;
+        sample_scratch_bytes_ = sample_rows_scratch_bytes(items);
+    }
+    return off;
+}
+
 // Sizes the scratch for n items and `splits` attention splits (grown to powers of two).
 gptoss_status BatchDecoder::reserve(const BatchModel& m, uint32_t n, uint32_t splits) {
-    if (!stream_) {
-        GPTOSS_CUDA_TRY(cudaGetDevice(&device_));  // the caller's DeviceGuard chose the backend's
-        GPTOSS_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-        GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-        GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&sampled_done_, cudaEventDisableTiming));
-    }
+    if (!stream_) GPTOSS_TRY(init_stream());
     while (ready_.size() < n) {
         cudaEvent_t e = nullptr;
         GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -162,25 +202,7 @@ gptoss_status BatchDecoder::reserve(const BatchModel& m, uint32_t n, uint32_t sp
     uint32_t items = std::max(cap_items_, 8u), sp = std::max(cap_splits_, 16u);
     while (items < n) items *= 2;
     while (sp < splits) sp *= 2;
-    const uint32_t L = uint32_t(m.layers.size()), QKV = (m.Q + 2 * m.G) * m.D, QD = m.Q * m.D;
-    const uint32_t max_tiles = route_max_tiles(items, m.E, m.K, 8);
-    size_t off = 0;
-    auto take = [&](size_t bytes) {
-        const size_t at = off;
-        off += align_up(bytes);
-        return at;
-    };
-    const size_t o_tokens = take(size_t(items) * 4), o_items = take(size_t(L) * items * sizeof(BatchAttentionItem));
-    const size_t o_x = take(size_t(items) * m.H * 4), o_xn = take(size_t(items) * m.H * 2);
-    const size_t o_qkv = take(size_t(items) * QKV * 4), o_attn = take(size_t(items) * QD * 2);
-    const size_t o_rl = take(size_t(items) * m.E * 4), o_ex = take(size_t(items) * m.K * 4);
-    const size_t o_w = take(size_t(items) * m.K * 4), o_tiles = take((1 + 3 * size_t(max_tiles)) * 4);
-    const size_t o_pairs = take(size_t(items) * m.K * 4), o_act = take(size_t(items) * m.K * m.I * 2);
-    const size_t o_part = take(size_t(items) * m.K * m.H * 4), o_logits = take(size_t(items) * m.V * 4);
-    const size_t o_partial = take(size_t(items) * m.Q * sp * (m.D + 2) * 4);
-    const size_t o_counters = take(size_t(items) * m.G * 4), o_rcount = take(4);
-    const size_t o_rows = take(size_t(items) * sizeof(SampleRow)), o_sampled = take(size_t(items) * 4);
-    const size_t o_sscratch = take(sample_rows_scratch_bytes(items));
+    const size_t bytes = carve(m, items, sp, nullptr);
     GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
     drop_graphs();  // they hold the old scratch pointers
     if (arena_) {
@@ -198,38 +220,17 @@ gptoss_status BatchDecoder::reserve(const BatchModel& m, uint32_t n, uint32_t sp
         return fail(GPTOSS_ERR_OUT_OF_MEMORY, "CUDA decode_batch: %zu bytes of pinned memory for sampled tokens",
                     size_t(items) * 4);
     }
-    const cudaError_t err = cudaMalloc(&arena_, off);
+    const cudaError_t err = cudaMalloc(&arena_, bytes);
     if (err != cudaSuccess) {
         cudaGetLastError();
         arena_ = nullptr;
         return fail(GPTOSS_ERR_OUT_OF_MEMORY,
                     "CUDA decode_batch: the scratch of a step of %u tokens with %u attention splits needs %zu bytes",
-                    items, sp, off);
+                    items, sp, bytes);
     }
     // Zeroed: the attention counters must start at 0, and nothing reads uninitialized memory.
-    GPTOSS_CUDA_TRY(cudaMemsetAsync(arena_, 0, off, stream_));
-    char* b = static_cast<char*>(arena_);
-    tokens_ = reinterpret_cast<int32_t*>(b + o_tokens);
-    items_ = reinterpret_cast<BatchAttentionItem*>(b + o_items);
-    x_ = reinterpret_cast<float*>(b + o_x);
-    xn_ = reinterpret_cast<uint16_t*>(b + o_xn);
-    qkv_ = reinterpret_cast<float*>(b + o_qkv);
-    attn_ = reinterpret_cast<uint16_t*>(b + o_attn);
-    rlogits_ = reinterpret_cast<float*>(b + o_rl);
-    experts_ = reinterpret_cast<int32_t*>(b + o_ex);
-    weights_ = reinterpret_cast<float*>(b + o_w);
-    tiles_ = reinterpret_cast<int32_t*>(b + o_tiles);
-    pairs_ = reinterpret_cast<int32_t*>(b + o_pairs);
-    act_ = reinterpret_cast<uint16_t*>(b + o_act);
-    part_ = reinterpret_cast<float*>(b + o_part);
-    logits_ = reinterpret_cast<float*>(b + o_logits);
-    partial_ = reinterpret_cast<float*>(b + o_partial);
-    counters_ = reinterpret_cast<int*>(b + o_counters);
-    route_counter_ = reinterpret_cast<int*>(b + o_rcount);
-    rows_ = reinterpret_cast<SampleRow*>(b + o_rows);
-    sampled_ = reinterpret_cast<int32_t*>(b + o_sampled);
-    sample_scratch_ = b + o_sscratch;
-    sample_scratch_bytes_ = sample_rows_scratch_bytes(items);
+    GPTOSS_CUDA_TRY(cudaMemsetAsync(arena_, 0, bytes, stream_));
+    carve(m, items, sp, static_cast<char*>(arena_));
     cap_items_ = items;
     cap_splits_ = sp;
     return GPTOSS_OK;

@@ -108,6 +108,10 @@ public:
 
 private:
     gptoss_status reserve(const BatchModel& m, uint32_t n, uint32_t splits);
+    gptoss_status init_stream();  // stream_, done_, sampled_done_ on the current device
+    // The scratch of a step of `items` tokens and `sp` attention splits laid out from `base`:
+    // returns its bytes; base null only measures, else the scratch pointers are set into it.
+    size_t carve(const BatchModel& m, uint32_t items, uint32_t sp, char* base);
     gptoss_status enqueue(const BatchModel& m, uint32_t n, uint32_t full_splits);
     gptoss_status dense(uint32_t which, const GemmWeights& w, const uint16_t* x, uint32_t n, Epilogue epilogue,
                         float* out, uint32_t ldo, int nb);

@@ -996,6 +996,62 @@ Act step_string(const Node& n, Frame& f, uint8_t b) {
     return kReject;
 }
 
+// Object, at a key's opening quote (after '{' or ','): '}' may close it once every required key
+// is in; else the key starts. Low 32 bits of alive: the declared keys allowed here still matching
+// ([count, next_required[count]]); high 32: every declared key still matching (an extra key must
+// differ from all of them).
+inline Act object_key_start(const Node& n, Frame& f, uint8_t b, bool done_required) {
+    const uint32_t np = uint32_t(n.props.size());
+    if (is_ws(b)) return take_ws(f);
+    if (b == '}' && !(f.aux & kFlagAfterComma) && done_required) return kConsumeDone;
+    uint64_t allowed = 0;
+    for (uint32_t j = f.count; j < np && j <= n.next_required[f.count]; ++j) allowed |= uint64_t(1) << j;
+    if (b != '"' || (allowed == 0 && n.extra < 0)) return kReject;
+    const uint64_t all = np == 32 ? 0xFFFFFFFFull : ((uint64_t(1) << np) - 1);
+    f.st = kObjKey;
+    f.pos = 0;
+    f.alive = allowed | all << 32;
+    f.aux = (f.aux & ~kFlagExtraAlive) | (n.extra >= 0 ? kFlagExtraAlive : 0);
+    return kConsume;
+}
+
+// Object, inside a key: the closing quote picks the declared key still alive at this length (or an
+// extra key that equals none of them), any other byte narrows the alive keys.
+inline Act object_key(const Node& n, Frame& f, uint8_t b) {
+    const uint32_t np = uint32_t(n.props.size());
+    if (b == '"') {
+        bool declared = false;
+        for (uint32_t j = 0; j < np; ++j) {
+            if (n.props[j].name.size() != f.pos) continue;
+            if ((f.alive >> j) & 1) {
+                f.count = j + 1;
+                f.aux = j << 8;
+                f.st = kObjColon;
+                f.ws = 0;
+                return kConsume;
+            }
+            if ((f.alive >> (32 + j)) & 1) declared = true;
+        }
+        if ((f.aux & kFlagExtraAlive) && f.pos > 0 && !declared) {
+            f.aux = kMemberExtra << 8;
+            f.st = kObjColon;
+            f.ws = 0;
+            return kConsume;
+        }
+        return kReject;
+    }
+    uint64_t alive = 0;
+    for (uint32_t j = 0; j < np; ++j) {
+        if (n.props[j].name.size() <= f.pos || uint8_t(n.props[j].name[f.pos]) != b) continue;
+        alive |= f.alive & ((uint64_t(1) << j) | (uint64_t(1) << (32 + j)));
+    }
+    f.alive = alive;
+    if (!is_key_char(b)) f.aux &= ~kFlagExtraAlive;
+    if ((alive & 0xFFFFFFFFull) == 0 && !(f.aux & kFlagExtraAlive)) return kReject;
+    f.pos++;
+    return kConsume;
+}
+
 // Object: keys come from the declared properties [count, next_required[count]] in order, or
 // are other keys (extra) when allowed.
 Act step_object(const Node& n, Frame& f, uint8_t b, uint32_t* push) {
@@ -1007,55 +1063,10 @@ Act step_object(const Node& n, Frame& f, uint8_t b, uint32_t* push) {
         f.st = kObjKeyStart;
         f.ws = 0;
         return kConsume;
-    case kObjKeyStart: {
-        if (is_ws(b)) return take_ws(f);
-        if (b == '}' && !(f.aux & kFlagAfterComma) && done_required) return kConsumeDone;
-        // Low 32 bits of alive: the declared keys allowed here still matching ([count,
-        // next_required[count]]); high 32: every declared key still matching (an extra key must
-        // differ from all of them).
-        uint64_t allowed = 0;
-        for (uint32_t j = f.count; j < np && j <= n.next_required[f.count]; ++j) allowed |= uint64_t(1) << j;
-        if (b != '"' || (allowed == 0 && n.extra < 0)) return kReject;
-        const uint64_t all = np == 32 ? 0xFFFFFFFFull : ((uint64_t(1) << np) - 1);
-        f.st = kObjKey;
-        f.pos = 0;
-        f.alive = allowed | all << 32;
-        f.aux = (f.aux & ~kFlagExtraAlive) | (n.extra >= 0 ? kFlagExtraAlive : 0);
-        return kConsume;
-    }
-    case kObjKey: {
-        if (b == '"') {
-            bool declared = false;
-            for (uint32_t j = 0; j < np; ++j) {
-                if (n.props[j].name.size() != f.pos) continue;
-                if ((f.alive >> j) & 1) {
-                    f.count = j + 1;
-                    f.aux = j << 8;
-                    f.st = kObjColon;
-                    f.ws = 0;
-                    return kConsume;
-                }
-                if ((f.alive >> (32 + j)) & 1) declared = true;
-            }
-            if ((f.aux & kFlagExtraAlive) && f.pos > 0 && !declared) {
-                f.aux = kMemberExtra << 8;
-                f.st = kObjColon;
-                f.ws = 0;
-                return kConsume;
-            }
-            return kReject;
-        }
-        uint64_t alive = 0;
-        for (uint32_t j = 0; j < np; ++j) {
-            if (n.props[j].name.size() <= f.pos || uint8_t(n.props[j].name[f.pos]) != b) continue;
-            alive |= f.alive & ((uint64_t(1) << j) | (uint64_t(1) << (32 + j)));
-        }
-        f.alive = alive;
-        if (!is_key_char(b)) f.aux &= ~kFlagExtraAlive;
-        if ((alive & 0xFFFFFFFFull) == 0 && !(f.aux & kFlagExtraAlive)) return kReject;
-        f.pos++;
-        return kConsume;
-    }
+    case kObjKeyStart:
+        return object_key_start(n, f, b, done_required);
+    case kObjKey:
+        return object_key(n, f, b);
     case kObjColon:
         if (is_ws(b)) return take_ws(f);
         if (b != ':') return kReject;

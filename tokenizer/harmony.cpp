@@ -150,6 +150,69 @@ std::string variant_type(element variant, const std::string& indent) {
     return type;
 }
 
+// A property's comment lines above it: its title, its description (unless it has oneOf, whose
+// variants carry theirs) and its string examples.
+std::string property_comments(element val, bool has_one_of, const std::string& indent) {
+    std::string out;
+    element e;
+    if (get_field(val, "title", &e) && e.type() == element_type::STRING)
+        out += indent + "// " + std::string(string_of(e)) + "\n" + indent + "//\n";
+    if (!has_one_of && get_field(val, "description", &e) && e.type() == element_type::STRING)
+        out += indent + "// " + std::string(string_of(e)) + "\n";
+    if (get_field(val, "examples", &e) && e.type() == element_type::ARRAY && e.get_array().size() > 0) {
+        out += indent + "// Examples:\n";
+        for (element ex : e.get_array())
+            if (ex.type() == element_type::STRING) out += indent + "// - \"" + std::string(string_of(ex)) + "\"\n";
+    }
+    return out;
+}
+
+// A property with oneOf: "key?:" then one " | type // comments" line per variant. A
+// property-level description equal to the first variant's is printed once, as the first
+// variant's trailing comment.
+std::string one_of_property(element val, element one_of, const std::string& key, const char* optional,
+                            const std::string& indent) {
+    std::string out;
+    element e;
+    bool has_property_desc = false;
+    std::string_view property_desc;
+    if (get_field(val, "description", &e) && e.type() == element_type::STRING) {
+        has_property_desc = true;
+        property_desc = string_of(e);
+    }
+    bool skip_property_desc = false;
+    if (has_property_desc) {
+        for (element first : one_of.get_array()) {
+            element d;
+            if (get_field(first, "description", &d) && d.type() == element_type::STRING &&
+                string_of(d) == property_desc)
+                skip_property_desc = true;
+            break;
+        }
+    }
+    bool desc_above = false;
+    if (!skip_property_desc && has_property_desc) {
+        out += indent + "// " + std::string(property_desc) + "\n";
+        desc_above = true;
+    }
+    if (get_field(val, "default", &e)) out += indent + "// " + default_comment(val, e) + "\n";
+    out += indent + key + optional + ":\n";
+    size_t i = 0;
+    for (element variant : one_of.get_array()) {
+        out += indent + " | " + variant_type(variant, indent);
+        std::vector<std::string> comments;
+        element d;
+        if (!(i == 0 && desc_above) && get_field(variant, "description", &d) && d.type() == element_type::STRING &&
+            !(has_property_desc && string_of(d) == property_desc))
+            comments.emplace_back(string_of(d));
+        if (get_field(variant, "default", &d)) comments.push_back(default_comment(variant, d));
+        if (!comments.empty()) out += " // " + join(comments, " ");
+        out += "\n";
+        ++i;
+    }
+    return out + indent + ",\n";
+}
+
 std::string object_to_typescript(element schema, const std::string& indent) {
     std::string out;
     element e;
@@ -167,59 +230,11 @@ std::string object_to_typescript(element schema, const std::string& indent) {
             const element val = field.value;
             const bool is_required = std::find(required.begin(), required.end(), field.key) != required.end();
             const char* optional = is_required ? "" : "?";
-            if (get_field(val, "title", &e) && e.type() == element_type::STRING)
-                out += indent + "// " + std::string(string_of(e)) + "\n" + indent + "//\n";
             element one_of;
             const bool has_one_of = get_field(val, "oneOf", &one_of);
-            if (!has_one_of && get_field(val, "description", &e) && e.type() == element_type::STRING)
-                out += indent + "// " + std::string(string_of(e)) + "\n";
-            if (get_field(val, "examples", &e) && e.type() == element_type::ARRAY && e.get_array().size() > 0) {
-                out += indent + "// Examples:\n";
-                for (element ex : e.get_array())
-                    if (ex.type() == element_type::STRING)
-                        out += indent + "// - \"" + std::string(string_of(ex)) + "\"\n";
-            }
+            out += property_comments(val, has_one_of, indent);
             if (has_one_of && one_of.type() == element_type::ARRAY) {
-                // A property-level description equal to the first variant's is printed once, as
-                // the first variant's trailing comment.
-                bool has_property_desc = false;
-                std::string_view property_desc;
-                if (get_field(val, "description", &e) && e.type() == element_type::STRING) {
-                    has_property_desc = true;
-                    property_desc = string_of(e);
-                }
-                bool skip_property_desc = false;
-                if (has_property_desc) {
-                    for (element first : one_of.get_array()) {
-                        element d;
-                        if (get_field(first, "description", &d) && d.type() == element_type::STRING &&
-                            string_of(d) == property_desc)
-                            skip_property_desc = true;
-                        break;
-                    }
-                }
-                bool desc_above = false;
-                if (!skip_property_desc && has_property_desc) {
-                    out += indent + "// " + std::string(property_desc) + "\n";
-                    desc_above = true;
-                }
-                if (get_field(val, "default", &e)) out += indent + "// " + default_comment(val, e) + "\n";
-                out += indent + key + optional + ":\n";
-                size_t i = 0;
-                for (element variant : one_of.get_array()) {
-                    out += indent + " | " + variant_type(variant, indent);
-                    std::vector<std::string> comments;
-                    element d;
-                    if (!(i == 0 && desc_above) && get_field(variant, "description", &d) &&
-                        d.type() == element_type::STRING &&
-                        !(has_property_desc && string_of(d) == property_desc))
-                        comments.emplace_back(string_of(d));
-                    if (get_field(variant, "default", &d)) comments.push_back(default_comment(variant, d));
-                    if (!comments.empty()) out += " // " + join(comments, " ");
-                    out += "\n";
-                    ++i;
-                }
-                out += indent + ",\n";
+                out += one_of_property(val, one_of, key, optional, indent);
                 continue;
             }
             out += indent + key + optional + ": ";

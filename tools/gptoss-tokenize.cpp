@@ -92,89 +92,107 @@ int detokenize_and_print(const gptoss_model* model, const std::vector<int32_t>& 
     return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// Everything main reads from the command line (see kUsage).
+struct TokenizeArgs {
     const char* model_dir = nullptr;
     const char* chat_file = nullptr;
     const char* text_arg = nullptr;
     bool allow_special = false, count = false, decode = false, ids_out = false;
+};
+
+// 0: go on with *t; -1: --help was printed (exit 0); 2: a bad command line (said why).
+int parse_args(int argc, char** argv, TokenizeArgs* t) {
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
-        if ((a == "--model" || a == "-m") && i + 1 < argc) model_dir = argv[++i];
-        else if (a == "--chat" && i + 1 < argc) chat_file = argv[++i];
-        else if (a == "--allow-special") allow_special = true;
-        else if (a == "--count") count = true;
-        else if (a == "--decode") decode = true;
-        else if (a == "--ids") ids_out = true;
+        if ((a == "--model" || a == "-m") && i + 1 < argc) t->model_dir = argv[++i];
+        else if (a == "--chat" && i + 1 < argc) t->chat_file = argv[++i];
+        else if (a == "--allow-special") t->allow_special = true;
+        else if (a == "--count") t->count = true;
+        else if (a == "--decode") t->decode = true;
+        else if (a == "--ids") t->ids_out = true;
         else if (a == "-h" || a == "--help") {
             std::fputs(kUsage, stdout);
-            return 0;
+            return -1;
         } else if (a.size() > 1 && a[0] == '-' && a != "--") {
             std::fprintf(stderr, "gptoss-tokenize: unknown or incomplete option %s\n%s", a.c_str(), kUsage);
             return 2;
-        } else if (!text_arg) {
-            text_arg = a == "--" && i + 1 < argc ? argv[++i] : argv[i];
+        } else if (!t->text_arg) {
+            t->text_arg = a == "--" && i + 1 < argc ? argv[++i] : argv[i];
         } else {
             std::fprintf(stderr, "gptoss-tokenize: more than one TEXT argument\n%s", kUsage);
             return 2;
         }
     }
-    if (!model_dir) {
+    if (!t->model_dir) {
         std::fprintf(stderr, "gptoss-tokenize: --model DIR is required\n%s", kUsage);
         return 2;
     }
+    return 0;
+}
 
+// --chat FILE: the request's Harmony rendering as a count, ids or text.
+int render_chat(const gptoss_model* model, const TokenizeArgs& t) {
+    std::string json;
+    if (!read_file(t.chat_file, &json)) {
+        std::fprintf(stderr, "gptoss-tokenize: %s: cannot read: %s\n", t.chat_file, std::strerror(errno));
+        return 1;
+    }
+    gptoss_conversation* conversation = nullptr;
+    if (gptoss_conversation_parse_json(json.data(), json.size(), &conversation) != GPTOSS_OK) {
+        const int rc = fail_with(t.chat_file);
+        gptoss_conversation_free(conversation);
+        return rc;
+    }
+    const gptoss_chat_request* request = gptoss_conversation_get_request(conversation);
+    size_t n = 0;
+    std::vector<int32_t> ids;
+    gptoss_status status = gptoss_chat_render(model, request, nullptr, 0, &n);
+    if (status == GPTOSS_OK || status == GPTOSS_ERR_BUFFER_TOO_SMALL) {
+        ids.resize(n);
+        status = gptoss_chat_render(model, request, ids.data(), ids.size(), &n);
+    }
+    int rc = 0;
+    if (status != GPTOSS_OK) rc = fail_with("chat render");
+    else if (t.count) std::printf("%zu\n", n);
+    else if (t.ids_out) print_ids(ids);
+    else rc = detokenize_and_print(model, ids);
+    gptoss_conversation_free(conversation);
+    return rc;
+}
+
+// TEXT (or standard input) → ids, or with --decode ids → text.
+int tokenize_text(const gptoss_model* model, const TokenizeArgs& t) {
+    std::string input;
+    if (t.text_arg) input = t.text_arg;
+    else if (!read_stream(stdin, &input)) {
+        std::fprintf(stderr, "gptoss-tokenize: cannot read standard input\n");
+        return 1;
+    }
+    if (t.decode) {
+        std::vector<int32_t> ids;
+        return parse_ids(input, &ids) ? detokenize_and_print(model, ids) : 1;
+    }
+    size_t n = 0;
+    gptoss_status status = gptoss_tokenize(model, input.data(), input.size(), t.allow_special, nullptr, 0, &n);
+    std::vector<int32_t> ids(n);
+    if (status == GPTOSS_OK || status == GPTOSS_ERR_BUFFER_TOO_SMALL)
+        status = gptoss_tokenize(model, input.data(), input.size(), t.allow_special, ids.data(), ids.size(), &n);
+    if (status != GPTOSS_OK) return fail_with("tokenize");
+    if (t.count) std::printf("%zu\n", n);
+    else print_ids(ids);
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    TokenizeArgs t;
+    if (const int rc = parse_args(argc, argv, &t); rc != 0) return rc < 0 ? 0 : rc;
     gptoss_model_params params = gptoss_model_default_params();
     params.device = GPTOSS_DEVICE_CPU;
     gptoss_model* model = nullptr;
-    if (gptoss_load(model_dir, &params, &model) != GPTOSS_OK) return fail_with(model_dir);
-
-    int rc = 0;
-    if (chat_file) {
-        std::string json;
-        gptoss_conversation* conversation = nullptr;
-        size_t n = 0;
-        std::vector<int32_t> ids;
-        if (!read_file(chat_file, &json)) {
-            std::fprintf(stderr, "gptoss-tokenize: %s: cannot read: %s\n", chat_file, std::strerror(errno));
-            rc = 1;
-        } else if (gptoss_conversation_parse_json(json.data(), json.size(), &conversation) != GPTOSS_OK) {
-            rc = fail_with(chat_file);
-        } else {
-            const gptoss_chat_request* request = gptoss_conversation_get_request(conversation);
-            gptoss_status status = gptoss_chat_render(model, request, nullptr, 0, &n);
-            if (status == GPTOSS_OK || status == GPTOSS_ERR_BUFFER_TOO_SMALL) {
-                ids.resize(n);
-                status = gptoss_chat_render(model, request, ids.data(), ids.size(), &n);
-            }
-            if (status != GPTOSS_OK) rc = fail_with("chat render");
-            else if (count) std::printf("%zu\n", n);
-            else if (ids_out) print_ids(ids);
-            else rc = detokenize_and_print(model, ids);
-        }
-        gptoss_conversation_free(conversation);
-    } else {
-        std::string input;
-        if (text_arg) input = text_arg;
-        else if (!read_stream(stdin, &input)) {
-            std::fprintf(stderr, "gptoss-tokenize: cannot read standard input\n");
-            rc = 1;
-        }
-        if (rc == 0 && decode) {
-            std::vector<int32_t> ids;
-            rc = parse_ids(input, &ids) ? detokenize_and_print(model, ids) : 1;
-        } else if (rc == 0) {
-            size_t n = 0;
-            gptoss_status status = gptoss_tokenize(model, input.data(), input.size(), allow_special, nullptr, 0, &n);
-            std::vector<int32_t> ids(n);
-            if (status == GPTOSS_OK || status == GPTOSS_ERR_BUFFER_TOO_SMALL)
-                status = gptoss_tokenize(model, input.data(), input.size(), allow_special, ids.data(), ids.size(), &n);
-            if (status != GPTOSS_OK) rc = fail_with("tokenize");
-            else if (count) std::printf("%zu\n", n);
-            else print_ids(ids);
-        }
-    }
+    if (gptoss_load(t.model_dir, &params, &model) != GPTOSS_OK) return fail_with(t.model_dir);
+    const int rc = t.chat_file ? render_chat(model, t) : tokenize_text(model, t);
     gptoss_model_free(model);
     return rc;
 }

@@ -143,6 +143,48 @@ static uint32_t take_step(const std::vector<Request*>& pending, uint32_t max_ses
     return n_decode;
 }
 
+// One step led by the caller holding `lock` (released while the step runs, held again on
+// return): the oldest pending requests (not necessarily the leader's own, `own`), every taker
+// woken after. Out of memory while reserving withdraws `own` (nobody took it yet) and rethrows.
+template <typename State>
+static void lead_step(State& s, std::unique_lock<std::mutex>& lock, typename State::Request* own,
+                      uint32_t max_sessions, Backend& backend) {
+    using Request = typename State::Request;
+    std::vector<Request*> batch, kept;
+    std::vector<DecodeItem*> items;
+    try {
+        batch.reserve(s.pending.size());
+        kept.reserve(s.pending.size());
+        items.reserve(s.pending.size());
+    } catch (...) {
+        s.pending.erase(std::find(s.pending.begin(), s.pending.end(), own));
+        if (!own->item.prefill) s.pending_decode--;
+        throw;
+    }
+    // Nothing below throws once the vectors are reserved.
+    const uint32_t n_decode = take_step(s.pending, max_sessions, &batch, &kept);
+    s.pending.swap(kept);
+    s.pending_decode -= n_decode;
+    for (Request* r : batch) items.push_back(&r->item);
+    s.stepping = true;
+    lock.unlock();
+    try {
+        backend.decode_batch(items.data(), uint32_t(items.size()));
+    } catch (...) {  // decode_batch promises not to throw; never strand the waiters
+        for (DecodeItem* item : items)
+            if (item->status == GPTOSS_OK) {
+                item->status = GPTOSS_ERR_INTERNAL;
+                item->error = "decode_batch: unexpected exception";
+            }
+    }
+    lock.lock();
+    for (Request* r : batch) r->done = true;
+    s.stepping = false;
+    if (n_decode > 0) s.steps++;  // steps with decode tokens: tokens / steps = mean batch
+    s.tokens += n_decode;
+    s.wake.notify_all();
+}
+
 gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens, uint32_t n, uint32_t pos,
                                  bool prefill, const SamplingConfig* sampling, double u, int32_t* sampled) {
     State& s = *state_;
@@ -180,41 +222,8 @@ gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens,
         } else if (!all_in && std::chrono::steady_clock::now() < deadline) {
             s.wake.wait_until(lock, deadline);
         } else {
-            // Lead one step over the oldest pending requests (not necessarily our own).
-            std::vector<State::Request*> batch, kept;
-            std::vector<DecodeItem*> items;
-            try {
-                batch.reserve(s.pending.size());
-                kept.reserve(s.pending.size());
-                items.reserve(s.pending.size());
-            } catch (...) {  // out of memory: withdraw our request (nobody took it yet), rethrow
-                s.pending.erase(std::find(s.pending.begin(), s.pending.end(), &request));
-                if (!prefill) s.pending_decode--;
-                throw;
-            }
-            // Nothing below throws once the vectors are reserved.
-            const uint32_t n_decode = take_step(s.pending, max_sessions_, &batch, &kept);
-            s.pending.swap(kept);
-            s.pending_decode -= n_decode;
-            for (State::Request* r : batch) items.push_back(&r->item);
-            s.stepping = true;
-            lock.unlock();
-            try {
-                backend_.decode_batch(items.data(), uint32_t(items.size()));
-            } catch (...) {  // decode_batch promises not to throw; never strand the waiters
-                for (DecodeItem* item : items)
-                    if (item->status == GPTOSS_OK) {
-                        item->status = GPTOSS_ERR_INTERNAL;
-                        item->error = "decode_batch: unexpected exception";
-                    }
-            }
-            lock.lock();
-            for (State::Request* r : batch) r->done = true;
-            s.stepping = false;
-            if (n_decode > 0) s.steps++;  // steps with decode tokens: tokens / steps = mean batch
-            s.tokens += n_decode;
+            lead_step(s, lock, &request, max_sessions_, backend_);
             led = true;
-            s.wake.notify_all();
         }
     }
     lock.unlock();

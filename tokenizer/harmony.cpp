@@ -426,53 +426,43 @@ gptoss_status render_tools_section(const std::vector<ToolNamespace>& namespaces,
     return GPTOSS_OK;
 }
 
-gptoss_status render(const Conversation& conversation, const RenderOptions& options, std::vector<Piece>* out) {
-    std::vector<Piece> pieces;
-    const bool function_tools = conversation.has_developer && has_function_tools(conversation.developer.namespaces);
-    if (conversation.has_system) {
-        std::string where;
-        gptoss_status status = GPTOSS_OK;
-        const std::string text = system_text(conversation.system, function_tools, &where, &status);
-        GPTOSS_TRY(status);
-        Message m;
-        m.role = Role::System;
-        GPTOSS_TRY(render_message(m, text, 0, &pieces));
-    }
-    if (conversation.has_developer) {
-        const DeveloperSpec& dev = conversation.developer;
-        std::vector<std::string> sections;
-        if (dev.has_instructions) {
-            sections.push_back("# Instructions");
-            sections.push_back(dev.instructions);
-        }
-        if (!dev.namespaces.empty()) {
-            std::string tools;
-            GPTOSS_TRY(render_tools_section(dev.namespaces, &tools));
-            sections.push_back(tools);
-        }
-        if (!dev.response_formats.empty()) {
-            sections.push_back("# Response Formats");
-            for (const ResponseFormat& f : dev.response_formats) {
-                sections.push_back("## " + f.name);
-                sections.push_back(f.description.empty() ? f.schema : "// " + f.description + "\n" + f.schema);
-            }
-        }
-        Message m;
-        m.role = Role::Developer;
-        GPTOSS_TRY(render_message(m, join(sections, "\n\n"), 0, &pieces));
-    }
+namespace {
 
-    const std::vector<Message>& messages = conversation.messages;
+// The developer message's text: instructions, the tools section, the response formats.
+gptoss_status developer_text(const DeveloperSpec& dev, std::string* out) {
+    std::vector<std::string> sections;
+    if (dev.has_instructions) {
+        sections.push_back("# Instructions");
+        sections.push_back(dev.instructions);
+    }
+    if (!dev.namespaces.empty()) {
+        std::string tools;
+        GPTOSS_TRY(render_tools_section(dev.namespaces, &tools));
+        sections.push_back(tools);
+    }
+    if (!dev.response_formats.empty()) {
+        sections.push_back("# Response Formats");
+        for (const ResponseFormat& f : dev.response_formats) {
+            sections.push_back("## " + f.name);
+            sections.push_back(f.description.empty() ? f.schema : "// " + f.description + "\n" + f.schema);
+        }
+    }
+    *out = join(sections, "\n\n");
+    return GPTOSS_OK;
+}
+
+// Which messages' chain of thought (analysis channel) the rendering drops, per options.cot_drop.
+std::vector<bool> dropped_analysis(const std::vector<Message>& messages, CotDrop cot_drop) {
     std::vector<bool> drop(messages.size(), false);
-    if (options.cot_drop == CotDrop::All) {
+    if (cot_drop == CotDrop::All) {
         for (size_t i = 0; i < messages.size(); ++i) drop[i] = messages[i].channel == "analysis";
-    } else if (options.cot_drop == CotDrop::Finished) {
+    } else if (cot_drop == CotDrop::Finished) {
         bool later_final = false;
         for (size_t i = messages.size(); i-- > 0;) {
             if (messages[i].channel == "analysis" && later_final) drop[i] = true;
             if (messages[i].role == Role::Assistant && messages[i].channel == "final") later_final = true;
         }
-    } else if (options.cot_drop == CotDrop::HarmonyExact) {
+    } else if (cot_drop == CotDrop::HarmonyExact) {
         bool last_assistant_is_final = false;
         for (size_t i = messages.size(); i-- > 0;) {
             if (messages[i].role == Role::Assistant) {
@@ -491,6 +481,32 @@ gptoss_status render(const Conversation& conversation, const RenderOptions& opti
             for (size_t i = 0; i < first_final; ++i)
                 if (messages[i].channel == "analysis") drop[i] = true;
     }
+    return drop;
+}
+
+}  // namespace
+
+gptoss_status render(const Conversation& conversation, const RenderOptions& options, std::vector<Piece>* out) {
+    std::vector<Piece> pieces;
+    const bool function_tools = conversation.has_developer && has_function_tools(conversation.developer.namespaces);
+    if (conversation.has_system) {
+        std::string where;
+        gptoss_status status = GPTOSS_OK;
+        const std::string text = system_text(conversation.system, function_tools, &where, &status);
+        GPTOSS_TRY(status);
+        Message m;
+        m.role = Role::System;
+        GPTOSS_TRY(render_message(m, text, 0, &pieces));
+    }
+    if (conversation.has_developer) {
+        std::string text;
+        GPTOSS_TRY(developer_text(conversation.developer, &text));
+        Message m;
+        m.role = Role::Developer;
+        GPTOSS_TRY(render_message(m, text, 0, &pieces));
+    }
+    const std::vector<Message>& messages = conversation.messages;
+    const std::vector<bool> drop = dropped_analysis(messages, options.cot_drop);
     for (size_t i = 0; i < messages.size(); ++i) {
         if (drop[i]) continue;
         GPTOSS_TRY(render_message(messages[i], messages[i].content, i, &pieces));

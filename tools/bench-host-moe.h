@@ -114,6 +114,62 @@ struct HostMoePicker {
     }
 };
 
+// Seconds of CPU time (user + system) this process has used so far.
+inline double process_cpu_seconds() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// One timed path of run_host_moe: calls, seconds, expert bytes read, threads busy on average.
+struct HostMoeRun {
+    uint32_t iters = 0;
+    double s = 0, bytes = 0, busy = 0;
+};
+
+// step(T) (returns the bytes it read) three times to warm up, then until at least 100 calls
+// (T = 1) or 10 calls and 2 seconds have passed.
+template <typename Step>
+HostMoeRun time_host_moe(Step& step, uint32_t T) {
+    for (int i = 0; i < 3; i++) step(T);
+    HostMoeRun r;
+    const double cpu0 = process_cpu_seconds();
+    const auto t0 = std::chrono::steady_clock::now();
+    while (r.iters < (T == 1 ? 100u : 10u) || r.s < 2.0) {
+        r.bytes += step(T);
+        r.iters++;
+        r.s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    r.busy = (process_cpu_seconds() - cpu0) / r.s;
+    return r;
+}
+
+struct HostMoeLine {
+    std::string shape;
+    uint32_t E, H, I, T, K;
+    const char* simd;
+    unsigned threads;
+    double floor_gbps;
+    HostMoeRun run;
+};
+
+inline void print_host_moe_line(const HostMoeLine& l, bool json) {
+    const HostMoeRun& r = l.run;
+    const double ms = r.s * 1e3 / r.iters, gbps = r.bytes / r.s / 1e9;
+    if (json)
+        std::printf("{\"host_moe\": \"%s\", \"E\": %u, \"H\": %u, \"I\": %u, \"T\": %u, \"K\": %u, \"simd\": \"%s\", "
+                    "\"threads\": %u, \"iterations\": %u, \"ms_per_layer\": %.4f, \"weight_gbps\": %.2f, "
+                    "\"read_floor_gbps\": %.2f, \"pct_of_floor\": %.1f, \"threads_busy\": %.2f}\n",
+                    l.shape.c_str(), l.E, l.H, l.I, l.T, l.K, l.simd, l.threads, r.iters, ms, gbps, l.floor_gbps,
+                    100 * gbps / l.floor_gbps, r.busy);
+    else
+        std::printf("host-moe %s (E=%u H=%u I=%u, T=%u K=4, %s, %u threads, %u calls): %.3f ms/layer, %.2f GB/s of "
+                    "expert weights (%.1f MB/call), %.1f %% of the host read floor (%.2f GB/s: streaming read of "
+                    "1 GiB, same threads); %.2f of %u threads busy\n",
+                    l.shape.c_str(), l.E, l.H, l.I, l.T, l.simd, l.threads, r.iters, ms, gbps, r.bytes / r.iters / 1e6,
+                    100 * gbps / l.floor_gbps, l.floor_gbps, r.busy, l.threads);
+}
+
 inline int run_host_moe(const std::string& shape, bool json) {
     using namespace gptoss;
     if (shape != "20b" && shape != "120b") {
@@ -157,11 +213,6 @@ inline int run_host_moe(const std::string& shape, bool json) {
             cpu::host_moe_experts_simd(simd_sel, xs.data(), T, H, I, w, chosen.data(), K, 7.0f, out.data());
         return distinct * expert_bytes;
     };
-    auto cpu_s = [] {
-        rusage u{};
-        getrusage(RUSAGE_SELF, &u);
-        return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-    };
     const std::string q8_name = std::string(q8_kernel) + " int8";
     const bool have_q8 = simd_sel != cpu::HostSimd::scalar && std::strstr(cpu::host_moe_path_name(), "int8");
     // T = 1 is the decode step; 4 and 16 (batched decode, small chunks) show how the CPU path
@@ -169,31 +220,9 @@ inline int run_host_moe(const std::string& shape, bool json) {
     for (int path = 0; path < (have_q8 ? 2 : 1); path++)
     for (uint32_t T : {1u, 4u, 16u}) {
         use_q8 = path == 1;
-        const char* simd = use_q8 ? q8_name.c_str() : cpu::host_simd_name(simd_sel);
-        for (int i = 0; i < 3; i++) step(T);
-        uint32_t iters = 0;
-        double bytes = 0, s = 0;
-        const double cpu0 = cpu_s();
-        const auto t0 = std::chrono::steady_clock::now();
-        while (iters < (T == 1 ? 100u : 10u) || s < 2.0) {
-            bytes += step(T);
-            iters++;
-            s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        }
-        const double busy = (cpu_s() - cpu0) / s;
-        const double ms = s * 1e3 / iters, gbps = bytes / s / 1e9;
-        if (json)
-            std::printf("{\"host_moe\": \"%s\", \"E\": %u, \"H\": %u, \"I\": %u, \"T\": %u, \"K\": %u, \"simd\": \"%s\", "
-                        "\"threads\": %u, \"iterations\": %u, \"ms_per_layer\": %.4f, \"weight_gbps\": %.2f, "
-                        "\"read_floor_gbps\": %.2f, \"pct_of_floor\": %.1f, \"threads_busy\": %.2f}\n",
-                        shape.c_str(), E, H, I, T, K, simd, threads, iters, ms, gbps, floor_gbps,
-                        100 * gbps / floor_gbps, busy);
-        else
-            std::printf("host-moe %s (E=%u H=%u I=%u, T=%u K=4, %s, %u threads, %u calls): %.3f ms/layer, %.2f GB/s of "
-                        "expert weights (%.1f MB/call), %.1f %% of the host read floor (%.2f GB/s: streaming read of "
-                        "1 GiB, same threads); %.2f of %u threads busy\n",
-                        shape.c_str(), E, H, I, T, simd, threads, iters, ms, gbps, bytes / iters / 1e6,
-                        100 * gbps / floor_gbps, floor_gbps, busy, threads);
+        HostMoeLine line{shape, E, H, I, T, K, use_q8 ? q8_name.c_str() : cpu::host_simd_name(simd_sel), threads,
+                         floor_gbps, time_host_moe(step, T)};
+        print_host_moe_line(line, json);
     }
     return 0;
 }

@@ -184,6 +184,32 @@ std::vector<std::pair<uint32_t, double>> measure_ttft(std::unique_ptr<gptoss::Ba
 #endif
 
 
+// run_cpu's report: JSON, or the model line and the results table.
+void print_cpu_report(const std::string& model_dir, const gptoss::Config& config, double load_s,
+                      const std::vector<Result>& results, bool json) {
+    const unsigned threads = std::thread::hardware_concurrency();
+    if (json) {
+        std::printf("{\"model\": \"%s\", \"layers\": %u, \"device\": \"cpu\", \"threads\": %u, \"load_s\": %.2f,\n"
+                    " \"results\": [\n", model_dir.c_str(), config.n_layers, threads, load_s);
+        for (size_t i = 0; i < results.size(); ++i) {
+            const Result& r = results[i];
+            std::printf("  {\"test\": \"%s\", \"depth\": %u, \"tokens\": %u, \"tok_s\": %.3f, \"ms_per_token\": %.3f, "
+                        "\"gbps\": %.3f, \"tflops\": %.4f}%s\n", r.test.c_str(), r.depth, r.n, r.tok_s, r.ms_per_token,
+                        r.gbps, r.tflops, i + 1 < results.size() ? "," : "");
+        }
+        std::printf(" ]\n}\n");
+        return;
+    }
+    std::printf("model: %s (%u layers, hidden %u, %u experts)   device: CPU reference backend, %u hardware threads\n",
+                model_dir.c_str(), config.n_layers, config.hidden, config.n_experts, threads);
+    std::printf("mapped and checked in %.2f s; no floor is given for the CPU\n", load_s);
+    std::printf("\n| test   | depth | tok/s    | ms/token   | GB/s   | TFLOP/s |\n");
+    std::printf("|--------|-------|----------|------------|--------|---------|\n");
+    for (const Result& r : results)
+        std::printf("| %-6s | %5u | %8.2f | %10.2f | %6.2f | %7.4f |\n", r.test.c_str(), r.depth, r.tok_s,
+                    r.ms_per_token, r.gbps, r.tflops);
+}
+
 // The CPU reference backend on a checkpoint: the same pp/tg loop, no ceilings (a CPU has no
 // measured floor here; GB/s is the weight traffic the decode formula implies).
 int run_cpu(const std::string& model_dir, const std::vector<uint32_t>& pp, const std::vector<uint32_t>& depths,
@@ -245,27 +271,7 @@ int run_cpu(const std::string& model_dir, const std::vector<uint32_t>& pp, const
             std::fprintf(stderr, "%s @ %u: %.2f tok/s\n", results.back().test.c_str(), depth, results.back().tok_s);
         }
     }
-    const unsigned threads = std::thread::hardware_concurrency();
-    if (json) {
-        std::printf("{\"model\": \"%s\", \"layers\": %u, \"device\": \"cpu\", \"threads\": %u, \"load_s\": %.2f,\n"
-                    " \"results\": [\n", model_dir.c_str(), config.n_layers, threads, load_s);
-        for (size_t i = 0; i < results.size(); ++i) {
-            const Result& r = results[i];
-            std::printf("  {\"test\": \"%s\", \"depth\": %u, \"tokens\": %u, \"tok_s\": %.3f, \"ms_per_token\": %.3f, "
-                        "\"gbps\": %.3f, \"tflops\": %.4f}%s\n", r.test.c_str(), r.depth, r.n, r.tok_s, r.ms_per_token,
-                        r.gbps, r.tflops, i + 1 < results.size() ? "," : "");
-        }
-        std::printf(" ]\n}\n");
-        return 0;
-    }
-    std::printf("model: %s (%u layers, hidden %u, %u experts)   device: CPU reference backend, %u hardware threads\n",
-                model_dir.c_str(), config.n_layers, config.hidden, config.n_experts, threads);
-    std::printf("mapped and checked in %.2f s; no floor is given for the CPU\n", load_s);
-    std::printf("\n| test   | depth | tok/s    | ms/token   | GB/s   | TFLOP/s |\n");
-    std::printf("|--------|-------|----------|------------|--------|---------|\n");
-    for (const Result& r : results)
-        std::printf("| %-6s | %5u | %8.2f | %10.2f | %6.2f | %7.4f |\n", r.test.c_str(), r.depth, r.tok_s,
-                    r.ms_per_token, r.gbps, r.tflops);
+    print_cpu_report(model_dir, config, load_s, results, json);
     return 0;
 }
 

@@ -149,13 +149,11 @@ private:
     gptoss_status enqueue(uint32_t n, bool decode, uint32_t full_splits);
     // enqueue()'s parts for layer l, in order: QKV, RoPE, attention, O (+ the split model's
     // attention all-reduce); RMSNorm + router + top-K + route; the experts (or host_moe) and the
-    // combine + the next layer's RMSNorm. rs: the route's tiling for this forward.
-    struct RouteShape {
-        uint32_t tile_tokens = 0, max_tiles = 0, tile_extra = 0;
-    };
+    // combine + the next layer's RMSNorm. route: gate_up's route over tiles_ / pairs_, whose
+    // tiling the router writes (down reads the same with in_div 1).
     gptoss_status enqueue_attention(uint32_t l, uint32_t n, bool decode, uint32_t full_splits);
-    gptoss_status enqueue_router(uint32_t l, uint32_t n, bool decode, const RouteShape& rs);
-    gptoss_status enqueue_moe(uint32_t l, uint32_t n, bool decode, const RouteShape& rs);
+    gptoss_status enqueue_router(uint32_t l, uint32_t n, bool decode, const GemmRoute& route);
+    gptoss_status enqueue_moe(uint32_t l, uint32_t n, bool decode, const GemmRoute& route);
     // GEMM dispatch of enqueue(): the decode kernels (one token) or the prefill kernels (a
     // chunk). Arguments as cuda::gemm (kernels.h); route null for dense weights.
     gptoss_status project(bool decode, const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
@@ -819,10 +817,13 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
     const Config& c = b.config_;
     if (decode && n != 1) return fail(GPTOSS_ERR_INTERNAL, "CUDA enqueue: decode of %u tokens", n);
     // Route tiles: 8 token columns per tile of gemm()'s nb, or gemm_prefill's 64 / 128 tokens.
-    RouteShape rs;
-    rs.tile_tokens = decode ? 8u : prefill_gemm_ ? gemm_prefill_tile_tokens(n * d.K, d.E) : 64u;
-    rs.max_tiles = route_max_tiles(n, d.E, d.K, rs.tile_tokens);
-    rs.tile_extra = !decode && prefill_gemm_ ? gemm_prefill_tile_extra(rs.tile_tokens) : 0u;
+    GemmRoute route;
+    route.tiles = tiles_;
+    route.pairs = pairs_;
+    route.in_div = d.K;
+    route.tile_tokens = decode ? 8u : prefill_gemm_ ? gemm_prefill_tile_tokens(n * d.K, d.E) : 64u;
+    route.max_tiles = route_max_tiles(n, d.E, d.K, route.tile_tokens);
+    route.tile_extra = !decode && prefill_gemm_ ? gemm_prefill_tile_extra(route.tile_tokens) : 0u;
 
     ResidualArgs embed;
     embed.mode = ResidualMode::kEmbed;
@@ -833,8 +834,8 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
     GPTOSS_TRY(mark("embed+norm"));
     for (uint32_t l = 0; l < c.n_layers; ++l) {
         GPTOSS_TRY(enqueue_attention(l, n, decode, full_splits));
-        GPTOSS_TRY(enqueue_router(l, n, decode, rs));
-        GPTOSS_TRY(enqueue_moe(l, n, decode, rs));
+        GPTOSS_TRY(enqueue_router(l, n, decode, route));
+        GPTOSS_TRY(enqueue_moe(l, n, decode, route));
     }
     // One row: the decode GEMV serves prefill too (a row's bits depend only on that row).
     // Split model: this rank's vocabulary rows land at their offset; the all-gather fills the rest.
@@ -904,7 +905,7 @@ gptoss_status CudaSession::enqueue_attention(uint32_t l, uint32_t n, bool decode
     return GPTOSS_OK;
 }
 
-gptoss_status CudaSession::enqueue_router(uint32_t l, uint32_t n, bool decode, const RouteShape& rs) {
+gptoss_status CudaSession::enqueue_router(uint32_t l, uint32_t n, bool decode, const GemmRoute& route) {
     CudaBackend& b = be_;
     const Dims& d = b.dims_;
     const Config& c = b.config_;
@@ -924,20 +925,19 @@ gptoss_status CudaSession::enqueue_router(uint32_t l, uint32_t n, bool decode, c
     GPTOSS_TRY(project(decode, b.dense(L.router_w, L.router_b, d.E, d.H), xn_, n, nullptr, Epilogue::kStore,
                        rlogits_, nullptr, d.E, 0));
     GPTOSS_TRY(mark("router gemm"));
-    GPTOSS_TRY(router_route(rlogits_, n, d.E, d.K, experts_, weights_, tiles_, pairs_, rs.tile_tokens, s,
-                            rs.tile_extra));
+    GPTOSS_TRY(router_route(rlogits_, n, d.E, d.K, experts_, weights_, tiles_, pairs_, route.tile_tokens, s,
+                            route.tile_extra));
     return mark("router top-k + route");
 }
 
-gptoss_status CudaSession::enqueue_moe(uint32_t l, uint32_t n, bool decode, const RouteShape& rs) {
+gptoss_status CudaSession::enqueue_moe(uint32_t l, uint32_t n, bool decode, const GemmRoute& route) {
     CudaBackend& b = be_;
     const Dims& d = b.dims_;
     const Config& c = b.config_;
     const LayerDev& L = b.layers_[l];
     cudaStream_t s = stream_;
-    GemmRoute r1;
-    r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = d.K; r1.max_tiles = rs.max_tiles; r1.tile_tokens = rs.tile_tokens; r1.tile_extra = rs.tile_extra;
-    GemmRoute r2 = r1;
+    const GemmRoute& r1 = route;
+    GemmRoute r2 = route;
     r2.in_div = 1;
     const float* next_norm = l + 1 < c.n_layers ? b.layers_[l + 1].attn_norm : b.final_norm_;
     if (l < b.n_host_) {

@@ -244,8 +244,7 @@ int run_cpu(const std::string& model_dir, const std::vector<uint32_t>& pp, const
                 check(session->forward(tokens.data() + depth, n, depth), "prefill");
                 t.push_back(now_ms() - start);
             }
-            std::sort(t.begin(), t.end());
-            const double ms = t[t.size() / 2];
+            const double ms = bench_concurrency::percentile(t, 0.5);
             results.push_back(Result{"pp" + std::to_string(n), depth, n, ms / n, n / (ms / 1e3), 0, 0,
                                      prefill_flops(config, depth, n) / (ms / 1e3) / 1e12, 0});
             std::fprintf(stderr, "%s @ %u: %.2f tok/s\n", results.back().test.c_str(), depth, results.back().tok_s);
@@ -264,8 +263,7 @@ int run_cpu(const std::string& model_dir, const std::vector<uint32_t>& pp, const
                 }
                 t.push_back(now_ms() - start);
             }
-            std::sort(t.begin(), t.end());
-            const double ms = t[t.size() / 2];
+            const double ms = bench_concurrency::percentile(t, 0.5);
             results.push_back(Result{"tg" + std::to_string(tg), depth, tg, ms / tg, tg / (ms / 1e3),
                                      bytes / (ms / 1e3) / 1e9, 0, 0, 0});
             std::fprintf(stderr, "%s @ %u: %.2f tok/s\n", results.back().test.c_str(), depth, results.back().tok_s);
@@ -532,11 +530,6 @@ struct Report {
     std::vector<std::pair<std::string, OpTimes>> profiles;
 };
 
-double median(std::vector<double> t) {
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-}
-
 void add_result(Report* rep, const Result& res) {
     std::fprintf(stderr, "%s @ %u: %.1f tok/s\n", res.test.c_str(), res.depth, res.tok_s);
     rep->results.push_back(res);
@@ -554,7 +547,7 @@ void bench_prefill(gptoss::BackendSession& session, const std::vector<int32_t>& 
             check(gptoss::cuda::synchronize(&session), "prefill");
             if (r) t.push_back(now_ms() - t0);
         }
-        const double ms = median(t);
+        const double ms = bench_concurrency::percentile(t, 0.5);
         Result res{"pp" + std::to_string(n), depth, n, ms / n, n / (ms / 1e3), 0, 0, 0, 0};
         res.tflops = prefill_flops(rep->config, depth, n) / (ms / 1e3) / 1e12;
         res.pct_tc = rep->ceil.bf16_tflops > 0 ? 100.0 * res.tflops / rep->ceil.bf16_tflops : 0;
@@ -584,7 +577,7 @@ void bench_decode(gptoss::BackendSession& session, const std::vector<int32_t>& t
         }
         t.push_back(now_ms() - t0);
     }
-    const double ms = median(t);
+    const double ms = bench_concurrency::percentile(t, 0.5);
     Result res{"tg" + std::to_string(tg), depth, tg, ms / tg, tg / (ms / 1e3), 0, 0, 0, 0};
     res.gbps = bytes / (ms / 1e3) / 1e9;
     res.pct_floor = 100.0 * res.gbps / rep->ceil.copy_gbps;
@@ -598,7 +591,7 @@ void bench_decode(gptoss::BackendSession& session, const std::vector<int32_t>& t
     for (bool mask : {false, true}) {
         std::vector<double> tm;
         for (uint32_t r = 0; r < a.reps; ++r) tm.push_back(run_tg_t1(session, tokens[depth], depth, tg, sb, mask));
-        const double msm = median(tm);
+        const double msm = bench_concurrency::percentile(tm, 0.5);
         add_result(rep, Result{"tg" + std::to_string(tg) + (mask ? " T=1 json" : " T=1"), depth, tg, msm / tg,
                                tg / (msm / 1e3), 0, 0, 0, 0});
     }

@@ -51,14 +51,16 @@ test-clang: tokenizer-data
 	cmake --build $(BUILD_CLANG) -j$(JOBS)
 	ctest --test-dir $(BUILD_CLANG) --output-on-failure -L unit -j$(JOBS)
 
-# Races: tests/test-threads.cpp (N sessions on one model in N threads) under ThreadSanitizer,
-# CPU backend, clang. Only the library, the fixture's gptoss-synth and the test are built.
+# Races: tests/test-threads.cpp (N sessions on one model in N threads) and tests/test-batch.cpp
+# (the continuous batcher's rendezvous: sessions on threads sharing steps, joining and leaving)
+# under ThreadSanitizer, CPU backend, clang. Only the library, the fixture's gptoss-synth and the
+# tests are built.
 test-tsan: tokenizer-data
 	@CC=clang CXX=clang++ bash tools/configure.sh $(BUILD_TSAN) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" \
 	    -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DGPTOSS_CUDA=OFF -DGPTOSS_SANITIZE=thread $(CMAKE_ARGS)
-	cmake --build $(BUILD_TSAN) -j$(JOBS) --target gptoss-synth test-threads
+	cmake --build $(BUILD_TSAN) -j$(JOBS) --target gptoss-synth test-threads test-batch
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-	    ctest --test-dir $(BUILD_TSAN) --output-on-failure -R '^(synth-tiny|test-threads)$$'
+	    ctest --test-dir $(BUILD_TSAN) --output-on-failure -R '^(synth-tiny|test-threads|test-batch)$$'
 
 # libFuzzer targets (tests/fuzz/README.md): clang, ASan + UBSan, the library and the fuzzers only.
 fuzz: tokenizer-data

@@ -15,6 +15,7 @@
 // budget per step, so a long prompt enters between the streams' steps instead of beside them.
 #include "gptoss-internal.h"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -76,18 +77,45 @@ void Backend::decode_batch(DecodeItem* const* items, uint32_t n) {
 }
 
 struct DecodeBatcher::State {
+    // A caller's request. Its caller sleeps on the request's own mutex and condition variable,
+    // so the end of a step wakes exactly the step's callers, none of which then needs `mutex`
+    // to return (all of them woken through one condition variable on `mutex` queued up on it:
+    // ~0.7 ms between two 64-token steps on the GPU machine, bench/NOTES.md "v27").
     struct Request {
         DecodeItem item;
-        bool done = false;
+        bool taken = false;             // in a step (under State::mutex)
+        std::atomic<bool> done{false};  // the step ended (set under m)
+        bool poked = false;             // under m: the batcher's state changed, look again
+        std::mutex m;
+        std::condition_variable cv;
     };
     std::mutex mutex;
-    std::condition_variable wake;
     std::vector<Request*> pending;  // submitted, not yet taken by a step, oldest first
     size_t pending_decode = 0;      // how many of them are decode tokens
     uint32_t active = 0;            // sessions between enter() and leave()
     bool stepping = false;          // a leader is running decode_batch
     uint64_t steps = 0, tokens = 0;
+
+    // Wakes every waiting caller whose request no step has taken (caller holds `mutex`, so
+    // none of them can be taken, finished and gone meanwhile).
+    void poke_pending() {
+        for (Request* r : pending) {
+            std::lock_guard<std::mutex> g(r->m);
+            r->poked = true;
+            r->cv.notify_one();  // under r->m: the caller cannot return and free r before
+        }
+    }
 };
+
+// Sleeps until `r` is done or poked, or until `deadline` (when given).
+template <typename Request>
+static void await(Request* r, const std::chrono::steady_clock::time_point* deadline) {
+    std::unique_lock<std::mutex> g(r->m);
+    const auto ready = [r] { return r->done.load() || r->poked; };
+    if (deadline != nullptr) r->cv.wait_until(g, *deadline, ready);
+    else r->cv.wait(g, ready);
+    r->poked = false;
+}
 
 DecodeBatcher::DecodeBatcher(Backend& backend, uint32_t max_sessions)
     : backend_(backend), max_sessions_(max_sessions), state_(new State()) {}
@@ -100,11 +128,9 @@ void DecodeBatcher::enter() {
 }
 
 void DecodeBatcher::leave() {
-    {
-        std::lock_guard<std::mutex> lock(state_->mutex);
-        state_->active--;
-    }
-    state_->wake.notify_all();  // the waiters may now be everyone left
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->active--;
+    state_->poke_pending();  // the waiters may now be everyone left
 }
 
 void DecodeBatcher::counters(uint64_t* steps, uint64_t* tokens) const {
@@ -165,7 +191,10 @@ static void lead_step(State& s, std::unique_lock<std::mutex>& lock, typename Sta
     const uint32_t n_decode = take_step(s.pending, max_sessions, &batch, &kept);
     s.pending.swap(kept);
     s.pending_decode -= n_decode;
-    for (Request* r : batch) items.push_back(&r->item);
+    for (Request* r : batch) {
+        r->taken = true;
+        items.push_back(&r->item);
+    }
     s.stepping = true;
     lock.unlock();
     try {
@@ -178,11 +207,18 @@ static void lead_step(State& s, std::unique_lock<std::mutex>& lock, typename Sta
             }
     }
     lock.lock();
-    for (Request* r : batch) r->done = true;
     s.stepping = false;
     if (n_decode > 0) s.steps++;  // steps with decode tokens: tokens / steps = mean batch
     s.tokens += n_decode;
-    s.wake.notify_all();
+    s.poke_pending();  // submitted during the step: one of them may lead the next
+    lock.unlock();
+    // The step's callers, each woken on its own (nobody else touches a taken request).
+    for (Request* r : batch) {
+        std::lock_guard<std::mutex> g(r->m);
+        r->done.store(true);
+        r->cv.notify_one();  // under r->m: the caller cannot return and free r before
+    }
+    lock.lock();
 }
 
 gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens, uint32_t n, uint32_t pos,
@@ -213,20 +249,28 @@ gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens,
     // the step itself (below); a gather window that runs out wakes its waiter by itself. Waking
     // them all on every submission cost O(sessions²) wake-ups per step (64 streams: ~4000).
     // GPTOSS_DECODE_BATCH_WAKE_ALL=1 restores that (A/B runs).
-    if (wake_all_on_submit()) s.wake.notify_all();
-    while (!request.done) {
+    if (wake_all_on_submit()) s.poke_pending();
+    // Sleeps with `mutex` released; a request done meanwhile returns without taking it again
+    // (the usual end of a wait: its step's leader woke it).
+    const auto sleep = [&](const std::chrono::steady_clock::time_point* until) {
+        lock.unlock();
+        await(&request, until);
+        if (!request.done.load()) lock.lock();
+    };
+    while (lock.owns_lock() && !request.taken) {
         const bool all_in = s.pending_decode >= std::min<size_t>(s.active, max_sessions_);
         if (s.stepping) {
-            s.wake.wait(lock);
+            sleep(nullptr);
             deadline = std::chrono::steady_clock::now() + gather_window();
         } else if (!all_in && std::chrono::steady_clock::now() < deadline) {
-            s.wake.wait_until(lock, deadline);
+            sleep(&deadline);
         } else {
             lead_step(s, lock, &request, max_sessions_, backend_);
             led = true;
         }
     }
-    lock.unlock();
+    if (lock.owns_lock()) lock.unlock();
+    while (!request.done.load()) await(&request, nullptr);  // taken: woken by its step's leader
     if (request.item.status != GPTOSS_OK) return fail(request.item.status, "%s", request.item.error.c_str());
     if (sampled != nullptr && request.item.sampling != nullptr) *sampled = request.item.sampled;
     if (led) clear_error();  // other items' messages recorded on this thread are not ours

@@ -120,6 +120,17 @@ BatchDecoder::~BatchDecoder() {
                          t.second / double(t.first));
         std::fprintf(stderr, "\n");
     }
+    for (const auto& [n, t] : timing_) {
+        const double k = double(t.steps);
+        std::fprintf(stderr,
+                     "decode_batch step timing (GPTOSS_DECODE_BATCH_TRACE) n=%u, %llu steps, ms per step: gap before "
+                     "the step %.3f; stream ordering %.3f; other host work before the launch %.3f; launch %.3f; "
+                     "sampler and logits copies %.3f; wait for the sampled tokens %.3f; GPU span %.3f\n",
+                     n, static_cast<unsigned long long>(t.steps), t.gap / k, t.order / k, t.prep / k, t.launch / k,
+                     t.tail / k, t.wait / k, t.gpu / k);
+    }
+    if (trace_begin_) cudaEventDestroy(trace_begin_);
+    if (trace_end_) cudaEventDestroy(trace_end_);
     collect_prefill();
     auto print = [](const char* what, const std::map<uint32_t, std::pair<uint64_t, double>>& m) {
         if (m.empty()) return;
@@ -248,7 +259,18 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
     while (full_splits < needed) full_splits *= 2;
     GPTOSS_TRY(reserve(m, n, full_splits));
     static const bool profile = env_on("GPTOSS_DECODE_BATCH_PROFILE", false);
+    static const bool trace = env_on("GPTOSS_DECODE_BATCH_TRACE", false);
     profiling_ = profile;
+    using clock = std::chrono::steady_clock;
+    const auto ms = [](clock::time_point a, clock::time_point b) {
+        return std::chrono::duration<double, std::milli>(b - a).count();
+    };
+    StepTiming timing;
+    if (trace && last_end_ != clock::time_point{}) timing.gap = ms(last_end_, t0);
+    if (trace && !trace_begin_) {
+        GPTOSS_CUDA_TRY(cudaEventCreate(&trace_begin_));
+        GPTOSS_CUDA_TRY(cudaEventCreate(&trace_end_));
+    }
     items_host_.resize(size_t(L) * cap_items_);
     tokens_host_.assign(n, 0);
     for (uint32_t i = 0; i < n; ++i) {
@@ -262,11 +284,15 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
         GPTOSS_CUDA_TRY(cudaEventRecord(ready_[i], slots[i].stream));
         GPTOSS_CUDA_TRY(cudaStreamWaitEvent(stream_, ready_[i], 0));
     }
+    const auto t_order = clock::now();
     // Pageable sources: staged before cudaMemcpyAsync returns, so the host vectors may change.
     GPTOSS_CUDA_TRY(cudaMemcpyAsync(tokens_, tokens_host_.data(), n * 4, cudaMemcpyHostToDevice, stream_));
     GPTOSS_CUDA_TRY(cudaMemcpyAsync(items_, items_host_.data(), items_host_.size() * sizeof(BatchAttentionItem),
                                     cudaMemcpyHostToDevice, stream_));
+    const auto t_prep = clock::now();
+    if (trace) GPTOSS_CUDA_TRY(cudaEventRecord(trace_begin_, stream_));
     GPTOSS_TRY(launch(m, n, full_splits));
+    const auto t_launch = clock::now();
     // Sampling in the step: one launch over the [n, V] logits, the tokens back to the host.
     bool any_sample = false;
     rows_host_.resize(n);
@@ -282,6 +308,7 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
         GPTOSS_CUDA_TRY(cudaMemcpyAsync(sampled_host_, sampled_, n * 4, cudaMemcpyDeviceToHost, stream_));
         GPTOSS_CUDA_TRY(cudaEventRecord(sampled_done_, stream_));
     }
+    if (trace) GPTOSS_CUDA_TRY(cudaEventRecord(trace_end_, stream_));
     // Each row's logits into its session's buffer, except rows sampled here: their session
     // never reads them (it has its token) and is told it has no logits (batch_done).
     for (uint32_t i = 0; i < n; ++i)
@@ -290,15 +317,35 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
                                             cudaMemcpyDeviceToDevice, stream_));
     GPTOSS_CUDA_TRY(cudaEventRecord(done_, stream_));
     for (uint32_t i = 0; i < n; ++i) GPTOSS_CUDA_TRY(cudaStreamWaitEvent(slots[i].stream, done_, 0));
+    const auto t_tail = clock::now();
     if (any_sample) {  // the logits copies may still run: the sessions' streams wait for them
         GPTOSS_CUDA_TRY(cudaEventSynchronize(sampled_done_));
         std::memcpy(sampled, sampled_host_, n * 4);
     } else if (sampled != nullptr) {
         for (uint32_t i = 0; i < n; ++i) sampled[i] = -1;
     }
-    static const bool trace = env_on("GPTOSS_DECODE_BATCH_TRACE", false);
     if (trace || profiling_) {
+        const auto t_wait = clock::now();
         GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
+        if (trace) {
+            float gpu = 0.0f;
+            GPTOSS_CUDA_TRY(cudaEventElapsedTime(&gpu, trace_begin_, trace_end_));
+            timing.order = ms(t0, t_order);
+            timing.prep = ms(t_order, t_prep);
+            timing.launch = ms(t_prep, t_launch);
+            timing.tail = ms(t_launch, t_tail);
+            timing.wait = ms(t_tail, t_wait);
+            timing.gpu = gpu;
+            StepTiming& acc = timing_[n];
+            acc.steps++;
+            acc.gap += timing.gap;
+            acc.order += timing.order;
+            acc.prep += timing.prep;
+            acc.launch += timing.launch;
+            acc.tail += timing.tail;
+            acc.wait += timing.wait;
+            acc.gpu += timing.gpu;
+        }
         if (profiling_) GPTOSS_TRY(collect_profile(n));
         auto& t = trace_[n];
         t.first++;
@@ -310,6 +357,7 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
             tm.second += ms;
         }
         collect_prefill();
+        last_end_ = clock::now();
     }
     return GPTOSS_OK;
 }

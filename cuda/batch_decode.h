@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <chrono>
 #include <map>
 #include <utility>
 #include <vector>
@@ -126,6 +127,17 @@ private:
     // GPTOSS_DECODE_BATCH_TRACE=1: each step waits for the device; steps and wall ms per n are
     // printed to stderr when the decoder is destroyed.
     std::map<uint32_t, std::pair<uint64_t, double>> trace_;
+    // GPTOSS_DECODE_BATCH_TRACE=1, per n: where a step's wall time goes on the host (ms summed):
+    // the gap since the previous step returned (the callers' rendezvous and their per-token work),
+    // the per-slot stream ordering, the rest before the graph launch, the launch, the wait; and the
+    // step's GPU span (trace_begin_ .. trace_end_).
+    struct StepTiming {
+        uint64_t steps = 0;
+        double gap = 0, order = 0, prep = 0, launch = 0, tail = 0, wait = 0, gpu = 0;
+    };
+    std::map<uint32_t, StepTiming> timing_;
+    std::chrono::steady_clock::time_point last_end_{};
+    cudaEvent_t trace_begin_ = nullptr, trace_end_ = nullptr;
     std::map<uint32_t, std::pair<uint64_t, double>> trace_mixed_;    // steps with a prompt chunk beside them
     std::map<uint32_t, std::pair<uint64_t, double>> trace_prefill_;  // prompt chunk tokens → count, GPU ms
     struct PendingChunk {

@@ -328,11 +328,12 @@ __device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int
     const int g = blockIdx.y;
     const int hpg = int(a.Q / a.G);
     const int p = pos0, lo = visible_lo(p, a.window);
-    // kAttentionSplit, longer past 16 384 keys; batched: batch_split_len
+    // kAttentionSplit, longer past 16 384 keys; batched: batch_split_len, a sliding window whole
     const int len = int(kBatch ? batch_split_len(uint32_t(p)) : decode_split_len(uint32_t(p), a.split_min));
+    const bool whole = kBatch && batch_window_whole(a.window);
     const int s_rel = blockIdx.x, s = lo / len + s_rel;
-    const int s_begin = s * len, s_end = s_begin + len - 1;
-    if (s_begin > p || s_end < lo) return;
+    const int s_begin = whole ? lo & ~(kBlock - 1) : s * len, s_end = whole ? p : s_begin + len - 1;
+    if (whole ? s_rel != 0 : s_begin > p || s_end < lo) return;
     __shared__ uint32_t knew[kD / 2], vnew[kD / 2];
     const float sink = warp < hpg ? __ldg(a.sinks + g * hpg + warp) : 0.0f;
     const bool fused = a.qkv != nullptr;
@@ -357,7 +358,7 @@ __device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int
         __syncthreads();
         if (warp < hpg) attend_block<1>(st, qs + warp * kD, ks, vs, ps_all + warp * kBlock, kb, lo, p, 1, lane);
     }
-    finish_split(a, st, sink, lo / len, p / len, s_rel, partial, counters, max_splits);
+    finish_split(a, st, sink, whole ? 0 : lo / len, whole ? 0 : p / len, s_rel, partial, counters, max_splits);
 }
 
 // ---------------------------------------------------------------------------
@@ -412,9 +413,10 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
     const int hpg = int(a.Q / a.G);
     const int p = pos0, lo = visible_lo(p, a.window);
     const int len = int(kBatch ? batch_split_len(uint32_t(p)) : decode_split_len(uint32_t(p), a.split_min));
+    const bool whole = kBatch && batch_window_whole(a.window);  // the sliding window in one split
     const int s_rel = blockIdx.x, s = lo / len + s_rel;
-    const int s_begin = s * len, s_end = s_begin + len - 1;
-    if (s_begin > p || s_end < lo) return;
+    const int s_begin = whole ? lo & ~(kSubKeys - 1) : s * len, s_end = whole ? p : s_begin + len - 1;
+    if (whole ? s_rel != 0 : s_begin > p || s_end < lo) return;
     __shared__ uint32_t knew[kD / 2], vnew[kD / 2];
     const float sink = warp < hpg ? __ldg(a.sinks + g * hpg + warp) : 0.0f;  // before the wait: a weight
     const bool fused = a.qkv != nullptr;
@@ -557,7 +559,7 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
             merge_o(st.o[0][1], o1, wa, wb);
         }
     }
-    finish_split(a, st, sink, lo / len, p / len, s_rel, partial, counters, max_splits);
+    finish_split(a, st, sink, whole ? 0 : lo / len, whole ? 0 : p / len, s_rel, partial, counters, max_splits);
 }
 
 // prefetch (fused RoPE only; GPTOSS_DECODE_ATTN_PREFETCH): the step's position (uploaded before

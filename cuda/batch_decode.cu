@@ -252,9 +252,9 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
     if (n > 65535) return fail(GPTOSS_ERR_INTERNAL, "CUDA decode_batch: %u items in one step", n);
     const uint32_t L = uint32_t(m.layers.size());
     const auto t0 = std::chrono::steady_clock::now();
-    // Splits of the full layers: a power of two >= 4 covering every item (CTAs past an item's
-    // position exit at once; an item's bits do not depend on the count), so graphs are few.
-    uint32_t needed = 0, full_splits = 4;
+    // Splits of the full layers: a power of two covering every item (CTAs past an item's position
+    // exit at once; an item's bits do not depend on the count), so graphs are few.
+    uint32_t needed = 0, full_splits = 1;
     for (uint32_t i = 0; i < n; ++i) needed = std::max(needed, batch_splits_needed(slots[i].pos));
     while (full_splits < needed) full_splits *= 2;
     GPTOSS_TRY(reserve(m, n, full_splits));
@@ -463,8 +463,9 @@ gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t fu
         aa.qkv = qkv_;
         aa.inv_freq = m.inv_freq;
         aa.rope_scale = m.rope_scale;
-        const uint32_t splits =
-            L.sliding ? std::min(full_splits, ceil_div(m.sliding_window, kBatchAttentionSplit) + 1) : full_splits;
+        const uint32_t splits = !L.sliding                             ? full_splits
+                                : batch_window_whole(m.sliding_window) ? 1u
+                                : std::min(full_splits, ceil_div(m.sliding_window, kBatchAttentionSplit) + 1);
         GPTOSS_TRY(attention_decode_batch(aa, items_ + l * cap_items_, n, partial_, counters_, splits, s));
         GPTOSS_TRY(mark(L.sliding ? "rope + attention (sliding)" : "rope + attention (full)"));
         GPTOSS_TRY(dense(kDenseO, L.o, attn_, n, Epilogue::kAdd, x_, m.H, pnb));

@@ -289,6 +289,11 @@ constexpr uint32_t batch_split_len(uint32_t pos) {
     return len > kBatchAttentionSplit ? len : kBatchAttentionSplit;
 }
 constexpr uint32_t batch_splits_needed(uint32_t pos) { return pos / batch_split_len(pos) + 1; }
+// A sliding window of at most kBatchAttentionSplit keys goes through the batched step in one
+// split, keys [pos - window + 1, pos] (one CTA per kv head, no partials to merge, whatever the
+// window's place against the split grid; a function of the position alone, so still batch
+// invariant): attention_decode_batch's launch for such a layer needs max_splits = 1.
+constexpr bool batch_window_whole(uint32_t window) { return window > 0 && window <= kBatchAttentionSplit; }
 // Prefill / any T (attention_prefill.cu, tensor cores): one CTA per (16 tokens, kv head); q is
 // rounded to bf16 (after the exact 1/8 scale), so are the softmax weights for the P·V product.
 // A row's bits do not depend on T or on the chunking. k_new/v_new must be set; fails with

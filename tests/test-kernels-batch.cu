@@ -36,9 +36,10 @@ Backend& gpu() {
     return *b;
 }
 
-// Mixed positions: 0, inside the first window, at and past 128 (sliding ring wraps), past 2048.
+// Mixed positions: 0, inside the first window, at and past 128 (sliding ring wraps), windows across
+// a 512-key split boundary (520, 2048, 2100), past 2048.
 uint32_t position_of(uint32_t i) {
-    static const uint32_t kPos[] = {0, 1, 5, 127, 128, 129, 200, 300, 64, 2047, 2048, 2100, 17, 250};
+    static const uint32_t kPos[] = {0, 1, 5, 127, 128, 129, 200, 300, 64, 2047, 2048, 2100, 17, 250, 520};
     return kPos[i % (sizeof(kPos) / sizeof(kPos[0]))];
 }
 

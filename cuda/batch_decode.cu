@@ -250,8 +250,8 @@ gptoss_status BatchDecoder::reserve(const BatchModel& m, uint32_t n, uint32_t sp
 gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, uint32_t n, int32_t* sampled) {
     if (n == 0) return GPTOSS_OK;
     if (n > 65535) return fail(GPTOSS_ERR_INTERNAL, "CUDA decode_batch: %u items in one step", n);
-    const uint32_t L = uint32_t(m.layers.size());
-    const auto t0 = std::chrono::steady_clock::now();
+    StepStamps at;
+    at.begin = Clock::now();
     // Splits of the full layers: a power of two covering every item (CTAs past an item's position
     // exit at once; an item's bits do not depend on the count), so graphs are few.
     uint32_t needed = 0, full_splits = 1;
@@ -261,16 +261,23 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
     static const bool profile = env_on("GPTOSS_DECODE_BATCH_PROFILE", false);
     static const bool trace = env_on("GPTOSS_DECODE_BATCH_TRACE", false);
     profiling_ = profile;
-    using clock = std::chrono::steady_clock;
-    const auto ms = [](clock::time_point a, clock::time_point b) {
-        return std::chrono::duration<double, std::milli>(b - a).count();
-    };
-    StepTiming timing;
-    if (trace && last_end_ != clock::time_point{}) timing.gap = ms(last_end_, t0);
     if (trace && !trace_begin_) {
         GPTOSS_CUDA_TRY(cudaEventCreate(&trace_begin_));
         GPTOSS_CUDA_TRY(cudaEventCreate(&trace_end_));
     }
+    GPTOSS_TRY(upload_step(m, slots, n, &at));
+    if (trace) GPTOSS_CUDA_TRY(cudaEventRecord(trace_begin_, stream_));
+    GPTOSS_TRY(launch(m, n, full_splits));
+    at.launch = Clock::now();
+    GPTOSS_TRY(sample_step(m, slots, n, sampled, trace, &at));
+    if (trace || profiling_) GPTOSS_TRY(collect_step(n, trace, at));
+    return GPTOSS_OK;
+}
+
+// The step's inputs: each slot's token and per-layer attention item (its position set) to the
+// device, after each session's earlier work on its own stream.
+gptoss_status BatchDecoder::upload_step(const BatchModel& m, const BatchSlot* slots, uint32_t n, StepStamps* at) {
+    const uint32_t L = uint32_t(m.layers.size());
     items_host_.resize(size_t(L) * cap_items_);
     tokens_host_.assign(n, 0);
     for (uint32_t i = 0; i < n; ++i) {
@@ -284,16 +291,20 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
         GPTOSS_CUDA_TRY(cudaEventRecord(ready_[i], slots[i].stream));
         GPTOSS_CUDA_TRY(cudaStreamWaitEvent(stream_, ready_[i], 0));
     }
-    const auto t_order = clock::now();
+    at->order = Clock::now();
     // Pageable sources: staged before cudaMemcpyAsync returns, so the host vectors may change.
     GPTOSS_CUDA_TRY(cudaMemcpyAsync(tokens_, tokens_host_.data(), n * 4, cudaMemcpyHostToDevice, stream_));
     GPTOSS_CUDA_TRY(cudaMemcpyAsync(items_, items_host_.data(), items_host_.size() * sizeof(BatchAttentionItem),
                                     cudaMemcpyHostToDevice, stream_));
-    const auto t_prep = clock::now();
-    if (trace) GPTOSS_CUDA_TRY(cudaEventRecord(trace_begin_, stream_));
-    GPTOSS_TRY(launch(m, n, full_splits));
-    const auto t_launch = clock::now();
-    // Sampling in the step: one launch over the [n, V] logits, the tokens back to the host.
+    at->prep = Clock::now();
+    return GPTOSS_OK;
+}
+
+// After the forward: sampling in the step (one launch over the [n, V] logits, the tokens back to
+// the host) for the rows that ask, the other rows' logits into their sessions' buffers, the
+// sessions' streams ordered after the step; waits for the sampled tokens.
+gptoss_status BatchDecoder::sample_step(const BatchModel& m, const BatchSlot* slots, uint32_t n, int32_t* sampled,
+                                        bool trace, StepStamps* at) {
     bool any_sample = false;
     rows_host_.resize(n);
     for (uint32_t i = 0; i < n; ++i) {
@@ -317,48 +328,49 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
                                             cudaMemcpyDeviceToDevice, stream_));
     GPTOSS_CUDA_TRY(cudaEventRecord(done_, stream_));
     for (uint32_t i = 0; i < n; ++i) GPTOSS_CUDA_TRY(cudaStreamWaitEvent(slots[i].stream, done_, 0));
-    const auto t_tail = clock::now();
+    at->tail = Clock::now();
     if (any_sample) {  // the logits copies may still run: the sessions' streams wait for them
         GPTOSS_CUDA_TRY(cudaEventSynchronize(sampled_done_));
         std::memcpy(sampled, sampled_host_, n * 4);
     } else if (sampled != nullptr) {
         for (uint32_t i = 0; i < n; ++i) sampled[i] = -1;
     }
-    if (trace || profiling_) {
-        const auto t_wait = clock::now();
-        GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
-        if (trace) {
-            float gpu = 0.0f;
-            GPTOSS_CUDA_TRY(cudaEventElapsedTime(&gpu, trace_begin_, trace_end_));
-            timing.order = ms(t0, t_order);
-            timing.prep = ms(t_order, t_prep);
-            timing.launch = ms(t_prep, t_launch);
-            timing.tail = ms(t_launch, t_tail);
-            timing.wait = ms(t_tail, t_wait);
-            timing.gpu = gpu;
-            StepTiming& acc = timing_[n];
-            acc.steps++;
-            acc.gap += timing.gap;
-            acc.order += timing.order;
-            acc.prep += timing.prep;
-            acc.launch += timing.launch;
-            acc.tail += timing.tail;
-            acc.wait += timing.wait;
-            acc.gpu += timing.gpu;
-        }
-        if (profiling_) GPTOSS_TRY(collect_profile(n));
-        auto& t = trace_[n];
-        t.first++;
-        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        t.second += ms;
-        if (!pending_chunks_.empty()) {
-            auto& tm = trace_mixed_[n];
-            tm.first++;
-            tm.second += ms;
-        }
-        collect_prefill();
-        last_end_ = clock::now();
+    at->wait = Clock::now();
+    return GPTOSS_OK;
+}
+
+// GPTOSS_DECODE_BATCH_TRACE / _PROFILE: waits for the device and adds the step to the tables the
+// destructor prints.
+gptoss_status BatchDecoder::collect_step(uint32_t n, bool trace, const StepStamps& at) {
+    GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
+    const auto ms = [](Clock::time_point a, Clock::time_point b) {
+        return std::chrono::duration<double, std::milli>(b - a).count();
+    };
+    if (trace) {
+        float gpu = 0.0f;
+        GPTOSS_CUDA_TRY(cudaEventElapsedTime(&gpu, trace_begin_, trace_end_));
+        StepTiming& acc = timing_[n];
+        acc.steps++;
+        acc.gap += last_end_ != Clock::time_point{} ? ms(last_end_, at.begin) : 0.0;
+        acc.order += ms(at.begin, at.order);
+        acc.prep += ms(at.order, at.prep);
+        acc.launch += ms(at.prep, at.launch);
+        acc.tail += ms(at.launch, at.tail);
+        acc.wait += ms(at.tail, at.wait);
+        acc.gpu += gpu;
     }
+    if (profiling_) GPTOSS_TRY(collect_profile(n));
+    auto& t = trace_[n];
+    t.first++;
+    const double wall = ms(at.begin, Clock::now());
+    t.second += wall;
+    if (!pending_chunks_.empty()) {
+        auto& tm = trace_mixed_[n];
+        tm.first++;
+        tm.second += wall;
+    }
+    collect_prefill();
+    last_end_ = Clock::now();
     return GPTOSS_OK;
 }
 
@@ -434,81 +446,93 @@ gptoss_status BatchDecoder::launch(const BatchModel& m, uint32_t n, uint32_t spl
 
 // The forward pass of n rows on stream_ (MODEL.md §Forward pass; the prefill path's op order).
 gptoss_status BatchDecoder::enqueue(const BatchModel& m, uint32_t n, uint32_t full_splits) {
-    cudaStream_t s = stream_;
     const uint32_t QKV = (m.Q + 2 * m.G) * m.D;
-    const int nb = dense_nb(n), pnb = proj_nb(n), rnb = router_nb(n), mnb = moe_nb();
-    // cuda/moe_decode_batch.h: route tiles of 16 pairs, one launch per expert GEMM.
-    const bool wide = moe_batch_enabled();
-    const uint32_t tile_tokens = wide ? 16u : 8u * uint32_t(mnb);
-    // A lone token (one session generating) routes with router_decode: its route is the one-pair
-    // tiles router_route writes for one token at any tile size (bench/NOTES.md v23: +4 %).
-    const bool lone_router =
-        n == 1 && !m.layers.empty() && !m.layers[0].router.mxfp4 && router_decode_supported(m.E, m.K, m.H);
+    const int pnb = proj_nb(n);
     ResidualArgs embed;
     embed.mode = ResidualMode::kEmbed;
     embed.embed = m.embed;
     embed.tokens = tokens_;
     GPTOSS_TRY(mark("start"));
-    GPTOSS_TRY(residual_rmsnorm(embed, x_, m.layers[0].attn_norm, m.rms_norm_eps, xn_, n, m.H, s));
+    GPTOSS_TRY(residual_rmsnorm(embed, x_, m.layers[0].attn_norm, m.rms_norm_eps, xn_, n, m.H, stream_));
     GPTOSS_TRY(mark("embed + rmsnorm"));
-    for (size_t l = 0; l < m.layers.size(); ++l) {
+    for (uint32_t l = 0; l < uint32_t(m.layers.size()); ++l) {
         const BatchLayer& L = m.layers[l];
         GPTOSS_TRY(dense(kDenseQkv, L.qkv, xn_, n, Epilogue::kStore, qkv_, QKV, pnb));
         GPTOSS_TRY(mark("qkv gemm"));
-        AttentionArgs aa;
-        aa.window = L.sliding ? m.sliding_window : 0;
-        aa.sinks = L.sinks;
-        aa.T = 1; aa.Q = m.Q; aa.G = m.G; aa.D = m.D;
-        aa.out = attn_;
-        aa.qkv = qkv_;
-        aa.inv_freq = m.inv_freq;
-        aa.rope_scale = m.rope_scale;
-        const uint32_t splits = !L.sliding                             ? full_splits
-                                : batch_window_whole(m.sliding_window) ? 1u
-                                : std::min(full_splits, ceil_div(m.sliding_window, kBatchAttentionSplit) + 1);
-        GPTOSS_TRY(attention_decode_batch(aa, items_ + l * cap_items_, n, partial_, counters_, splits, s));
+        GPTOSS_TRY(enqueue_attention(m, l, n, full_splits));
         GPTOSS_TRY(mark(L.sliding ? "rope + attention (sliding)" : "rope + attention (full)"));
         GPTOSS_TRY(dense(kDenseO, L.o, attn_, n, Epilogue::kAdd, x_, m.H, pnb));
         GPTOSS_TRY(mark("o gemm + residual"));
-        if (lone_router) {  // one launch, the same bits as the three below (router.cu)
-            RouterDecodeArgs ra;
-            ra.x = x_; ra.norm_w = L.mlp_norm; ra.eps = m.rms_norm_eps; ra.router = L.router; ra.K = m.K;
-            ra.xn = xn_; ra.logits = rlogits_; ra.counter = route_counter_; ra.experts = experts_;
-            ra.weights = weights_; ra.tiles = tiles_; ra.pairs = pairs_;
-            GPTOSS_TRY(router_decode(ra, s));
-        } else {
-            ResidualArgs none;
-            GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, m.rms_norm_eps, xn_, n, m.H, s));
-            GPTOSS_TRY(gemm(L.router, xn_, n, nullptr, Epilogue::kStore, rlogits_, nullptr, m.E, 0, rnb, s));
-            GPTOSS_TRY(router_route(rlogits_, n, m.E, m.K, experts_, weights_, tiles_, pairs_, tile_tokens, s));
-        }
-        GPTOSS_TRY(mark("rmsnorm + router + route"));
-        GemmRoute r1;
-        r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = m.K; r1.tile_tokens = tile_tokens;
-        r1.max_tiles = route_max_tiles(n, m.E, m.K, tile_tokens);
-        GemmRoute r2 = r1;
-        r2.in_div = 1;
-        if (wide) {
-            GPTOSS_TRY(moe_batch_gemm(L.gate_up, xn_, r1, Epilogue::kSwiglu, nullptr, act_, m.I, m.swiglu_limit, 0, s));
-            GPTOSS_TRY(mark("moe gate_up + swiglu"));
-            GPTOSS_TRY(moe_batch_gemm(L.down, act_, r2, Epilogue::kStore, part_, nullptr, m.H, 0, 0, s));
-        } else {
-            GPTOSS_TRY(gemm(L.gate_up, xn_, n, &r1, Epilogue::kSwiglu, nullptr, act_, m.I, m.swiglu_limit, mnb, s));
-            GPTOSS_TRY(mark("moe gate_up + swiglu"));
-            GPTOSS_TRY(gemm(L.down, act_, n * m.K, &r2, Epilogue::kStore, part_, nullptr, m.H, 0, mnb, s));
-        }
-        GPTOSS_TRY(mark("moe down"));
-        ResidualArgs moe;
-        moe.mode = ResidualMode::kMoeAdd;
-        moe.part = part_;
-        moe.weights = weights_;
-        moe.K = m.K;
-        const float* next_norm = l + 1 < m.layers.size() ? m.layers[l + 1].attn_norm : m.final_norm;
-        GPTOSS_TRY(residual_rmsnorm(moe, x_, next_norm, m.rms_norm_eps, xn_, n, m.H, s));
-        GPTOSS_TRY(mark("moe combine + rmsnorm"));
+        GPTOSS_TRY(enqueue_moe(m, l, n));
     }
-    GPTOSS_TRY(dense(kDenseLmHead, m.lm_head, xn_, n, Epilogue::kStore, logits_, m.V, nb));
+    GPTOSS_TRY(dense(kDenseLmHead, m.lm_head, xn_, n, Epilogue::kStore, logits_, m.V, dense_nb(n)));
     return mark("lm_head");
+}
+
+// Layer l's attention over each item's own cache (RoPE of q and k fused; the new K/V written).
+gptoss_status BatchDecoder::enqueue_attention(const BatchModel& m, uint32_t l, uint32_t n, uint32_t full_splits) {
+    const BatchLayer& L = m.layers[l];
+    AttentionArgs aa;
+    aa.window = L.sliding ? m.sliding_window : 0;
+    aa.sinks = L.sinks;
+    aa.T = 1; aa.Q = m.Q; aa.G = m.G; aa.D = m.D;
+    aa.out = attn_;
+    aa.qkv = qkv_;
+    aa.inv_freq = m.inv_freq;
+    aa.rope_scale = m.rope_scale;
+    const uint32_t splits = !L.sliding                             ? full_splits
+                            : batch_window_whole(m.sliding_window) ? 1u
+                            : std::min(full_splits, ceil_div(m.sliding_window, kBatchAttentionSplit) + 1);
+    return attention_decode_batch(aa, items_ + size_t(l) * cap_items_, n, partial_, counters_, splits, stream_);
+}
+
+// Layer l's MLP: RMSNorm + router + route, the routed experts (gate_up + SwiGLU, down), the
+// combine into the residual with the next RMSNorm (the next layer's, or the final one).
+gptoss_status BatchDecoder::enqueue_moe(const BatchModel& m, uint32_t l, uint32_t n) {
+    const BatchLayer& L = m.layers[l];
+    cudaStream_t s = stream_;
+    const int mnb = moe_nb();
+    // cuda/moe_decode_batch.h: route tiles of 16 pairs, one launch per expert GEMM.
+    const bool wide = moe_batch_enabled();
+    const uint32_t tile_tokens = wide ? 16u : 8u * uint32_t(mnb);
+    // A lone token (one session generating) routes with router_decode: its route is the one-pair
+    // tiles router_route writes for one token at any tile size (bench/NOTES.md v23: +4 %).
+    if (n == 1 && !L.router.mxfp4 && router_decode_supported(m.E, m.K, m.H)) {  // the three below in one launch
+        RouterDecodeArgs ra;
+        ra.x = x_; ra.norm_w = L.mlp_norm; ra.eps = m.rms_norm_eps; ra.router = L.router; ra.K = m.K;
+        ra.xn = xn_; ra.logits = rlogits_; ra.counter = route_counter_; ra.experts = experts_;
+        ra.weights = weights_; ra.tiles = tiles_; ra.pairs = pairs_;
+        GPTOSS_TRY(router_decode(ra, s));
+    } else {
+        ResidualArgs none;
+        GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, m.rms_norm_eps, xn_, n, m.H, s));
+        GPTOSS_TRY(gemm(L.router, xn_, n, nullptr, Epilogue::kStore, rlogits_, nullptr, m.E, 0, router_nb(n), s));
+        GPTOSS_TRY(router_route(rlogits_, n, m.E, m.K, experts_, weights_, tiles_, pairs_, tile_tokens, s));
+    }
+    GPTOSS_TRY(mark("rmsnorm + router + route"));
+    GemmRoute r1;
+    r1.tiles = tiles_; r1.pairs = pairs_; r1.in_div = m.K; r1.tile_tokens = tile_tokens;
+    r1.max_tiles = route_max_tiles(n, m.E, m.K, tile_tokens);
+    GemmRoute r2 = r1;
+    r2.in_div = 1;
+    if (wide) {
+        GPTOSS_TRY(moe_batch_gemm(L.gate_up, xn_, r1, Epilogue::kSwiglu, nullptr, act_, m.I, m.swiglu_limit, 0, s));
+        GPTOSS_TRY(mark("moe gate_up + swiglu"));
+        GPTOSS_TRY(moe_batch_gemm(L.down, act_, r2, Epilogue::kStore, part_, nullptr, m.H, 0, 0, s));
+    } else {
+        GPTOSS_TRY(gemm(L.gate_up, xn_, n, &r1, Epilogue::kSwiglu, nullptr, act_, m.I, m.swiglu_limit, mnb, s));
+        GPTOSS_TRY(mark("moe gate_up + swiglu"));
+        GPTOSS_TRY(gemm(L.down, act_, n * m.K, &r2, Epilogue::kStore, part_, nullptr, m.H, 0, mnb, s));
+    }
+    GPTOSS_TRY(mark("moe down"));
+    ResidualArgs moe;
+    moe.mode = ResidualMode::kMoeAdd;
+    moe.part = part_;
+    moe.weights = weights_;
+    moe.K = m.K;
+    const float* next_norm = l + 1 < m.layers.size() ? m.layers[l + 1].attn_norm : m.final_norm;
+    GPTOSS_TRY(residual_rmsnorm(moe, x_, next_norm, m.rms_norm_eps, xn_, n, m.H, s));
+    return mark("moe combine + rmsnorm");
 }
 
 // A dense projection of the step (`which`: its bit for dense_batch_use): dense_batch_gemm where it

@@ -114,6 +114,8 @@ private:
     // returns its bytes; base null only measures, else the scratch pointers are set into it.
     size_t carve(const BatchModel& m, uint32_t items, uint32_t sp, char* base);
     gptoss_status enqueue(const BatchModel& m, uint32_t n, uint32_t full_splits);
+    gptoss_status enqueue_attention(const BatchModel& m, uint32_t l, uint32_t n, uint32_t full_splits);
+    gptoss_status enqueue_moe(const BatchModel& m, uint32_t l, uint32_t n);
     gptoss_status dense(uint32_t which, const GemmWeights& w, const uint16_t* x, uint32_t n, Epilogue epilogue,
                         float* out, uint32_t ldo, int nb);
     // The step's kernels as a CUDA graph per (n, splits) for n <= 64, captured on first use (they
@@ -136,8 +138,18 @@ private:
         double gap = 0, order = 0, prep = 0, launch = 0, tail = 0, wait = 0, gpu = 0;
     };
     std::map<uint32_t, StepTiming> timing_;
-    std::chrono::steady_clock::time_point last_end_{};
+    using Clock = std::chrono::steady_clock;
+    Clock::time_point last_end_{};
     cudaEvent_t trace_begin_ = nullptr, trace_end_ = nullptr;
+    // When a step passed its stages (step(): entry, the streams ordered, the inputs uploaded, the
+    // graph launched, the sampler and copies enqueued, the sampled tokens back).
+    struct StepStamps {
+        Clock::time_point begin, order, prep, launch, tail, wait;
+    };
+    gptoss_status upload_step(const BatchModel& m, const BatchSlot* slots, uint32_t n, StepStamps* at);
+    gptoss_status sample_step(const BatchModel& m, const BatchSlot* slots, uint32_t n, int32_t* sampled, bool trace,
+                              StepStamps* at);
+    gptoss_status collect_step(uint32_t n, bool trace, const StepStamps& at);
     std::map<uint32_t, std::pair<uint64_t, double>> trace_mixed_;    // steps with a prompt chunk beside them
     std::map<uint32_t, std::pair<uint64_t, double>> trace_prefill_;  // prompt chunk tokens → count, GPU ms
     struct PendingChunk {

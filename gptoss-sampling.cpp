@@ -47,30 +47,86 @@ double Rng::next_double() { return double(next_u64() >> 11) * 0x1.0p-53; }
 // ---------------------------------------------------------------------------
 // Sampling
 
-int32_t sample_logits(const float* logits, uint32_t n_vocab, const SamplingConfig& config, double u) {
-    if (config.temperature <= 0.0f) {
-        uint32_t best = 0;
-        for (uint32_t i = 1; i < n_vocab; i++)
-            if (logits[i] > logits[best]) best = i;
-        return int32_t(best);
+namespace {
+
+// Greedy: the first id with the largest logit.
+int32_t argmax_id(const float* logits, uint32_t n_vocab) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n_vocab; i++)
+        if (logits[i] > logits[best]) best = i;
+    return int32_t(best);
+}
+
+// The candidates in descending logit order (ties: lower id first): the top_k largest when
+// use_top_k, else every id (for top_p).
+std::vector<uint32_t> candidates(const float* logits, uint32_t n_vocab, uint32_t top_k, bool use_top_k) {
+    auto by_logit = [&](uint32_t a, uint32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+    std::vector<uint32_t> ids(n_vocab);
+    for (uint32_t i = 0; i < n_vocab; i++) ids[i] = i;
+    if (use_top_k) {
+        std::partial_sort(ids.begin(), ids.begin() + top_k, ids.end(), by_logit);
+        ids.resize(top_k);
+    } else {
+        std::sort(ids.begin(), ids.end(), by_logit);
     }
-    // Candidates: every id, or the top_k largest logits (ties: lower id first).
-    std::vector<uint32_t> ids;
+    return ids;
+}
+
+// p holds the candidates' weights in descending order (total: their sum): the length of the
+// shortest prefix whose mass reaches top_p (at least one token).
+uint32_t nucleus(const std::vector<double>& p, double total, float top_p) {
+    double mass = 0.0;
+    uint32_t keep = 0;
+    while (keep < p.size()) {
+        mass += p[keep] / total;
+        keep++;
+        if (mass >= double(top_p)) break;
+    }
+    return keep;
+}
+
+// One draw u over the kept (ids[i], p[i]) walked in increasing id order.
+int32_t walk_by_id(const std::vector<uint32_t>& ids, const std::vector<double>& p, double u) {
+    std::vector<uint32_t> order(ids.size());
+    for (uint32_t i = 0; i < order.size(); i++) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return ids[a] < ids[b]; });
+    double kept = 0.0;
+    for (uint32_t i : order) kept += p[i];
+    const double target = u * kept;
+    double acc = 0.0;
+    for (uint32_t i : order) {
+        acc += p[i];
+        if (acc > target) return int32_t(ids[i]);
+    }
+    return int32_t(ids[order.back()]);
+}
+
+// One draw u over every id (p[i]: id i's weight, total their sum), in id order.
+int32_t walk_all(const std::vector<double>& p, double total, double u) {
+    const double target = u * total;
+    double acc = 0.0;
+    for (uint32_t i = 0; i < p.size(); i++) {
+        acc += p[i];
+        if (acc > target) return int32_t(i);
+    }
+    // Rounding left the walk short of the target: the last id with non-zero probability.
+    for (uint32_t i = uint32_t(p.size()); i-- > 0;)
+        if (p[i] > 0.0) return int32_t(i);
+    return 0;
+}
+
+}  // namespace
+
+int32_t sample_logits(const float* logits, uint32_t n_vocab, const SamplingConfig& config, double u) {
+    if (config.temperature <= 0.0f) return argmax_id(logits, n_vocab);
+    // Candidates: every id, or the top_k largest logits / all sorted for top_p.
     const bool use_top_k = config.top_k > 0 && config.top_k < n_vocab;
     const bool use_top_p = config.top_p < 1.0f;
-    auto by_logit = [&](uint32_t a, uint32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-    if (use_top_k || use_top_p) {
-        ids.resize(n_vocab);
-        for (uint32_t i = 0; i < n_vocab; i++) ids[i] = i;
-        if (use_top_k) {
-            std::partial_sort(ids.begin(), ids.begin() + config.top_k, ids.end(), by_logit);
-            ids.resize(config.top_k);
-        } else {
-            std::sort(ids.begin(), ids.end(), by_logit);
-        }
-    }
-    const uint32_t n = use_top_k || use_top_p ? uint32_t(ids.size()) : n_vocab;
-    auto id_at = [&](uint32_t i) { return use_top_k || use_top_p ? ids[i] : i; };
+    const bool subset = use_top_k || use_top_p;
+    std::vector<uint32_t> ids;
+    if (subset) ids = candidates(logits, n_vocab, config.top_k, use_top_k);
+    const uint32_t n = subset ? uint32_t(ids.size()) : n_vocab;
+    auto id_at = [&](uint32_t i) { return subset ? ids[i] : i; };
 
     // Softmax of logits / temperature over the candidates, in double.
     float max_logit = -INFINITY;
@@ -80,44 +136,12 @@ int32_t sample_logits(const float* logits, uint32_t n_vocab, const SamplingConfi
     const double inv_t = 1.0 / double(config.temperature);
     for (uint32_t i = 0; i < n; i++) total += (p[i] = std::exp((double(logits[id_at(i)]) - max_logit) * inv_t));
 
-    if (use_top_p) {
-        // ids are sorted by descending logit, hence by descending p: keep the shortest prefix
-        // whose mass reaches top_p (at least one token).
-        double mass = 0.0;
-        uint32_t keep = 0;
-        while (keep < n) {
-            mass += p[keep] / total;
-            keep++;
-            if (mass >= double(config.top_p)) break;
-        }
+    if (use_top_p) {  // ids are sorted by descending logit, hence by descending p
+        const uint32_t keep = nucleus(p, total, config.top_p);
         ids.resize(keep);
         p.resize(keep);
     }
-    if (use_top_k || use_top_p) {
-        // Walk in increasing id order: sort the kept (id, p) pairs by id.
-        std::vector<uint32_t> order(ids.size());
-        for (uint32_t i = 0; i < order.size(); i++) order[i] = i;
-        std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return ids[a] < ids[b]; });
-        double kept = 0.0;
-        for (uint32_t i : order) kept += p[i];
-        const double target = u * kept;
-        double acc = 0.0;
-        for (uint32_t i : order) {
-            acc += p[i];
-            if (acc > target) return int32_t(ids[i]);
-        }
-        return int32_t(ids[order.back()]);
-    }
-    const double target = u * total;
-    double acc = 0.0;
-    for (uint32_t i = 0; i < n; i++) {
-        acc += p[i];
-        if (acc > target) return int32_t(i);
-    }
-    // Rounding left the walk short of the target: the last id with non-zero probability.
-    for (uint32_t i = n; i-- > 0;)
-        if (p[i] > 0.0) return int32_t(i);
-    return 0;
+    return subset ? walk_by_id(ids, p, u) : walk_all(p, total, u);
 }
 
 gptoss_status BackendSession::sample(const SamplingConfig& config, double u, int32_t* token_out) {

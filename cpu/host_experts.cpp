@@ -636,17 +636,18 @@ HostMoeTuning tuning_from_env() {
 }
 HostMoeTuning g_tuning = tuning_from_env();  // guarded by g_scratch_mutex after start-up
 
-// One call with the float kernel `rows` or, when q8_kernel is non-null and the activations x are
-// finite, the int8 kernel (exact_row takes the rows it declines; a non-finite swiglu output
-// sends the down projection back to `rows`).
-void run_experts(RowsFn rows, host_q8::RowsFn q8_kernel, const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I,
-                 const MoeWeights& w, const int32_t* experts, uint32_t K, float swiglu_limit, float* out) {
-    assert(H % 32 == 0 && I % 32 == 0 && T >= 1 && K >= 1);
-    std::lock_guard<std::mutex> lock(g_scratch_mutex);
-    Scratch& s = g_scratch;
-    const HostMoeTuning tuning = g_tuning;
-    const bool prof = T == 1 && host_profile::on();  // cpu/host_experts_profile.h
-    if (prof) host_profile::call_begin();
+// A call's inputs and kernels: the activations permuted to fp32 in s.xp (and quantized to int8
+// when the q8 kernel may run: q8 non-null, its y rows in yq), the pairs grouped by expert, the
+// per-group sync reset; the gate_up (gu) and down (dn) kernels, the scalar loop where the avx2
+// path's scaled range does not hold the inputs.
+struct CallKernels {
+    Kernels gu, dn;
+    host_q8::RowsFn q8 = nullptr;
+    uint8_t* yq = nullptr;
+};
+CallKernels prepare_call(Scratch& s, RowsFn rows, host_q8::RowsFn q8_kernel, const uint16_t* x_bf16, uint32_t T,
+                         uint32_t H, uint32_t I, const int32_t* experts, uint32_t K, float swiglu_limit,
+                         const HostMoeTuning& tuning, bool prof) {
     const uint32_t pairs = T * K;
     s.xp.resize(size_t(T) * H);
     for (uint32_t t = 0; t < T; t++)
@@ -659,18 +660,18 @@ void run_experts(RowsFn rows, host_q8::RowsFn q8_kernel, const uint16_t* x_bf16,
     for (size_t i = 0; i < s.xp.size() && x_in_range; i++) x_in_range = std::fabs(s.xp[i]) < kAvx2MaxInput;
     const bool y_in_range = std::fabs(swiglu_limit) < 1e12f;
     const bool avx2 = rows == rows_fn(HostSimd::avx2) && rows != rows_fn(HostSimd::scalar);
-    Kernels gu{avx2 && !x_in_range ? rows_scalar : rows, nullptr, {}};
-    Kernels dn{avx2 && !y_in_range ? rows_scalar : rows, nullptr, {}};
+    CallKernels c{Kernels{avx2 && !x_in_range ? rows_scalar : rows, nullptr, {}},
+                  Kernels{avx2 && !y_in_range ? rows_scalar : rows, nullptr, {}}};
     // A non-finite activation sends the whole call to the float kernels.
     const int64_t q0 = prof ? host_profile::now_ns() : 0;
-    const host_q8::RowsFn q8 = q8_kernel && quantize_rows(s.xp.data(), T, H, s.xq) ? q8_kernel : nullptr;
+    c.q8 = q8_kernel && quantize_rows(s.xp.data(), T, H, s.xq) ? q8_kernel : nullptr;
     if (prof) host_profile::quantized(host_profile::now_ns() - q0);
-    gu.q8 = q8;
-    gu.prefetch = dn.prefetch = host_q8::Prefetch{tuning.prefetch_bytes, tuning.prefetch_locality, tuning.scale_prefetch_bytes};
-    uint8_t* yq = nullptr;
-    if (q8) {
+    c.gu.q8 = c.q8;
+    c.gu.prefetch = c.dn.prefetch =
+        host_q8::Prefetch{tuning.prefetch_bytes, tuning.prefetch_locality, tuning.scale_prefetch_bytes};
+    if (c.q8) {
         s.yq.assign(size_t(pairs) * host_q8::row_bytes(I), 0);
-        yq = s.yq.data();
+        c.yq = s.yq.data();
     }
     const uint32_t G = uint32_t(s.groups.size());
     s.reserve_sync(G);
@@ -678,6 +679,23 @@ void run_experts(RowsFn rows, host_q8::RowsFn q8_kernel, const uint16_t* x_bf16,
         s.sync[g].gu_done.store(0, std::memory_order_relaxed);
         s.sync[g].y_ok.store(1, std::memory_order_relaxed);
     }
+    return c;
+}
+
+// One call with the float kernel `rows` or, when q8_kernel is non-null and the activations x are
+// finite, the int8 kernel (exact_row takes the rows it declines; a non-finite swiglu output
+// sends the down projection back to `rows`).
+void run_experts(RowsFn rows, host_q8::RowsFn q8_kernel, const uint16_t* x_bf16, uint32_t T, uint32_t H, uint32_t I,
+                 const MoeWeights& w, const int32_t* experts, uint32_t K, float swiglu_limit, float* out) {
+    assert(H % 32 == 0 && I % 32 == 0 && T >= 1 && K >= 1);
+    std::lock_guard<std::mutex> lock(g_scratch_mutex);
+    Scratch& s = g_scratch;
+    const HostMoeTuning tuning = g_tuning;
+    const bool prof = T == 1 && host_profile::on();  // cpu/host_experts_profile.h
+    if (prof) host_profile::call_begin();
+    const CallKernels c = prepare_call(s, rows, q8_kernel, x_bf16, T, H, I, experts, K, swiglu_limit, tuning, prof);
+    const host_q8::RowsFn q8 = c.q8;
+    const uint32_t G = uint32_t(s.groups.size());
     const size_t threads = parallel_threads();
     const Split gus = make_split(2 * I, q8 ? kRowBlockQ8 : kRowBlock, G, tuning.ranges_per_thread, threads);
     const Split dns = make_split(H, kRowBlock, G, tuning.ranges_per_thread, threads);
@@ -688,8 +706,8 @@ void run_experts(RowsFn rows, host_q8::RowsFn q8_kernel, const uint16_t* x_bf16,
         const uint32_t u0 = gus.first_unit(p), u1 = gus.first_unit(p + 1);
         for (uint32_t u = u0; u < u1; u++) {
             const uint32_t r0 = u * gus.unit_rows;
-            gate_up_item(gu, w, s, s.groups[g], r0, std::min(2 * I, r0 + gus.unit_rows), K, H, I, swiglu_limit, yp, yq,
-                         &s.sync[g].y_ok);
+            gate_up_item(c.gu, w, s, s.groups[g], r0, std::min(2 * I, r0 + gus.unit_rows), K, H, I, swiglu_limit, yp,
+                         c.yq, &s.sync[g].y_ok);
         }
         s.sync[g].gu_done.fetch_add(1, std::memory_order_release);
         if (prof) host_profile::item(t0, host_profile::now_ns(), range_bytes(u0, u1, gus, 2 * I, H), 0);
@@ -699,7 +717,7 @@ void run_experts(RowsFn rows, host_q8::RowsFn q8_kernel, const uint16_t* x_bf16,
         const uint32_t g = uint32_t(item / dns.parts), p = uint32_t(item % dns.parts);
         if (wait) wait_until(s.sync[g].gu_done, gus.parts);
         const int64_t waited = prof ? host_profile::now_ns() - t0 : 0;
-        Kernels k = dn;
+        Kernels k = c.dn;
         if (q8 && s.sync[g].y_ok.load(std::memory_order_relaxed)) k.q8 = q8;
         const uint32_t u0 = dns.first_unit(p), u1 = dns.first_unit(p + 1);
         for (uint32_t u = u0; u < u1; u++) {

@@ -321,18 +321,16 @@ std::string self_dir() {
     return exe.parent_path().string();
 }
 
-// Runs argv with stdin from `input` (if not null) and returns its exit status; its stdout is
-// collected into *output when not null, else sent to our stderr, so one-shot stdout stays clean.
-int run_process(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env,
-                const std::string* input, std::string* output) {
-    int in_pipe[2] = {-1, -1}, out_pipe[2] = {-1, -1};
-    if (pipe(in_pipe) != 0) return -1;
-    if (output && pipe(out_pipe) != 0) { close(in_pipe[0]); close(in_pipe[1]); return -1; }
+// Starts argv (the current environment plus extra_env) with stdin from in_pipe[0] and stdout to
+// out_pipe[1] when `to_pipe`, else to our stderr; closes the child's ends here. Returns 0 or an
+// errno value (the pipes' parent ends are then closed too).
+int spawn_piped(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env, const int (&in_pipe)[2],
+                const int (&out_pipe)[2], bool to_pipe, pid_t* pid) {
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, in_pipe[0], 0);
     posix_spawn_file_actions_addclose(&actions, in_pipe[1]);
-    if (output) {
+    if (to_pipe) {
         posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
         posix_spawn_file_actions_addclose(&actions, out_pipe[0]);
     } else {
@@ -347,25 +345,23 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::str
     std::vector<std::string> argv_copy = argv;
     for (std::string& a : argv_copy) args.push_back(a.data());
     args.push_back(nullptr);
-    pid_t pid = 0;
-    int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), envp.data());
+    const int rc = posix_spawnp(pid, args[0], &actions, nullptr, args.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
     close(in_pipe[0]);
-    if (output) close(out_pipe[1]);
+    if (to_pipe) close(out_pipe[1]);
     if (rc != 0) {
         close(in_pipe[1]);
-        if (output) close(out_pipe[0]);
-        errno = rc;
-        return -1;
+        if (to_pipe) close(out_pipe[0]);
     }
-    // Feed stdin and drain stdout together: a tool that answers before reading all of a large
-    // argument would otherwise deadlock against us.
+    return rc;
+}
+
+// Feeds in_text to in_fd and drains out_fd into *output together (either fd may be -1), closing
+// each when done: a tool that answers before reading all of a large argument would otherwise
+// deadlock against us.
+void pump(int in_fd, int out_fd, const std::string& in_text, std::string* output) {
     size_t written = 0;
-    const std::string empty;
-    const std::string& in_text = input ? *input : empty;
-    int in_fd = in_pipe[1];
-    int out_fd = output ? out_pipe[0] : -1;
-    if (in_text.empty()) { close(in_fd); in_fd = -1; }
+    if (in_text.empty() && in_fd >= 0) { close(in_fd); in_fd = -1; }
     signal(SIGPIPE, SIG_IGN);
     while (in_fd >= 0 || out_fd >= 0) {
         pollfd fds[2];
@@ -390,6 +386,23 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::str
             }
         }
     }
+}
+
+// Runs argv with stdin from `input` (if not null) and returns its exit status; its stdout is
+// collected into *output when not null, else sent to our stderr, so one-shot stdout stays clean.
+int run_process(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env,
+                const std::string* input, std::string* output) {
+    int in_pipe[2] = {-1, -1}, out_pipe[2] = {-1, -1};
+    if (pipe(in_pipe) != 0) return -1;
+    if (output && pipe(out_pipe) != 0) { close(in_pipe[0]); close(in_pipe[1]); return -1; }
+    pid_t pid = 0;
+    const int rc = spawn_piped(argv, extra_env, in_pipe, out_pipe, output != nullptr, &pid);
+    if (rc != 0) {
+        errno = rc;
+        return -1;
+    }
+    static const std::string empty;
+    pump(in_pipe[1], output ? out_pipe[0] : -1, input ? *input : empty, output);
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     if (WIFEXITED(status)) return WEXITSTATUS(status);

@@ -319,6 +319,72 @@ inline HostMoeVariant combine_winners(const std::vector<HostMoeVariant>& v, cons
     return c;
 }
 
+// The sweep's variants: the default first, then one knob changed each (v16: the T = 1 pass's
+// prefetch and split).
+inline std::vector<HostMoeVariant> sweep_variants() {
+    using T = gptoss::cpu::HostMoeTuning;
+    auto knob = [](const char* name, uint32_t T::*field, uint32_t value) {
+        HostMoeVariant v{name, T{}, true};
+        v.tuning.*field = value;
+        return v;
+    };
+    return {
+        {"default", T{}, true},
+        knob("ranges2", &T::ranges_per_thread, 2),
+        knob("ranges8", &T::ranges_per_thread, 8),
+        knob("pf4k", &T::prefetch_bytes, 4096),
+        knob("hint-t0", &T::prefetch_locality, 3),
+        knob("hint-t2", &T::prefetch_locality, 1),
+        knob("scales256", &T::scale_prefetch_bytes, 256),
+        knob("nocallerspin", &T::caller_spin_us, 0),
+    };
+}
+
+// Whether the kernel granted the layer's huge pages (transparent huge pages are advice).
+inline void print_huge_pages() {
+    if (FILE* f = std::fopen("/proc/meminfo", "r")) {
+        char line[256];
+        while (std::fgets(line, sizeof line, f))
+            if (std::strncmp(line, "AnonHugePages", 13) == 0) std::printf("sweep: layer allocated; %s", line);
+        std::fclose(f);
+    }
+}
+
+// Rounds 1-2 time every variant at T = 1; the winners together (appended to *variants) and the
+// default then take rounds 3-4 with the pass's pieces profiled. Returns the better one's index.
+inline size_t sweep_rounds(std::vector<HostMoeVariant>* variants, const char* kernel, HostMoeLayer& huge,
+                           HostMoePicker& picker) {
+    using namespace gptoss;
+    std::vector<HostMoeVariant>& v = *variants;
+    const double kSeconds = 0.3;  // per line (≥ 20 calls)
+    std::vector<double> sum(v.size(), 0.0);
+    double r34[2] = {0, 0};  // rounds 3 and 4: the default, the combined winners
+    cpu::PoolHold pool;
+    const unsigned threads = unsigned(cpu::parallel_threads());
+    const double floor_gbps = cpu::measure_host_read_gbps(size_t(1) << 30);
+    for (int round = 0; round < 2; round++)
+        for (size_t i = 0; i < v.size(); i++) {
+            const HostMoeTime t = time_variant(v[i], kernel, huge, 1, kSeconds, picker);
+            sum[i] += t.gbps;
+            print_sweep_line(round == 0 ? "round1" : "round2", v[i], threads, 1, t, floor_gbps);
+        }
+    v.push_back(combine_winners(v, sum));
+    for (int round = 0; round < 2; round++)
+        for (size_t i : {size_t(0), v.size() - 1}) {
+            cpu::host_profile::reset();
+            cpu::host_profile::set_on(true);
+            const HostMoeTime t = time_variant(v[i], kernel, huge, 1, kSeconds, picker);
+            cpu::host_profile::set_on(false);
+            r34[i == 0 ? 0 : 1] += t.gbps;
+            print_sweep_line(round == 0 ? "round3" : "round4", v[i], threads, 1, t, floor_gbps);
+            std::printf("sweep %s: %s\n", v[i].name, cpu::host_profile::report().c_str());
+        }
+    const size_t best = r34[1] > r34[0] ? v.size() - 1 : 0;
+    std::printf("sweep: best: %s (%.2f vs default %.2f GB/s, rounds 3 and 4); engine env: %s\n", v[best].name,
+                r34[1] / 2, r34[0] / 2, host_moe_env(v[best]).c_str());
+    return best;
+}
+
 // gptoss-bench --host-moe-sweep 20b|120b (see the header comment).
 inline int run_host_moe_sweep(const std::string& shape) {
     using namespace gptoss;
@@ -329,62 +395,12 @@ inline int run_host_moe_sweep(const std::string& shape) {
     const uint32_t E = shape == "20b" ? 32 : 128;
     HostMoeLayer huge(E, 2880, 2880, true);
     huge.fill_random(1);
-    // Whether the kernel granted the huge pages (transparent huge pages are advice).
-    if (FILE* f = std::fopen("/proc/meminfo", "r")) {
-        char line[256];
-        while (std::fgets(line, sizeof line, f))
-            if (std::strncmp(line, "AnonHugePages", 13) == 0) std::printf("sweep: layer allocated; %s", line);
-        std::fclose(f);
-    }
+    print_huge_pages();
     const char* kernel = cpu::host_q8::rows_fn_named("avx512-vnni") ? "avx512-vnni" : "avx2";
     std::printf("sweep: %s, int8 kernel %s, %s\n", shape.c_str(), kernel, cpu::host_moe_path_name());
-    // The default first, then one knob changed each (v16: the T = 1 pass's prefetch and split).
-    using T = cpu::HostMoeTuning;
-    auto knob = [](const char* name, uint32_t T::*field, uint32_t value) {
-        HostMoeVariant v{name, T{}, true};
-        v.tuning.*field = value;
-        return v;
-    };
-    std::vector<HostMoeVariant> variants = {
-        {"default", T{}, true},
-        knob("ranges2", &T::ranges_per_thread, 2),
-        knob("ranges8", &T::ranges_per_thread, 8),
-        knob("pf4k", &T::prefetch_bytes, 4096),
-        knob("hint-t0", &T::prefetch_locality, 3),
-        knob("hint-t2", &T::prefetch_locality, 1),
-        knob("scales256", &T::scale_prefetch_bytes, 256),
-        knob("nocallerspin", &T::caller_spin_us, 0),
-    };
+    std::vector<HostMoeVariant> variants = sweep_variants();
     HostMoePicker picker(E);
-    const double kSeconds = 0.3;  // per line (≥ 20 calls)
-    std::vector<double> sum(variants.size(), 0.0);
-    double r34[2] = {0, 0};  // rounds 3 and 4: the default, the combined winners
-    {
-        cpu::PoolHold pool;
-        const unsigned threads = unsigned(cpu::parallel_threads());
-        const double floor_gbps = cpu::measure_host_read_gbps(size_t(1) << 30);
-        for (int round = 0; round < 2; round++)
-            for (size_t i = 0; i < variants.size(); i++) {
-                const HostMoeTime t = time_variant(variants[i], kernel, huge, 1, kSeconds, picker);
-                sum[i] += t.gbps;
-                print_sweep_line(round == 0 ? "round1" : "round2", variants[i], threads, 1, t, floor_gbps);
-            }
-        // The winners together against the default, two more rounds, each with the pass's pieces.
-        variants.push_back(combine_winners(variants, sum));
-        for (int round = 0; round < 2; round++)
-            for (size_t i : {size_t(0), variants.size() - 1}) {
-                cpu::host_profile::reset();
-                cpu::host_profile::set_on(true);
-                const HostMoeTime t = time_variant(variants[i], kernel, huge, 1, kSeconds, picker);
-                cpu::host_profile::set_on(false);
-                r34[i == 0 ? 0 : 1] += t.gbps;
-                print_sweep_line(round == 0 ? "round3" : "round4", variants[i], threads, 1, t, floor_gbps);
-                std::printf("sweep %s: %s\n", variants[i].name, cpu::host_profile::report().c_str());
-            }
-    }
-    const size_t best = r34[1] > r34[0] ? variants.size() - 1 : 0;
-    std::printf("sweep: best: %s (%.2f vs default %.2f GB/s, rounds 3 and 4); engine env: %s\n",
-                variants[best].name, r34[1] / 2, r34[0] / 2, host_moe_env(variants[best]).c_str());
+    const size_t best = sweep_rounds(&variants, kernel, huge, picker);
     {  // batched (T = 4, 16): the default and the better one
         cpu::PoolHold pool;
         const double floor_gbps = cpu::measure_host_read_gbps(size_t(1) << 30);

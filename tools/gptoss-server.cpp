@@ -537,6 +537,66 @@ extern "C" void log_to_stderr(void*, gptoss_log_level level, const char* message
 
 }  // namespace
 
+// Loads o.model_dir (concurrent requests share decode steps: continuous batching in the library)
+// and fills *info; says why on stderr and returns null when it cannot.
+static gptoss_model* load_model(const Options& o, gptoss_model_info* info) {
+    gptoss_model_params mp = gptoss_model_default_params();
+    mp.device = o.device;
+    mp.max_decode_batch = std::min<uint32_t>(o.decode_batch ? o.decode_batch : o.parallel, 1024);
+    gptoss_model* model = nullptr;
+    if (gptoss_load(o.model_dir.c_str(), &mp, &model) != GPTOSS_OK) {
+        std::fprintf(stderr, "%s: cannot load the model from %s: %s\n", kProgram, o.model_dir.c_str(), gptoss_last_error());
+        return nullptr;
+    }
+    std::memset(info, 0, sizeof *info);
+    info->struct_size = sizeof *info;
+    if (gptoss_model_get_info(model, info) != GPTOSS_OK) info->name = "gpt-oss";
+    return model;
+}
+
+// Creates o.parallel sessions of ctx tokens and serves until SIGINT or SIGTERM (stop_signals,
+// blocked in every thread, taken by one with sigwait) or a listen error. Returns the exit status.
+static int serve(const Options& o, gptoss_model* model, const gptoss_model_info& info, uint32_t ctx,
+          const sigset_t& stop_signals) {
+    SessionPool pool(o.queue);
+    gptoss_session_params sp = gptoss_session_default_params();
+    sp.max_context = ctx;
+    for (uint32_t i = 0; i < o.parallel; ++i) {
+        if (!pool.add(model, sp)) {
+            std::fprintf(stderr, "%s: cannot create session %u of %u: %s\n%s", kProgram, i + 1, o.parallel,
+                         gptoss_last_error(), "hint: lower --parallel or --ctx\n");
+            return 1;
+        }
+    }
+    Server server(o, model, &pool, o.alias.empty() ? std::string(info.name ? info.name : "gpt-oss") : o.alias, ctx);
+    httplib::Server svr;
+    // Waiting requests hold a worker thread each, so there are enough for all of them.
+    const size_t threads = o.parallel + o.queue + 8;
+    svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    svr.set_payload_max_length(64u << 20);
+    server.install(svr);
+    const int port = o.port == 0 ? svr.bind_to_any_port(o.host) : (svr.bind_to_port(o.host, o.port) ? o.port : -1);
+    if (port < 0) {
+        std::fprintf(stderr, "%s: cannot listen on %s:%d: %s\n", kProgram, o.host.c_str(), o.port, std::strerror(errno));
+        return 1;
+    }
+    std::thread signals([&] {
+        int sig = 0;
+        sigwait(&stop_signals, &sig);
+        if (sig == SIGINT || sig == SIGTERM) std::fprintf(stderr, "%s: %s, stopping\n", kProgram, strsignal(sig));
+        pool.close();
+        svr.stop();
+    });
+    std::fprintf(stderr, "%s: %s on %s, sessions: %u of %u tokens each, listening on http://%s:%d\n", kProgram,
+                 info.name ? info.name : "?", info.device == GPTOSS_DEVICE_CPU ? "the CPU" : "the GPU", o.parallel, ctx,
+                 o.host.c_str(), port);
+    const int rc = svr.listen_after_bind() ? 0 : 1;
+    pool.close();
+    pthread_kill(signals.native_handle(), SIGTERM);  // harmless if it already returned
+    signals.join();
+    return rc;
+}
+
 int main(int argc, char** argv) {
     const Options o = parse_args(argc, argv);
     if (o.verbose) gptoss_set_log_callback(log_to_stderr, nullptr, GPTOSS_LOG_INFO);
@@ -547,62 +607,11 @@ int main(int argc, char** argv) {
     sigaddset(&stop_signals, SIGINT);
     sigaddset(&stop_signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-
-    gptoss_model_params mp = gptoss_model_default_params();
-    mp.device = o.device;
-    // Concurrent requests share decode steps (continuous batching in the library).
-    mp.max_decode_batch = std::min<uint32_t>(o.decode_batch ? o.decode_batch : o.parallel, 1024);
-    gptoss_model* model = nullptr;
-    if (gptoss_load(o.model_dir.c_str(), &mp, &model) != GPTOSS_OK) {
-        std::fprintf(stderr, "%s: cannot load the model from %s: %s\n", kProgram, o.model_dir.c_str(), gptoss_last_error());
-        return 1;
-    }
     gptoss_model_info info;
-    std::memset(&info, 0, sizeof info);
-    info.struct_size = sizeof info;
-    if (gptoss_model_get_info(model, &info) != GPTOSS_OK) info.name = "gpt-oss";
+    gptoss_model* model = load_model(o, &info);
+    if (model == nullptr) return 1;
     const uint32_t ctx = o.ctx ? std::min(o.ctx, info.max_context) : info.max_context;
-    int rc = 0;
-    {
-        SessionPool pool(o.queue);
-        gptoss_session_params sp = gptoss_session_default_params();
-        sp.max_context = ctx;
-        for (uint32_t i = 0; i < o.parallel; ++i) {
-            if (!pool.add(model, sp)) {
-                std::fprintf(stderr, "%s: cannot create session %u of %u: %s\n%s", kProgram, i + 1, o.parallel,
-                             gptoss_last_error(), "hint: lower --parallel or --ctx\n");
-                gptoss_model_free(model);
-                return 1;
-            }
-        }
-        Server server(o, model, &pool, o.alias.empty() ? std::string(info.name ? info.name : "gpt-oss") : o.alias, ctx);
-        httplib::Server svr;
-        // Waiting requests hold a worker thread each, so there are enough for all of them.
-        const size_t threads = o.parallel + o.queue + 8;
-        svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-        svr.set_payload_max_length(64u << 20);
-        server.install(svr);
-        const int port = o.port == 0 ? svr.bind_to_any_port(o.host) : (svr.bind_to_port(o.host, o.port) ? o.port : -1);
-        if (port < 0) {
-            std::fprintf(stderr, "%s: cannot listen on %s:%d: %s\n", kProgram, o.host.c_str(), o.port, std::strerror(errno));
-            rc = 1;
-        } else {
-            std::thread signals([&] {
-                int sig = 0;
-                sigwait(&stop_signals, &sig);
-                if (sig == SIGINT || sig == SIGTERM) std::fprintf(stderr, "%s: %s, stopping\n", kProgram, strsignal(sig));
-                pool.close();
-                svr.stop();
-            });
-            std::fprintf(stderr, "%s: %s on %s, sessions: %u of %u tokens each, listening on http://%s:%d\n", kProgram,
-                         info.name ? info.name : "?", info.device == GPTOSS_DEVICE_CPU ? "the CPU" : "the GPU",
-                         o.parallel, ctx, o.host.c_str(), port);
-            if (!svr.listen_after_bind()) rc = 1;
-            pool.close();
-            pthread_kill(signals.native_handle(), SIGTERM);  // harmless if it already returned
-            signals.join();
-        }
-    }
+    const int rc = serve(o, model, info, ctx, stop_signals);
     gptoss_model_free(model);
     return rc;
 }

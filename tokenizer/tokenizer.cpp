@@ -360,6 +360,9 @@ public:
     gptoss_status build(std::string blob, std::vector<uint32_t> offsets,
                         const std::vector<std::pair<int32_t, std::string>>& specials,
                         const std::string& source);
+    gptoss_status build_rank_table(const std::string& source);
+    gptoss_status build_direct_ranks(const std::string& source);
+    gptoss_status build_special_ids(const std::string& source);
 
     gptoss_status encode(const char* text, size_t len, bool allow_special,
                          std::vector<int32_t>* out) const override;
@@ -431,6 +434,14 @@ gptoss_status O200kTokenizer::build(std::string blob, std::vector<uint32_t> offs
     blob_ = std::move(blob);
     offsets_ = std::move(offsets);
 
+    GPTOSS_TRY(build_rank_table(source));
+    GPTOSS_TRY(build_direct_ranks(source));
+    return build_special_ids(source);
+}
+
+// The hash table of the ordinary ranks (a rank without bytes, or two ranks with the same bytes,
+// are FORMAT errors naming `source`).
+gptoss_status O200kTokenizer::build_rank_table(const std::string& source) {
     size_t capacity = 1;
     while (capacity < 2 * size_t(kNumRanks)) capacity <<= 1;
     table_.assign(capacity, Slot{0, kNoRank, 0});
@@ -460,6 +471,12 @@ gptoss_status O200kTokenizer::build(std::string blob, std::vector<uint32_t> offs
         }
         table_[i] = Slot{head, r, uint32_t(n)};
     }
+    return GPTOSS_OK;
+}
+
+// The direct tables of 1- and 2-byte ranks; every single byte must have a rank (else every byte
+// string could not encode: a FORMAT error naming `source`).
+gptoss_status O200kTokenizer::build_direct_ranks(const std::string& source) {
     std::fill(std::begin(byte_rank_), std::end(byte_rank_), kNoRank);
     pair_rank_.assign(65536, kNoRank);
     for (uint32_t r = 0; r < kNumRanks; r++) {
@@ -468,13 +485,17 @@ gptoss_status O200kTokenizer::build(std::string blob, std::vector<uint32_t> offs
         if (n == 1) byte_rank_[p[0]] = r;
         if (n == 2) pair_rank_[size_t(p[0]) << 8 | p[1]] = r;
     }
-    // Every byte string must encode, so every single byte needs a rank.
     for (int b = 0; b < 256; b++) {
         const uint8_t byte = uint8_t(b);
         if (rank_of(&byte, 1) == kNoRank)
             return fail(GPTOSS_ERR_FORMAT, "%s: no rank for the single byte 0x%02x, expected all 256",
                         source.c_str(), b);
     }
+    return GPTOSS_OK;
+}
+
+// The special tokens by name (a name used twice is a FORMAT error naming `source`).
+gptoss_status O200kTokenizer::build_special_ids(const std::string& source) {
     for (uint32_t id = kNumRanks; id < kNumVocab; id++) {
         const std::string_view name = token_bytes(int32_t(id));
         max_special_bytes_ = std::max(max_special_bytes_, name.size());
@@ -897,6 +918,69 @@ gptoss_status parse_added_tokens(const std::string& path, simdjson::ondemand::ar
     return GPTOSS_OK;
 }
 
+// tokenizer.json's "model": type "BPE" and its vocab (into *ranks, *have_vocab set); merges are
+// not needed, tiktoken's rule uses ranks alone (HARMONY.md §1.4).
+gptoss_status parse_model(const std::string& path, object model, RankCollector* ranks, bool* have_vocab) {
+    for (auto model_field : model) {
+        std::string_view model_key;
+        if (auto error = model_field.unescaped_key().get(model_key)) return json_error(path, "model", error);
+        if (model_key == "type") {
+            std::string_view type;
+            if (auto error = model_field.value().get_string().get(type)) return json_error(path, "model.type", error);
+            if (type != "BPE")
+                return fail(GPTOSS_ERR_FORMAT, "%s: model.type is \"%.*s\", expected \"BPE\"", path.c_str(),
+                            int(type.size()), type.data());
+        } else if (model_key == "vocab") {
+            object vocab;
+            if (auto error = model_field.value().get_object().get(vocab)) return json_error(path, "model.vocab", error);
+            GPTOSS_TRY(parse_vocab(path, vocab, ranks));
+            *have_vocab = true;
+        }
+    }
+    return GPTOSS_OK;
+}
+
+// One line of a .tiktoken file: "<base64 bytes> <decimal rank>" into *token and *rank; false when
+// it is not of that form.
+bool parse_tiktoken_line(std::string_view line, std::string* token, uint64_t* rank) {
+    static const struct Base64 {
+        int8_t value[256];
+        Base64() {
+            std::fill(std::begin(value), std::end(value), int8_t(-1));
+            const char* alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+            for (int i = 0; i < 64; i++) value[uint8_t(alphabet[i])] = int8_t(i);
+        }
+    } base64;
+    const size_t space = line.find(' ');
+    bool ok = space != std::string_view::npos && space > 0 && space % 4 == 0 && space + 1 < line.size();
+    // base64 with '=' padding, then a decimal rank.
+    token->clear();
+    *rank = 0;
+    for (size_t i = 0; ok && i < space; i += 4) {
+        uint32_t acc = 0;
+        int pad = 0;
+        for (size_t j = 0; j < 4; j++) {
+            const char c = line[i + j];
+            if (c == '=' && i + 4 == space && j >= 2) {
+                pad++;
+                acc <<= 6;
+            } else if (pad == 0 && base64.value[uint8_t(c)] >= 0) {
+                acc = acc << 6 | uint32_t(base64.value[uint8_t(c)]);
+            } else {
+                ok = false;
+            }
+        }
+        token->push_back(char(acc >> 16));
+        if (pad < 2) token->push_back(char(acc >> 8));
+        if (pad < 1) token->push_back(char(acc));
+    }
+    for (size_t i = space + 1; ok && i < line.size(); i++) {
+        ok = line[i] >= '0' && line[i] <= '9' && *rank < kNumVocab;
+        *rank = *rank * 10 + uint64_t(line[i] - '0');
+    }
+    return ok;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -940,25 +1024,7 @@ gptoss_status Tokenizer::parse_hf_json(const std::string& path, const char* json
             have_model = true;
             object model;
             if (auto error = field.value().get_object().get(model)) return json_error(path, "model", error);
-            for (auto model_field : model) {
-                std::string_view model_key;
-                if (auto error = model_field.unescaped_key().get(model_key)) return json_error(path, "model", error);
-                if (model_key == "type") {
-                    std::string_view type;
-                    if (auto error = model_field.value().get_string().get(type))
-                        return json_error(path, "model.type", error);
-                    if (type != "BPE")
-                        return fail(GPTOSS_ERR_FORMAT, "%s: model.type is \"%.*s\", expected \"BPE\"", path.c_str(),
-                                    int(type.size()), type.data());
-                } else if (model_key == "vocab") {
-                    object vocab;
-                    if (auto error = model_field.value().get_object().get(vocab))
-                        return json_error(path, "model.vocab", error);
-                    GPTOSS_TRY(parse_vocab(path, vocab, &ranks));
-                    have_vocab = true;
-                }
-                // merges: not needed, tiktoken's rule uses ranks alone (HARMONY.md §1.4).
-            }
+            GPTOSS_TRY(parse_model(path, model, &ranks, &have_vocab));
         }
     }
     if (!have_model) return fail(GPTOSS_ERR_FORMAT, "%s: no \"model\" object", path.c_str());
@@ -980,15 +1046,6 @@ gptoss_status Tokenizer::load_tiktoken(const std::string& path, std::unique_ptr<
     std::string text;
     if (!read_file(path, &text))
         return fail(GPTOSS_ERR_IO, "%s: cannot read the tokenizer (%s)", path.c_str(), std::strerror(errno));
-    static const struct Base64 {
-        int8_t value[256];
-        Base64() {
-            std::fill(std::begin(value), std::end(value), int8_t(-1));
-            const char* alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-            for (int i = 0; i < 64; i++) value[uint8_t(alphabet[i])] = int8_t(i);
-        }
-    } base64;
-
     RankCollector ranks;
     std::string token;
     size_t line_no = 0;
@@ -1000,33 +1057,8 @@ gptoss_status Tokenizer::load_tiktoken(const std::string& path, std::unique_ptr<
         line_no++;
         if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
         if (line.empty()) continue;
-        const size_t space = line.find(' ');
-        bool ok = space != std::string_view::npos && space > 0 && space % 4 == 0 && space + 1 < line.size();
-        // base64 with '=' padding, then a decimal rank.
-        token.clear();
         uint64_t rank = 0;
-        for (size_t i = 0; ok && i < space; i += 4) {
-            uint32_t acc = 0;
-            int pad = 0;
-            for (size_t j = 0; j < 4; j++) {
-                const char c = line[i + j];
-                if (c == '=' && i + 4 == space && j >= 2) {
-                    pad++;
-                    acc <<= 6;
-                } else if (pad == 0 && base64.value[uint8_t(c)] >= 0) {
-                    acc = acc << 6 | uint32_t(base64.value[uint8_t(c)]);
-                } else {
-                    ok = false;
-                }
-            }
-            token.push_back(char(acc >> 16));
-            if (pad < 2) token.push_back(char(acc >> 8));
-            if (pad < 1) token.push_back(char(acc));
-        }
-        for (size_t i = space + 1; ok && i < line.size(); i++) {
-            ok = line[i] >= '0' && line[i] <= '9' && rank < kNumVocab;
-            rank = rank * 10 + uint64_t(line[i] - '0');
-        }
+        const bool ok = parse_tiktoken_line(line, &token, &rank);
         if (!ok)
             return fail(GPTOSS_ERR_FORMAT, "%s: line %zu: expected \"<base64 bytes> <rank>\", found \"%.*s\"",
                         path.c_str(), line_no, std::min(int(line.size()), 60), line.data());

@@ -94,6 +94,7 @@ struct DecodeBatcher::State {
     size_t pending_decode = 0;      // how many of them are decode tokens
     uint32_t active = 0;            // sessions between enter() and leave()
     bool stepping = false;          // a leader is running decode_batch
+    std::condition_variable step_end;  // stepping went false (leave() waits for it)
     uint64_t steps = 0, tokens = 0;
 
     // Wakes every waiting caller whose request no step has taken (caller holds `mutex`, so
@@ -128,8 +129,12 @@ void DecodeBatcher::enter() {
 }
 
 void DecodeBatcher::leave() {
-    std::lock_guard<std::mutex> lock(state_->mutex);
+    std::unique_lock<std::mutex> lock(state_->mutex);
     state_->active--;
+    // Nothing of the leaving session may still run when its generation returns (a step's
+    // speculative forward: Backend::drop_speculation); no step starts while the lock is held.
+    state_->step_end.wait(lock, [this] { return !state_->stepping; });
+    backend_.drop_speculation();
     state_->poke_pending();  // the waiters may now be everyone left
 }
 
@@ -208,6 +213,7 @@ static void lead_step(State& s, std::unique_lock<std::mutex>& lock, typename Sta
     }
     lock.lock();
     s.stepping = false;
+    s.step_end.notify_all();  // leave() (no caller waits on it otherwise)
     if (n_decode > 0) s.steps++;  // steps with decode tokens: tokens / steps = mean batch
     s.tokens += n_decode;
     s.poke_pending();  // submitted during the step: one of them may lead the next

@@ -328,7 +328,12 @@ public:
     // alone: a session's K/V and logits must be bit-identical whatever else is in the batch
     // (batch invariance). Never throws past an item: a failure is that item's status. Called
     // by one thread at a time (the model's DecodeBatcher). The default runs them in turn.
+    // A backend may run work for an item's session beyond the call (the CUDA step's speculative
+    // forward of each sampled token at pos + 1, whose K/V it writes: never reused, see
+    // gptoss_session::kv_past_end); drop_speculation, called by the batcher when a session
+    // leaves and no step runs, waits for such work and forgets it.
     virtual void decode_batch(DecodeItem* const* items, uint32_t n);
+    virtual void drop_speculation() {}
 };
 
 // cpu/backend.cpp. Keeps pointers into `checkpoint`, which must outlive the backend.
@@ -435,6 +440,9 @@ struct gptoss_session {
     uint32_t n_prefilled = 0;             // cached[0..n_prefilled) were written by forward() (the
                                           // prefill path); later ones by decode(), never reused
     uint32_t snapshot_pos = 0;            // sliding rings saved after position snapshot_pos-1; 0: none
+    bool kv_past_end = false;             // K/V of position cached.size() may have been written too
+                                          // (a batched step's speculative forward): the sliding rings
+                                          // hold [n + 1 - W, n + 1), position n's entry unusable
     std::atomic<bool> cancel_requested{false};
     std::atomic<bool> running{false};
     gptoss::GenerateResultStorage generate_results[2];

@@ -317,8 +317,10 @@ static uint32_t resume_position(const gptoss_session* session, uint32_t prefix, 
     const uint32_t W = c.sliding_window;
     const bool has_sliding = std::find(c.layer_sliding.begin(), c.layer_sliding.end(), true) != c.layer_sliding.end();
     *use_snapshot = false;
-    // Resuming at r needs the sliding K/V of [r - W + 1, r); the rings hold [n - W, n).
-    if (prefix >= n || !has_sliding || n <= W || prefix + 1 >= n) return prefix;
+    // Resuming at r needs the sliding K/V of [r - W + 1, r); the rings hold [n - W, n), or
+    // [n + 1 - W, n) when position n was written past the end (kv_past_end; prefix < n then).
+    const uint32_t held_end = session->kv_past_end ? n + 1 : n;
+    if (prefix >= n || !has_sliding || held_end <= W || prefix + 1 >= held_end) return prefix;
     // The trap of API.md §6: the rings cannot rewind. The snapshot taken after the last
     // prefill holds them as they were at s = snapshot_pos, i.e. [s - W, s): enough to resume
     // at s - 1 or s.
@@ -337,6 +339,7 @@ static void forget_cache(gptoss_session* session) {
     session->cached.clear();
     session->n_prefilled = 0;
     session->snapshot_pos = 0;
+    session->kv_past_end = false;
 }
 
 gptoss_status session_generate(gptoss_session* session, const int32_t* prompt, size_t n_prompt,
@@ -403,6 +406,7 @@ static gptoss_status reuse_prefix(gptoss_session* session, const int32_t* prompt
     session->cached.resize(*resume);
     session->n_prefilled = *resume;
     if (session->snapshot_pos > *resume) session->snapshot_pos = 0;  // its prefix is about to change
+    session->kv_past_end = false;  // the rings hold [resume - W, resume) (resume_position)
     return GPTOSS_OK;
 }
 
@@ -507,6 +511,8 @@ static gptoss_status decode_tokens(gptoss_session* session, const GenerateOption
         const uint32_t pos = uint32_t(session->cached.size());
         if (sample_in_step) {
             next_u = rng.next_double();
+            // The step may also run the forward of the token it samples (kv_past_end).
+            session->kv_past_end = true;
             GPTOSS_TRY(forward_or_forget(session, &token, 1, pos, Pass::kDecode, &options.sampling, next_u, &presampled));
         } else {
             GPTOSS_TRY(forward_or_forget(session, &token, 1, pos, Pass::kDecode));

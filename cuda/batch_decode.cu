@@ -120,6 +120,9 @@ BatchDecoder::~BatchDecoder() {
                          t.second / double(t.first));
         std::fprintf(stderr, "\n");
     }
+    if (!timing_.empty())
+        std::fprintf(stderr, "decode_batch speculative forwards (GPTOSS_DECODE_BATCH_TRACE): %llu launched, %llu used\n",
+                     static_cast<unsigned long long>(spec_launched_), static_cast<unsigned long long>(spec_reused_));
     for (const auto& [n, t] : timing_) {
         const double k = double(t.steps);
         std::fprintf(stderr,
@@ -225,12 +228,16 @@ gptoss_status BatchDecoder::reserve(const BatchModel& m, uint32_t n, uint32_t sp
         GPTOSS_CUDA_TRY(cudaFreeHost(sampled_host_));
         sampled_host_ = nullptr;
     }
-    if (cudaMallocHost(&sampled_host_, size_t(items) * 4) != cudaSuccess) {
+    // Pinned: the sampled tokens, then the speculative step's items (speculate()).
+    const size_t spec_off = align_up(size_t(items) * 4);
+    const size_t pinned = spec_off + m.layers.size() * items * sizeof(BatchAttentionItem);
+    if (cudaMallocHost(&sampled_host_, pinned) != cudaSuccess) {
         cudaGetLastError();
         sampled_host_ = nullptr;
-        return fail(GPTOSS_ERR_OUT_OF_MEMORY, "CUDA decode_batch: %zu bytes of pinned memory for sampled tokens",
-                    size_t(items) * 4);
+        return fail(GPTOSS_ERR_OUT_OF_MEMORY,
+                    "CUDA decode_batch: %zu bytes of pinned memory for sampled tokens and step items", pinned);
     }
+    spec_items_host_ = reinterpret_cast<BatchAttentionItem*>(reinterpret_cast<char*>(sampled_host_) + spec_off);
     const cudaError_t err = cudaMalloc(&arena_, bytes);
     if (err != cudaSuccess) {
         cudaGetLastError();
@@ -252,22 +259,27 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
     if (n > 65535) return fail(GPTOSS_ERR_INTERNAL, "CUDA decode_batch: %u items in one step", n);
     StepStamps at;
     at.begin = Clock::now();
-    // Splits of the full layers: a power of two covering every item (CTAs past an item's position
-    // exit at once; an item's bits do not depend on the count), so graphs are few.
-    uint32_t needed = 0, full_splits = 1;
-    for (uint32_t i = 0; i < n; ++i) needed = std::max(needed, batch_splits_needed(slots[i].pos));
-    while (full_splits < needed) full_splits *= 2;
-    GPTOSS_TRY(reserve(m, n, full_splits));
+    // The speculative forward of the previous step, when it ran exactly these rows (speculate()).
+    const bool reuse = spec_matches(slots, n);
+    spec_.clear();
+    const uint32_t full_splits = full_splits_for(slots, n, 0);
     static const bool profile = env_on("GPTOSS_DECODE_BATCH_PROFILE", false);
     static const bool trace = env_on("GPTOSS_DECODE_BATCH_TRACE", false);
     profiling_ = profile;
-    if (trace && !trace_begin_) {
-        GPTOSS_CUDA_TRY(cudaEventCreate(&trace_begin_));
-        GPTOSS_CUDA_TRY(cudaEventCreate(&trace_end_));
+    if (!reuse) {
+        GPTOSS_TRY(reserve(m, n, full_splits));
+        if (trace && !trace_begin_) {
+            GPTOSS_CUDA_TRY(cudaEventCreate(&trace_begin_));
+            GPTOSS_CUDA_TRY(cudaEventCreate(&trace_end_));
+        }
+        GPTOSS_TRY(upload_step(m, slots, n, &at));
+        if (trace) GPTOSS_CUDA_TRY(cudaEventRecord(trace_begin_, stream_));
+        GPTOSS_TRY(launch(m, n, full_splits));
+    } else {
+        at.order = at.prep = Clock::now();
+        if (trace) GPTOSS_CUDA_TRY(cudaEventRecord(trace_begin_, stream_));  // the sampler alone
+        spec_reused_++;
     }
-    GPTOSS_TRY(upload_step(m, slots, n, &at));
-    if (trace) GPTOSS_CUDA_TRY(cudaEventRecord(trace_begin_, stream_));
-    GPTOSS_TRY(launch(m, n, full_splits));
     at.launch = Clock::now();
     GPTOSS_TRY(sample_step(m, slots, n, sampled, trace, &at));
     if (trace || profiling_) GPTOSS_TRY(collect_step(n, trace, at));
@@ -322,16 +334,21 @@ gptoss_status BatchDecoder::sample_step(const BatchModel& m, const BatchSlot* sl
     if (trace) GPTOSS_CUDA_TRY(cudaEventRecord(trace_end_, stream_));
     // Each row's logits into its session's buffer, except rows sampled here: their session
     // never reads them (it has its token) and is told it has no logits (batch_done).
+    uint32_t n_skip = 0;
     for (uint32_t i = 0; i < n; ++i)
-        if (slots[i].sample.mode == SampleRow::kSkip)
+        if (slots[i].sample.mode == SampleRow::kSkip) {
+            n_skip++;
             GPTOSS_CUDA_TRY(cudaMemcpyAsync(slots[i].logits, logits_ + size_t(i) * m.V, size_t(m.V) * 4,
                                             cudaMemcpyDeviceToDevice, stream_));
-    GPTOSS_CUDA_TRY(cudaEventRecord(done_, stream_));
+        }
+    if (n_skip == 0 && !profiling_) GPTOSS_TRY(speculate(m, slots, n));
+    GPTOSS_CUDA_TRY(cudaEventRecord(done_, stream_));  // after the speculative forward, if any
     for (uint32_t i = 0; i < n; ++i) GPTOSS_CUDA_TRY(cudaStreamWaitEvent(slots[i].stream, done_, 0));
     at->tail = Clock::now();
     if (any_sample) {  // the logits copies may still run: the sessions' streams wait for them
         GPTOSS_CUDA_TRY(cudaEventSynchronize(sampled_done_));
         std::memcpy(sampled, sampled_host_, n * 4);
+        for (size_t i = 0; i < spec_.size(); ++i) spec_[i].token = sampled[i];
     } else if (sampled != nullptr) {
         for (uint32_t i = 0; i < n; ++i) sampled[i] = -1;
     }
@@ -342,7 +359,9 @@ gptoss_status BatchDecoder::sample_step(const BatchModel& m, const BatchSlot* sl
 // GPTOSS_DECODE_BATCH_TRACE / _PROFILE: waits for the device and adds the step to the tables the
 // destructor prints.
 gptoss_status BatchDecoder::collect_step(uint32_t n, bool trace, const StepStamps& at) {
-    GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
+    // (the events of this step; a speculative forward behind them keeps running)
+    if (profiling_) GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
+    else GPTOSS_CUDA_TRY(cudaEventSynchronize(trace_end_));
     const auto ms = [](Clock::time_point a, Clock::time_point b) {
         return std::chrono::duration<double, std::milli>(b - a).count();
     };
@@ -371,6 +390,73 @@ gptoss_status BatchDecoder::collect_step(uint32_t n, bool trace, const StepStamp
     }
     collect_prefill();
     last_end_ = Clock::now();
+    return GPTOSS_OK;
+}
+
+// Splits of the full layers for the rows at pos + ahead: a power of two covering every item (CTAs
+// past an item's position exit at once; an item's bits do not depend on the count), so graphs
+// are few.
+uint32_t BatchDecoder::full_splits_for(const BatchSlot* slots, uint32_t n, uint32_t ahead) {
+    uint32_t needed = 0, full_splits = 1;
+    for (uint32_t i = 0; i < n; ++i) needed = std::max(needed, batch_splits_needed(slots[i].pos + ahead));
+    while (full_splits < needed) full_splits *= 2;
+    return full_splits;
+}
+
+// Off unless GPTOSS_DECODE_BATCH_SPECULATE=1: written and tested on the CPU side (the batcher's
+// leave(), the engine's kv_past_end) in the seventeenth session, never run on a GPU yet
+// (bench/NOTES.md "v27": the A/B and GPU tests to run before it may become the default).
+bool speculation_enabled() {
+    static const bool on = env_on("GPTOSS_DECODE_BATCH_SPECULATE", false);
+    return on;
+}
+
+bool BatchDecoder::spec_matches(const BatchSlot* slots, uint32_t n) const {
+    if (spec_.size() != n) return false;
+    for (uint32_t i = 0; i < n; ++i)
+        if (slots[i].stream != spec_[i].stream || slots[i].pos != spec_[i].pos || slots[i].token != spec_[i].token ||
+            spec_[i].token < 0)
+            return false;
+    return true;
+}
+
+// Every row of this step is sampled in it (sampled_, device): the next step's forward of those
+// tokens at pos + 1 goes on stream_ now, behind the sampler, so the GPU runs it while the host
+// hands the tokens out and the sessions come back. Only where it needs no new scratch (the
+// splits at pos + 1 fit) and every row's pos + 1 is inside its full layers' caches.
+gptoss_status BatchDecoder::speculate(const BatchModel& m, const BatchSlot* slots, uint32_t n) {
+    if (!speculation_enabled() || n > cap_items_) return GPTOSS_OK;
+    const uint32_t L = uint32_t(m.layers.size());
+    for (uint32_t i = 0; i < n; ++i) {
+        if (slots[i].sample.mode == SampleRow::kSkip) return GPTOSS_OK;
+        for (uint32_t l = 0; l < L; ++l) {  // a sliding ring of the whole window wraps by design
+            const bool ring = m.layers[l].sliding && slots[i].layers[l].slots >= m.sliding_window;
+            if (!ring && slots[i].pos + 1 >= slots[i].layers[l].slots) return GPTOSS_OK;
+        }
+    }
+    const uint32_t full_splits = full_splits_for(slots, n, 1);
+    if (full_splits > cap_splits_) return GPTOSS_OK;
+    for (uint32_t i = 0; i < n; ++i)
+        for (uint32_t l = 0; l < L; ++l) {
+            BatchAttentionItem it = slots[i].layers[l];
+            it.pos = int32_t(slots[i].pos + 1);
+            spec_items_host_[size_t(l) * cap_items_ + i] = it;
+        }
+    // Pinned source (the copy is asynchronous); its previous copy ran before this step's sampler.
+    GPTOSS_CUDA_TRY(cudaMemcpyAsync(items_, spec_items_host_, size_t(L) * cap_items_ * sizeof(BatchAttentionItem),
+                                    cudaMemcpyHostToDevice, stream_));
+    GPTOSS_CUDA_TRY(cudaMemcpyAsync(tokens_, sampled_, n * 4, cudaMemcpyDeviceToDevice, stream_));
+    GPTOSS_TRY(launch(m, n, full_splits));
+    spec_.resize(n);
+    for (uint32_t i = 0; i < n; ++i) spec_[i] = SpecRow{slots[i].stream, slots[i].pos + 1, -1};  // token: after the sync
+    spec_launched_++;
+    return GPTOSS_OK;
+}
+
+gptoss_status BatchDecoder::drop_speculation() {
+    if (spec_.empty()) return GPTOSS_OK;
+    spec_.clear();
+    GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
     return GPTOSS_OK;
 }
 

@@ -107,7 +107,29 @@ public:
     // steps' wall split into steps with a chunk pending beside them and steps without.
     void trace_prefill(cudaStream_t session_stream, uint32_t tokens, bool begin);
 
+    // Speculation (GPTOSS_DECODE_BATCH_SPECULATE=1; off by default until measured): when every row of a step is
+    // sampled in it, the next step's forward (each row's sampled token at pos + 1) is launched
+    // behind the sampler, before the host has the tokens, so the callers' turnaround overlaps it;
+    // the next step() whose rows are exactly those (same streams, positions and tokens, in order)
+    // reuses it instead of running its own. The bits are the same either way (batch invariance).
+    // The speculative forward writes each row's K/V at pos + 1 even where its session stops
+    // before that token: decode K/V, never reused by a later call (gptoss_session::kv_past_end).
+    // drop_speculation waits for a speculative forward still in flight and forgets it (a session
+    // leaving the batch: nothing of it may run on the device after its generation returns).
+    gptoss_status drop_speculation();
+
 private:
+    struct SpecRow {
+        cudaStream_t stream;
+        uint32_t pos;
+        int32_t token;  // -1 until the step's sampled tokens are back
+    };
+    std::vector<SpecRow> spec_;  // the speculative forward in flight (empty: none)
+    BatchAttentionItem* spec_items_host_ = nullptr;  // pinned [n_layers, cap_items_], inside sampled_host_'s block
+    uint64_t spec_launched_ = 0, spec_reused_ = 0;
+    bool spec_matches(const BatchSlot* slots, uint32_t n) const;
+    gptoss_status speculate(const BatchModel& m, const BatchSlot* slots, uint32_t n);
+    static uint32_t full_splits_for(const BatchSlot* slots, uint32_t n, uint32_t ahead);
     gptoss_status reserve(const BatchModel& m, uint32_t n, uint32_t splits);
     gptoss_status init_stream();  // stream_, done_, sampled_done_ on the current device
     // The scratch of a step of `items` tokens and `sp` attention splits laid out from `base`:

@@ -270,6 +270,39 @@ TEST_CASE("sessions join and leave mid-flight: a second wave starts while the fi
     gptoss_model_free(model);
 }
 
+TEST_CASE("a session reused after a short batched generation continues exactly like a fresh one") {
+    // Two tokens after a prompt longer than the sliding window: the step that samples the second
+    // may run its forward too (the CUDA step's speculation, with in-step sampling), writing K/V
+    // one position past what the session keeps (gptoss_session::kv_past_end); the next prompt
+    // extends the first by its first token, the resume case that must not trust that ring slot.
+    gptoss_model* model = load_tiny(8);
+    gptoss_session* reused = new_session(model);
+    Job first;
+    first.prompt = prompt_of(200, 7);
+    first.temperature = 0.0f;
+    first.max_tokens = 2;
+    run_job(reused, &first);
+    REQUIRE(first.status == GPTOSS_OK);
+    REQUIRE(first.tokens.size() == 2);
+    Job next;
+    next.prompt = first.prompt;
+    next.prompt.push_back(first.tokens[0]);
+    for (int32_t t : prompt_of(5, 8)) next.prompt.push_back(t);
+    next.temperature = 0.8f;
+    next.seed = 42;
+    next.max_tokens = 12;
+    Job fresh = next;
+    run_job(reused, &next);
+    gptoss_session* other = new_session(model);
+    run_job(other, &fresh);
+    REQUIRE(next.status == GPTOSS_OK);
+    REQUIRE(fresh.status == GPTOSS_OK);
+    CHECK(next.tokens == fresh.tokens);
+    gptoss_session_free(other);
+    gptoss_session_free(reused);
+    gptoss_model_free(model);
+}
+
 TEST_CASE("a bad request fails alone; the sessions beside it are untouched") {
     std::vector<Job> alone = mixed_jobs(4);
     run_alone(&alone);

@@ -406,7 +406,7 @@ uint32_t BatchDecoder::full_splits_for(const BatchSlot* slots, uint32_t n, uint3
 // Off unless GPTOSS_DECODE_BATCH_SPECULATE=1: written and tested on the CPU side (the batcher's
 // leave(), the engine's kv_past_end) in the seventeenth session, never run on a GPU yet
 // (bench/NOTES.md "v27": the A/B and GPU tests to run before it may become the default).
-bool speculation_enabled() {
+static bool speculation_enabled() {
     static const bool on = env_on("GPTOSS_DECODE_BATCH_SPECULATE", false);
     return on;
 }

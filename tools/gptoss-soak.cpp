@@ -134,6 +134,9 @@ class Worker {
   private:
     bool new_session();
     void turn(Turn kind);
+    gptoss_chat_request request_for(Turn kind, const std::vector<gptoss_message>& msgs);
+    gptoss_sampling_params sampling_for(Turn kind);
+    void record(gptoss_status st, const gptoss_chat_result* res);
     void fail(const char* what, gptoss_status st);
 
     gptoss_model* model_;
@@ -175,16 +178,9 @@ void Worker::run() {
     while (Clock::now() < end_ && session_) turn(kinds[rng_() % (sizeof kinds / sizeof kinds[0])]);
 }
 
-void Worker::turn(Turn kind) {
-    if (kind == Turn::new_session) {
-        new_session();
-        return;
-    }
-    if (kind == Turn::long_prompt) history_.clear();
-    const uint32_t near_full = opt_.ctx > 600 ? opt_.ctx - 400 - uint32_t(rng_() % 200) : opt_.ctx / 2;
-    std::string text = kind == Turn::long_prompt ? filler(near_full, rng_) : "What is " + std::to_string(rng_() % 100) + " plus 7?";
-    history_.push_back(own({GPTOSS_ROLE_USER, GPTOSS_CHANNEL_NONE, text.c_str(), nullptr, nullptr, nullptr}));
-    const std::vector<gptoss_message> msgs = view(history_);
+// The request of a turn of `kind` over msgs: tools with a random tool_choice, or a JSON-schema
+// response_format, as the kind asks.
+gptoss_chat_request Worker::request_for(Turn kind, const std::vector<gptoss_message>& msgs) {
     gptoss_chat_request req = gptoss_chat_default_request();
     req.messages = msgs.data();
     req.n_messages = msgs.size();
@@ -202,28 +198,20 @@ void Worker::turn(Turn kind) {
         req.response_format_schema = kAnswerSchema;
         req.max_reasoning_tokens = uint32_t(rng_() % 16);
     }
+    return req;
+}
+
+gptoss_sampling_params Worker::sampling_for(Turn kind) {
     gptoss_sampling_params sp = gptoss_sampling_default_params();
     sp.seed = rng_();
     sp.temperature = (rng_() % 4 == 0) ? 0.0f : 1.0f;
     sp.max_tokens = 1 + uint32_t(rng_() % opt_.max_tokens);
     if (kind == Turn::json_answer || kind == Turn::tools) sp.max_tokens += 96;  // room for the constrained part
-    std::thread canceller;
-    if (kind == Turn::cancel_other) {
-        const auto delay = std::chrono::microseconds(rng_() % 20000);
-        canceller = std::thread([s = session_, delay] {
-            std::this_thread::sleep_for(delay);
-            gptoss_session_cancel(s);
-        });
-    }
-    stop_after_ = kind == Turn::cancel_callback ? uint32_t(rng_() % 8) : UINT32_MAX;
-    seen_ = 0;
-    const gptoss_event_fn on_event = [](void* user, const gptoss_event*) {
-        Worker* w = static_cast<Worker*>(user);
-        return ++w->seen_ <= w->stop_after_;
-    };
-    const gptoss_chat_result* res = nullptr;
-    const gptoss_status st = gptoss_chat(session_, &req, &sp, on_event, this, &res);
-    if (canceller.joinable()) canceller.join();
+    return sp;
+}
+
+// A turn's outcome into the stats and the history (a tool call answered by a fixed tool message).
+void Worker::record(gptoss_status st, const gptoss_chat_result* res) {
     stats_->turns++;
     if (st == GPTOSS_ERR_CONTEXT_FULL) {
         stats_->context_full++;
@@ -244,6 +232,38 @@ void Worker::turn(Turn kind) {
         history_.push_back(own({GPTOSS_ROLE_TOOL, GPTOSS_CHANNEL_COMMENTARY, R"({"ok":true,"value":"12C"})",
                                 author.c_str(), nullptr, nullptr}));
     }
+}
+
+void Worker::turn(Turn kind) {
+    if (kind == Turn::new_session) {
+        new_session();
+        return;
+    }
+    if (kind == Turn::long_prompt) history_.clear();
+    const uint32_t near_full = opt_.ctx > 600 ? opt_.ctx - 400 - uint32_t(rng_() % 200) : opt_.ctx / 2;
+    std::string text = kind == Turn::long_prompt ? filler(near_full, rng_) : "What is " + std::to_string(rng_() % 100) + " plus 7?";
+    history_.push_back(own({GPTOSS_ROLE_USER, GPTOSS_CHANNEL_NONE, text.c_str(), nullptr, nullptr, nullptr}));
+    const std::vector<gptoss_message> msgs = view(history_);
+    const gptoss_chat_request req = request_for(kind, msgs);
+    const gptoss_sampling_params sp = sampling_for(kind);
+    std::thread canceller;
+    if (kind == Turn::cancel_other) {
+        const auto delay = std::chrono::microseconds(rng_() % 20000);
+        canceller = std::thread([s = session_, delay] {
+            std::this_thread::sleep_for(delay);
+            gptoss_session_cancel(s);
+        });
+    }
+    stop_after_ = kind == Turn::cancel_callback ? uint32_t(rng_() % 8) : UINT32_MAX;
+    seen_ = 0;
+    const gptoss_event_fn on_event = [](void* user, const gptoss_event*) {
+        Worker* w = static_cast<Worker*>(user);
+        return ++w->seen_ <= w->stop_after_;
+    };
+    const gptoss_chat_result* res = nullptr;
+    const gptoss_status st = gptoss_chat(session_, &req, &sp, on_event, this, &res);
+    if (canceller.joinable()) canceller.join();
+    record(st, res);
 }
 
 uint64_t peak(const std::vector<Sample>& s, double from, double to, uint64_t Sample::*field) {

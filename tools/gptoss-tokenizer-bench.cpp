@@ -33,6 +33,58 @@ bool read_file(const char* path, std::string* out) {
     return ok;
 }
 
+// Loads the tokenizer max(repeat, 5) times (the first also warms the page cache) and prints the
+// best and median load time (the JSON object's first fields). Returns 0, or 1 after saying why.
+int load_timed(const char* json_path, const char* tiktoken_path, int repeat, std::unique_ptr<gptoss::Tokenizer>* tok) {
+    std::vector<double> load_ms;
+    for (int r = 0; r < std::max(repeat, 5); r++) {
+        const double t0 = now_s();
+        const gptoss_status status = json_path ? gptoss::Tokenizer::load_hf_json(json_path, tok)
+                                               : gptoss::Tokenizer::load_tiktoken(tiktoken_path, tok);
+        load_ms.push_back((now_s() - t0) * 1e3);
+        if (status != GPTOSS_OK) {
+            std::fprintf(stderr, "gptoss-tokenizer-bench: %s\n", gptoss_last_error());
+            return 1;
+        }
+    }
+    std::sort(load_ms.begin(), load_ms.end());
+    std::printf("{\"load_ms_min\": %.1f, \"load_ms_median\": %.1f", load_ms.front(), load_ms[load_ms.size() / 2]);
+    return 0;
+}
+
+// Encodes the corpus `repeat` times, prints the best time's fields, writes the ids (int32) to
+// ids_out when given. Returns 0, or 1 after saying why.
+int encode_timed(const gptoss::Tokenizer& tok, const char* corpus_path, const char* ids_out, int repeat) {
+    std::string corpus;
+    if (!read_file(corpus_path, &corpus)) {
+        std::fprintf(stderr, "gptoss-tokenizer-bench: cannot read %s\n", corpus_path);
+        return 1;
+    }
+    std::vector<int32_t> ids;
+    double best = 1e30;
+    for (int r = 0; r < repeat; r++) {
+        ids.clear();
+        const double t0 = now_s();
+        if (tok.encode(corpus.data(), corpus.size(), /*allow_special=*/false, &ids) != GPTOSS_OK) {
+            std::fprintf(stderr, "gptoss-tokenizer-bench: %s\n", gptoss_last_error());
+            return 1;
+        }
+        best = std::min(best, now_s() - t0);
+    }
+    std::printf(", \"bytes\": %zu, \"tokens\": %zu, \"encode_s\": %.4f, \"encode_mb_per_s\": %.2f", corpus.size(),
+                ids.size(), best, double(corpus.size()) / best / 1e6);
+    if (ids_out) {
+        FILE* f = std::fopen(ids_out, "wb");
+        if (!f || std::fwrite(ids.data(), sizeof(int32_t), ids.size(), f) != ids.size()) {
+            std::fprintf(stderr, "gptoss-tokenizer-bench: cannot write %s\n", ids_out);
+            if (f) std::fclose(f);
+            return 1;
+        }
+        std::fclose(f);
+    }
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -58,51 +110,9 @@ int main(int argc, char** argv) {
                              "[--repeat N] [--ids-out FILE]\n");
         return 2;
     }
-
-    // Load time: best and median of `repeat` loads (the first one also warms the page cache).
     std::unique_ptr<gptoss::Tokenizer> tok;
-    std::vector<double> load_ms;
-    for (int r = 0; r < std::max(repeat, 5); r++) {
-        const double t0 = now_s();
-        const gptoss_status status = json_path ? gptoss::Tokenizer::load_hf_json(json_path, &tok)
-                                               : gptoss::Tokenizer::load_tiktoken(tiktoken_path, &tok);
-        load_ms.push_back((now_s() - t0) * 1e3);
-        if (status != GPTOSS_OK) {
-            std::fprintf(stderr, "gptoss-tokenizer-bench: %s\n", gptoss_last_error());
-            return 1;
-        }
-    }
-    std::sort(load_ms.begin(), load_ms.end());
-    std::printf("{\"load_ms_min\": %.1f, \"load_ms_median\": %.1f", load_ms.front(), load_ms[load_ms.size() / 2]);
-
-    if (corpus_path) {
-        std::string corpus;
-        if (!read_file(corpus_path, &corpus)) {
-            std::fprintf(stderr, "gptoss-tokenizer-bench: cannot read %s\n", corpus_path);
-            return 1;
-        }
-        std::vector<int32_t> ids;
-        double best = 1e30;
-        for (int r = 0; r < repeat; r++) {
-            ids.clear();
-            const double t0 = now_s();
-            if (tok->encode(corpus.data(), corpus.size(), /*allow_special=*/false, &ids) != GPTOSS_OK) {
-                std::fprintf(stderr, "gptoss-tokenizer-bench: %s\n", gptoss_last_error());
-                return 1;
-            }
-            best = std::min(best, now_s() - t0);
-        }
-        std::printf(", \"bytes\": %zu, \"tokens\": %zu, \"encode_s\": %.4f, \"encode_mb_per_s\": %.2f", corpus.size(),
-                    ids.size(), best, double(corpus.size()) / best / 1e6);
-        if (ids_out) {
-            FILE* f = std::fopen(ids_out, "wb");
-            if (!f || std::fwrite(ids.data(), sizeof(int32_t), ids.size(), f) != ids.size()) {
-                std::fprintf(stderr, "gptoss-tokenizer-bench: cannot write %s\n", ids_out);
-                return 1;
-            }
-            std::fclose(f);
-        }
-    }
+    if (load_timed(json_path, tiktoken_path, repeat, &tok) != 0) return 1;
+    if (corpus_path && encode_timed(*tok, corpus_path, ids_out, repeat) != 0) return 1;
     std::printf("}\n");
     return 0;
 }

@@ -702,34 +702,55 @@ gptoss_status bind_weights(const Config& c, std::map<std::string, FoundTensor>* 
 
 }  // namespace
 
+// The checkpoint's shards: those model.safetensors.index.json names (and its tensor -> shard map
+// into *weight_map), else the single model.safetensors. IO error naming dir when neither exists.
+static gptoss_status list_shards(const std::string& dir, std::vector<std::string>* shards,
+                                 std::map<std::string, std::string>* weight_map) {
+    const std::string index_path = join_path(dir, "model.safetensors.index.json");
+    if (file_exists(index_path)) {
+        simdjson::padded_string text;
+        GPTOSS_TRY(read_json_file(index_path, &text));
+        return parse_index(index_path, text, shards, weight_map);
+    }
+    if (file_exists(join_path(dir, "model.safetensors"))) {
+        shards->push_back("model.safetensors");
+        return GPTOSS_OK;
+    }
+    return fail(GPTOSS_ERR_IO, "%s: no model.safetensors or model.safetensors.index.json found", dir.c_str());
+}
+
+// Every tensor the index names must be in the shard it names (FORMAT error naming both).
+static gptoss_status check_index(const std::string& dir, const std::map<std::string, std::string>& weight_map,
+                                 const std::map<std::string, FoundTensor>& found) {
+    const std::string index_name = "model.safetensors.index.json";
+    for (const auto& entry : weight_map) {
+        auto it = found.find(entry.first);
+        if (it == found.end())
+            return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s, listed in %s, is absent from it",
+                        join_path(dir, entry.second).c_str(), entry.first.c_str(), index_name.c_str());
+        if (it->second.file->name != entry.second)
+            return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s, listed in %s for %s, is in %s instead",
+                        join_path(dir, entry.second).c_str(), entry.first.c_str(), index_name.c_str(),
+                        entry.second.c_str(), it->second.file->name.c_str());
+    }
+    return GPTOSS_OK;
+}
+
 gptoss_status load_checkpoint(const std::string& dir, const ProgressFn& progress,
                               std::unique_ptr<Checkpoint>* out) {
     // Built locally and handed over only on success: any early return unmaps everything.
     auto checkpoint = std::make_unique<Checkpoint>();
     GPTOSS_TRY(load_config(dir, &checkpoint->config));
-
     std::vector<std::string> shards;
     std::map<std::string, std::string> weight_map;
-    const std::string index_path = join_path(dir, "model.safetensors.index.json");
-    const std::string single_path = join_path(dir, "model.safetensors");
-    const bool indexed = file_exists(index_path);
-    if (indexed) {
-        simdjson::padded_string text;
-        GPTOSS_TRY(read_json_file(index_path, &text));
-        GPTOSS_TRY(parse_index(index_path, text, &shards, &weight_map));
-    } else if (file_exists(single_path)) {
-        shards.push_back("model.safetensors");
-    } else {
-        return fail(GPTOSS_ERR_IO, "%s: no model.safetensors or model.safetensors.index.json found",
-                    dir.c_str());
-    }
+    GPTOSS_TRY(list_shards(dir, &shards, &weight_map));
 
     std::map<std::string, FoundTensor> found;
     for (size_t i = 0; i < shards.size(); ++i) {
         const std::string path = join_path(dir, shards[i]);
         if (!file_exists(path))
-            return fail(GPTOSS_ERR_IO, "%s: shard %s named by %s is missing", path.c_str(),
-                        shards[i].c_str(), base_name(index_path).c_str());
+            return fail(GPTOSS_ERR_IO, "%s: shard %s named by %s is missing", path.c_str(), shards[i].c_str(),
+                        "model.safetensors.index.json");
         std::unique_ptr<MappedFile> file;
         GPTOSS_TRY(map_file(path, &file));
         const MappedFile& mapped = *file;
@@ -737,20 +758,7 @@ gptoss_status load_checkpoint(const std::string& dir, const ProgressFn& progress
         GPTOSS_TRY(parse_shard(mapped, &found));
         GPTOSS_TRY(report(progress, 0.5f * float(i + 1) / float(shards.size()), dir));
     }
-
-    // Every tensor the index names must be in the shard it names.
-    for (const auto& entry : weight_map) {
-        auto it = found.find(entry.first);
-        if (it == found.end())
-            return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s, listed in %s, is absent from it",
-                        join_path(dir, entry.second).c_str(), entry.first.c_str(),
-                        base_name(index_path).c_str());
-        if (it->second.file->name != entry.second)
-            return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s, listed in %s for %s, is in %s instead",
-                        join_path(dir, entry.second).c_str(), entry.first.c_str(),
-                        base_name(index_path).c_str(), entry.second.c_str(),
-                        it->second.file->name.c_str());
-    }
+    GPTOSS_TRY(check_index(dir, weight_map, found));
 
     GPTOSS_TRY(bind_weights(checkpoint->config, &found, dir, progress, &checkpoint->weights));
     uint64_t total = 0;

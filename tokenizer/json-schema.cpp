@@ -472,6 +472,8 @@ private:
     gptoss_status compile_enum(element schema, const std::string& path, uint32_t types, bool nullable, uint32_t* out);
     gptoss_status string_node(element schema, const std::string& path, uint32_t* out);
     gptoss_status object_node(element schema, const std::string& path, uint32_t* out);
+    gptoss_status object_properties(element props_value, const std::string& path, Node* n);
+    gptoss_status object_required(element required, const std::string& path, Node* n);
     gptoss_status array_node(element schema, const std::string& path, uint32_t* out);
 
     element root_;
@@ -726,49 +728,56 @@ gptoss_status Compiler::string_node(element schema, const std::string& path, uin
     return GPTOSS_OK;
 }
 
+// "properties": each compiled in order into n->props (names that need escaping in JSON are not
+// supported).
+gptoss_status Compiler::object_properties(element props_value, const std::string& path, Node* n) {
+    simdjson::dom::object props;
+    if (props_value.get_object().get(props) != simdjson::SUCCESS) return error(child(path, "properties"), "expected an object");
+    for (auto kv : props) {
+        const std::string at = child(child(path, "properties"), kv.key);
+        for (unsigned char ch : kv.key)
+            if (ch == '"' || ch == '\\' || ch < 0x20)
+                return error(at, "property names that need escaping in JSON are not supported");
+        Node::Property p;
+        p.name = std::string(kv.key);
+        GPTOSS_TRY(compile(kv.value, at, &p.value));
+        n->props.push_back(std::move(p));
+    }
+    return GPTOSS_OK;
+}
+
+// "required": marks the named properties; a name not declared becomes a property of any value.
+gptoss_status Compiler::object_required(element required, const std::string& path, Node* n) {
+    simdjson::dom::array arr;
+    if (required.get_array().get(arr) != simdjson::SUCCESS) return error(child(path, "required"), "expected an array of strings");
+    for (element r : arr) {
+        std::string_view name;
+        if (r.get_string().get(name) != simdjson::SUCCESS) return error(child(path, "required"), "expected an array of strings");
+        auto it = std::find_if(n->props.begin(), n->props.end(), [&](const Node::Property& p) { return p.name == name; });
+        if (it == n->props.end()) {
+            // Required but not declared: any value.
+            for (unsigned char ch : name)
+                if (ch == '"' || ch == '\\' || ch < 0x20)
+                    return error(child(path, "required"), "property names that need escaping are not supported");
+            Node::Property p;
+            p.name = std::string(name);
+            p.value = any_choice();
+            n->props.push_back(std::move(p));
+            it = n->props.end() - 1;
+        }
+        it->required = true;
+    }
+    return GPTOSS_OK;
+}
+
 gptoss_status Compiler::object_node(element schema, const std::string& path, uint32_t* out) {
     Node n;
     n.kind = Kind::Object;
     set_first(&n, '{');
     element v;
-    bool has_properties = false;
-    if (field(schema, "properties", &v)) {
-        has_properties = true;
-        simdjson::dom::object props;
-        if (v.get_object().get(props) != simdjson::SUCCESS) return error(child(path, "properties"), "expected an object");
-        for (auto kv : props) {
-            const std::string at = child(child(path, "properties"), kv.key);
-            for (unsigned char ch : kv.key)
-                if (ch == '"' || ch == '\\' || ch < 0x20)
-                    return error(at, "property names that need escaping in JSON are not supported");
-            Node::Property p;
-            p.name = std::string(kv.key);
-            GPTOSS_TRY(compile(kv.value, at, &p.value));
-            n.props.push_back(std::move(p));
-        }
-    }
-    if (field(schema, "required", &v)) {
-        simdjson::dom::array arr;
-        if (v.get_array().get(arr) != simdjson::SUCCESS) return error(child(path, "required"), "expected an array of strings");
-        for (element r : arr) {
-            std::string_view name;
-            if (r.get_string().get(name) != simdjson::SUCCESS)
-                return error(child(path, "required"), "expected an array of strings");
-            auto it = std::find_if(n.props.begin(), n.props.end(), [&](const Node::Property& p) { return p.name == name; });
-            if (it == n.props.end()) {
-                // Required but not declared: any value.
-                for (unsigned char ch : name)
-                    if (ch == '"' || ch == '\\' || ch < 0x20)
-                        return error(child(path, "required"), "property names that need escaping are not supported");
-                Node::Property p;
-                p.name = std::string(name);
-                p.value = any_choice();
-                n.props.push_back(std::move(p));
-                it = n.props.end() - 1;
-            }
-            it->required = true;
-        }
-    }
+    const bool has_properties = field(schema, "properties", &v);
+    if (has_properties) GPTOSS_TRY(object_properties(v, path, &n));
+    if (field(schema, "required", &v)) GPTOSS_TRY(object_required(v, path, &n));
     if (n.props.size() > kMaxProperties)
         return error(child(path, "properties"), "%zu properties; at most %u are supported", n.props.size(), kMaxProperties);
     bool additional_given = false;

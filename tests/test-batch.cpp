@@ -381,8 +381,14 @@ public:
         std::this_thread::sleep_for(std::chrono::microseconds(200));
         busy.store(false);
     }
+    // A leaving session: never while a step runs (the batcher waits for it to end).
+    void drop_speculation() override {
+        CHECK(!busy.load());
+        drops++;
+    }
     uint32_t cap = 3;
     std::atomic<bool> busy{false};
+    std::atomic<int> drops{0};
     std::vector<uint32_t> sizes;  // written only inside decode_batch (one step at a time)
 };
 
@@ -434,4 +440,5 @@ TEST_CASE("DecodeBatcher: steps within the cap and token budget, every item deli
     CHECK(steps == backend.sizes.size());
     for (uint32_t n : backend.sizes) CHECK((n >= 1 && n <= 3));
     CHECK(double(tokens) / double(steps) > 1.5);
+    CHECK(backend.drops.load() == kThreads);  // once per leave(), each between steps
 }

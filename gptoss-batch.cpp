@@ -97,14 +97,17 @@ struct DecodeBatcher::State {
     std::condition_variable step_end;  // stepping went false (leave() waits for it)
     uint64_t steps = 0, tokens = 0;
 
+    // Wakes r's caller with r marked done (its step ended) or poked (look again).
+    static void wake(Request* r, bool done) {
+        std::lock_guard<std::mutex> g(r->m);
+        if (done) r->done.store(true);
+        else r->poked = true;
+        r->cv.notify_one();  // under r->m: the caller cannot return and free r before
+    }
     // Wakes every waiting caller whose request no step has taken (caller holds `mutex`, so
     // none of them can be taken, finished and gone meanwhile).
     void poke_pending() {
-        for (Request* r : pending) {
-            std::lock_guard<std::mutex> g(r->m);
-            r->poked = true;
-            r->cv.notify_one();  // under r->m: the caller cannot return and free r before
-        }
+        for (Request* r : pending) wake(r, false);
     }
 };
 
@@ -133,8 +136,10 @@ void DecodeBatcher::leave() {
     state_->active--;
     // Nothing of the leaving session may still run when its generation returns (a step's
     // speculative forward: Backend::drop_speculation); no step starts while the lock is held.
-    state_->step_end.wait(lock, [this] { return !state_->stepping; });
-    backend_.drop_speculation();
+    if (backend_.speculates()) {
+        state_->step_end.wait(lock, [this] { return !state_->stepping; });
+        backend_.drop_speculation();
+    }
     state_->poke_pending();  // the waiters may now be everyone left
 }
 
@@ -219,11 +224,7 @@ static void lead_step(State& s, std::unique_lock<std::mutex>& lock, typename Sta
     s.poke_pending();  // submitted during the step: one of them may lead the next
     lock.unlock();
     // The step's callers, each woken on its own (nobody else touches a taken request).
-    for (Request* r : batch) {
-        std::lock_guard<std::mutex> g(r->m);
-        r->done.store(true);
-        r->cv.notify_one();  // under r->m: the caller cannot return and free r before
-    }
+    for (Request* r : batch) State::wake(r, true);
     lock.lock();
 }
 

@@ -333,6 +333,7 @@ public:
     // gptoss_session::kv_past_end); drop_speculation, called by the batcher when a session
     // leaves and no step runs, waits for such work and forgets it.
     virtual void decode_batch(DecodeItem* const* items, uint32_t n);
+    virtual bool speculates() const { return false; }  // whether decode_batch may run such work
     virtual void drop_speculation() {}
 };
 

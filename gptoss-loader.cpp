@@ -702,11 +702,13 @@ gptoss_status bind_weights(const Config& c, std::map<std::string, FoundTensor>* 
 
 }  // namespace
 
+static const char* const kIndexName = "model.safetensors.index.json";
+
 // The checkpoint's shards: those model.safetensors.index.json names (and its tensor -> shard map
 // into *weight_map), else the single model.safetensors. IO error naming dir when neither exists.
 static gptoss_status list_shards(const std::string& dir, std::vector<std::string>* shards,
                                  std::map<std::string, std::string>* weight_map) {
-    const std::string index_path = join_path(dir, "model.safetensors.index.json");
+    const std::string index_path = join_path(dir, kIndexName);
     if (file_exists(index_path)) {
         simdjson::padded_string text;
         GPTOSS_TRY(read_json_file(index_path, &text));
@@ -722,15 +724,14 @@ static gptoss_status list_shards(const std::string& dir, std::vector<std::string
 // Every tensor the index names must be in the shard it names (FORMAT error naming both).
 static gptoss_status check_index(const std::string& dir, const std::map<std::string, std::string>& weight_map,
                                  const std::map<std::string, FoundTensor>& found) {
-    const std::string index_name = "model.safetensors.index.json";
     for (const auto& entry : weight_map) {
         auto it = found.find(entry.first);
         if (it == found.end())
             return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s, listed in %s, is absent from it",
-                        join_path(dir, entry.second).c_str(), entry.first.c_str(), index_name.c_str());
+                        join_path(dir, entry.second).c_str(), entry.first.c_str(), kIndexName);
         if (it->second.file->name != entry.second)
             return fail(GPTOSS_ERR_FORMAT, "%s: tensor %s, listed in %s for %s, is in %s instead",
-                        join_path(dir, entry.second).c_str(), entry.first.c_str(), index_name.c_str(),
+                        join_path(dir, entry.second).c_str(), entry.first.c_str(), kIndexName,
                         entry.second.c_str(), it->second.file->name.c_str());
     }
     return GPTOSS_OK;
@@ -750,7 +751,7 @@ gptoss_status load_checkpoint(const std::string& dir, const ProgressFn& progress
         const std::string path = join_path(dir, shards[i]);
         if (!file_exists(path))
             return fail(GPTOSS_ERR_IO, "%s: shard %s named by %s is missing", path.c_str(), shards[i].c_str(),
-                        "model.safetensors.index.json");
+                        kIndexName);
         std::unique_ptr<MappedFile> file;
         GPTOSS_TRY(map_file(path, &file));
         const MappedFile& mapped = *file;

@@ -281,6 +281,7 @@ public:
     // Batched decode (cuda/batch_decode.h) unless GPTOSS_CUDA_DECODE_BATCH=0; single-GPU models
     // with every expert on the device; otherwise the default (each item's decode() in turn).
     void decode_batch(DecodeItem* const* items, uint32_t n) override;
+    bool speculates() const override { return batch_speculation_enabled(); }
     void drop_speculation() override {
         DeviceGuard guard(device_);
         if (batch_.drop_speculation() != GPTOSS_OK) poisoned_ = true;

@@ -406,7 +406,7 @@ uint32_t BatchDecoder::full_splits_for(const BatchSlot* slots, uint32_t n, uint3
 // Off unless GPTOSS_DECODE_BATCH_SPECULATE=1: written and tested on the CPU side (the batcher's
 // leave(), the engine's kv_past_end) in the seventeenth session, never run on a GPU yet
 // (bench/NOTES.md "v27": the A/B and GPU tests to run before it may become the default).
-static bool speculation_enabled() {
+bool batch_speculation_enabled() {
     static const bool on = env_on("GPTOSS_DECODE_BATCH_SPECULATE", false);
     return on;
 }
@@ -425,7 +425,7 @@ bool BatchDecoder::spec_matches(const BatchSlot* slots, uint32_t n) const {
 // hands the tokens out and the sessions come back. Only where it needs no new scratch (the
 // splits at pos + 1 fit) and every row's pos + 1 is inside its full layers' caches.
 gptoss_status BatchDecoder::speculate(const BatchModel& m, const BatchSlot* slots, uint32_t n) {
-    if (!speculation_enabled() || n > cap_items_) return GPTOSS_OK;
+    if (!batch_speculation_enabled() || n > cap_items_) return GPTOSS_OK;
     const uint32_t L = uint32_t(m.layers.size());
     for (uint32_t i = 0; i < n; ++i) {
         if (slots[i].sample.mode == SampleRow::kSkip) return GPTOSS_OK;

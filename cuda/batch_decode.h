@@ -33,6 +33,9 @@ bool batch_decode_enabled();
 // at 8 (the sessions' own samplers overlap their threads' wake-ups with the step; one batched
 // launch waits for the step, then wakes them).
 uint32_t batch_sample_min_items();
+// Whether batched steps speculate their next forward (BatchDecoder::drop_speculation's comment):
+// GPTOSS_DECODE_BATCH_SPECULATE=1 (read once per process); off by default until measured.
+bool batch_speculation_enabled();
 
 // One item's KV cache of one layer (device pointers [slots, G, D] bf16) and its position.
 struct BatchAttentionItem {

@@ -381,6 +381,7 @@ public:
         std::this_thread::sleep_for(std::chrono::microseconds(200));
         busy.store(false);
     }
+    bool speculates() const override { return true; }
     // A leaving session: never while a step runs (the batcher waits for it to end).
     void drop_speculation() override {
         CHECK(!busy.load());

@@ -131,14 +131,14 @@ void DecodeBatcher::enter() {
     state_->active++;
 }
 
-void DecodeBatcher::leave() {
+void DecodeBatcher::leave(BackendSession* session) {
     std::unique_lock<std::mutex> lock(state_->mutex);
     state_->active--;
     // Nothing of the leaving session may still run when its generation returns (a step's
     // speculative forward: Backend::drop_speculation); no step starts while the lock is held.
     if (backend_.speculates()) {
         state_->step_end.wait(lock, [this] { return !state_->stepping; });
-        backend_.drop_speculation();
+        backend_.drop_speculation(session);
     }
     state_->poke_pending();  // the waiters may now be everyone left
 }
@@ -318,12 +318,13 @@ gptoss_status prefill_step(gptoss_session* session, const int32_t* tokens, uint3
     return batcher->run(session->backend.get(), tokens, n, pos, true);
 }
 
-DecodeLoop::DecodeLoop(gptoss_session* session) : batcher_(session->model->batcher.get()) {
+DecodeLoop::DecodeLoop(gptoss_session* session)
+    : batcher_(session->model->batcher.get()), session_(session->backend.get()) {
     if (batcher_ != nullptr) batcher_->enter();
 }
 
 DecodeLoop::~DecodeLoop() {
-    if (batcher_ != nullptr) batcher_->leave();
+    if (batcher_ != nullptr) batcher_->leave(session_);
 }
 
 }  // namespace gptoss

@@ -330,11 +330,11 @@ public:
     // by one thread at a time (the model's DecodeBatcher). The default runs them in turn.
     // A backend may run work for an item's session beyond the call (the CUDA step's speculative
     // forward of each sampled token at pos + 1, whose K/V it writes: never reused, see
-    // gptoss_session::kv_past_end); drop_speculation, called by the batcher when a session
-    // leaves and no step runs, waits for such work and forgets it.
+    // gptoss_session::kv_past_end); drop_speculation, called by the batcher when `session`
+    // leaves and no step runs, waits for such work and forgets that session's part of it.
     virtual void decode_batch(DecodeItem* const* items, uint32_t n);
     virtual bool speculates() const { return false; }  // whether decode_batch may run such work
-    virtual void drop_speculation() {}
+    virtual void drop_speculation(BackendSession* /*session*/) {}
 };
 
 // cpu/backend.cpp. Keeps pointers into `checkpoint`, which must outlive the backend.
@@ -368,7 +368,7 @@ public:
     // A session's decode loop is inside enter() .. leave(): the batcher waits for the
     // sessions inside (up to a short gather window) before it starts a step.
     void enter();
-    void leave();
+    void leave(BackendSession* session);
     // Runs one decode token (or, with `prefill`, a prompt chunk of n tokens) of `session` as
     // part of a step; blocks until it is done. A step holds every pending decode token (up to
     // max_sessions) and then prefill chunks, oldest first, while it has at most
@@ -547,6 +547,7 @@ public:
     DecodeLoop& operator=(const DecodeLoop&) = delete;
 private:
     DecodeBatcher* batcher_;
+    BackendSession* session_;  // the backend session, for leave()
 };
 
 // Checks a chat request as gptoss_chat_render() does and renders it as Harmony text (special

@@ -282,10 +282,7 @@ public:
     // with every expert on the device; otherwise the default (each item's decode() in turn).
     void decode_batch(DecodeItem* const* items, uint32_t n) override;
     bool speculates() const override { return batch_speculation_enabled(); }
-    void drop_speculation() override {
-        DeviceGuard guard(device_);
-        if (batch_.drop_speculation() != GPTOSS_OK) poisoned_ = true;
-    }
+    void drop_speculation(BackendSession* session) override;
     const BatchModel& batch_model();
 
     // Layout of every weight in one allocation; with base == nullptr only measures.
@@ -1168,6 +1165,11 @@ void CudaBackend::decode_batch(DecodeItem* const* items, uint32_t n) {
         // A row sampled in the step has no logits in its session (BatchDecoder::step).
         static_cast<CudaSession*>(item->session)->batch_done(st == GPTOSS_OK && sampled[i] < 0);
     }
+}
+
+void CudaBackend::drop_speculation(BackendSession* session) {
+    DeviceGuard guard(device_);
+    if (batch_.drop_speculation(static_cast<CudaSession*>(session)->batch_stream()) != GPTOSS_OK) poisoned_ = true;
 }
 
 gptoss_status CudaSession::sync() {

@@ -259,8 +259,11 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
     if (n > 65535) return fail(GPTOSS_ERR_INTERNAL, "CUDA decode_batch: %u items in one step", n);
     StepStamps at;
     at.begin = Clock::now();
-    // The speculative forward of the previous step, when it ran exactly these rows (speculate()).
+    // The speculative forward of the previous step, when it ran every one of these rows
+    // (speculate()): the step samples in its row order (spec_slots_), the tokens go back to the
+    // caller's order at the end.
     const bool reuse = spec_matches(slots, n);
+    const uint32_t n_rows = reuse ? uint32_t(spec_.size()) : n;
     spec_.clear();
     const uint32_t full_splits = full_splits_for(slots, n, 0);
     static const bool profile = env_on("GPTOSS_DECODE_BATCH_PROFILE", false);
@@ -281,7 +284,14 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
         spec_reused_++;
     }
     at.launch = Clock::now();
-    GPTOSS_TRY(sample_step(m, slots, n, sampled, trace, &at));
+    if (!reuse) {
+        GPTOSS_TRY(sample_step(m, slots, n, sampled, trace, &at));
+    } else {
+        spec_sampled_.assign(n_rows, -1);
+        GPTOSS_TRY(sample_step(m, spec_slots_.data(), n_rows, spec_sampled_.data(), trace, &at));
+        if (sampled != nullptr)
+            for (uint32_t i = 0; i < n; ++i) sampled[i] = spec_sampled_[spec_row_of_[i]];
+    }
     if (trace || profiling_) GPTOSS_TRY(collect_step(n, trace, at));
     return GPTOSS_OK;
 }
@@ -334,16 +344,19 @@ gptoss_status BatchDecoder::sample_step(const BatchModel& m, const BatchSlot* sl
     if (trace) GPTOSS_CUDA_TRY(cudaEventRecord(trace_end_, stream_));
     // Each row's logits into its session's buffer, except rows sampled here: their session
     // never reads them (it has its token) and is told it has no logits (batch_done).
+    // (A reused speculation's rows that no slot asks for have neither logits nor stream.)
     uint32_t n_skip = 0;
     for (uint32_t i = 0; i < n; ++i)
         if (slots[i].sample.mode == SampleRow::kSkip) {
             n_skip++;
-            GPTOSS_CUDA_TRY(cudaMemcpyAsync(slots[i].logits, logits_ + size_t(i) * m.V, size_t(m.V) * 4,
-                                            cudaMemcpyDeviceToDevice, stream_));
+            if (slots[i].logits != nullptr)
+                GPTOSS_CUDA_TRY(cudaMemcpyAsync(slots[i].logits, logits_ + size_t(i) * m.V, size_t(m.V) * 4,
+                                                cudaMemcpyDeviceToDevice, stream_));
         }
     if (n_skip == 0 && !profiling_) GPTOSS_TRY(speculate(m, slots, n));
     GPTOSS_CUDA_TRY(cudaEventRecord(done_, stream_));  // after the speculative forward, if any
-    for (uint32_t i = 0; i < n; ++i) GPTOSS_CUDA_TRY(cudaStreamWaitEvent(slots[i].stream, done_, 0));
+    for (uint32_t i = 0; i < n; ++i)
+        if (slots[i].stream != nullptr) GPTOSS_CUDA_TRY(cudaStreamWaitEvent(slots[i].stream, done_, 0));
     at->tail = Clock::now();
     if (any_sample) {  // the logits copies may still run: the sessions' streams wait for them
         GPTOSS_CUDA_TRY(cudaEventSynchronize(sampled_done_));
@@ -403,20 +416,28 @@ uint32_t BatchDecoder::full_splits_for(const BatchSlot* slots, uint32_t n, uint3
     return full_splits;
 }
 
-// Off unless GPTOSS_DECODE_BATCH_SPECULATE=1: written and tested on the CPU side (the batcher's
-// leave(), the engine's kv_past_end) in the seventeenth session, never run on a GPU yet
-// (bench/NOTES.md "v27": the A/B and GPU tests to run before it may become the default).
+// On unless GPTOSS_DECODE_BATCH_SPECULATE=0 (bench/NOTES.md "v28": run on the H200 with the GPU
+// test-batch sampling in the step from one row, and measured off / on).
 bool batch_speculation_enabled() {
-    static const bool on = env_on("GPTOSS_DECODE_BATCH_SPECULATE", false);
+    static const bool on = env_on("GPTOSS_DECODE_BATCH_SPECULATE", true);
     return on;
 }
 
-bool BatchDecoder::spec_matches(const BatchSlot* slots, uint32_t n) const {
-    if (spec_.size() != n) return false;
-    for (uint32_t i = 0; i < n; ++i)
-        if (slots[i].stream != spec_[i].stream || slots[i].pos != spec_[i].pos || slots[i].token != spec_[i].token ||
-            spec_[i].token < 0)
+// Whether every slot is a row of the speculative forward in flight (same stream, position and
+// token); if so, fills spec_slots_ (the slots in the speculation's row order, skipped rows where
+// no slot asks) and spec_row_of_. n <= 64 in practice: the quadratic search costs microseconds.
+bool BatchDecoder::spec_matches(const BatchSlot* slots, uint32_t n) {
+    if (spec_.empty() || n > spec_.size()) return false;
+    spec_slots_.assign(spec_.size(), BatchSlot{});
+    spec_row_of_.resize(n);
+    for (uint32_t i = 0; i < n; ++i) {
+        uint32_t r = 0;
+        while (r < spec_.size() && spec_[r].stream != slots[i].stream) ++r;
+        if (r == spec_.size() || slots[i].pos != spec_[r].pos || slots[i].token != spec_[r].token || spec_[r].token < 0)
             return false;
+        spec_slots_[r] = slots[i];
+        spec_row_of_[i] = r;
+    }
     return true;
 }
 
@@ -453,9 +474,14 @@ gptoss_status BatchDecoder::speculate(const BatchModel& m, const BatchSlot* slot
     return GPTOSS_OK;
 }
 
-gptoss_status BatchDecoder::drop_speculation() {
+gptoss_status BatchDecoder::drop_speculation(cudaStream_t stream) {
     if (spec_.empty()) return GPTOSS_OK;
-    spec_.clear();
+    bool live = false;
+    for (SpecRow& row : spec_) {
+        if (row.stream == stream) row.stream = nullptr;
+        live = live || row.stream != nullptr;
+    }
+    if (!live) spec_.clear();
     GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
     return GPTOSS_OK;
 }

@@ -34,7 +34,9 @@ bool batch_decode_enabled();
 // launch waits for the step, then wakes them).
 uint32_t batch_sample_min_items();
 // Whether batched steps speculate their next forward (BatchDecoder::drop_speculation's comment):
-// GPTOSS_DECODE_BATCH_SPECULATE=1 (read once per process); off by default until measured.
+// on unless GPTOSS_DECODE_BATCH_SPECULATE=0 (read once per process). H200, 20b, bench/NOTES.md
+// "v28": 64 streams +4.6 %, issue 13's 32 / 64-stream rows +4.2 / +2.7 %; steps under
+// batch_sample_min_items() tokens never sample in the step, so never speculate.
 bool batch_speculation_enabled();
 
 // One item's KV cache of one layer (device pointers [slots, G, D] bf16) and its position.
@@ -110,16 +112,18 @@ public:
     // steps' wall split into steps with a chunk pending beside them and steps without.
     void trace_prefill(cudaStream_t session_stream, uint32_t tokens, bool begin);
 
-    // Speculation (GPTOSS_DECODE_BATCH_SPECULATE=1; off by default until measured): when every row of a step is
+    // Speculation (on unless GPTOSS_DECODE_BATCH_SPECULATE=0): when every row of a step is
     // sampled in it, the next step's forward (each row's sampled token at pos + 1) is launched
     // behind the sampler, before the host has the tokens, so the callers' turnaround overlaps it;
-    // the next step() whose rows are exactly those (same streams, positions and tokens, in order)
-    // reuses it instead of running its own. The bits are the same either way (batch invariance).
-    // The speculative forward writes each row's K/V at pos + 1 even where its session stops
-    // before that token: decode K/V, never reused by a later call (gptoss_session::kv_past_end).
-    // drop_speculation waits for a speculative forward still in flight and forgets it (a session
-    // leaving the batch: nothing of it may run on the device after its generation returns).
-    gptoss_status drop_speculation();
+    // the next step() whose rows are all among those (same streams, positions and tokens, in any
+    // order; rows it lacks are skipped) reuses it instead of running its own. The bits are the
+    // same either way (batch invariance). The speculative forward writes each row's K/V at
+    // pos + 1 even where its session stops before that token: decode K/V, never reused by a later
+    // call (gptoss_session::kv_past_end). drop_speculation waits for a speculative forward still
+    // in flight and forgets the row of the session whose stream is `stream` (a session leaving
+    // the batch: nothing of it may run on the device after its generation returns, and its next
+    // generation's rows must never match this one's).
+    gptoss_status drop_speculation(cudaStream_t stream);
 
 private:
     struct SpecRow {
@@ -127,10 +131,15 @@ private:
         uint32_t pos;
         int32_t token;  // -1 until the step's sampled tokens are back
     };
-    std::vector<SpecRow> spec_;  // the speculative forward in flight (empty: none)
+    std::vector<SpecRow> spec_;  // the speculative forward in flight (empty: none; stream null: a row dropped)
+    // A step that reuses it: its slots in the speculation's row order (rows no slot asks for are
+    // skipped rows), the sampled tokens in that order, and each slot's row.
+    std::vector<BatchSlot> spec_slots_;
+    std::vector<int32_t> spec_sampled_;
+    std::vector<uint32_t> spec_row_of_;
     BatchAttentionItem* spec_items_host_ = nullptr;  // pinned [n_layers, cap_items_], inside sampled_host_'s block
     uint64_t spec_launched_ = 0, spec_reused_ = 0;
-    bool spec_matches(const BatchSlot* slots, uint32_t n) const;
+    bool spec_matches(const BatchSlot* slots, uint32_t n);
     gptoss_status speculate(const BatchModel& m, const BatchSlot* slots, uint32_t n);
     static uint32_t full_splits_for(const BatchSlot* slots, uint32_t n, uint32_t ahead);
     gptoss_status reserve(const BatchModel& m, uint32_t n, uint32_t splits);

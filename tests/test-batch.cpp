@@ -11,6 +11,7 @@
 
 #include "gptoss-internal.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <chrono>
@@ -383,13 +384,14 @@ public:
     }
     bool speculates() const override { return true; }
     // A leaving session: never while a step runs (the batcher waits for it to end).
-    void drop_speculation() override {
+    // (called under the batcher's mutex: one at a time)
+    void drop_speculation(gptoss::BackendSession* session) override {
         CHECK(!busy.load());
-        drops++;
+        dropped.push_back(session);
     }
     uint32_t cap = 3;
     std::atomic<bool> busy{false};
-    std::atomic<int> drops{0};
+    std::vector<gptoss::BackendSession*> dropped;  // the sessions drop_speculation was called for, in order
     std::vector<uint32_t> sizes;  // written only inside decode_batch (one step at a time)
 };
 
@@ -417,7 +419,7 @@ TEST_CASE("DecodeBatcher: steps within the cap and token budget, every item deli
                     CHECK(std::string(gptoss_last_error()).empty());
                 }
             }
-            batcher.leave();
+            batcher.leave(&sessions[t]);
         });
     // Two late arrivals prefill 1000 tokens in chunks of 200 while the others decode.
     std::vector<FakeSession> prefillers(2);
@@ -441,5 +443,10 @@ TEST_CASE("DecodeBatcher: steps within the cap and token budget, every item deli
     CHECK(steps == backend.sizes.size());
     for (uint32_t n : backend.sizes) CHECK((n >= 1 && n <= 3));
     CHECK(double(tokens) / double(steps) > 1.5);
-    CHECK(backend.drops.load() == kThreads);  // once per leave(), each between steps
+    // Once per leave(), each between steps, for the session leaving.
+    std::vector<gptoss::BackendSession*> expected, dropped = backend.dropped;
+    for (FakeSession& s : sessions) expected.push_back(&s);
+    std::sort(expected.begin(), expected.end());
+    std::sort(dropped.begin(), dropped.end());
+    CHECK(dropped == expected);
 }

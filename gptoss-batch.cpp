@@ -59,7 +59,7 @@ static bool wake_all_on_submit() {
     return on;
 }
 
-void Backend::decode_batch(DecodeItem* const* items, uint32_t n) {
+void Backend::decode_batch(DecodeItem* const* items, uint32_t n, bool /*rows_stable*/) {
     for (uint32_t i = 0; i < n; i++) {
         DecodeItem& item = *items[i];
         try {
@@ -199,6 +199,9 @@ static void lead_step(State& s, std::unique_lock<std::mutex>& lock, typename Sta
     }
     // Nothing below throws once the vectors are reserved.
     const uint32_t n_decode = take_step(s.pending, max_sessions, &batch, &kept);
+    // Rows stable: no prompt chunk in the step or left waiting, every decoding session in it (a
+    // session still prefilling elsewhere may join the next step anyway: a wasted speculation).
+    const bool rows_stable = kept.empty() && n_decode == batch.size() && n_decode == s.active;
     s.pending.swap(kept);
     s.pending_decode -= n_decode;
     for (Request* r : batch) {
@@ -208,7 +211,7 @@ static void lead_step(State& s, std::unique_lock<std::mutex>& lock, typename Sta
     s.stepping = true;
     lock.unlock();
     try {
-        backend.decode_batch(items.data(), uint32_t(items.size()));
+        backend.decode_batch(items.data(), uint32_t(items.size()), rows_stable);
     } catch (...) {  // decode_batch promises not to throw; never strand the waiters
         for (DecodeItem* item : items)
             if (item->status == GPTOSS_OK) {

@@ -332,7 +332,10 @@ public:
     // forward of each sampled token at pos + 1, whose K/V it writes: never reused, see
     // gptoss_session::kv_past_end); drop_speculation, called by the batcher when `session`
     // leaves and no step runs, waits for such work and forgets that session's part of it.
-    virtual void decode_batch(DecodeItem* const* items, uint32_t n);
+    // rows_stable: the batcher expects the next step's decode items to be among these (no
+    // prompt chunk in this step or waiting, every session in a decode loop is in it), so such
+    // work is likely used; false: the next step probably has new rows, do not start any.
+    virtual void decode_batch(DecodeItem* const* items, uint32_t n, bool rows_stable);
     virtual bool speculates() const { return false; }  // whether decode_batch may run such work
     virtual void drop_speculation(BackendSession* /*session*/) {}
 };

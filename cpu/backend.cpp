@@ -98,7 +98,7 @@ public:
     uint64_t weight_bytes() const override { return checkpoint_.total_bytes; }
     int32_t device() const override { return GPTOSS_DEVICE_CPU; }
     uint32_t default_max_batch() const override { return 64; }
-    void decode_batch(DecodeItem* const* items, uint32_t n) override;
+    void decode_batch(DecodeItem* const* items, uint32_t n, bool rows_stable) override;
 
     // Runs the layers over `tokens` [T], whose rows the segments partition, and leaves in each
     // segment's session the logits of its last row. Every op reduces each row on its own in a
@@ -230,7 +230,7 @@ void CpuBackend::run(Scratch& s, const int32_t* tokens, uint32_t T, const Segmen
         std::memcpy(segments[i].session->logits_.data(), &logits[size_t(i) * c.vocab], c.vocab * sizeof(float));
 }
 
-void CpuBackend::decode_batch(DecodeItem* const* items, uint32_t n) {
+void CpuBackend::decode_batch(DecodeItem* const* items, uint32_t n, bool /*rows_stable*/) {
     std::vector<int32_t> tokens;
     std::vector<Segment> segments;
     for (uint32_t i = 0; i < n; i++) {

@@ -280,7 +280,7 @@ public:
     }
     // Batched decode (cuda/batch_decode.h) unless GPTOSS_CUDA_DECODE_BATCH=0; single-GPU models
     // with every expert on the device; otherwise the default (each item's decode() in turn).
-    void decode_batch(DecodeItem* const* items, uint32_t n) override;
+    void decode_batch(DecodeItem* const* items, uint32_t n, bool rows_stable) override;
     bool speculates() const override { return batch_speculation_enabled(); }
     void drop_speculation(BackendSession* session) override;
     const BatchModel& batch_model();
@@ -1118,8 +1118,9 @@ const BatchModel& CudaBackend::batch_model() {
     return m;
 }
 
-void CudaBackend::decode_batch(DecodeItem* const* items, uint32_t n) {
-    if (!batch_decode_enabled() || n_host_ > 0 || rank_.n_ranks > 1 || lm_rows() != dims_.V) return Backend::decode_batch(items, n);
+void CudaBackend::decode_batch(DecodeItem* const* items, uint32_t n, bool rows_stable) {
+    if (!batch_decode_enabled() || n_host_ > 0 || rank_.n_ranks > 1 || lm_rows() != dims_.V)
+        return Backend::decode_batch(items, n, rows_stable);
     DeviceGuard guard(device_);
     std::vector<DecodeItem*> batched;
     std::vector<BatchSlot> slots;
@@ -1128,7 +1129,7 @@ void CudaBackend::decode_batch(DecodeItem* const* items, uint32_t n) {
         if (item.prefill) {  // a prompt chunk: the session's own forward()
             cudaStream_t ps = static_cast<CudaSession*>(item.session)->batch_stream();
             batch_.trace_prefill(ps, 0, true);
-            Backend::decode_batch(&items[i], 1);
+            Backend::decode_batch(&items[i], 1, false);
             batch_.trace_prefill(ps, item.n, false);
             continue;
         }
@@ -1154,7 +1155,7 @@ void CudaBackend::decode_batch(DecodeItem* const* items, uint32_t n) {
             slots[i].sample = make_sample_row(*batched[i]->sampling, batched[i]->u, dims_.V, fast);
     std::vector<int32_t> sampled(batched.size(), -1);
     gptoss_status st = poisoned_ ? fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable")
-                                 : batch_.step(batch_model(), slots.data(), uint32_t(slots.size()), sampled.data());
+                                 : batch_.step(batch_model(), slots.data(), uint32_t(slots.size()), sampled.data(), rows_stable);
     if (st == GPTOSS_ERR_DEVICE) poisoned_ = true;
     const std::string error = st == GPTOSS_OK ? std::string() : std::string(gptoss_last_error());
     for (size_t i = 0; i < batched.size(); ++i) {

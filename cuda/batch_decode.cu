@@ -101,7 +101,7 @@ static bool env_on(const char* name, bool fallback) {
 uint32_t batch_sample_min_items() {
     static const uint32_t min_items = [] {
         const char* e = std::getenv("GPTOSS_DECODE_BATCH_SAMPLE");
-        if (!e || !*e) return 32u;
+        if (!e || !*e) return batch_speculation_enabled() ? 8u : 32u;
         const long v = std::strtol(e, nullptr, 10);
         return v > 0 && v <= 65535 ? uint32_t(v) : 0u;
     }();
@@ -254,8 +254,10 @@ gptoss_status BatchDecoder::reserve(const BatchModel& m, uint32_t n, uint32_t sp
     return GPTOSS_OK;
 }
 
-gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, uint32_t n, int32_t* sampled) {
+gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, uint32_t n, int32_t* sampled,
+                                 bool rows_stable) {
     if (n == 0) return GPTOSS_OK;
+    rows_stable_ = rows_stable;
     if (n > 65535) return fail(GPTOSS_ERR_INTERNAL, "CUDA decode_batch: %u items in one step", n);
     StepStamps at;
     at.begin = Clock::now();
@@ -353,7 +355,7 @@ gptoss_status BatchDecoder::sample_step(const BatchModel& m, const BatchSlot* sl
                 GPTOSS_CUDA_TRY(cudaMemcpyAsync(slots[i].logits, logits_ + size_t(i) * m.V, size_t(m.V) * 4,
                                                 cudaMemcpyDeviceToDevice, stream_));
         }
-    if (n_skip == 0 && !profiling_) GPTOSS_TRY(speculate(m, slots, n));
+    if (n_skip == 0 && rows_stable_ && !profiling_) GPTOSS_TRY(speculate(m, slots, n));
     GPTOSS_CUDA_TRY(cudaEventRecord(done_, stream_));  // after the speculative forward, if any
     for (uint32_t i = 0; i < n; ++i)
         if (slots[i].stream != nullptr) GPTOSS_CUDA_TRY(cudaStreamWaitEvent(slots[i].stream, done_, 0));

@@ -27,11 +27,13 @@ namespace cuda {
 bool batch_decode_enabled();
 // From how many decode items on a step samples its items' next tokens itself
 // (DecodeItem::sampling; cuda/sample_batch.h) instead of each session after the step; 0: never.
-// GPTOSS_DECODE_BATCH_SAMPLE = N (0 off; read once per process), default 32. Either way a
-// session gets the same tokens (sample_rows reproduces cuda::sample bit for bit), so the choice
-// is speed only: H200, bench/NOTES.md "v14 batched decode": in the step +5 % at 64 streams, -4 %
-// at 8 (the sessions' own samplers overlap their threads' wake-ups with the step; one batched
-// launch waits for the step, then wakes them).
+// GPTOSS_DECODE_BATCH_SAMPLE = N (0 off; read once per process), default 8 with speculation
+// (batch_speculation_enabled), else 32. Either way a session gets the same tokens (sample_rows
+// reproduces cuda::sample bit for bit), so the choice is speed only: H200, bench/NOTES.md "v14
+// batched decode": in the step +5 % at 64 streams, -4 % at 8 (the sessions' own samplers overlap
+// their threads' wake-ups with the step; one batched launch waits for the step, then wakes
+// them); "v28": with speculation (which needs every row sampled in the step) from 8 items, 8
+// streams +2.7 % against from 32.
 uint32_t batch_sample_min_items();
 // Whether batched steps speculate their next forward (BatchDecoder::drop_speculation's comment):
 // on unless GPTOSS_DECODE_BATCH_SPECULATE=0 (read once per process). H200, 20b, bench/NOTES.md
@@ -103,8 +105,9 @@ public:
     // are sampled in the step (cuda/sample_batch.h): sampled[i] (host, n entries, may be null
     // when every row is kSkip) receives the token, -1 for kSkip rows, and their logits are NOT
     // copied to slot.logits; the step then waits for the device. DEVICE / OUT_OF_MEMORY on failure.
+    // rows_stable: the caller expects the next step's rows among these (speculate() may run).
     [[nodiscard]] gptoss_status step(const BatchModel& m, const BatchSlot* slots, uint32_t n,
-                                     int32_t* sampled = nullptr);
+                                     int32_t* sampled = nullptr, bool rows_stable = false);
 
     // GPTOSS_DECODE_BATCH_TRACE=1 only (else nothing): times a prompt chunk that runs beside the
     // steps on its session's stream (events recorded before it, begin = true, and after it with
@@ -131,6 +134,7 @@ private:
         uint32_t pos;
         int32_t token;  // -1 until the step's sampled tokens are back
     };
+    bool rows_stable_ = false;   // this step's step() argument
     std::vector<SpecRow> spec_;  // the speculative forward in flight (empty: none; stream null: a row dropped)
     // A step that reuses it: its slots in the speculation's row order (rows no slot asks for are
     // skipped rows), the sampled tokens in that order, and each slot's row.

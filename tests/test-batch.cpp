@@ -350,7 +350,7 @@ public:
     uint64_t weight_bytes() const override { return 0; }
     int32_t device() const override { return GPTOSS_DEVICE_CPU; }
     uint32_t default_max_batch() const override { return 1; }
-    void decode_batch(gptoss::DecodeItem* const* items, uint32_t n) override {
+    void decode_batch(gptoss::DecodeItem* const* items, uint32_t n, bool rows_stable) override {
         CHECK(!busy.exchange(true));  // one step at a time
         uint32_t decode = 0, prefill_tokens = 0, prefill_chunks = 0;
         for (uint32_t i = 0; i < n; i++) {
@@ -367,6 +367,11 @@ public:
         CHECK(decode <= cap);
         CHECK((prefill_chunks <= 1 || decode + prefill_tokens <= gptoss::DecodeBatcher::step_token_budget()));
         if (decode > 0) sizes.push_back(decode);
+        // A step with a prompt chunk is never "rows stable" (its session joins the decode later).
+        if (rows_stable) {
+            CHECK(prefill_chunks == 0);
+            stable_steps++;
+        }
         for (uint32_t i = 0; i < n; i++) {
             gptoss::DecodeItem& item = *items[i];
             if (item.prefill) continue;
@@ -393,6 +398,7 @@ public:
     std::atomic<bool> busy{false};
     std::vector<gptoss::BackendSession*> dropped;  // the sessions drop_speculation was called for, in order
     std::vector<uint32_t> sizes;  // written only inside decode_batch (one step at a time)
+    int stable_steps = 0;         // steps called with rows_stable (likewise)
 };
 
 }  // namespace
@@ -449,4 +455,28 @@ TEST_CASE("DecodeBatcher: steps within the cap and token budget, every item deli
     std::sort(expected.begin(), expected.end());
     std::sort(dropped.begin(), dropped.end());
     CHECK(dropped == expected);
+}
+
+TEST_CASE("DecodeBatcher: rows_stable when every decoding session is in the step, never beside a prompt chunk") {
+    FakeBackend backend;
+    gptoss::DecodeBatcher batcher(backend, 3);
+    constexpr int kThreads = 2, kSteps = 30;
+    std::vector<FakeSession> sessions(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; t++)
+        threads.emplace_back([&, t] {
+            batcher.enter();
+            for (int i = 0; i < kSteps; i++) {
+                const int32_t token = t * 1000 + i;
+                CHECK(batcher.run(&sessions[t], &token, 1, uint32_t(i), false) == GPTOSS_OK);
+            }
+            batcher.leave(&sessions[t]);
+        });
+    FakeSession prefiller;  // prompt chunks beside the first steps
+    std::vector<int32_t> chunk(100, 1);
+    for (uint32_t pos = 0; pos < 500; pos += 100) CHECK(batcher.run(&prefiller, chunk.data(), 100, pos, true) == GPTOSS_OK);
+    for (std::thread& t : threads) t.join();
+    CHECK(prefiller.prefilled == 500);
+    // Both sessions wait for each other (the gather window), so most of the 30+ steps hold both.
+    CHECK(backend.stable_steps > 0);
 }

@@ -74,7 +74,7 @@ std::vector<std::vector<float>> step(Backend& b, std::vector<Stream>& streams, c
     for (uint32_t i : order) items.push_back(item_of(streams[i]));
     std::vector<DecodeItem*> ptrs;
     for (DecodeItem& it : items) ptrs.push_back(&it);
-    b.decode_batch(ptrs.data(), uint32_t(ptrs.size()));
+    b.decode_batch(ptrs.data(), uint32_t(ptrs.size()), false);
     for (const DecodeItem& it : items) {
         INFO(it.error);
         REQUIRE(it.status == GPTOSS_OK);
@@ -189,7 +189,7 @@ TEST_CASE("a bad item fails alone with its own message; a prompt chunk in the st
     items.push_back(chunk);
     std::vector<DecodeItem*> ptrs;
     for (DecodeItem& it : items) ptrs.push_back(&it);
-    b.decode_batch(ptrs.data(), uint32_t(ptrs.size()));
+    b.decode_batch(ptrs.data(), uint32_t(ptrs.size()), false);
     CHECK(items[0].status == GPTOSS_OK);
     CHECK(items[3].status == GPTOSS_OK);
     CHECK(items[4].status == GPTOSS_OK);

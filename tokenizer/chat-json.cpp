@@ -99,36 +99,38 @@ gptoss_status get_content(element message, const std::string& where, bool* prese
     return GPTOSS_OK;
 }
 
-// "tool_choice": "auto" | "none" | "required" | {"type":"function","function":{"name":...}};
+// "tool_choice": "auto" | "none" | "required" | {"type":"function","function":{"name":...}}.
+gptoss_status parse_tool_choice(element e, ChatRequestStorage* out) {
+    element inner, v;
+    std::string choice;
+    if (e.type() == element_type::STRING) {
+        GPTOSS_TRY(get_string(e, "tool_choice", &choice));
+        if (choice == "auto") out->request.tool_choice = GPTOSS_TOOL_CHOICE_AUTO;
+        else if (choice == "none") out->request.tool_choice = GPTOSS_TOOL_CHOICE_NONE;
+        else if (choice == "required") out->request.tool_choice = GPTOSS_TOOL_CHOICE_REQUIRED;
+        else
+            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice: \"%s\" is not auto, none or required",
+                        choice.c_str());
+        return GPTOSS_OK;
+    }
+    if (e.type() != element_type::OBJECT)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice: expected a string or an object, found %s", type_name(e));
+    if (!field(e, "function", &inner))
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice.function: missing (an object with a name)");
+    if (inner.type() != element_type::OBJECT)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice.function: expected an object with a name, found %s",
+                    type_name(inner));
+    if (!field(inner, "name", &v)) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice.function.name: missing");
+    GPTOSS_TRY(get_string(v, "tool_choice.function.name", &choice));
+    out->request.tool_choice = GPTOSS_TOOL_CHOICE_NAMED;
+    out->request.tool_choice_name = out->keep(choice);
+    return GPTOSS_OK;
+}
+
 // "response_format": {"type":"text"|"json_object"} | {"type":"json_schema","json_schema":
 // {"name", "description"?, "schema"}} (constrained decoding, README "Structured output").
-gptoss_status parse_constraints(element root, ChatRequestStorage* out) {
-    element e, inner, v;
-    if (field(root, "tool_choice", &e) && e.type() != element_type::NULL_VALUE) {
-        std::string choice;
-        if (e.type() == element_type::STRING) {
-            GPTOSS_TRY(get_string(e, "tool_choice", &choice));
-            if (choice == "auto") out->request.tool_choice = GPTOSS_TOOL_CHOICE_AUTO;
-            else if (choice == "none") out->request.tool_choice = GPTOSS_TOOL_CHOICE_NONE;
-            else if (choice == "required") out->request.tool_choice = GPTOSS_TOOL_CHOICE_REQUIRED;
-            else
-                return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice: \"%s\" is not auto, none or required",
-                            choice.c_str());
-        } else if (e.type() == element_type::OBJECT) {
-            if (!field(e, "function", &inner))
-                return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice.function: missing (an object with a name)");
-            if (inner.type() != element_type::OBJECT)
-                return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice.function: expected an object with a name, found %s",
-                            type_name(inner));
-            if (!field(inner, "name", &v)) return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice.function.name: missing");
-            GPTOSS_TRY(get_string(v, "tool_choice.function.name", &choice));
-            out->request.tool_choice = GPTOSS_TOOL_CHOICE_NAMED;
-            out->request.tool_choice_name = out->keep(choice);
-        } else {
-            return fail(GPTOSS_ERR_INVALID_ARGUMENT, "tool_choice: expected a string or an object, found %s", type_name(e));
-        }
-    }
-    if (!field(root, "response_format", &e) || e.type() == element_type::NULL_VALUE) return GPTOSS_OK;
+gptoss_status parse_response_format(element e, ChatRequestStorage* out) {
+    element inner, v;
     if (e.type() != element_type::OBJECT)
         return fail(GPTOSS_ERR_INVALID_ARGUMENT, "response_format: expected an object, found %s", type_name(e));
     std::string type;
@@ -161,6 +163,15 @@ gptoss_status parse_constraints(element root, ChatRequestStorage* out) {
     out->request.response_format_name = out->keep(name);
     if (!description.empty()) out->request.response_format_description = out->keep(description);
     out->request.response_format_schema = out->keep(simdjson::minify(v));
+    return GPTOSS_OK;
+}
+
+// tool_choice and response_format, each absent or null for its default.
+gptoss_status parse_constraints(element root, ChatRequestStorage* out) {
+    element e;
+    if (field(root, "tool_choice", &e) && e.type() != element_type::NULL_VALUE) GPTOSS_TRY(parse_tool_choice(e, out));
+    if (field(root, "response_format", &e) && e.type() != element_type::NULL_VALUE)
+        GPTOSS_TRY(parse_response_format(e, out));
     return GPTOSS_OK;
 }
 

@@ -309,65 +309,70 @@ void write_shard(const std::string& dir, const Shard& shard, uint64_t seed, unsi
 // ---------------------------------------------------------------------------
 // JSON files, as openai/gpt-oss-20b publishes them
 
+// config.json's text; the %-fields in order: eos_token_id, experts_per_token, head_dim,
+// hidden_size, intermediate_size, layer_types, max_position_embeddings, num_attention_heads,
+// num_experts_per_tok, num_hidden_layers, num_key_value_heads, num_local_experts, pad_token_id,
+// sliding_window, vocab_size.
+constexpr const char kConfigFormat[] =
+    "{\n"
+    "  \"architectures\": [\n    \"GptOssForCausalLM\"\n  ],\n"
+    "  \"attention_bias\": true,\n"
+    "  \"attention_dropout\": 0.0,\n"
+    "  \"eos_token_id\": %s,\n"
+    "  \"experts_per_token\": %u,\n"
+    "  \"head_dim\": %u,\n"
+    "  \"hidden_act\": \"silu\",\n"
+    "  \"hidden_size\": %u,\n"
+    "  \"initial_context_length\": 4096,\n"
+    "  \"initializer_range\": 0.02,\n"
+    "  \"intermediate_size\": %u,\n"
+    "  \"layer_types\": [%s\n  ],\n"
+    "  \"max_position_embeddings\": %u,\n"
+    "  \"model_type\": \"gpt_oss\",\n"
+    "  \"num_attention_heads\": %u,\n"
+    "  \"num_experts_per_tok\": %u,\n"
+    "  \"num_hidden_layers\": %u,\n"
+    "  \"num_key_value_heads\": %u,\n"
+    "  \"num_local_experts\": %u,\n"
+    "  \"output_router_logits\": false,\n"
+    "  \"pad_token_id\": %s,\n"
+    "  \"quantization_config\": {\n"
+    "    \"modules_to_not_convert\": [\n"
+    "      \"model.layers.*.self_attn\",\n"
+    "      \"model.layers.*.mlp.router\",\n"
+    "      \"model.embed_tokens\",\n"
+    "      \"lm_head\"\n"
+    "    ],\n"
+    "    \"quant_method\": \"mxfp4\"\n"
+    "  },\n"
+    "  \"rms_norm_eps\": 1e-05,\n"
+    "  \"rope_scaling\": {\n"
+    "    \"beta_fast\": 32.0,\n"
+    "    \"beta_slow\": 1.0,\n"
+    "    \"factor\": 32.0,\n"
+    "    \"original_max_position_embeddings\": 4096,\n"
+    "    \"rope_type\": \"yarn\",\n"
+    "    \"truncate\": false\n"
+    "  },\n"
+    "  \"rope_theta\": 150000,\n"
+    "  \"router_aux_loss_coef\": 0.9,\n"
+    "  \"sliding_window\": %u,\n"
+    "  \"swiglu_limit\": 7.0,\n"
+    "  \"tie_word_embeddings\": false,\n"
+    "  \"transformers_version\": \"4.55.0.dev0\",\n"
+    "  \"use_cache\": true,\n"
+    "  \"vocab_size\": %u\n"
+    "}\n";
+
 std::string config_json(const Shape& s) {
     std::string types;
     for (uint32_t l = 0; l < s.layers; ++l)
         types += std::string(l ? ",\n    " : "\n    ") +
                  (l % 2 == 0 ? "\"sliding_attention\"" : "\"full_attention\"");
     char buffer[4096];
-    snprintf(buffer, sizeof buffer,
-             "{\n"
-             "  \"architectures\": [\n    \"GptOssForCausalLM\"\n  ],\n"
-             "  \"attention_bias\": true,\n"
-             "  \"attention_dropout\": 0.0,\n"
-             "  \"eos_token_id\": %s,\n"
-             "  \"experts_per_token\": %u,\n"
-             "  \"head_dim\": %u,\n"
-             "  \"hidden_act\": \"silu\",\n"
-             "  \"hidden_size\": %u,\n"
-             "  \"initial_context_length\": 4096,\n"
-             "  \"initializer_range\": 0.02,\n"
-             "  \"intermediate_size\": %u,\n"
-             "  \"layer_types\": [%s\n  ],\n"
-             "  \"max_position_embeddings\": %u,\n"
-             "  \"model_type\": \"gpt_oss\",\n"
-             "  \"num_attention_heads\": %u,\n"
-             "  \"num_experts_per_tok\": %u,\n"
-             "  \"num_hidden_layers\": %u,\n"
-             "  \"num_key_value_heads\": %u,\n"
-             "  \"num_local_experts\": %u,\n"
-             "  \"output_router_logits\": false,\n"
-             "  \"pad_token_id\": %s,\n"
-             "  \"quantization_config\": {\n"
-             "    \"modules_to_not_convert\": [\n"
-             "      \"model.layers.*.self_attn\",\n"
-             "      \"model.layers.*.mlp.router\",\n"
-             "      \"model.embed_tokens\",\n"
-             "      \"lm_head\"\n"
-             "    ],\n"
-             "    \"quant_method\": \"mxfp4\"\n"
-             "  },\n"
-             "  \"rms_norm_eps\": 1e-05,\n"
-             "  \"rope_scaling\": {\n"
-             "    \"beta_fast\": 32.0,\n"
-             "    \"beta_slow\": 1.0,\n"
-             "    \"factor\": 32.0,\n"
-             "    \"original_max_position_embeddings\": 4096,\n"
-             "    \"rope_type\": \"yarn\",\n"
-             "    \"truncate\": false\n"
-             "  },\n"
-             "  \"rope_theta\": 150000,\n"
-             "  \"router_aux_loss_coef\": 0.9,\n"
-             "  \"sliding_window\": %u,\n"
-             "  \"swiglu_limit\": 7.0,\n"
-             "  \"tie_word_embeddings\": false,\n"
-             "  \"transformers_version\": \"4.55.0.dev0\",\n"
-             "  \"use_cache\": true,\n"
-             "  \"vocab_size\": %u\n"
-             "}\n",
-             s.vocab > 200002 ? "200002" : "null", s.experts_per_token, s.head_dim, s.hidden, s.intermediate, types.c_str(), s.max_context,
-             s.heads, s.experts_per_token, s.layers, s.kv_heads, s.experts,
-             s.vocab > 199999 ? "199999" : "null", s.sliding_window, s.vocab);
+    snprintf(buffer, sizeof buffer, kConfigFormat, s.vocab > 200002 ? "200002" : "null", s.experts_per_token,
+             s.head_dim, s.hidden, s.intermediate, types.c_str(), s.max_context, s.heads, s.experts_per_token, s.layers,
+             s.kv_heads, s.experts, s.vocab > 199999 ? "199999" : "null", s.sliding_window, s.vocab);
     return buffer;
 }
 

@@ -3,8 +3,10 @@
 // stop reasons and streamed events are exactly what it produces alone on a model without
 // batching (the oracle: the same CPU backend, one session at a time). Also the DecodeBatcher
 // itself over a fake backend: the cap, first-come order, and errors that stay with their
-// session. Runs on the tiny checkpoint ($GPTOSS_TINY_MODEL, synth-tiny fixture), CPU only.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// session. Runs on the tiny checkpoint ($GPTOSS_TINY_MODEL, synth-tiny fixture) on the CPU, or
+// with GPTOSS_TEST_BATCH_DEVICE=N on CUDA device N (ctest's test-batch-gpu: the batched GPU step,
+// sampling in the step and speculating; exit 77, skipped, when there is no such device).
+#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include "tests/test-util.h"
@@ -15,6 +17,7 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -479,4 +482,22 @@ TEST_CASE("DecodeBatcher: rows_stable when every decoding session is in the step
     CHECK(prefiller.prefilled == 500);
     // Both sessions wait for each other (the gather window), so most of the 30+ steps hold both.
     CHECK(backend.stable_steps > 0);
+}
+
+int main(int argc, char** argv) {
+    const int32_t device = test_device();
+    if (device != GPTOSS_DEVICE_CPU) {
+#ifdef GPTOSS_HAVE_CUDA
+        const bool present = device >= 0 && device < gptoss::cuda_device_count();
+#else
+        const bool present = false;
+#endif
+        if (!present) {
+            std::printf("no CUDA device %d (GPTOSS_TEST_BATCH_DEVICE) in this build or machine: skipping test-batch\n",
+                        int(device));
+            return 77;
+        }
+    }
+    doctest::Context context(argc, argv);
+    return context.run();
 }

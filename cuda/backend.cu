@@ -139,7 +139,8 @@ public:
     // CudaBackend::decode_batch: checks a decode token at pos and describes it for the step.
     gptoss_status batch_slot(int32_t token, uint32_t pos, BatchSlot* out);
     void batch_done(bool ok) { have_logits_ = ok; }
-    cudaStream_t batch_stream() const { return stream_; }  // the prompt-chunk trace (batch_decode.h)
+    // The prompt-chunk trace and the speculation's rows (batch_decode.h) identify a session by it.
+    cudaStream_t batch_stream() const { return stream_; }
 
 private:
     gptoss_status upload_step(const int32_t* tokens, uint32_t n, uint32_t pos);

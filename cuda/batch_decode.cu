@@ -257,7 +257,6 @@ gptoss_status BatchDecoder::reserve(const BatchModel& m, uint32_t n, uint32_t sp
 gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, uint32_t n, int32_t* sampled,
                                  bool rows_stable) {
     if (n == 0) return GPTOSS_OK;
-    rows_stable_ = rows_stable;
     if (n > 65535) return fail(GPTOSS_ERR_INTERNAL, "CUDA decode_batch: %u items in one step", n);
     StepStamps at;
     at.begin = Clock::now();
@@ -267,11 +266,12 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
     const bool reuse = spec_matches(slots, n);
     const uint32_t n_rows = reuse ? uint32_t(spec_.size()) : n;
     spec_.clear();
-    const uint32_t full_splits = full_splits_for(slots, n, 0);
     static const bool profile = env_on("GPTOSS_DECODE_BATCH_PROFILE", false);
     static const bool trace = env_on("GPTOSS_DECODE_BATCH_TRACE", false);
     profiling_ = profile;
+    const bool may_speculate = rows_stable && !profiling_;
     if (!reuse) {
+        const uint32_t full_splits = full_splits_for(slots, n, 0);
         GPTOSS_TRY(reserve(m, n, full_splits));
         if (trace && !trace_begin_) {
             GPTOSS_CUDA_TRY(cudaEventCreate(&trace_begin_));
@@ -287,10 +287,10 @@ gptoss_status BatchDecoder::step(const BatchModel& m, const BatchSlot* slots, ui
     }
     at.launch = Clock::now();
     if (!reuse) {
-        GPTOSS_TRY(sample_step(m, slots, n, sampled, trace, &at));
+        GPTOSS_TRY(sample_step(m, slots, n, sampled, trace, may_speculate, &at));
     } else {
         spec_sampled_.assign(n_rows, -1);
-        GPTOSS_TRY(sample_step(m, spec_slots_.data(), n_rows, spec_sampled_.data(), trace, &at));
+        GPTOSS_TRY(sample_step(m, spec_slots_.data(), n_rows, spec_sampled_.data(), trace, may_speculate, &at));
         if (sampled != nullptr)
             for (uint32_t i = 0; i < n; ++i) sampled[i] = spec_sampled_[spec_row_of_[i]];
     }
@@ -328,7 +328,7 @@ gptoss_status BatchDecoder::upload_step(const BatchModel& m, const BatchSlot* sl
 // the host) for the rows that ask, the other rows' logits into their sessions' buffers, the
 // sessions' streams ordered after the step; waits for the sampled tokens.
 gptoss_status BatchDecoder::sample_step(const BatchModel& m, const BatchSlot* slots, uint32_t n, int32_t* sampled,
-                                        bool trace, StepStamps* at) {
+                                        bool trace, bool may_speculate, StepStamps* at) {
     bool any_sample = false;
     rows_host_.resize(n);
     for (uint32_t i = 0; i < n; ++i) {
@@ -355,7 +355,7 @@ gptoss_status BatchDecoder::sample_step(const BatchModel& m, const BatchSlot* sl
                 GPTOSS_CUDA_TRY(cudaMemcpyAsync(slots[i].logits, logits_ + size_t(i) * m.V, size_t(m.V) * 4,
                                                 cudaMemcpyDeviceToDevice, stream_));
         }
-    if (n_skip == 0 && rows_stable_ && !profiling_) GPTOSS_TRY(speculate(m, slots, n));
+    if (n_skip == 0 && may_speculate) GPTOSS_TRY(speculate(m, slots, n));
     GPTOSS_CUDA_TRY(cudaEventRecord(done_, stream_));  // after the speculative forward, if any
     for (uint32_t i = 0; i < n; ++i)
         if (slots[i].stream != nullptr) GPTOSS_CUDA_TRY(cudaStreamWaitEvent(slots[i].stream, done_, 0));

@@ -134,7 +134,6 @@ private:
         uint32_t pos;
         int32_t token;  // -1 until the step's sampled tokens are back
     };
-    bool rows_stable_ = false;   // this step's step() argument
     std::vector<SpecRow> spec_;  // the speculative forward in flight (empty: none; stream null: a row dropped)
     // A step that reuses it: its slots in the speculation's row order (rows no slot asks for are
     // skipped rows), the sampled tokens in that order, and each slot's row.
@@ -185,8 +184,9 @@ private:
         Clock::time_point begin, order, prep, launch, tail, wait;
     };
     gptoss_status upload_step(const BatchModel& m, const BatchSlot* slots, uint32_t n, StepStamps* at);
+    // may_speculate: speculate() may run behind the sampler (step()'s rows_stable, not profiling).
     gptoss_status sample_step(const BatchModel& m, const BatchSlot* slots, uint32_t n, int32_t* sampled, bool trace,
-                              StepStamps* at);
+                              bool may_speculate, StepStamps* at);
     gptoss_status collect_step(uint32_t n, bool trace, const StepStamps& at);
     std::map<uint32_t, std::pair<uint64_t, double>> trace_mixed_;    // steps with a prompt chunk beside them
     std::map<uint32_t, std::pair<uint64_t, double>> trace_prefill_;  // prompt chunk tokens → count, GPU ms

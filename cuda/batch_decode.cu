@@ -478,13 +478,18 @@ gptoss_status BatchDecoder::speculate(const BatchModel& m, const BatchSlot* slot
 
 gptoss_status BatchDecoder::drop_speculation(cudaStream_t stream) {
     if (spec_.empty()) return GPTOSS_OK;
-    bool live = false;
+    bool live = false, mine = false;
     for (SpecRow& row : spec_) {
-        if (row.stream == stream) row.stream = nullptr;
+        if (row.stream == stream) {
+            row.stream = nullptr;
+            mine = true;
+        }
         live = live || row.stream != nullptr;
     }
     if (!live) spec_.clear();
-    GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
+    // Only a session with a row in the speculation has its K/V and logits written by it; the
+    // others leave without waiting for it.
+    if (mine) GPTOSS_CUDA_TRY(cudaStreamSynchronize(stream_));
     return GPTOSS_OK;
 }
 

@@ -122,10 +122,11 @@ public:
     // order; rows it lacks are skipped) reuses it instead of running its own. The bits are the
     // same either way (batch invariance). The speculative forward writes each row's K/V at
     // pos + 1 even where its session stops before that token: decode K/V, never reused by a later
-    // call (gptoss_session::kv_past_end). drop_speculation waits for a speculative forward still
-    // in flight and forgets the row of the session whose stream is `stream` (a session leaving
-    // the batch: nothing of it may run on the device after its generation returns, and its next
-    // generation's rows must never match this one's).
+    // call (gptoss_session::kv_past_end). drop_speculation forgets the row of the session whose
+    // stream is `stream` and, if it had one, waits for the speculative forward still in flight (a
+    // session leaving the batch: nothing of it may run on the device after its generation
+    // returns, and its next generation's rows must never match this one's; a session without a
+    // row leaves at once, since only the latest speculation can still be running).
     gptoss_status drop_speculation(cudaStream_t stream);
 
 private:

@@ -768,45 +768,36 @@ gptoss_status sample_scratch_bytes(uint32_t V, size_t* bytes_out) {
     return GPTOSS_OK;
 }
 
-gptoss_status sample(const float* logits, uint32_t V, const SamplingConfig& config, double u, void* scratch,
-                     size_t scratch_bytes, int32_t* token, cudaStream_t stream) {
-    const SampleScratch s(static_cast<char*>(scratch), V);
-    if (V == 0 || scratch == nullptr || scratch_bytes < s.fixed_bytes)
-        return fail(GPTOSS_ERR_INTERNAL, "cuda::sample: V %u, scratch %p of %zu bytes, expected at least %zu", V,
-                    scratch, scratch_bytes, s.fixed_bytes);
-    if (!std::isfinite(config.temperature) || !(u >= 0.0 && u < 1.0))
-        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "cuda::sample: temperature %g and u %g, expected finite and [0, 1)",
-                    double(config.temperature), u);
-    if (config.temperature <= 0.0f) {
-        GPTOSS_TRY(argmax(logits, V, reinterpret_cast<int32_t*>(s.key), stream));
-        argmax_token_kernel<<<1, 1, 0, stream>>>(s.key, token);
-        GPTOSS_CUDA_LAUNCH_CHECK();
-        return GPTOSS_OK;
-    }
-    const double inv_t = 1.0 / double(config.temperature);  // as sample_logits computes it
+namespace {
+
+// The fast path: one cooperative f32_sample_select_kernel grid of G CTAs (sample_fast_path).
+gptoss_status sample_select(const float* logits, uint32_t V, uint32_t G, double inv_t, const SamplingConfig& config,
+                            double u, const SampleScratch& s, int32_t* token, cudaStream_t stream) {
     const bool use_top_k = config.top_k > 0 && config.top_k < V;
     const bool use_top_p = config.top_p < 1.0f;
-    const uint32_t G = ceil_div(V, kSelTile);
-    uint32_t capacity = 0;
-    GPTOSS_TRY(select_capacity(&capacity));
-    if (G <= capacity && G <= kMaxSelCtas && V <= (1u << 31)) {
-        const uint32_t nb = V > 1 ? 32u - uint32_t(__builtin_clz(V - 1)) : 0u;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeCooperative;
-        attr[0].val.cooperative = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(G);
-        cfg.blockDim = dim3(kSelThreads);
-        cfg.dynamicSmemBytes = 0;
-        cfg.stream = stream;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        GPTOSS_CUDA_TRY(cudaLaunchKernelEx(&cfg, f32_sample_select_kernel, logits, V, nb, inv_t,
-                                           use_top_k ? config.top_k : 0u, use_top_p, double(config.top_p), u,
-                                           s.bins, s.cta_max, s.cta_sum, s.cta_last, token));
-        return GPTOSS_OK;
-    }
-    // The fallback (V beyond what one cooperative grid holds): the radix sort of every key.
+    const uint32_t nb = V > 1 ? 32u - uint32_t(__builtin_clz(V - 1)) : 0u;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(G);
+    cfg.blockDim = dim3(kSelThreads);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    GPTOSS_CUDA_TRY(cudaLaunchKernelEx(&cfg, f32_sample_select_kernel, logits, V, nb, inv_t,
+                                       use_top_k ? config.top_k : 0u, use_top_p, double(config.top_p), u, s.bins,
+                                       s.cta_max, s.cta_sum, s.cta_last, token));
+    return GPTOSS_OK;
+}
+
+// The fallback (V beyond what one cooperative grid holds): the weights w of every token (a
+// radix sort of every key when top-k or top-p cut the distribution), then sample_pick_kernel.
+gptoss_status sample_sorted(const float* logits, uint32_t V, double inv_t, const SamplingConfig& config, double u,
+                            const SampleScratch& s, size_t scratch_bytes, int32_t* token, cudaStream_t stream) {
+    const bool use_top_k = config.top_k > 0 && config.top_k < V;
+    const bool use_top_p = config.top_p < 1.0f;
     const uint32_t C = ceil_div(V, kChunk);
     if (!use_top_k && !use_top_p) {
         GPTOSS_TRY(argmax(logits, V, reinterpret_cast<int32_t*>(s.key), stream));
@@ -838,6 +829,32 @@ gptoss_status sample(const float* logits, uint32_t V, const SamplingConfig& conf
     sample_pick_kernel<<<1, kThreads, 0, stream>>>(s.w, V, s.sums_w, C, u, token);
     GPTOSS_CUDA_LAUNCH_CHECK();
     return GPTOSS_OK;
+}
+
+}  // namespace
+
+gptoss_status sample(const float* logits, uint32_t V, const SamplingConfig& config, double u, void* scratch,
+                     size_t scratch_bytes, int32_t* token, cudaStream_t stream) {
+    const SampleScratch s(static_cast<char*>(scratch), V);
+    if (V == 0 || scratch == nullptr || scratch_bytes < s.fixed_bytes)
+        return fail(GPTOSS_ERR_INTERNAL, "cuda::sample: V %u, scratch %p of %zu bytes, expected at least %zu", V,
+                    scratch, scratch_bytes, s.fixed_bytes);
+    if (!std::isfinite(config.temperature) || !(u >= 0.0 && u < 1.0))
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "cuda::sample: temperature %g and u %g, expected finite and [0, 1)",
+                    double(config.temperature), u);
+    if (config.temperature <= 0.0f) {
+        GPTOSS_TRY(argmax(logits, V, reinterpret_cast<int32_t*>(s.key), stream));
+        argmax_token_kernel<<<1, 1, 0, stream>>>(s.key, token);
+        GPTOSS_CUDA_LAUNCH_CHECK();
+        return GPTOSS_OK;
+    }
+    const double inv_t = 1.0 / double(config.temperature);  // as sample_logits computes it
+    const uint32_t G = ceil_div(V, kSelTile);
+    uint32_t capacity = 0;
+    GPTOSS_TRY(select_capacity(&capacity));
+    if (G <= capacity && G <= kMaxSelCtas && V <= (1u << 31))
+        return sample_select(logits, V, G, inv_t, config, u, s, token, stream);
+    return sample_sorted(logits, V, inv_t, config, u, s, scratch_bytes, token, stream);
 }
 
 gptoss_status read_probe(const void* data, size_t n_words16, float* sink, cudaStream_t stream) {

@@ -240,53 +240,45 @@ __device__ __forceinline__ void decode_rope(const AttentionArgs& a, int g, int h
     }
 }
 
-// The end of a split CTA: st holds warp h's state for query head h of kv head blockIdx.y (lane l:
-// output dims 2l, 2l + 1). With one split (s_first == s_last) it merges into the sink in place;
-// else it writes its partial and the last CTA of the kv head merges every split in order.
-// sink: a.sinks[head] of warp h's query head (warps h < Q / G), which the caller loads early (a
-// weight: before its dependency wait where it has one), not on the step's critical path here.
-__device__ __forceinline__ void finish_split(const AttentionArgs& a, const SplitState<1>& st, float sink, int s_first,
-                                             int s_last, int s_rel, float* partial, int* counters,
-                                             uint32_t max_splits) {
+// finish_split's parts. Query head `head`'s output (lane l: dims 2l, 2l + 1) from its merged state.
+__device__ __forceinline__ void store_head(const AttentionArgs& a, int head, float O0, float O1, float L) {
+    const int lane = threadIdx.x & 31;
+    a.out[permuted_k(uint32_t(head) * kD + 2 * lane)] = f32_to_bf16_bits(__fdiv_rn(O0, L));
+    a.out[permuted_k(uint32_t(head) * kD + 2 * lane + 1)] = f32_to_bf16_bits(__fdiv_rn(O1, L));
+}
+// Split s_rel's state of query head `head` into its partial slot.
+__device__ __forceinline__ void store_partial(const SplitState<1>& st, int head, int s_rel, float* partial,
+                                              uint32_t max_splits) {
+    const int lane = threadIdx.x & 31;
+    float* dst = partial + (size_t(head) * max_splits + s_rel) * (kD + 2);
+    dst[2 * lane] = st.o[0][0];
+    dst[2 * lane + 1] = st.o[0][1];
+    if (lane == 0) {
+        dst[kD] = st.m[0];
+        dst[kD + 1] = st.l[0];
+    }
+}
+// Whether this CTA is the last of the `ctas` CTAs of kv head blockIdx.y to finish (after its
+// partials are stored); the last one re-arms the counter. Every thread of the CTA calls it.
+__device__ __forceinline__ bool last_of(int* counters, int ctas) {
     __shared__ int is_last;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = blockIdx.y;
-    const int hpg = int(a.Q / a.G);
-    if (s_first == s_last) {  // one split: merge it into the sink here (the same merge_ml/merge_o
-        if (warp >= hpg) return;  // sequence as below, so the same bits), no partials, no counter
-        const int head = g * hpg + warp;
-        float M = sink, L = 1.0f, O0 = 0.0f, O1 = 0.0f, wa, wb;
-        merge_ml(M, L, st.m[0], st.l[0], wa, wb);
-        merge_o(O0, st.o[0][0], wa, wb);
-        merge_o(O1, st.o[0][1], wa, wb);
-        a.out[permuted_k(uint32_t(head) * kD + 2 * lane)] = f32_to_bf16_bits(__fdiv_rn(O0, L));
-        a.out[permuted_k(uint32_t(head) * kD + 2 * lane + 1)] = f32_to_bf16_bits(__fdiv_rn(O1, L));
-        return;
-    }
-    if (warp < hpg) {
-        float* dst = partial + (size_t(g * hpg + warp) * max_splits + s_rel) * (kD + 2);
-        dst[2 * lane] = st.o[0][0];
-        dst[2 * lane + 1] = st.o[0][1];
-        if (lane == 0) {
-            dst[kD] = st.m[0];
-            dst[kD + 1] = st.l[0];
-        }
-    }
-    // The last split CTA of this kv head to finish merges every split in order, then re-arms
-    // the counter.
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        is_last = atomicAdd(counters + g, 1) == s_last - s_first;
+        is_last = atomicAdd(counters + g, 1) == ctas - 1;
         if (is_last) counters[g] = 0;
     }
     __syncthreads();
-    if (!is_last || warp >= hpg) return;
+    return is_last != 0;
+}
+// Head `head`'s n split partials merged into the sink in split order (8 splits' loads in flight).
+__device__ __forceinline__ void merge_partials(const AttentionArgs& a, int head, float sink, int n,
+                                               const float* partial, uint32_t max_splits) {
+    const int lane = threadIdx.x & 31;
     __threadfence();
-    const int head = g * hpg + warp;
     float M = sink, L = 1.0f, O0 = 0.0f, O1 = 0.0f;
-    const int n = min(s_last - s_first + 1, int(max_splits));
-    for (int base = 0; base < n; base += 8) {  // 8 splits' loads in flight, then merged in order
+    for (int base = 0; base < n; base += 8) {
         float m[8], l[8], o0[8], o1[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -308,8 +300,36 @@ __device__ __forceinline__ void finish_split(const AttentionArgs& a, const Split
             }
         }
     }
-    a.out[permuted_k(uint32_t(head) * kD + 2 * lane)] = f32_to_bf16_bits(__fdiv_rn(O0, L));
-    a.out[permuted_k(uint32_t(head) * kD + 2 * lane + 1)] = f32_to_bf16_bits(__fdiv_rn(O1, L));
+    store_head(a, head, O0, O1, L);
+}
+
+// The end of a split CTA: st holds warp h's state for query head h of kv head blockIdx.y (lane l:
+// output dims 2l, 2l + 1). With one split (s_first == s_last) it merges into the sink in place;
+// else it writes its partial and the last CTA of the kv head merges every split in order.
+// sink: a.sinks[head] of warp h's query head (warps h < Q / G), which the caller loads early (a
+// weight: before its dependency wait where it has one), not on the step's critical path here.
+// (The sink, then each split in order, through merge_ml / merge_o: a left fold whose bits do
+// not depend on which CTA holds which split, so attention_decode_cta_mma may group splits.)
+__device__ __forceinline__ void finish_split(const AttentionArgs& a, const SplitState<1>& st, float sink, int s_first,
+                                             int s_last, int s_rel, float* partial, int* counters,
+                                             uint32_t max_splits) {
+    const int warp = threadIdx.x >> 5;
+    const int g = blockIdx.y;
+    const int hpg = int(a.Q / a.G);
+    if (s_first == s_last) {  // one split: merge it into the sink here (the same merge_ml/merge_o
+        if (warp >= hpg) return;  // sequence as below, so the same bits), no partials, no counter
+        float M = sink, L = 1.0f, O0 = 0.0f, O1 = 0.0f, wa, wb;
+        merge_ml(M, L, st.m[0], st.l[0], wa, wb);
+        merge_o(O0, st.o[0][0], wa, wb);
+        merge_o(O1, st.o[0][1], wa, wb);
+        store_head(a, g * hpg + warp, O0, O1, L);
+        return;
+    }
+    if (warp < hpg) store_partial(st, g * hpg + warp, s_rel, partial, max_splits);
+    // The last split CTA of this kv head to finish merges every split in order, then re-arms
+    // the counter.
+    if (!last_of(counters, s_last - s_first + 1) || warp >= hpg) return;
+    merge_partials(a, g * hpg + warp, sink, min(s_last - s_first + 1, int(max_splits)), partial, max_splits);
 }
 
 // The decode CTA (split blockIdx.x, kv head blockIdx.y) of one query at position pos0; shared
@@ -329,7 +349,7 @@ __device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int
     const int hpg = int(a.Q / a.G);
     const int p = pos0, lo = visible_lo(p, a.window);
     // kAttentionSplit, longer past 16 384 keys; batched: batch_split_len, a sliding window whole
-    const int len = int(kBatch ? batch_split_len(uint32_t(p)) : decode_split_len(uint32_t(p), a.split_min));
+    const int len = int(kBatch ? batch_split_len(uint32_t(p), a.split_min) : decode_split_len(uint32_t(p), a.split_min));
     const bool whole = kBatch && batch_window_whole(a.window);
     const int s_rel = blockIdx.x, s = lo / len + s_rel;
     const int s_begin = whole ? lo & ~(kBlock - 1) : s * len, s_end = whole ? p : s_begin + len - 1;
@@ -397,62 +417,45 @@ __device__ __forceinline__ void load_sub_block(const AttentionArgs& a, uint32_t 
     }
 }
 
-// kPrefetch (fused RoPE only): the caller has not waited for the kernel's dependencies yet; the
-// warp's first sub-block (cached keys below the step's position, written by earlier launches) is
-// requested first and the wait follows it, as in bf16_attention_decode_kernel's prefetch.
-template <bool kPrefetch, int kStages, bool kBatch = false>
-__device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a, int pos0, float* partial,
-                                                         int* counters, uint32_t max_splits) {
+// One split's keys [s_begin, s_end] through the CTA's 8 warps (warp w: the split's 16-key sub-blocks
+// w, w + 8, ... with a visible key, kStages in flight), each with its own online softmax; then the
+// warps' states merged in warp order into warp h's state for query head h (st, warps h < hpg).
+// On entry the warp's first kStages sub-blocks are requested (split_prefetch) and, past the
+// first split, every warp is done with the stages' previous contents.
+struct SplitKeys {
+    int kb, sb_last;  // this warp's first sub-block, the split's last
+};
+template <int kStages>
+__device__ __forceinline__ SplitKeys split_prefetch(const AttentionArgs& a, int s_begin, int s_end, int p, int lo,
+                                                    int kmax, uint32_t stage0) {
     using namespace attn_mma;
-    extern __shared__ __align__(128) float smem[];
-    float* qs = smem;
-    uint8_t* stages = reinterpret_cast<uint8_t*>(qs + kMaxHeads * kD);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int gq = lane >> 2, tq = lane & 3;
-    const int g = blockIdx.y;
-    const int hpg = int(a.Q / a.G);
-    const int p = pos0, lo = visible_lo(p, a.window);
-    const int len = int(kBatch ? batch_split_len(uint32_t(p)) : decode_split_len(uint32_t(p), a.split_min));
-    const bool whole = kBatch && batch_window_whole(a.window);  // the sliding window in one split
-    const int s_rel = blockIdx.x, s = lo / len + s_rel;
-    const int s_begin = whole ? lo & ~(kSubKeys - 1) : s * len, s_end = whole ? p : s_begin + len - 1;
-    if (whole ? s_rel != 0 : s_begin > p || s_end < lo) return;
-    __shared__ uint32_t knew[kD / 2], vnew[kD / 2];
-    const float sink = warp < hpg ? __ldg(a.sinks + g * hpg + warp) : 0.0f;  // before the wait: a weight
-    const bool fused = a.qkv != nullptr;
-    const int kmax = fused ? p - 1 : p;
-    uint8_t* my_stage = stages + size_t(warp) * kStages * 2 * kSubTile;
-    const uint32_t stage0 = static_cast<uint32_t>(__cvta_generic_to_shared(my_stage));
-    // This warp's sub-blocks: w, w + 8, ... of the split, those with a visible key; kStages of
-    // them in flight (one cp.async group each, committed even when empty).
     const int sb_first = max(s_begin, lo & ~(kSubKeys - 1)), sb_last = min(s_end, p) & ~(kSubKeys - 1);
     constexpr int kStride = kDecodeWarps * kSubKeys;
-    int kb = sb_first + warp * kSubKeys;
+    const int kb = sb_first + warp * kSubKeys;
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
         if (kb + st * kStride <= sb_last)
-            load_sub_block(a, stage0 + st * 2 * kSubTile, kb + st * kStride, lo, kmax, pos0, g, lane);
+            load_sub_block(a, stage0 + st * 2 * kSubTile, kb + st * kStride, lo, kmax, p, int(blockIdx.y), lane);
         cp_async_commit();
     }
-    if constexpr (kPrefetch) {
-        pdl_wait();
-        pdl_launch_dependents();
-    }
-    if (fused) decode_rope(a, g, hpg, p, s_end >= p, qs, knew, vnew);
-    else
-        for (int i = threadIdx.x; i < hpg * kD; i += blockDim.x) qs[i] = a.q[size_t(g) * hpg * kD + i];
-    __syncthreads();
-    uint32_t qf[4][4];  // A fragments of q/8 (row gq = head gq; rows gq + 8 are zero)
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-#pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-            const int d = 16 * ks + 8 * hi + 2 * tq;
-            const float2 v = gq < hpg ? *reinterpret_cast<const float2*>(qs + gq * kD + d) : make_float2(0.0f, 0.0f);
-            qf[ks][2 * hi] = pack_bf16x2(v.x * 0.125f, v.y * 0.125f);
-            qf[ks][2 * hi + 1] = 0u;
-        }
-    }
+    return SplitKeys{kb, sb_last};
+}
+
+template <int kStages>
+__device__ __forceinline__ void split_state(const AttentionArgs& a, SplitKeys keys, int p, int lo, bool fused,
+                                            const uint32_t (&qf)[4][4], uint8_t* stages, uint32_t stage0,
+                                            const uint32_t* knew, const uint32_t* vnew, SplitState<1>& st) {
+    using namespace attn_mma;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gq = lane >> 2, tq = lane & 3;
+    const int hpg = int(a.Q / a.G);
+    const int g = int(blockIdx.y);
+    const int kmax = fused ? p - 1 : p;
+    constexpr int kStride = kDecodeWarps * kSubKeys;
+    uint8_t* my_stage = stages + size_t(warp) * kStages * 2 * kSubTile;
+    int kb = keys.kb;
+    const int sb_last = keys.sb_last;
     float m = -INFINITY, l = 0.0f;  // row gq's running max and this lane's share of its denominator
     float o[8][4];
 #pragma unroll
@@ -515,7 +518,7 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
         }
         __syncwarp();  // every lane's ldmatrix is done before the stage is refilled
         const int next = kb + kStages * kStride;
-        if (next <= sb_last) load_sub_block(a, stage, next, lo, kmax, pos0, g, lane);
+        if (next <= sb_last) load_sub_block(a, stage, next, lo, kmax, p, g, lane);
         cp_async_commit();
     }
     // This warp's state for rows 0..7 into its own stage: [row][0..63] o, [row][64] m, [row][65] l.
@@ -535,7 +538,6 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
     }
     __syncthreads();
     // Warp h merges head h's 8 warp states in warp order (empty warps skipped).
-    SplitState<1> st;
     reset(st);
     if (warp < hpg) {
         bool any = false;
@@ -559,7 +561,100 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
             merge_o(st.o[0][1], o1, wa, wb);
         }
     }
-    finish_split(a, st, sink, whole ? 0 : lo / len, whole ? 0 : p / len, s_rel, partial, counters, max_splits);
+}
+
+// kPrefetch (fused RoPE only): the caller has not waited for the kernel's dependencies yet; the
+// warp's first sub-block (cached keys below the step's position, written by earlier launches) is
+// requested first and the wait follows it, as in bf16_attention_decode_kernel's prefetch.
+// group (batched only): this CTA takes `group` consecutive splits of its kv head, blockIdx.x · group
+// onwards, one after another; when it holds all of them it folds their states into the sink
+// itself (no partials, no counter), else it stores each split's partial and the kv head's last
+// CTA merges them. The fold's order is finish_split's (the sink, then the splits in order), so the
+// bits do not depend on the group (attention_decode_batch chooses it from the batch size).
+template <bool kPrefetch, int kStages, bool kBatch = false>
+__device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a, int pos0, float* partial,
+                                                         int* counters, uint32_t max_splits, int group = 1) {
+    using namespace attn_mma;
+    extern __shared__ __align__(128) float smem[];
+    float* qs = smem;
+    uint8_t* stages = reinterpret_cast<uint8_t*>(qs + kMaxHeads * kD);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gq = lane >> 2, tq = lane & 3;
+    const int g = blockIdx.y;
+    const int hpg = int(a.Q / a.G);
+    const int p = pos0, lo = visible_lo(p, a.window);
+    const int len = int(kBatch ? batch_split_len(uint32_t(p), a.split_min) : decode_split_len(uint32_t(p), a.split_min));
+    const bool whole = kBatch && batch_window_whole(a.window);  // the sliding window in one split
+    // The kv head's splits s_first .. s_last (relative numbers 0 .. n_splits - 1); this CTA's
+    // [r0, r1).
+    const int s_first = whole ? 0 : lo / len, n_splits = whole ? 1 : p / len - s_first + 1;
+    const int grp = kBatch ? group : 1;  // (one split per CTA for a lone query: a constant)
+    const int r0 = int(blockIdx.x) * grp;
+    if (r0 >= n_splits) return;
+    const int r1 = kBatch ? min(r0 + grp, n_splits) : r0 + 1;
+    __shared__ uint32_t knew[kD / 2], vnew[kD / 2];
+    const float sink = warp < hpg ? __ldg(a.sinks + g * hpg + warp) : 0.0f;  // before the wait: a weight
+    const bool fused = a.qkv != nullptr;
+    const int kmax = fused ? p - 1 : p;
+    const uint32_t stage0 = static_cast<uint32_t>(__cvta_generic_to_shared(stages + size_t(warp) * kStages * 2 * kSubTile));
+    auto split_range = [&](int r, int* b, int* e) {
+        const int sb = whole ? lo & ~(kSubKeys - 1) : (s_first + r) * len;
+        *b = sb;
+        *e = whole ? p : sb + len - 1;
+    };
+    int s_begin, s_end;
+    split_range(r0, &s_begin, &s_end);
+    SplitKeys keys = split_prefetch<kStages>(a, s_begin, s_end, p, lo, kmax, stage0);
+    if constexpr (kPrefetch) {
+        pdl_wait();
+        pdl_launch_dependents();
+    }
+    if (fused) decode_rope(a, g, hpg, p, r1 == n_splits, qs, knew, vnew);  // the CTA of the last split owns p
+    else
+        for (int i = threadIdx.x; i < hpg * kD; i += blockDim.x) qs[i] = a.q[size_t(g) * hpg * kD + i];
+    __syncthreads();
+    uint32_t qf[4][4];  // A fragments of q/8 (row gq = head gq; rows gq + 8 are zero)
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+            const int d = 16 * ks + 8 * hi + 2 * tq;
+            const float2 v = gq < hpg ? *reinterpret_cast<const float2*>(qs + gq * kD + d) : make_float2(0.0f, 0.0f);
+            qf[ks][2 * hi] = pack_bf16x2(v.x * 0.125f, v.y * 0.125f);
+            qf[ks][2 * hi + 1] = 0u;
+        }
+    }
+    SplitState<1> st;
+    if constexpr (!kBatch) {  // one split per CTA
+        split_state<kStages>(a, keys, p, lo, fused, qf, stages, stage0, knew, vnew, st);
+        finish_split(a, st, sink, s_first, s_first + n_splits - 1, r0, partial, counters, max_splits);
+        return;
+    }
+    const bool all = r0 == 0 && r1 == n_splits;  // this CTA folds every split itself
+    float M = sink, L = 1.0f, O0 = 0.0f, O1 = 0.0f;
+    for (int r = r0; r < r1; ++r) {
+        if (r > r0) {
+            __syncthreads();  // every warp has read the previous split's states from the stages
+            split_range(r, &s_begin, &s_end);
+            keys = split_prefetch<kStages>(a, s_begin, s_end, p, lo, kmax, stage0);
+        }
+        split_state<kStages>(a, keys, p, lo, fused, qf, stages, stage0, knew, vnew, st);
+        if (warp >= hpg) continue;
+        if (all) {
+            float wa, wb;
+            merge_ml(M, L, st.m[0], st.l[0], wa, wb);
+            merge_o(O0, st.o[0][0], wa, wb);
+            merge_o(O1, st.o[0][1], wa, wb);
+        } else {
+            store_partial(st, g * hpg + warp, r, partial, max_splits);
+        }
+    }
+    if (all) {
+        if (warp < hpg) store_head(a, g * hpg + warp, O0, O1, L);
+        return;
+    }
+    if (!last_of(counters, (n_splits + grp - 1) / grp) || warp >= hpg) return;
+    merge_partials(a, g * hpg + warp, sink, min(n_splits, int(max_splits)), partial, max_splits);
 }
 
 // prefetch (fused RoPE only; GPTOSS_DECODE_ATTN_PREFETCH): the step's position (uploaded before
@@ -620,7 +715,7 @@ template <bool kMma>
 __global__ __launch_bounds__(256, 2) void bf16_attention_decode_batch_kernel(const AttentionArgs a,
                                                                          const BatchAttentionItem* items,
                                                                          float* partial, int* counters,
-                                                                         uint32_t max_splits) {
+                                                                         uint32_t max_splits, int group) {
     if (!kMma) {
         pdl_wait();
         pdl_launch_dependents();
@@ -634,7 +729,7 @@ __global__ __launch_bounds__(256, 2) void bf16_attention_decode_batch_kernel(con
     b.qkv = a.qkv + size_t(i) * (a.Q + 2 * a.G) * kD;
     b.out = a.out + size_t(i) * a.Q * kD;
     float* const part = partial + size_t(i) * a.Q * max_splits * (kD + 2);
-    if (kMma) attention_decode_cta_mma<true, 2, true>(b, it.pos, part, counters + size_t(i) * a.G, max_splits);
+    if (kMma) attention_decode_cta_mma<true, 2, true>(b, it.pos, part, counters + size_t(i) * a.G, max_splits, group);
     else attention_decode_cta<true>(b, it.pos, part, counters + size_t(i) * a.G, max_splits);
 }
 
@@ -757,6 +852,51 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* coun
     return GPTOSS_OK;
 }
 
+// Splits per CTA of the batched tensor-core attention (attention_decode_cta_mma's group; the bits do
+// not depend on it): a power of two chosen by the cost model below (two CTAs per SM resident), so a
+// large batch takes each kv head's keys in one CTA with no partials to merge, and a lone session
+// at a long context keeps a CTA per split. GPTOSS_DECODE_BATCH_ATTN_GROUP (1, 2,
+// 4, ... 64) forces it (A/B runs).
+namespace {
+std::atomic<uint32_t> g_batch_attention_group{0};  // set_batch_attention_group (0: automatic)
+}  // namespace
+
+void set_batch_attention_group(uint32_t group) { g_batch_attention_group.store(group); }
+
+gptoss_status batch_attention_group(uint32_t n_items, uint32_t G, uint32_t max_splits, uint32_t* out) {
+    static const int env = env_choice("GPTOSS_DECODE_BATCH_ATTN_GROUP", {1, 2, 4, 8, 16, 32, 64}, 0);
+    const uint32_t forced = g_batch_attention_group.load() != 0 ? g_batch_attention_group.load() : uint32_t(env);
+    if (forced > 0) {
+        *out = std::min(forced, std::max(max_splits, 1u));
+        return GPTOSS_OK;
+    }
+    DeviceProps dp;
+    GPTOSS_CUDA_TRY(current_device_props(&dp));
+    const uint64_t slots = 2ull * uint64_t(std::max(dp.sms, 1)), pairs = uint64_t(n_items) * G;
+    // A model in units of one split's time: the waves of CTAs times the splits each takes in turn,
+    // plus one for the partials' merge when a kv head spans several CTAs; ties go to the smaller
+    // group. H200, 20b (bench/NOTES.md "v29"): 64 sessions at 2 splits take 2 (all), 8 at 9-16
+    // splits keep 1 (taking 4 cost 1 %), a lone session keeps 1.
+    uint32_t best = 1;
+    uint64_t best_cost = ~0ull;
+    for (uint32_t g = 1; g <= std::max(max_splits, 1u); g *= 2) {
+        const uint64_t ctas = pairs * ceil_div(std::max(max_splits, 1u), g);
+        const uint64_t cost = (ctas + slots - 1) / slots * g + (g < max_splits ? 1 : 0);
+        if (cost < best_cost) {
+            best_cost = cost;
+            best = g;
+        }
+    }
+    *out = best;
+    return GPTOSS_OK;
+}
+
+uint32_t batch_attention_split() {
+    static const uint32_t len = uint32_t(env_choice("GPTOSS_DECODE_BATCH_ATTN_SPLIT", {256, 512, 1024, 2048},
+                                                    int(kBatchAttentionSplit)));
+    return len;
+}
+
 gptoss_status attention_decode_batch(const AttentionArgs& a, const BatchAttentionItem* items, uint32_t n_items,
                                     float* partial, int* counters, uint32_t max_splits, cudaStream_t stream) {
     GPTOSS_TRY(check(a));
@@ -764,16 +904,21 @@ gptoss_status attention_decode_batch(const AttentionArgs& a, const BatchAttentio
         return fail(GPTOSS_ERR_INTERNAL, "attention_decode_batch: qkv, inv_freq, out and items are required");
     if (n_items == 0) return GPTOSS_OK;
     if (n_items > 65535) return fail(GPTOSS_ERR_INTERNAL, "attention_decode_batch: %u items exceed the grid", n_items);
-    const dim3 grid(max_splits, a.G, n_items);
+    AttentionArgs b = a;
+    b.split_min = batch_attention_split();
     if (decode_attention_mma()) {
+        uint32_t group = 1;
+        GPTOSS_TRY(batch_attention_group(n_items, a.G, max_splits, &group));
+        const dim3 grid(ceil_div(max_splits, group), a.G, n_items);
         const size_t smem = decode_smem_mma(2);
         GPTOSS_TRY(opt_in_smem(bf16_attention_decode_batch_kernel<true>, smem, "attention_decode_batch"));
-        GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel<true>, grid, 256, smem, stream, a, items, partial, counters,
-                      max_splits);
+        GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel<true>, grid, 256, smem, stream, b, items, partial, counters,
+                      max_splits, int(group));
+    } else {
+        const dim3 grid(max_splits, a.G, n_items);
+        GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel<false>, grid, 256, kDecodeSmem, stream, b, items, partial,
+                      counters, max_splits, 1);
     }
-    else
-        GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel<false>, grid, 256, kDecodeSmem, stream, a, items, partial,
-                      counters, max_splits);
     return GPTOSS_OK;
 }
 

@@ -413,7 +413,7 @@ gptoss_status BatchDecoder::collect_step(uint32_t n, bool trace, const StepStamp
 // are few.
 uint32_t BatchDecoder::full_splits_for(const BatchSlot* slots, uint32_t n, uint32_t ahead) {
     uint32_t needed = 0, full_splits = 1;
-    for (uint32_t i = 0; i < n; ++i) needed = std::max(needed, batch_splits_needed(slots[i].pos + ahead));
+    for (uint32_t i = 0; i < n; ++i) needed = std::max(needed, batch_splits_needed(slots[i].pos + ahead, batch_attention_split()));
     while (full_splits < needed) full_splits *= 2;
     return full_splits;
 }

@@ -54,7 +54,14 @@ struct BatchAttentionItem {
 // items[i] (device array). a.window / sinks / Q / G / D / inv_freq / rope_scale are shared;
 // a.step, a.k_cache, a.v_cache, a.slots are ignored. partial: fp32 [n_items, Q, max_splits, D + 2];
 // counters: int [n_items, G], zero before the first call (re-armed by the kernel). max_splits
-// must cover every item's visible keys. Item i's bits equal attention_decode's for that query.
+// must cover every item's visible keys (batch_splits_needed). Item i's bits depend only on its
+// query, cache and position: not on n_items, nor on how many of its batch_split_len-key splits a
+// CTA takes (tensor-core kernel: batch_attention_group's choice from n_items, so that a large batch
+// takes each kv head in one CTA with no partials, a lone query one CTA per split). They are not
+// attention_decode's (longer splits).
+[[nodiscard]] gptoss_status batch_attention_group(uint32_t n_items, uint32_t G, uint32_t max_splits, uint32_t* out);
+// Tests and tuning: forces that group (a power of two; 0 = automatic, or GPTOSS_DECODE_BATCH_ATTN_GROUP).
+void set_batch_attention_group(uint32_t group);
 [[nodiscard]] gptoss_status attention_decode_batch(const AttentionArgs& a, const BatchAttentionItem* items,
                                                    uint32_t n_items, float* partial, int* counters,
                                                    uint32_t max_splits, cudaStream_t stream);

@@ -267,6 +267,7 @@ struct DeviceProps {
     int dev = -1;
     int major = 0;           // compute capability major
     int max_smem_optin = 0;  // bytes of shared memory a CTA may opt in to
+    int sms = 0;             // streaming multiprocessors
 };
 inline cudaError_t current_device_props(DeviceProps* out) {
     thread_local DeviceProps cached;
@@ -279,6 +280,7 @@ inline cudaError_t current_device_props(DeviceProps* out) {
         if ((e = cudaDeviceGetAttribute(&p.major, cudaDevAttrComputeCapabilityMajor, dev)) != cudaSuccess) return e;
         if ((e = cudaDeviceGetAttribute(&p.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) != cudaSuccess)
             return e;
+        if ((e = cudaDeviceGetAttribute(&p.sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
         cached = p;
     }
     *out = cached;

@@ -283,12 +283,18 @@ constexpr uint32_t decode_splits_needed(uint32_t pos, uint32_t min_len = kAttent
 // each warp one, and a CTA's life was its load and merge latency: H200, 64 streams, bench/NOTES.md
 // "v20 batched attention"); past that decode_split_len. Also a function of the position alone
 // (batch invariance); its bits differ from attention_decode's.
+// min_len: batch_attention_split() (kBatchAttentionSplit unless GPTOSS_DECODE_BATCH_ATTN_SPLIT, a
+// tuning knob: 256, 512, 1024 or 2048, read once per process; a process keeps one, since the bits
+// of a full layer depend on it).
 constexpr uint32_t kBatchAttentionSplit = 512;
-constexpr uint32_t batch_split_len(uint32_t pos) {
+constexpr uint32_t batch_split_len(uint32_t pos, uint32_t min_len = kBatchAttentionSplit) {
     const uint32_t len = decode_split_len(pos);
-    return len > kBatchAttentionSplit ? len : kBatchAttentionSplit;
+    return len > min_len ? len : min_len;
 }
-constexpr uint32_t batch_splits_needed(uint32_t pos) { return pos / batch_split_len(pos) + 1; }
+constexpr uint32_t batch_splits_needed(uint32_t pos, uint32_t min_len = kBatchAttentionSplit) {
+    return pos / batch_split_len(pos, min_len) + 1;
+}
+uint32_t batch_attention_split();
 // A sliding window of at most kBatchAttentionSplit keys goes through the batched step in one
 // split, keys [pos - window + 1, pos] (one CTA per kv head, no partials to merge, whatever the
 // window's place against the split grid; a function of the position alone, so still batch

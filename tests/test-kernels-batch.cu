@@ -1,7 +1,9 @@
 // tests/test-kernels-batch.cu - batched decode on the GPU (cuda/batch_decode.h, issue 13): one
 // CudaBackend::decode_batch step over N sessions, each at its own position (some past the
 // 128-key sliding window, some past 2048 keys), against (a) the same item run alone through
-// decode_batch (N = 1): bit for bit, for N = 1, 3, 8, 12, 17, 64, 70, in another order too, and over
+// decode_batch (N = 1): bit for bit, for N = 1, 3, 8, 12, 17, 64, 70 (the attention's CTAs take 1, 2
+// or all of a kv head's splits as N grows: partials merged by the last CTA against one CTA's own
+// fold), in another order too, and over
 // several consecutive steps (K/V written by batched steps read by later ones); (b) the CPU
 // reference backend (the oracle), within the bf16 tolerance, on the tiny checkpoint with router
 // biases that keep the top-4 away from near-ties. Also: bad items fail alone with their own
@@ -113,6 +115,27 @@ TEST_CASE("a batched step's logits per item equal the item alone, bit for bit, N
             for (uint32_t i = 0; i < n; ++i) CHECK(std::memcmp(reversed[i].data(), batched[i].data(), kV * 4) == 0);
         }
     }
+}
+
+TEST_CASE("the batched attention's bits do not depend on how many splits a CTA takes") {
+    // Positions past 2048 (5 splits of 512 keys) and across a split boundary; group 1 stores every
+    // split's partial for the last CTA to merge, 2 and 4 mix both, 8 folds all in one CTA.
+    Backend& b = gpu();
+    std::vector<Stream> streams;
+    const uint32_t pos[] = {2100, 2048, 2047, 520, 1030, 5, 1500};
+    for (uint32_t i = 0; i < 7; ++i) streams.push_back(make_stream(b, pos[i], 300 + i));
+    cuda::set_batch_attention_group(1);
+    const auto want = step(b, streams, iota(7));
+    for (uint32_t group : {2u, 4u, 8u, 0u}) {
+        CAPTURE(group);
+        cuda::set_batch_attention_group(group);
+        const auto got = step(b, streams, iota(7));
+        for (uint32_t i = 0; i < 7; ++i) {
+            CAPTURE(i);
+            CHECK(std::memcmp(got[i].data(), want[i].data(), kV * 4) == 0);
+        }
+    }
+    cuda::set_batch_attention_group(0);
 }
 
 TEST_CASE("consecutive batched steps equal the same sessions stepped alone (K/V of batched steps reused)") {

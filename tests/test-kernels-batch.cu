@@ -119,18 +119,21 @@ TEST_CASE("a batched step's logits per item equal the item alone, bit for bit, N
 
 TEST_CASE("the batched attention's bits do not depend on how many splits a CTA takes") {
     // Positions past 2048 (5 splits of 512 keys) and across a split boundary; group 1 stores every
-    // split's partial for the last CTA to merge, 2 and 4 mix both, 8 folds all in one CTA.
+    // split's partial for the last CTA to merge, 2 and 4 mix both, 8 folds all in one CTA. 66
+    // sessions: steps of more than 64 run without a captured graph, which would keep the group of
+    // its capture.
     Backend& b = gpu();
+    constexpr uint32_t kN = 66;
     std::vector<Stream> streams;
     const uint32_t pos[] = {2100, 2048, 2047, 520, 1030, 5, 1500};
-    for (uint32_t i = 0; i < 7; ++i) streams.push_back(make_stream(b, pos[i], 300 + i));
+    for (uint32_t i = 0; i < kN; ++i) streams.push_back(make_stream(b, pos[i % 7], 300 + i));
     cuda::set_batch_attention_group(1);
-    const auto want = step(b, streams, iota(7));
+    const auto want = step(b, streams, iota(kN));
     for (uint32_t group : {2u, 4u, 8u, 0u}) {
         CAPTURE(group);
         cuda::set_batch_attention_group(group);
-        const auto got = step(b, streams, iota(7));
-        for (uint32_t i = 0; i < 7; ++i) {
+        const auto got = step(b, streams, iota(kN));
+        for (uint32_t i = 0; i < kN; ++i) {
             CAPTURE(i);
             CHECK(std::memcmp(got[i].data(), want[i].data(), kV * 4) == 0);
         }

@@ -853,10 +853,9 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* coun
 }
 
 // Splits per CTA of the batched tensor-core attention (attention_decode_cta_mma's group; the bits do
-// not depend on it): a power of two chosen by the cost model below (two CTAs per SM resident), so a
-// large batch takes each kv head's keys in one CTA with no partials to merge, and a lone session
-// at a long context keeps a CTA per split. GPTOSS_DECODE_BATCH_ATTN_GROUP (1, 2,
-// 4, ... 64) forces it (A/B runs).
+// not depend on it): batch_attention_group_for's cost model (kernels.h), so a large batch takes each
+// kv head's keys in one CTA with no partials to merge, and a lone session at a long context keeps a
+// CTA per split. GPTOSS_DECODE_BATCH_ATTN_GROUP (1, 2, 4, ... 64) forces it (A/B runs).
 namespace {
 std::atomic<uint32_t> g_batch_attention_group{0};  // set_batch_attention_group (0: automatic)
 }  // namespace
@@ -872,22 +871,7 @@ gptoss_status batch_attention_group(uint32_t n_items, uint32_t G, uint32_t max_s
     }
     DeviceProps dp;
     GPTOSS_CUDA_TRY(current_device_props(&dp));
-    const uint64_t slots = 2ull * uint64_t(std::max(dp.sms, 1)), pairs = uint64_t(n_items) * G;
-    // A model in units of one split's time: the waves of CTAs times the splits each takes in turn,
-    // plus one for the partials' merge when a kv head spans several CTAs; ties go to the smaller
-    // group. H200, 20b (bench/NOTES.md "v29"): 64 sessions at 2 splits take 2 (all), 8 at 9-16
-    // splits keep 1 (taking 4 cost 1 %), a lone session keeps 1.
-    uint32_t best = 1;
-    uint64_t best_cost = ~0ull;
-    for (uint32_t g = 1; g <= std::max(max_splits, 1u); g *= 2) {
-        const uint64_t ctas = pairs * ceil_div(std::max(max_splits, 1u), g);
-        const uint64_t cost = (ctas + slots - 1) / slots * g + (g < max_splits ? 1 : 0);
-        if (cost < best_cost) {
-            best_cost = cost;
-            best = g;
-        }
-    }
-    *out = best;
+    *out = batch_attention_group_for(uint64_t(n_items) * G, max_splits, uint32_t(std::max(dp.sms, 1)));
     return GPTOSS_OK;
 }
 

@@ -295,6 +295,27 @@ constexpr uint32_t batch_splits_needed(uint32_t pos, uint32_t min_len = kBatchAt
     return pos / batch_split_len(pos, min_len) + 1;
 }
 uint32_t batch_attention_split();
+// How many of a kv head's splits one CTA of the batched tensor-core attention takes (its bits do not
+// depend on it; batch_attention_group in batch_decode.h): the power of two g <= max_splits that
+// minimizes (waves of pairs · ceil(max_splits / g) CTAs at two per SM) · g, + 1 while a kv head
+// still spans several CTAs (their partials' merge), the smaller g on a tie. pairs = sessions · kv
+// heads. H200, 20b (bench/NOTES.md "v29"): 64 sessions at 2-4 splits take them all, 8 sessions at
+// 9-16 splits and a lone session take one.
+constexpr uint32_t batch_attention_group_for(uint64_t pairs, uint32_t max_splits, uint32_t sms) {
+    const uint64_t slots = 2ull * (sms > 0 ? sms : 1u);
+    const uint32_t splits = max_splits > 0 ? max_splits : 1u;
+    uint32_t best = 1;
+    uint64_t best_cost = ~0ull;
+    for (uint32_t g = 1; g <= splits; g *= 2) {
+        const uint64_t ctas = pairs * ((splits + g - 1) / g);
+        const uint64_t cost = (ctas + slots - 1) / slots * g + (g < splits ? 1u : 0u);
+        if (cost < best_cost) {
+            best_cost = cost;
+            best = g;
+        }
+    }
+    return best;
+}
 // A sliding window of at most kBatchAttentionSplit keys goes through the batched step in one
 // split, keys [pos - window + 1, pos] (one CTA per kv head, no partials to merge, whatever the
 // window's place against the split grid; a function of the position alone, so still batch

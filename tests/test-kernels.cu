@@ -522,6 +522,15 @@ TEST_CASE("decode attention past 16k keys (longer splits) matches cpu::attention
     CHECK(cuda::batch_splits_needed(65535) == 128);
     CHECK(cuda::batch_split_len(65536) == 1024);
     CHECK(cuda::batch_splits_needed(131071) <= cuda::kMaxDecodeSplits);
+    // Splits per CTA of the batched attention on 132 SMs (8 kv heads): the cases of bench/NOTES.md v29.
+    static_assert(cuda::batch_attention_group_for(64 * 8, 2, 132) == 2, "64 sessions at ~600 keys: one CTA");
+    static_assert(cuda::batch_attention_group_for(64 * 8, 4, 132) == 4, "64 sessions at ~1 500 keys: one CTA");
+    static_assert(cuda::batch_attention_group_for(64 * 8, 8, 132) == 8, "64 sessions at ~2 500 keys: one CTA");
+    static_assert(cuda::batch_attention_group_for(32 * 8, 2, 132) == 2, "32 sessions at ~600 keys: one CTA");
+    static_assert(cuda::batch_attention_group_for(8 * 8, 16, 132) == 1, "8 sessions at ~4 300 keys: a CTA per split");
+    static_assert(cuda::batch_attention_group_for(8 * 8, 2, 132) == 1, "8 sessions at ~600 keys: a CTA per split");
+    static_assert(cuda::batch_attention_group_for(1 * 8, 32, 132) == 1, "a lone session at 8 192: a CTA per split");
+    static_assert(cuda::batch_attention_group_for(8, 0, 132) == 1, "no splits counted: one");
     std::map<std::pair<uint32_t, uint32_t>, std::vector<uint16_t>> one_stage;  // (window, position) → mode 1's output
     for (const int mode : {0, 1, 2}) {  // the FMA split, the tensor-core split with 1 and 2 stages
         const bool mma = mode > 0;

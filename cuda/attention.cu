@@ -134,6 +134,18 @@ __device__ __forceinline__ void merge_ml(float& M, float& L, float m, float l, f
 __device__ __forceinline__ void merge_o(float& O, float o, float a, float b) {
     O = __fadd_rn(__fmul_rn(O, a), __fmul_rn(o, b));
 }
+// One query head's output state (lane l: dims 2l, 2l + 1) as finish_split builds it: the sink,
+// then each split's (m, l, o) folded in split order.
+struct HeadFold {
+    float M, L = 1.0f, O0 = 0.0f, O1 = 0.0f;
+    __device__ explicit HeadFold(float sink) : M(sink) {}
+    __device__ __forceinline__ void add(float m, float l, float o0, float o1) {
+        float wa, wb;
+        merge_ml(M, L, m, l, wa, wb);
+        merge_o(O0, o0, wa, wb);
+        merge_o(O1, o1, wa, wb);
+    }
+};
 
 // Loads keys [kb, kb + 64) of kv head g into shared memory (zero outside [0, kmax]) with NT
 // threads; all of a pass's 16-byte loads are issued before any store, so a pass costs one
@@ -241,10 +253,10 @@ __device__ __forceinline__ void decode_rope(const AttentionArgs& a, int g, int h
 }
 
 // finish_split's parts. Query head `head`'s output (lane l: dims 2l, 2l + 1) from its merged state.
-__device__ __forceinline__ void store_head(const AttentionArgs& a, int head, float O0, float O1, float L) {
+__device__ __forceinline__ void store_head(const AttentionArgs& a, int head, const HeadFold& f) {
     const int lane = threadIdx.x & 31;
-    a.out[permuted_k(uint32_t(head) * kD + 2 * lane)] = f32_to_bf16_bits(__fdiv_rn(O0, L));
-    a.out[permuted_k(uint32_t(head) * kD + 2 * lane + 1)] = f32_to_bf16_bits(__fdiv_rn(O1, L));
+    a.out[permuted_k(uint32_t(head) * kD + 2 * lane)] = f32_to_bf16_bits(__fdiv_rn(f.O0, f.L));
+    a.out[permuted_k(uint32_t(head) * kD + 2 * lane + 1)] = f32_to_bf16_bits(__fdiv_rn(f.O1, f.L));
 }
 // Split s_rel's state of query head `head` into its partial slot.
 __device__ __forceinline__ void store_partial(const SplitState<1>& st, int head, int s_rel, float* partial,
@@ -277,7 +289,7 @@ __device__ __forceinline__ void merge_partials(const AttentionArgs& a, int head,
                                                const float* partial, uint32_t max_splits) {
     const int lane = threadIdx.x & 31;
     __threadfence();
-    float M = sink, L = 1.0f, O0 = 0.0f, O1 = 0.0f;
+    HeadFold f(sink);
     for (int base = 0; base < n; base += 8) {
         float m[8], l[8], o0[8], o1[8];
 #pragma unroll
@@ -292,15 +304,10 @@ __device__ __forceinline__ void merge_partials(const AttentionArgs& a, int head,
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            if (base + j < n) {
-                float wa, wb;
-                merge_ml(M, L, m[j], l[j], wa, wb);
-                merge_o(O0, o0[j], wa, wb);
-                merge_o(O1, o1[j], wa, wb);
-            }
+            if (base + j < n) f.add(m[j], l[j], o0[j], o1[j]);
         }
     }
-    store_head(a, head, O0, O1, L);
+    store_head(a, head, f);
 }
 
 // The end of a split CTA: st holds warp h's state for query head h of kv head blockIdx.y (lane l:
@@ -318,11 +325,9 @@ __device__ __forceinline__ void finish_split(const AttentionArgs& a, const Split
     const int hpg = int(a.Q / a.G);
     if (s_first == s_last) {  // one split: merge it into the sink here (the same merge_ml/merge_o
         if (warp >= hpg) return;  // sequence as below, so the same bits), no partials, no counter
-        float M = sink, L = 1.0f, O0 = 0.0f, O1 = 0.0f, wa, wb;
-        merge_ml(M, L, st.m[0], st.l[0], wa, wb);
-        merge_o(O0, st.o[0][0], wa, wb);
-        merge_o(O1, st.o[0][1], wa, wb);
-        store_head(a, g * hpg + warp, O0, O1, L);
+        HeadFold f(sink);
+        f.add(st.m[0], st.l[0], st.o[0][0], st.o[0][1]);
+        store_head(a, g * hpg + warp, f);
         return;
     }
     if (warp < hpg) store_partial(st, g * hpg + warp, s_rel, partial, max_splits);
@@ -631,7 +636,7 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
         return;
     }
     const bool all = r0 == 0 && r1 == n_splits;  // this CTA folds every split itself
-    float M = sink, L = 1.0f, O0 = 0.0f, O1 = 0.0f;
+    HeadFold f(sink);
     for (int r = r0; r < r1; ++r) {
         if (r > r0) {
             __syncthreads();  // every warp has read the previous split's states from the stages
@@ -640,17 +645,11 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
         }
         split_state<kStages>(a, keys, p, lo, fused, qf, stages, stage0, knew, vnew, st);
         if (warp >= hpg) continue;
-        if (all) {
-            float wa, wb;
-            merge_ml(M, L, st.m[0], st.l[0], wa, wb);
-            merge_o(O0, st.o[0][0], wa, wb);
-            merge_o(O1, st.o[0][1], wa, wb);
-        } else {
-            store_partial(st, g * hpg + warp, r, partial, max_splits);
-        }
+        if (all) f.add(st.m[0], st.l[0], st.o[0][0], st.o[0][1]);
+        else store_partial(st, g * hpg + warp, r, partial, max_splits);
     }
     if (all) {
-        if (warp < hpg) store_head(a, g * hpg + warp, O0, O1, L);
+        if (warp < hpg) store_head(a, g * hpg + warp, f);
         return;
     }
     if (!last_of(counters, (n_splits + grp - 1) / grp) || warp >= hpg) return;
@@ -864,7 +863,7 @@ void set_batch_attention_group(uint32_t group) { g_batch_attention_group.store(g
 
 gptoss_status batch_attention_group(uint32_t n_items, uint32_t G, uint32_t max_splits, uint32_t* out) {
     static const int env = env_choice("GPTOSS_DECODE_BATCH_ATTN_GROUP", {1, 2, 4, 8, 16, 32, 64}, 0);
-    const uint32_t forced = g_batch_attention_group.load() != 0 ? g_batch_attention_group.load() : uint32_t(env);
+    const uint32_t set = g_batch_attention_group.load(), forced = set != 0 ? set : uint32_t(env);
     if (forced > 0) {
         *out = std::min(forced, std::max(max_splits, 1u));
         return GPTOSS_OK;

@@ -209,29 +209,43 @@ constexpr size_t kDecodeSmem = sizeof(float) * kMaxHeads * kD + sizeof(uint32_t)
 // position also rotates the new key, writes key and value to the cache slot and keeps them as
 // packed bf16 words (knew/vnew [32]) for its own block, because the block load reads the cache
 // through the read-only path, which must not see this kernel's writes.
+template <int NT = 256>
 __device__ __forceinline__ void decode_rope(const AttentionArgs& a, int g, int hpg, int p, bool owns_p, float* qs,
                                             uint32_t* knew, uint32_t* vnew) {
     __shared__ float cs[kD / 2], sn[kD / 2];
     constexpr int half = kD / 2;
-    static_assert(kMaxHeads * half <= 256, "decode_rope: one (head, i) pair per thread");
-    // Every load is issued before the first use (one memory round trip): thread idx owns q pair
-    // (idx / half, idx % half); the owner's threads 0..31 also hold the key pair, 32..95 a value.
+    constexpr int kPass = kMaxHeads * half / NT;  // (head, i) q pairs per thread
+    static_assert(kMaxHeads * half % NT == 0 && NT >= 3 * half,
+                  "decode_rope: whole passes of q pairs; the key and value owners all in the first pass");
+    // Every load is issued before the first use (one memory round trip): thread t owns q pairs
+    // (idx / half, idx % half) for idx = t, t + NT, ...; threads 0..31 also hold the key pair,
+    // 32..95 a value.
     const float* row = a.qkv;
-    const int idx = threadIdx.x, h = idx / half, i = idx % half;
-    const bool has_q = idx < hpg * half;
-    const float* xq = row + size_t(g * hpg + h) * kD;
-    const float q1 = has_q ? xq[i] : 0.0f, q2 = has_q ? xq[i + half] : 0.0f;
+    float q1[kPass], q2[kPass];
+#pragma unroll
+    for (int ps = 0; ps < kPass; ++ps) {
+        const int idx = threadIdx.x + ps * NT, h = idx / half, i = idx % half;
+        const bool has_q = idx < hpg * half;
+        const float* xq = row + size_t(g * hpg + h) * kD;
+        q1[ps] = has_q ? xq[i] : 0.0f;
+        q2[ps] = has_q ? xq[i + half] : 0.0f;
+    }
+    const int idx = threadIdx.x, i = idx % half;
     const float* xk = row + size_t(a.Q + g) * kD;
     const bool has_k = owns_p && idx < half, has_v = owns_p && idx >= half && idx < 3 * half;
     const float k1 = has_k ? xk[i] : 0.0f, k2 = has_k ? xk[i + half] : 0.0f;
     const float vv = has_v ? row[size_t(a.Q + a.G + g) * kD + (idx - half)] : 0.0f;
     if (idx < half) rope_cos_sin(float(p), a.inv_freq[idx], a.rope_scale, cs[idx], sn[idx]);
     __syncthreads();
-    if (has_q) {
-        float o1, o2;
-        rope_rotate(q1, q2, cs[i], sn[i], o1, o2);
-        qs[h * kD + i] = o1;
-        qs[h * kD + i + half] = o2;
+#pragma unroll
+    for (int ps = 0; ps < kPass; ++ps) {
+        const int qi = threadIdx.x + ps * NT, h = qi / half, c = qi % half;
+        if (qi < hpg * half) {
+            float o1, o2;
+            rope_rotate(q1[ps], q2[ps], cs[c], sn[c], o1, o2);
+            qs[h * kD + c] = o1;
+            qs[h * kD + c + half] = o2;
+        }
     }
     if (!owns_p) return;
     const size_t slot_off = size_t(uint32_t(p) % a.slots) * a.G * kD + size_t(g) * kD;
@@ -422,21 +436,22 @@ __device__ __forceinline__ void load_sub_block(const AttentionArgs& a, uint32_t 
     }
 }
 
-// One split's keys [s_begin, s_end] through the CTA's 8 warps (warp w: the split's 16-key sub-blocks
-// w, w + 8, ... with a visible key, kStages in flight), each with its own online softmax; then the
-// warps' states merged in warp order into warp h's state for query head h (st, warps h < hpg).
+// One split's keys [s_begin, s_end] through the CTA's kWarps warps (8; 4 for the batched sliding
+// window) (warp w: the split's 16-key sub-blocks w, w + kWarps, ... with a visible key, kStages in
+// flight), each with its own online softmax; then the warps' states merged in warp order into warp
+// w's state for query heads w, w + kWarps, ... (st slots 0 .. NH - 1; heads < hpg).
 // On entry the warp's first kStages sub-blocks are requested (split_prefetch) and, past the
 // first split, every warp is done with the stages' previous contents.
 struct SplitKeys {
     int kb, sb_last;  // this warp's first sub-block, the split's last
 };
-template <int kStages>
+template <int kStages, int kWarps = kDecodeWarps>
 __device__ __forceinline__ SplitKeys split_prefetch(const AttentionArgs& a, int s_begin, int s_end, int p, int lo,
                                                     int kmax, uint32_t stage0) {
     using namespace attn_mma;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sb_first = max(s_begin, lo & ~(kSubKeys - 1)), sb_last = min(s_end, p) & ~(kSubKeys - 1);
-    constexpr int kStride = kDecodeWarps * kSubKeys;
+    constexpr int kStride = kWarps * kSubKeys;
     const int kb = sb_first + warp * kSubKeys;
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
@@ -447,17 +462,18 @@ __device__ __forceinline__ SplitKeys split_prefetch(const AttentionArgs& a, int 
     return SplitKeys{kb, sb_last};
 }
 
-template <int kStages>
+template <int kStages, int kWarps = kDecodeWarps, int NH = 1>
 __device__ __forceinline__ void split_state(const AttentionArgs& a, SplitKeys keys, int p, int lo, bool fused,
                                             const uint32_t (&qf)[4][4], uint8_t* stages, uint32_t stage0,
-                                            const uint32_t* knew, const uint32_t* vnew, SplitState<1>& st) {
+                                            const uint32_t* knew, const uint32_t* vnew, SplitState<NH>& st) {
+    static_assert(kWarps * NH == kMaxHeads, "split_state: every query head merged by one warp");
     using namespace attn_mma;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gq = lane >> 2, tq = lane & 3;
     const int hpg = int(a.Q / a.G);
     const int g = int(blockIdx.y);
     const int kmax = fused ? p - 1 : p;
-    constexpr int kStride = kDecodeWarps * kSubKeys;
+    constexpr int kStride = kWarps * kSubKeys;
     uint8_t* my_stage = stages + size_t(warp) * kStages * 2 * kSubTile;
     int kb = keys.kb;
     const int sb_last = keys.sb_last;
@@ -542,28 +558,48 @@ __device__ __forceinline__ void split_state(const AttentionArgs& a, SplitKeys ke
         ws[kD + 1] = l;
     }
     __syncthreads();
-    // Warp h merges head h's 8 warp states in warp order (empty warps skipped).
+    // Warp w merges heads w, w + kWarps, ... (st slot hh: head w + hh·kWarps), each over the
+    // kWarps warp states in warp order (empty warps skipped).
     reset(st);
-    if (warp < hpg) {
+#pragma unroll
+    for (int hh = 0; hh < NH; ++hh) {
+        const int head = warp + hh * kWarps;
+        if (head >= hpg) continue;
         bool any = false;
-        for (int w = 0; w < kDecodeWarps; ++w) {
+        for (int w = 0; w < kWarps; ++w) {
             const float* src =
-                reinterpret_cast<const float*>(stages + size_t(w) * kStages * 2 * kSubTile) + warp * (kD + 2);
+                reinterpret_cast<const float*>(stages + size_t(w) * kStages * 2 * kSubTile) + head * (kD + 2);
             const float mw = src[kD];
             if (mw == -INFINITY) continue;
             const float lw = src[kD + 1], o0 = src[2 * lane], o1 = src[2 * lane + 1];
             if (!any) {
-                st.m[0] = mw;
-                st.l[0] = lw;
-                st.o[0][0] = o0;
-                st.o[0][1] = o1;
+                st.m[hh] = mw;
+                st.l[hh] = lw;
+                st.o[hh][0] = o0;
+                st.o[hh][1] = o1;
                 any = true;
                 continue;
             }
             float wa, wb;
-            merge_ml(st.m[0], st.l[0], mw, lw, wa, wb);
-            merge_o(st.o[0][0], o0, wa, wb);
-            merge_o(st.o[0][1], o1, wa, wb);
+            merge_ml(st.m[hh], st.l[hh], mw, lw, wa, wb);
+            merge_o(st.o[hh][0], o0, wa, wb);
+            merge_o(st.o[hh][1], o1, wa, wb);
+        }
+    }
+}
+
+// This lane's A fragments of q/8 for the split's mma (row gq = query head gq, from the roped
+// rows in shared memory; rows gq + 8 are zero).
+__device__ __forceinline__ void query_fragments(const float* qs, int hpg, uint32_t (&qf)[4][4]) {
+    const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+            const int d = 16 * ks + 8 * hi + 2 * tq;
+            const float2 v = gq < hpg ? *reinterpret_cast<const float2*>(qs + gq * kD + d) : make_float2(0.0f, 0.0f);
+            qf[ks][2 * hi] = pack_bf16x2(v.x * 0.125f, v.y * 0.125f);
+            qf[ks][2 * hi + 1] = 0u;
         }
     }
 }
@@ -583,8 +619,7 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
     extern __shared__ __align__(128) float smem[];
     float* qs = smem;
     uint8_t* stages = reinterpret_cast<uint8_t*>(qs + kMaxHeads * kD);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int gq = lane >> 2, tq = lane & 3;
+    const int warp = threadIdx.x >> 5;
     const int g = blockIdx.y;
     const int hpg = int(a.Q / a.G);
     const int p = pos0, lo = visible_lo(p, a.window);
@@ -618,17 +653,8 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
     else
         for (int i = threadIdx.x; i < hpg * kD; i += blockDim.x) qs[i] = a.q[size_t(g) * hpg * kD + i];
     __syncthreads();
-    uint32_t qf[4][4];  // A fragments of q/8 (row gq = head gq; rows gq + 8 are zero)
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-#pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-            const int d = 16 * ks + 8 * hi + 2 * tq;
-            const float2 v = gq < hpg ? *reinterpret_cast<const float2*>(qs + gq * kD + d) : make_float2(0.0f, 0.0f);
-            qf[ks][2 * hi] = pack_bf16x2(v.x * 0.125f, v.y * 0.125f);
-            qf[ks][2 * hi + 1] = 0u;
-        }
-    }
+    uint32_t qf[4][4];
+    query_fragments(qs, hpg, qf);
     SplitState<1> st;
     if constexpr (!kBatch) {  // one split per CTA
         split_state<kStages>(a, keys, p, lo, fused, qf, stages, stage0, knew, vnew, st);
@@ -730,6 +756,70 @@ __global__ __launch_bounds__(256, 2) void bf16_attention_decode_batch_kernel(con
     float* const part = partial + size_t(i) * a.Q * max_splits * (kD + 2);
     if (kMma) attention_decode_cta_mma<true, 2, true>(b, it.pos, part, counters + size_t(i) * a.G, max_splits, group);
     else attention_decode_cta<true>(b, it.pos, part, counters + size_t(i) * a.G, max_splits);
+}
+
+// The batched step's sliding window (batch_window_whole: keys [pos - window + 1, pos] in one
+// split, no partials) in CTAs of kWindowWarps warps instead of 8: a 64-session step's 512 (session,
+// kv head) CTAs then fit one wave (4 CTAs of 128 threads per SM by registers, against two waves of
+// 8-warp CTAs at 2 per SM); each warp takes every fourth 16-key sub-block of the window (2-3 of
+// them, all three in flight: requested before the wait for the QKV kernel) and merges two query
+// heads. The same arithmetic as split_state's, with
+// another split of the keys between warps, so its bits differ from the 8-warp form's; the batched
+// step uses one form at every batch size (batch_attention_window_warps), which keeps it batch
+// invariant.
+constexpr int kWindowWarps = 4;
+constexpr int kWindowStages = 3;  // a warp's sub-blocks of a 128-key window: at most 3
+constexpr size_t kWindowSmem = sizeof(float) * kMaxHeads * kD + size_t(kWindowWarps) * kWindowStages * 2 * kSubTile;
+
+__device__ __forceinline__ void attention_window_cta(const AttentionArgs& a, int p) {
+    using namespace attn_mma;
+    constexpr int NH = kMaxHeads / kWindowWarps;
+    extern __shared__ __align__(128) float smem[];
+    float* qs = smem;
+    uint8_t* stages = reinterpret_cast<uint8_t*>(qs + kMaxHeads * kD);
+    __shared__ uint32_t knew[kD / 2], vnew[kD / 2];
+    const int warp = threadIdx.x >> 5, g = blockIdx.y, hpg = int(a.Q / a.G);
+    const int lo = visible_lo(p, a.window);
+    float sink[NH];  // weights: before the wait
+#pragma unroll
+    for (int hh = 0; hh < NH; ++hh) {
+        const int head = warp + hh * kWindowWarps;
+        sink[hh] = head < hpg ? __ldg(a.sinks + g * hpg + head) : 0.0f;
+    }
+    const uint32_t stage0 =
+        static_cast<uint32_t>(__cvta_generic_to_shared(stages + size_t(warp) * kWindowStages * 2 * kSubTile));
+    // The cached keys below p (earlier steps') before the wait for the QKV kernel; the new key after.
+    const SplitKeys keys = split_prefetch<kWindowStages, kWindowWarps>(a, lo & ~(kSubKeys - 1), p, p, lo, p - 1, stage0);
+    pdl_wait();
+    pdl_launch_dependents();
+    decode_rope<32 * kWindowWarps>(a, g, hpg, p, true, qs, knew, vnew);
+    __syncthreads();
+    uint32_t qf[4][4];
+    query_fragments(qs, hpg, qf);
+    SplitState<NH> st;
+    split_state<kWindowStages, kWindowWarps, NH>(a, keys, p, lo, true, qf, stages, stage0, knew, vnew, st);
+#pragma unroll
+    for (int hh = 0; hh < NH; ++hh) {
+        const int head = warp + hh * kWindowWarps;
+        if (head >= hpg) continue;
+        HeadFold f(sink[hh]);
+        f.add(st.m[hh], st.l[hh], st.o[hh][0], st.o[hh][1]);
+        store_head(a, g * hpg + head, f);
+    }
+}
+
+// Item blockIdx.z's window (as bf16_attention_decode_batch_kernel's items), kv head blockIdx.y.
+__global__ __launch_bounds__(32 * kWindowWarps, 4) void bf16_attention_decode_window_kernel(const AttentionArgs a,
+                                                                                          const BatchAttentionItem* items) {
+    const uint32_t i = blockIdx.z;
+    const BatchAttentionItem it = items[i];
+    AttentionArgs b = a;
+    b.k_cache = it.k_cache;
+    b.v_cache = it.v_cache;
+    b.slots = it.slots;
+    b.qkv = a.qkv + size_t(i) * (a.Q + 2 * a.G) * kD;
+    b.out = a.out + size_t(i) * a.Q * kD;
+    attention_window_cta(b, it.pos);
 }
 
 __global__ void bf16_kv_commit_kernel(const uint16_t* __restrict__ k_new, const uint16_t* __restrict__ v_new,
@@ -874,6 +964,18 @@ gptoss_status batch_attention_group(uint32_t n_items, uint32_t G, uint32_t max_s
     return GPTOSS_OK;
 }
 
+namespace {
+std::atomic<uint32_t> g_batch_attention_window_warps{0};  // set_batch_attention_window_warps (0: default)
+}  // namespace
+
+void set_batch_attention_window_warps(uint32_t warps) { g_batch_attention_window_warps.store(warps); }
+
+uint32_t batch_attention_window_warps() {
+    static const int env = env_choice("GPTOSS_DECODE_BATCH_ATTN_WINDOW_WARPS", {4, 8}, kWindowWarps);
+    const uint32_t set = g_batch_attention_window_warps.load();
+    return set == 4 || set == 8 ? set : uint32_t(env);
+}
+
 uint32_t batch_attention_split() {
     static const uint32_t len = uint32_t(env_choice("GPTOSS_DECODE_BATCH_ATTN_SPLIT", {256, 512, 1024, 2048},
                                                     int(kBatchAttentionSplit)));
@@ -889,6 +991,12 @@ gptoss_status attention_decode_batch(const AttentionArgs& a, const BatchAttentio
     if (n_items > 65535) return fail(GPTOSS_ERR_INTERNAL, "attention_decode_batch: %u items exceed the grid", n_items);
     AttentionArgs b = a;
     b.split_min = batch_attention_split();
+    if (decode_attention_mma() && batch_window_whole(a.window) && batch_attention_window_warps() == kWindowWarps) {
+        GPTOSS_TRY(opt_in_smem(bf16_attention_decode_window_kernel, kWindowSmem, "attention_decode_batch (window)"));
+        GPTOSS_LAUNCH(bf16_attention_decode_window_kernel, dim3(1, a.G, n_items), 32 * kWindowWarps, kWindowSmem,
+                      stream, b, items);
+        return GPTOSS_OK;
+    }
     if (decode_attention_mma()) {
         uint32_t group = 1;
         GPTOSS_TRY(batch_attention_group(n_items, a.G, max_splits, &group));

@@ -321,6 +321,12 @@ constexpr uint32_t batch_attention_group_for(uint64_t pairs, uint32_t max_splits
 // window's place against the split grid; a function of the position alone, so still batch
 // invariant): attention_decode_batch's launch for such a layer needs max_splits = 1.
 constexpr bool batch_window_whole(uint32_t window) { return window > 0 && window <= kBatchAttentionSplit; }
+// The CTA size of such a window's batched kernel: 4 warps (the default: a 64-session step's CTAs fit
+// one wave) or 8 (the full layers' kernel); GPTOSS_DECODE_BATCH_ATTN_WINDOW_WARPS=4|8, read once,
+// or set_batch_attention_window_warps (4, 8; 0 = that). The two give different bits, so a process
+// that batches keeps one (batch invariance holds within either).
+uint32_t batch_attention_window_warps();
+void set_batch_attention_window_warps(uint32_t warps);
 // Prefill / any T (attention_prefill.cu, tensor cores): one CTA per (16 tokens, kv head); q is
 // rounded to bf16 (after the exact 1/8 scale), so are the softmax weights for the P·V product.
 // A row's bits do not depend on T or on the chunking. k_new/v_new must be set; fails with

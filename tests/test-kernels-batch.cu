@@ -7,7 +7,8 @@
 // several consecutive steps (K/V written by batched steps read by later ones); (b) the CPU
 // reference backend (the oracle), within the bf16 tolerance, on the tiny checkpoint with router
 // biases that keep the top-4 away from near-ties. Also: bad items fail alone with their own
-// message, and a prompt chunk in the batch equals forward() alone. Sets GPTOSS_CUDA_DECODE_BATCH=1
+// message, a prompt chunk in the batch equals forward() alone, and the sliding window's 4-warp
+// CTAs agree with the 8-warp form within the bf16 tolerance. Sets GPTOSS_CUDA_DECODE_BATCH=1
 // (the default) in case the environment turned it off.
 #include "tests/kernel-test-util.cuh"
 
@@ -27,6 +28,22 @@ std::unique_ptr<Checkpoint> load_tiny() {
     OK(load_checkpoint(dir, {}, &ck));
     return ck;
 }
+
+// The tiny checkpoint with router biases that put experts 0..3 far ahead for every token (as
+// test-kernels-offload does): with a random router, a rounding difference anywhere can flip a
+// near-tie of the top-4 and the comparison would measure coin flips. The biases live here.
+struct BiasedTiny {
+    std::unique_ptr<Checkpoint> ck = load_tiny();
+    std::vector<std::vector<uint16_t>> biases;
+    BiasedTiny() {
+        const uint32_t E = ck->config.n_experts;
+        biases.assign(ck->config.n_layers, std::vector<uint16_t>(E));
+        for (uint32_t l = 0; l < ck->config.n_layers; ++l) {
+            for (uint32_t e = 0; e < E; ++e) biases[l][e] = f32_to_bf16(e < 4 ? 12.0f - 3.0f * float(e) : -20.0f);
+            ck->weights.layers[l].router_bias.data = biases[l].data();
+        }
+    }
+};
 
 Backend& gpu() {
     static std::unique_ptr<Checkpoint> ck = load_tiny();
@@ -141,6 +158,32 @@ TEST_CASE("the batched attention's bits do not depend on how many splits a CTA t
     cuda::set_batch_attention_group(0);
 }
 
+TEST_CASE("the batched sliding window in 4-warp CTAs agrees with the 8-warp form within bf16 tolerance") {
+    // The two forms split the window's keys between warps differently (other bits); 66 sessions, so
+    // no captured graph keeps the form of its capture. Positions at and past the 128-key window's
+    // edges and across the sliding ring's wrap; the router biased away from near-ties (BiasedTiny).
+    // (The default form against the CPU oracle: "batched decode matches the CPU backend".)
+    BiasedTiny t;
+    std::unique_ptr<Backend> g;
+    OK(create_cuda_backend(*t.ck, 0, {}, &g));
+    Backend& b = *g;
+    constexpr uint32_t kN = 66;
+    std::vector<Stream> streams;
+    for (uint32_t i = 0; i < kN; ++i) streams.push_back(make_stream(b, position_of(i), 700 + i));
+    cuda::set_batch_attention_window_warps(8);
+    const auto want = step(b, streams, iota(kN));
+    cuda::set_batch_attention_window_warps(4);
+    const auto got = step(b, streams, iota(kN));
+    cuda::set_batch_attention_window_warps(0);
+    size_t differ = 0;
+    for (uint32_t i = 0; i < kN; ++i) {
+        expect_logits_close(got[i], want[i], "position " + std::to_string(streams[i].pos));
+        differ += std::memcmp(got[i].data(), want[i].data(), kV * 4) != 0;
+    }
+    MESSAGE(differ << " of " << kN << " sessions' logits differ in some bits between the two forms");
+    CHECK(differ > 0);  // the setting did switch kernels
+}
+
 TEST_CASE("consecutive batched steps equal the same sessions stepped alone (K/V of batched steps reused)") {
     Backend& b = gpu();
     const uint32_t n = 8;
@@ -162,20 +205,12 @@ TEST_CASE("consecutive batched steps equal the same sessions stepped alone (K/V 
 }
 
 TEST_CASE("batched decode matches the CPU backend within bf16 tolerance") {
-    // Router biases put experts 0..3 far ahead for every token (as test-kernels-offload does):
-    // a random router's near-ties would make the comparison measure coin flips.
-    std::unique_ptr<Checkpoint> ck = load_tiny();
-    const uint32_t E = ck->config.n_experts;
-    std::vector<std::vector<uint16_t>> biases(ck->config.n_layers, std::vector<uint16_t>(E));
-    for (uint32_t l = 0; l < ck->config.n_layers; ++l) {
-        for (uint32_t e = 0; e < E; ++e) biases[l][e] = f32_to_bf16(e < 4 ? 12.0f - 3.0f * float(e) : -20.0f);
-        ck->weights.layers[l].router_bias.data = biases[l].data();
-    }
+    BiasedTiny t;
     std::unique_ptr<Backend> g, c;
-    OK(create_cuda_backend(*ck, 0, {}, &g));
-    OK(create_cpu_backend(*ck, &c));
-    const uint32_t n = 5;
-    const uint32_t pos[n] = {0, 129, 300, 2048, 2100};
+    OK(create_cuda_backend(*t.ck, 0, {}, &g));
+    OK(create_cpu_backend(*t.ck, &c));
+    const uint32_t n = 8;
+    const uint32_t pos[n] = {0, 127, 128, 129, 300, 520, 2048, 2100};
     std::vector<Stream> gs, cs;
     for (uint32_t i = 0; i < n; ++i) {
         gs.push_back(make_stream(*g, pos[i], 500 + i));

@@ -730,6 +730,17 @@ __global__ __launch_bounds__(256, 2) void bf16_attention_decode_mma_kernel(const
     attention_decode_cta_mma<false, kStages>(a, a.step->pos0, partial, counters, max_splits);
 }
 
+// Batched decode: item i's arguments (its own cache and rows of qkv and out), the rest a's.
+__device__ __forceinline__ AttentionArgs item_args(const AttentionArgs& a, const BatchAttentionItem& it, uint32_t i) {
+    AttentionArgs b = a;
+    b.k_cache = it.k_cache;
+    b.v_cache = it.v_cache;
+    b.slots = it.slots;
+    b.qkv = a.qkv + size_t(i) * (a.Q + 2 * a.G) * kD;
+    b.out = a.out + size_t(i) * a.Q * kD;
+    return b;
+}
+
 // Batched decode: item blockIdx.z is one session's query, with its own cache, position and rows
 // of qkv / out / partial / counters (attention_decode_batch); batch_split_len-key splits; kMma:
 // the tensor-core split with two sub-blocks in flight per warp, whose first cached keys are
@@ -747,12 +758,7 @@ __global__ __launch_bounds__(256, 2) void bf16_attention_decode_batch_kernel(con
     }
     const uint32_t i = blockIdx.z;
     const BatchAttentionItem it = items[i];
-    AttentionArgs b = a;
-    b.k_cache = it.k_cache;
-    b.v_cache = it.v_cache;
-    b.slots = it.slots;
-    b.qkv = a.qkv + size_t(i) * (a.Q + 2 * a.G) * kD;
-    b.out = a.out + size_t(i) * a.Q * kD;
+    const AttentionArgs b = item_args(a, it, i);
     float* const part = partial + size_t(i) * a.Q * max_splits * (kD + 2);
     if (kMma) attention_decode_cta_mma<true, 2, true>(b, it.pos, part, counters + size_t(i) * a.G, max_splits, group);
     else attention_decode_cta<true>(b, it.pos, part, counters + size_t(i) * a.G, max_splits);
@@ -811,15 +817,8 @@ __device__ __forceinline__ void attention_window_cta(const AttentionArgs& a, int
 // Item blockIdx.z's window (as bf16_attention_decode_batch_kernel's items), kv head blockIdx.y.
 __global__ __launch_bounds__(32 * kWindowWarps, 4) void bf16_attention_decode_window_kernel(const AttentionArgs a,
                                                                                           const BatchAttentionItem* items) {
-    const uint32_t i = blockIdx.z;
-    const BatchAttentionItem it = items[i];
-    AttentionArgs b = a;
-    b.k_cache = it.k_cache;
-    b.v_cache = it.v_cache;
-    b.slots = it.slots;
-    b.qkv = a.qkv + size_t(i) * (a.Q + 2 * a.G) * kD;
-    b.out = a.out + size_t(i) * a.Q * kD;
-    attention_window_cta(b, it.pos);
+    const BatchAttentionItem it = items[blockIdx.z];
+    attention_window_cta(item_args(a, it, blockIdx.z), it.pos);
 }
 
 __global__ void bf16_kv_commit_kernel(const uint16_t* __restrict__ k_new, const uint16_t* __restrict__ v_new,

@@ -198,8 +198,10 @@ uint32_t slabs_per_warp(uint32_t slabs) {
     return slabs >= kWideSlabs ? 2u : 1u;
 }
 uint32_t g_cols = 0;  // set_dense_batch_shape
-uint32_t cta_cols() {
-    static const uint32_t env = uint32_t(env_choice("GPTOSS_DECODE_BATCH_DENSE_COLS", {32, 64}, 64));
+// Token columns per CTA: 32 or 64 when forced (set_dense_batch_shape, GPTOSS_DECODE_BATCH_DENSE_COLS),
+// else 0: dense_batch_plan's choice.
+uint32_t forced_cols() {
+    static const uint32_t env = uint32_t(env_choice("GPTOSS_DECODE_BATCH_DENSE_COLS", {32, 64}, 0));
     return g_cols == 32 || g_cols == 64 ? g_cols : env;
 }
 uint32_t cta_warps() {
@@ -249,12 +251,13 @@ gptoss_status launch(const DenseArgs& a, dim3 grid, cudaStream_t stream) {
 
 }  // namespace
 
-DenseBatchPlan dense_batch_plan(uint32_t N) {
+DenseBatchPlan dense_batch_plan(uint32_t N, uint32_t sms) {
     DenseBatchPlan p;
     p.warps = cta_warps();
     p.slabs_per_cta = p.warps * slabs_per_warp(ceil_div(N, 16));
     p.groups = ceil_div(ceil_div(N, 16), p.slabs_per_cta);
-    p.cols = cta_cols();
+    const uint32_t forced = forced_cols();
+    p.cols = forced != 0 ? forced : p.groups * kParts < 2 * sms ? 32u : kCols;
     return p;
 }
 
@@ -279,7 +282,9 @@ gptoss_status dense_batch_gemm(const GemmWeights& w, const uint16_t* x, uint32_t
     if (!dense_batch_supported())
         return fail(GPTOSS_ERR_INTERNAL, "dense_batch_gemm: needs thread-block clusters (compute capability 9.0+)");
     if (n == 0) return GPTOSS_OK;
-    const DenseBatchPlan p = dense_batch_plan(w.N);
+    DeviceProps dp;
+    GPTOSS_CUDA_TRY(current_device_props(&dp));
+    const DenseBatchPlan p = dense_batch_plan(w.N, uint32_t(std::max(dp.sms, 0)));
     const uint32_t col_blocks = ceil_div(n, p.cols);
     if (col_blocks > 65535) return fail(GPTOSS_ERR_INTERNAL, "dense_batch_gemm: %u tokens exceed the grid", n);
     DenseArgs a{};

@@ -21,9 +21,11 @@ struct DenseBatchPlan {
     uint32_t warps = 0;          // per CTA: 4 or 8
     uint32_t slabs_per_cta = 0;  // 16-row weight slabs per CTA: warps × slabs per warp (1 or 2)
     uint32_t groups = 0;         // ceil(ceil(N / 16) / slabs_per_cta); the grid is groups × 4 × ceil(n / cols)
-    uint32_t cols = 0;           // token columns per CTA: 64, or 32 (GPTOSS_DECODE_BATCH_DENSE_COLS)
+    uint32_t cols = 0;           // token columns per CTA: 64, or 32 where groups × 4 CTAs would not give
+                                 // each of the device's `sms` SMs two (O: twice the CTAs, each weight
+                                 // chunk read by two), unless forced (GPTOSS_DECODE_BATCH_DENSE_COLS)
 };
-DenseBatchPlan dense_batch_plan(uint32_t N);
+DenseBatchPlan dense_batch_plan(uint32_t N, uint32_t sms = 0);
 
 // out[t, r] (=, or += for kAdd) Σ_k x[t, k] · W[r, k] + bias[r] for t < n, bit-identical to
 // gemm(w, x, n, nullptr, epilogue, out_f32, nullptr, ldo, 0, nb, stream) for any nb: w bf16 dense

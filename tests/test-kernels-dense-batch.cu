@@ -84,6 +84,15 @@ TEST_CASE("dense_batch_plan: groups of warps x slabs per warp slabs, two per war
     CHECK(cuda::dense_batch_plan(65520).slabs_per_cta == 4);
     CHECK(cuda::dense_batch_plan(65536).slabs_per_cta == 8);
     CHECK(cuda::dense_batch_plan(201088).slabs_per_cta == 8);
+    // 32-token columns where 4 K parts of the slab groups leave SMs without two CTAs (20b's O on
+    // 132 SMs: 45 groups), else 64 (QKV: 80 groups; lm_head).
+    CHECK(cuda::dense_batch_plan(2880, 132).cols == 32);
+    CHECK(cuda::dense_batch_plan(5120, 132).cols == 64);
+    CHECK(cuda::dense_batch_plan(201088, 132).cols == 64);
+    CHECK(cuda::dense_batch_plan(2880, 0).cols == 64);
+    cuda::set_dense_batch_shape(0, 0, 64);
+    CHECK(cuda::dense_batch_plan(2880, 132).cols == 64);
+    cuda::set_dense_batch_shape(0, 0);
 }
 
 TEST_CASE("dense_batch_gemm refuses what it does not run, naming it") {

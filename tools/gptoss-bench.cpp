@@ -17,7 +17,8 @@
 // GPU's ops, a collective's time including the wait for the others; no --ttft); with
 // --no-collectives the split model skips its collectives (timing only: what free communication
 // would give).
-// the ceilings are the first GPU's, so the decode floor and %-of-floor are one GPU's.
+// the ceilings are the first GPU's, so the decode floor and %-of-floor are one GPU's: its share of the
+// split model's bytes (decode_bytes with split = the GPU count).
 // --n-cpu-moe N|auto [--gpu-memory SIZE] keeps the experts of the first N layers in host memory
 // (issue 16; random host weights with --synthetic); the decode floor is then the GPU part at the
 // copy bandwidth plus the host layers' chosen experts at the host-memory streaming-read rate
@@ -92,16 +93,20 @@ std::vector<uint32_t> parse_list(const char* s) {
 }
 
 // Bytes one decoded token must read at context position `pos` (weights + visible K/V).
-double decode_bytes(const gptoss::Config& c, uint32_t pos) {
+// split: the model over that many GPUs (gptoss-shard.h): each reads 1/split of the attention
+// weights and K/V (heads), of every expert (columns) and of lm_head (vocabulary rows), and the
+// whole router; the bytes are one GPU's.
+double decode_bytes(const gptoss::Config& c, uint32_t pos, uint32_t split = 1) {
     const double H = c.hidden, I = c.intermediate, E = c.n_experts, K = c.n_experts_per_token;
     const double QD = double(c.n_heads) * c.head_dim, KV = double(c.n_kv_heads) * c.head_dim;
     const double attn = 2.0 * (H * (QD + 2 * KV) + QD * H) + 2.0 * (QD + 2 * KV + H);
     const double router = 2.0 * E * H + 2.0 * E;
     const double expert = (2 * I * H + H * I) * (0.5 + 1.0 / 32) + 2.0 * (2 * I + H);
-    double bytes = c.n_layers * (attn + router + K * expert) + 2.0 * c.vocab * H;
+    const double n = split > 0 ? split : 1;
+    double bytes = c.n_layers * ((attn + K * expert) / n + router) + 2.0 * c.vocab * H / n;
     for (uint32_t l = 0; l < c.n_layers; ++l) {
         const double keys = c.layer_sliding[l] ? std::min<double>(pos + 1, c.sliding_window) : pos + 1.0;
-        bytes += keys * KV * 2 * 2;
+        bytes += keys * KV * 2 * 2 / n;
     }
     return bytes;
 }
@@ -523,6 +528,7 @@ struct Report {
     gptoss::cuda::DeviceCeilings ceil;
     double load_s = 0, load_gb = 0;
     uint32_t n_host = 0;  // layers whose experts are in host memory
+    uint32_t split = 1;   // GPUs the model is split over (--devices): floors are one GPU's share
     double host_gbps = 0, host_weight_gb = 0, weight_gb = 0;
     std::vector<Result> results;
     OpTimes sample_us;
@@ -573,7 +579,7 @@ void bench_decode(gptoss::BackendSession& session, const std::vector<int32_t>& t
         for (uint32_t i = 0; i < tg; ++i) {
             check(session.decode(tok, depth + i), "decode");
             check(session.sample(greedy, 0.0, &tok), "decode");
-            bytes += decode_bytes(rep->config, depth + i);
+            bytes += decode_bytes(rep->config, depth + i, rep->split);
         }
         t.push_back(now_ms() - t0);
     }
@@ -644,7 +650,7 @@ void print_json(const Report& r) {
                 r.what.c_str(), r.config.n_layers, c.name.c_str(), c.sm_count, c.memory_gib);
     std::printf(" \"copy_gbps\": %.1f, \"read_gbps\": %.1f, \"bf16_tflops\": %.1f, \"load_s\": %.2f, \"load_gb\": %.2f,\n",
                 c.copy_gbps, c.read_gbps, c.bf16_tflops, r.load_s, r.load_gb);
-    std::printf(" \"decode_bytes_per_token_at_0\": %.0f,\n \"sample_us\": {", decode_bytes(r.config, 0));
+    std::printf(" \"decode_bytes_per_token_at_0\": %.0f,\n \"sample_us\": {", decode_bytes(r.config, 0, r.split));
     for (size_t i = 0; i < r.sample_us.size(); ++i)
         std::printf("%s\"%s\": %.1f", i ? ", " : "", r.sample_us[i].first.c_str(), r.sample_us[i].second);
     std::printf("},\n \"results\": [\n");
@@ -676,9 +682,9 @@ void print_text_head(const Report& r, const std::string& schema_file, const Sche
                 c.name.c_str(), c.sm_count, c.memory_gib);
     std::printf("ceilings: D2D copy %.0f GB/s, streaming read %.0f GB/s, cuBLASLt bf16 %.0f TFLOP/s\n", c.copy_gbps,
                 c.read_gbps, c.bf16_tflops);
-    const double bytes0 = decode_bytes(r.config, 0), floor_ms = bytes0 / (c.copy_gbps * 1e9) * 1e3;
-    std::printf("decode floor at depth 0: %.3f GB/token / %.0f GB/s = %.3f ms/token = %.0f tok/s\n", bytes0 / 1e9,
-                c.copy_gbps, floor_ms, 1e3 / floor_ms);
+    const double bytes0 = decode_bytes(r.config, 0, r.split), floor_ms = bytes0 / (c.copy_gbps * 1e9) * 1e3;
+    std::printf("decode floor at depth 0: %.3f GB/token%s / %.0f GB/s = %.3f ms/token = %.0f tok/s\n", bytes0 / 1e9,
+                r.split > 1 ? " per GPU (its share of the split model)" : "", c.copy_gbps, floor_ms, 1e3 / floor_ms);
     if (r.n_host > 0) {
         const double hb = host_decode_bytes(r.config, r.n_host);
         const double off_ms = ((bytes0 - hb) / (c.copy_gbps * 1e9) + hb / (r.host_gbps * 1e9)) * 1e3;
@@ -727,6 +733,7 @@ int run_gpu(const BenchArgs& a) {
         cuda::debug_skip_collectives(true);
     }
     Report rep;
+    rep.split = uint32_t(std::max<size_t>(a.devices.size(), 1));
     check(cuda::measure_ceilings(a.device, a.gemm_probe, &rep.ceil), "measuring the device ceilings");
     OffloadRequest offload = a.offload;
     if ((offload.n_cpu_moe != 0 || offload.gpu_memory_budget != 0) && a.devices.size() > 1)

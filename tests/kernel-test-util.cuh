@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -192,6 +193,27 @@ struct ExpertsW {
 // --- whole-backend comparisons (test-kernels, test-kernels-offload) ---
 
 // n ordinary-text token ids (below the special range), the same for the same seed.
+// A checkpoint from `dir` whose router biases put experts 0..3 far ahead for every token (top-4 =
+// experts 0..3, their weights still token-dependent). Random routers put many tokens within a
+// rounding error of another top-4, and one flipped expert moves a position's logits by percents,
+// so comparing two implementations on them would measure coin flips. `biases` backs the
+// checkpoint's router_bias pointers: keep it alive as long as ck (or a backend reading ck).
+struct BiasedCheckpoint {
+    std::unique_ptr<Checkpoint> ck;
+    std::vector<std::vector<uint16_t>> biases;
+};
+inline BiasedCheckpoint load_biased_checkpoint(const char* dir) {
+    BiasedCheckpoint m;
+    OK(load_checkpoint(dir, {}, &m.ck));
+    const uint32_t E = m.ck->config.n_experts;
+    m.biases.assign(m.ck->config.n_layers, std::vector<uint16_t>(E));
+    for (uint32_t l = 0; l < m.ck->config.n_layers; ++l) {
+        for (uint32_t e = 0; e < E; ++e) m.biases[l][e] = f32_to_bf16(e < 4 ? 12.0f - 3.0f * float(e) : -20.0f);
+        m.ck->weights.layers[l].router_bias.data = m.biases[l].data();
+    }
+    return m;
+}
+
 inline std::vector<int32_t> prompt(size_t n, uint64_t seed) {
     Rng rng(seed);
     std::vector<int32_t> p(n);

@@ -21,29 +21,17 @@ namespace {
 
 constexpr uint32_t kV = 201088;
 
-std::unique_ptr<Checkpoint> load_tiny() {
+const char* tiny_dir() {
     const char* dir = std::getenv("GPTOSS_TINY_MODEL");
     REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
-    std::unique_ptr<Checkpoint> ck;
-    OK(load_checkpoint(dir, {}, &ck));
-    return ck;
+    return dir;
 }
 
-// The tiny checkpoint with router biases that put experts 0..3 far ahead for every token (as
-// test-kernels-offload does): with a random router, a rounding difference anywhere can flip a
-// near-tie of the top-4 and the comparison would measure coin flips. The biases live here.
-struct BiasedTiny {
-    std::unique_ptr<Checkpoint> ck = load_tiny();
-    std::vector<std::vector<uint16_t>> biases;
-    BiasedTiny() {
-        const uint32_t E = ck->config.n_experts;
-        biases.assign(ck->config.n_layers, std::vector<uint16_t>(E));
-        for (uint32_t l = 0; l < ck->config.n_layers; ++l) {
-            for (uint32_t e = 0; e < E; ++e) biases[l][e] = f32_to_bf16(e < 4 ? 12.0f - 3.0f * float(e) : -20.0f);
-            ck->weights.layers[l].router_bias.data = biases[l].data();
-        }
-    }
-};
+std::unique_ptr<Checkpoint> load_tiny() {
+    std::unique_ptr<Checkpoint> ck;
+    OK(load_checkpoint(tiny_dir(), {}, &ck));
+    return ck;
+}
 
 Backend& gpu() {
     static std::unique_ptr<Checkpoint> ck = load_tiny();
@@ -161,9 +149,10 @@ TEST_CASE("the batched attention's bits do not depend on how many splits a CTA t
 TEST_CASE("the batched sliding window in 4-warp CTAs agrees with the 8-warp form within bf16 tolerance") {
     // The two forms split the window's keys between warps differently (other bits); 66 sessions, so
     // no captured graph keeps the form of its capture. Positions at and past the 128-key window's
-    // edges and across the sliding ring's wrap; the router biased away from near-ties (BiasedTiny).
+    // edges and across the sliding ring's wrap; the router biased away from near-ties
+    // (load_biased_checkpoint).
     // (The default form against the CPU oracle: "batched decode matches the CPU backend".)
-    BiasedTiny t;
+    const BiasedCheckpoint t = load_biased_checkpoint(tiny_dir());
     std::unique_ptr<Backend> g;
     OK(create_cuda_backend(*t.ck, 0, {}, &g));
     Backend& b = *g;
@@ -205,7 +194,7 @@ TEST_CASE("consecutive batched steps equal the same sessions stepped alone (K/V 
 }
 
 TEST_CASE("batched decode matches the CPU backend within bf16 tolerance") {
-    BiasedTiny t;
+    const BiasedCheckpoint t = load_biased_checkpoint(tiny_dir());
     std::unique_ptr<Backend> g, c;
     OK(create_cuda_backend(*t.ck, 0, {}, &g));
     OK(create_cpu_backend(*t.ck, &c));

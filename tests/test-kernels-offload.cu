@@ -16,26 +16,6 @@
 
 namespace {
 
-// The checkpoint with router biases that put experts 0..3 far ahead of the rest for every
-// token (weights still token-dependent), as test-kernels.cu's 20b-2L comparison does: random
-// routers put many tokens within a rounding error of another top-4, and one flipped expert
-// moves the logits by percents, so without this the comparisons would measure coin flips.
-struct Model {
-    std::unique_ptr<Checkpoint> ck;
-    std::vector<std::vector<uint16_t>> biases;
-};
-Model load_dir(const char* dir) {
-    Model m;
-    OK(load_checkpoint(dir, {}, &m.ck));
-    const uint32_t E = m.ck->config.n_experts;
-    m.biases.assign(m.ck->config.n_layers, std::vector<uint16_t>(E));
-    for (uint32_t l = 0; l < m.ck->config.n_layers; ++l) {
-        for (uint32_t e = 0; e < E; ++e) m.biases[l][e] = f32_to_bf16(e < 4 ? 12.0f - 3.0f * float(e) : -20.0f);
-        m.ck->weights.layers[l].router_bias.data = m.biases[l].data();
-    }
-    return m;
-}
-
 const char* tiny_dir() {
     const char* dir = std::getenv("GPTOSS_TINY_MODEL");
     REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
@@ -53,7 +33,7 @@ OffloadRequest host_layers(int32_t n) {
 }  // namespace
 
 TEST_CASE("host layers: streamed chunks equal the all-GPU logits bit for bit; CPU-run chunks match the CPU backend") {
-    const Model model = load_dir(tiny_dir());
+    const BiasedCheckpoint model = load_biased_checkpoint(tiny_dir());
     const std::unique_ptr<Checkpoint>& ck = model.ck;
     const uint32_t L = ck->config.n_layers;
     std::unique_ptr<Backend> gpu, off, cpu_b;
@@ -95,7 +75,7 @@ TEST_CASE("host layers: streamed chunks equal the all-GPU logits bit for bit; CP
 }
 
 TEST_CASE("host layers: greedy decoding gives the all-GPU tokens (first N layers on the host, N = 1 and all)") {
-    const Model model = load_dir(tiny_dir());
+    const BiasedCheckpoint model = load_biased_checkpoint(tiny_dir());
     const std::unique_ptr<Checkpoint>& ck = model.ck;
     std::unique_ptr<Backend> gpu;
     OK(create_cuda_backend(*ck, 0, {}, &gpu));
@@ -136,7 +116,7 @@ TEST_CASE("host layers: a 20b-shaped checkpoint cut to 2 layers, layer 0 on the 
         MESSAGE("GPTOSS_20B_2L_MODEL not set: skipping the 20b-shaped comparison (tools/device-check.sh sets it)");
         return;
     }
-    const Model model = load_dir(dir);
+    const BiasedCheckpoint model = load_biased_checkpoint(dir);
     const std::unique_ptr<Checkpoint>& ck = model.ck;
     std::unique_ptr<Backend> off, cpu_b;
     OK(create_cuda_backend(*ck, 0, host_layers(1), {}, &off));
@@ -156,7 +136,7 @@ TEST_CASE("host layers: a 20b-shaped checkpoint cut to 2 layers, layer 0 on the 
 }
 
 TEST_CASE("host layers: the GPU memory budget: auto split, sessions over it, and a model that cannot fit") {
-    const Model model = load_dir(tiny_dir());
+    const BiasedCheckpoint model = load_biased_checkpoint(tiny_dir());
     const std::unique_ptr<Checkpoint>& ck = model.ck;
     std::unique_ptr<Backend> b;
     OffloadRequest tiny_budget;

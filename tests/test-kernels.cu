@@ -1066,18 +1066,9 @@ TEST_CASE("a 20b-shaped checkpoint cut to 2 layers gives the CPU backend's logit
         MESSAGE("GPTOSS_20B_2L_MODEL not set: skipping the 20b-shaped comparison (tools/device-check.sh sets it)");
         return;
     }
-    std::unique_ptr<Checkpoint> ck;
-    OK(load_checkpoint(dir, {}, &ck));
-    // Random routers put many tokens within a rounding error of a different top-4, and one
-    // flipped expert moves a position's logits by percents: a router bias that separates the
-    // experts by far more than that (top-4 = experts 0..3 for every token, weights still
-    // token-dependent) makes the comparison measure the kernels, not coin flips.
-    const uint32_t E = ck->config.n_experts;
-    std::vector<std::vector<uint16_t>> biases(ck->config.n_layers, std::vector<uint16_t>(E));
-    for (uint32_t l = 0; l < ck->config.n_layers; ++l) {
-        for (uint32_t e = 0; e < E; ++e) biases[l][e] = f32_to_bf16(e < 4 ? 12.0f - 3.0f * float(e) : -20.0f);
-        ck->weights.layers[l].router_bias.data = biases[l].data();
-    }
+    // Router biases that keep the top-4 away from near-ties: the comparison measures the kernels.
+    const BiasedCheckpoint biased = load_biased_checkpoint(dir);
+    const std::unique_ptr<Checkpoint>& ck = biased.ck;
     std::unique_ptr<Backend> cb, gb;
     OK(create_cpu_backend(*ck, &cb));
     OK(create_cuda_backend(*ck, 0, {}, &gb));

@@ -990,25 +990,25 @@ gptoss_status attention_decode_batch(const AttentionArgs& a, const BatchAttentio
     if (n_items > 65535) return fail(GPTOSS_ERR_INTERNAL, "attention_decode_batch: %u items exceed the grid", n_items);
     AttentionArgs b = a;
     b.split_min = batch_attention_split();
-    if (decode_attention_mma() && batch_window_whole(a.window) && batch_attention_window_warps() == kWindowWarps) {
+    if (!decode_attention_mma()) {
+        const dim3 grid(max_splits, a.G, n_items);
+        GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel<false>, grid, 256, kDecodeSmem, stream, b, items, partial,
+                      counters, max_splits, 1);
+        return GPTOSS_OK;
+    }
+    if (batch_window_whole(a.window) && batch_attention_window_warps() == kWindowWarps) {
         GPTOSS_TRY(opt_in_smem(bf16_attention_decode_window_kernel, kWindowSmem, "attention_decode_batch (window)"));
         GPTOSS_LAUNCH(bf16_attention_decode_window_kernel, dim3(1, a.G, n_items), 32 * kWindowWarps, kWindowSmem,
                       stream, b, items);
         return GPTOSS_OK;
     }
-    if (decode_attention_mma()) {
-        uint32_t group = 1;
-        GPTOSS_TRY(batch_attention_group(n_items, a.G, max_splits, &group));
-        const dim3 grid(ceil_div(max_splits, group), a.G, n_items);
-        const size_t smem = decode_smem_mma(2);
-        GPTOSS_TRY(opt_in_smem(bf16_attention_decode_batch_kernel<true>, smem, "attention_decode_batch"));
-        GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel<true>, grid, 256, smem, stream, b, items, partial, counters,
-                      max_splits, int(group));
-    } else {
-        const dim3 grid(max_splits, a.G, n_items);
-        GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel<false>, grid, 256, kDecodeSmem, stream, b, items, partial,
-                      counters, max_splits, 1);
-    }
+    uint32_t group = 1;
+    GPTOSS_TRY(batch_attention_group(n_items, a.G, max_splits, &group));
+    const dim3 grid(ceil_div(max_splits, group), a.G, n_items);
+    const size_t smem = decode_smem_mma(2);
+    GPTOSS_TRY(opt_in_smem(bf16_attention_decode_batch_kernel<true>, smem, "attention_decode_batch"));
+    GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel<true>, grid, 256, smem, stream, b, items, partial, counters,
+                  max_splits, int(group));
     return GPTOSS_OK;
 }
 

@@ -11,7 +11,6 @@
 #include "cuda/decode_probe.h"
 #include "cuda/host_moe.h"
 #include "cuda/kernels.h"
-#include "cuda/moe_stream.h"
 #include "cuda/multi_gpu.h"
 #include "cpu/reference.h"
 #include "gptoss-offload.h"
@@ -798,10 +797,6 @@ gptoss_status CudaSession::project(bool decode, const GemmWeights& w, const uint
     // Decode: gemm_decode's split-K GEMVs (route_ready: the route was final before the previous
     // kernel's wait); lm_head-sized N (thousands of slabs, already at the floor) keeps gemm.
     const DecodeTuning& dt = decode_tuning();
-    // Routed MXFP4 at decode: the streaming kernel (moe_stream.h; gemm_decode's bits) where it runs.
-    if (decode && route && w.mxfp4 && moe_stream_enabled(epilogue) && moe_stream_fits(w, n_rows, *route))
-        return moe_stream_decode(w, x, n_rows, *route, route_ready && dt.route_ready, epilogue, out_f32, out_bf16, ldo,
-                                 swiglu_limit, stream_);
     if (decode && (route || n_rows == 1) && w.N <= 65536)
         return gemm_decode(w, x, route, route_ready && dt.route_ready, epilogue, out_f32, out_bf16, ldo, swiglu_limit,
                            w.mxfp4 ? dt.fp4 : dt.bf16, stream_);

@@ -287,8 +287,13 @@ inline cudaError_t current_device_props(DeviceProps* out) {
     return cudaSuccess;
 }
 
-// True when the current device supports programmatic dependent launch (compute capability 9+).
+// True when the current device supports programmatic dependent launch (compute capability 9+)
+// and GPTOSS_PDL is not 0 (0: every forward kernel launches in plain stream order, for
+// debugging tools such as compute-sanitizer; the kernels' griddepcontrol instructions are then
+// no-ops).
 inline bool pdl_supported() {
+    static const bool off = env_int("GPTOSS_PDL", 1) == 0;
+    if (off) return false;
     DeviceProps p;
     if (current_device_props(&p) != cudaSuccess) {
         cudaGetLastError();

@@ -123,13 +123,30 @@ __host__ __device__ constexpr E2m1Bits e2m1_word_bits(int p, bool hi) {
 
 __device__ __forceinline__ uint32_t rotl(uint32_t w, int d) { return __funnelshift_l(w, w, d); }
 
-// The 4 bf16 pairs e2m1 · 2^-126 of one fragment word (e2m1_word_bits).
+// The 4 bf16 pairs e2m1 · 2^-126 of one fragment word (e2m1_word_bits). Rotations by 4 and 6 are
+// written as left shifts: no bit of their masks comes from the bits a rotation wraps around (the
+// sources of pair 1 are bits 2-4, 11, 18-20, 27; of pair 3's first mask 0-1, 9, 16-17, 25), so
+// the values are the rotations', and a constant shift may issue as IMAD.SHL on the FMA pipe
+// instead of SHF on the integer pipe that the masks and the other rotations load
+// (GPTOSS_E2M1_ROTATE=1 at compile time: the four rotations, for A/B builds).
 __device__ __forceinline__ void e2m1_pairs_bf16(uint32_t word, uint32_t (&a)[4]) {
     constexpr uint32_t M = 0x81C081C0u;
     a[0] = word & M;
+#if defined(GPTOSS_E2M1_ROTATE) && GPTOSS_E2M1_ROTATE
     a[1] = rotl(word, 4) & M;
     a[2] = rotl(word, 10) & M;
     a[3] = (rotl(word, 6) & 0x80C080C0u) | (rotl(word, 14) & 0x01000100u);
+#elif defined(GPTOSS_E2M1_MULHI) && GPTOSS_E2M1_MULHI
+    // The other two rotations as (w << k) | umulhi(w, 2^k): both halves on the FMA pipe, one
+    // more instruction each (an A/B build).
+    a[1] = (word << 4) & M;
+    a[2] = ((word << 10) | __umulhi(word, 1u << 10)) & M;
+    a[3] = ((word << 6) & 0x80C080C0u) | (((word << 14) | __umulhi(word, 1u << 14)) & 0x01000100u);
+#else
+    a[1] = (word << 4) & M;
+    a[2] = rotl(word, 10) & M;
+    a[3] = ((word << 6) & 0x80C080C0u) | (rotl(word, 14) & 0x01000100u);
+#endif
 }
 
 // A fragment of sub-tile j. MXFP4: the 4 pairs of word j (e2m1_word_bits: the e2m1 value times

@@ -108,7 +108,7 @@ __device__ __forceinline__ void load_chunk(Chunk& ch, const uint4* wp, const uin
 // (0x81C081C0). Pair p is stored rotated right by d_p, so rotl(word, d_p) & M is its bits:
 // d = 0, 4, 10 for p = 0, 1, 2. The remaining 8 bits cannot hold a fourth rotation of M (no such
 // tiling of 32 bits exists), so pair 3 is stored in two rotations: its e1 bits by 14, the rest
-// by 6. Per word: 4 masks, 4 rotates, one OR (9 integer instructions; the v18 layout needed ~15).
+// by 6. Per word: 4 masks, 2 rotates, 2 shifts, one OR (9 instructions; the v18 layout needed ~15).
 // Bit positions, per value: {sign, e1, e0, m}.
 struct E2m1Bits {
     uint8_t s, e1, e0, m;
@@ -123,30 +123,19 @@ __host__ __device__ constexpr E2m1Bits e2m1_word_bits(int p, bool hi) {
 
 __device__ __forceinline__ uint32_t rotl(uint32_t w, int d) { return __funnelshift_l(w, w, d); }
 
-// The 4 bf16 pairs e2m1 · 2^-126 of one fragment word (e2m1_word_bits). Rotations by 4 and 6 are
-// written as left shifts: no bit of their masks comes from the bits a rotation wraps around (the
-// sources of pair 1 are bits 2-4, 11, 18-20, 27; of pair 3's first mask 0-1, 9, 16-17, 25), so
-// the values are the rotations', and a constant shift may issue as IMAD.SHL on the FMA pipe
-// instead of SHF on the integer pipe that the masks and the other rotations load
-// (GPTOSS_E2M1_ROTATE=1 at compile time: the four rotations, for A/B builds).
+// The 4 bf16 pairs e2m1 · 2^-126 of one fragment word (e2m1_word_bits). The rotations by 4 and 6
+// are written as left shifts: no bit of their masks comes from the bits a rotation wraps around
+// (pair 1's sources are bits 2-4, 11, 18-20, 27; those of pair 3's first mask 0-1, 9, 16-17, 25;
+// every 2^32 word checked by a throwaway host program), so the values are the rotations' (the
+// kernel tests compare every MXFP4 kernel with the CPU reference), and ptxas issues a constant shift as
+// IMAD.SHL on the FMA pipe instead of SHF on the integer pipe that the masks load (H200: 64
+// streams +1.0 %, bench/NOTES.md v31; the other two rotations as shift | umulhi lost 6 %).
 __device__ __forceinline__ void e2m1_pairs_bf16(uint32_t word, uint32_t (&a)[4]) {
     constexpr uint32_t M = 0x81C081C0u;
     a[0] = word & M;
-#if defined(GPTOSS_E2M1_ROTATE) && GPTOSS_E2M1_ROTATE
-    a[1] = rotl(word, 4) & M;
-    a[2] = rotl(word, 10) & M;
-    a[3] = (rotl(word, 6) & 0x80C080C0u) | (rotl(word, 14) & 0x01000100u);
-#elif defined(GPTOSS_E2M1_MULHI) && GPTOSS_E2M1_MULHI
-    // The other two rotations as (w << k) | umulhi(w, 2^k): both halves on the FMA pipe, one
-    // more instruction each (an A/B build).
-    a[1] = (word << 4) & M;
-    a[2] = ((word << 10) | __umulhi(word, 1u << 10)) & M;
-    a[3] = ((word << 6) & 0x80C080C0u) | (((word << 14) | __umulhi(word, 1u << 14)) & 0x01000100u);
-#else
     a[1] = (word << 4) & M;
     a[2] = rotl(word, 10) & M;
     a[3] = ((word << 6) & 0x80C080C0u) | (rotl(word, 14) & 0x01000100u);
-#endif
 }
 
 // A fragment of sub-tile j. MXFP4: the 4 pairs of word j (e2m1_word_bits: the e2m1 value times

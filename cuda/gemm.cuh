@@ -126,10 +126,10 @@ __device__ __forceinline__ uint32_t rotl(uint32_t w, int d) { return __funnelshi
 // The 4 bf16 pairs e2m1 · 2^-126 of one fragment word (e2m1_word_bits). The rotations by 4 and 6
 // are written as left shifts: no bit of their masks comes from the bits a rotation wraps around
 // (pair 1's sources are bits 2-4, 11, 18-20, 27; those of pair 3's first mask 0-1, 9, 16-17, 25;
-// every 2^32 word checked by a throwaway host program), so the values are the rotations' (the
-// kernel tests compare every MXFP4 kernel with the CPU reference), and ptxas issues a constant shift as
-// IMAD.SHL on the FMA pipe instead of SHF on the integer pipe that the masks load (H200: 64
-// streams +1.0 %, bench/NOTES.md v31; the other two rotations as shift | umulhi lost 6 %).
+// every 2^32 word checked by a throwaway host program; the kernel tests compare every MXFP4
+// kernel with the CPU reference), so the values are the rotations', and ptxas issues a constant
+// shift as IMAD.SHL on the FMA pipe instead of SHF on the integer pipe that the masks load (H200:
+// 64 streams +1.0 %, bench/NOTES.md v31; the other two rotations as shift | umulhi lost 6 %).
 __device__ __forceinline__ void e2m1_pairs_bf16(uint32_t word, uint32_t (&a)[4]) {
     constexpr uint32_t M = 0x81C081C0u;
     a[0] = word & M;

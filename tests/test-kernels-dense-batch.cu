@@ -2,12 +2,13 @@
 // (cuda/dense_batch.cu): dense_batch_gemm against (a) gemm() on the same inputs, bit for bit (it
 // promises gemm()'s bits, which is what lets the batched step choose either kernel per step size
 // without breaking batch invariance), for n = 1, 5, 8, 9, 64, 70 tokens (70: two 64-token column
-// blocks), kStore and kAdd, every CTA shape (4 or 8 warps of 1 or 2 slabs, 32 or 64 token columns); (b) the CPU reference
-// cpu::matmul_bf16 (+ the old output for kAdd) within fp32 tolerance. Shapes: N = 320, K = 2880
-// (the 20b's K; 20 slabs: groups cut by N at 16 slabs per CTA), N = 200, K = 4096 (the O
-// projection's K; rows past N in the last slab), N = 72, K = 128 (2 chunks: parts 2 and 3 have
-// none). Bad arguments fail with messages naming them. Without a CUDA device, or on one without
-// clusters (before sm_90), the tests are skipped (exit 77).
+// blocks), kStore and kAdd, every CTA shape (4 or 8 warps of 1 or 2 slabs, 32 or 64 token
+// columns); (b) the CPU reference cpu::matmul_bf16 (+ the old output for kAdd) within fp32
+// tolerance. Shapes: N = 320, K = 2880 (the 20b's K; 20 slabs: groups cut by N at 16 slabs per
+// CTA), N = 200, K = 4096 (the O projection's K; rows past N in the last slab), N = 72, K = 128
+// (2 chunks: parts 2 and 3 have none), and the tiny model's shapes (K = 64: one chunk). Bad
+// arguments fail with messages naming them. Without a CUDA device, or on one without clusters
+// (before sm_90), the tests are skipped (exit 77).
 #include "cuda/dense_batch.h"
 #include "tests/kernel-test-util.cuh"
 
@@ -67,6 +68,16 @@ void check_shape(const Shape& sh) {
 
 TEST_CASE("dense_batch_gemm gives gemm()'s bits at every token count and CTA shape, and matches the CPU") {
     for (const Shape& sh : {Shape{320, 2880}, Shape{200, 4096}, Shape{72, 128}}) check_shape(sh);
+}
+
+// The tiny synthetic model's projections (tools/gptoss-synth --preset tiny: H = 64, 4 query and
+// 2 kv heads of 64): QKV 512 x 64 and lm_head-like 4096 x 64 have one 64-k chunk, so three of
+// each cluster's four K-part CTAs only join the barriers and the distributed-shared-memory sum;
+// O is 64 x 256. A case of its own so that compute-sanitizer can run it alone (-tc='*tiny*'):
+// racecheck of test-kernels-batch's batched steps on the tiny model stops in dense_batch_kernel
+// with an internal sanitizer error (bench/NOTES.md v31).
+TEST_CASE("dense_batch_gemm at the tiny model's shapes (K = 64: one chunk, three empty K parts)") {
+    for (const Shape& sh : {Shape{512, 64}, Shape{64, 256}, Shape{4096, 64}}) check_shape(sh);
 }
 
 TEST_CASE("dense_batch_plan: groups of warps x slabs per warp slabs, two per warp for lm_head-sized weights") {

@@ -415,8 +415,8 @@ __device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int
 constexpr int kSubKeys = 16;
 constexpr int kSubTile = kSubKeys * kD * 2;  // one K or V sub-block: 2 KB
 constexpr int kDecodeWarps = 8;
-constexpr size_t decode_smem_mma(int stages) {
-    return sizeof(float) * kMaxHeads * kD + size_t(kDecodeWarps) * stages * 2 * kSubTile;
+constexpr size_t decode_smem_mma(int stages, int warps = kDecodeWarps) {
+    return sizeof(float) * kMaxHeads * kD + size_t(warps) * stages * 2 * kSubTile;
 }
 constexpr size_t kDecodeSmemMma = decode_smem_mma(1);
 static_assert(kDecodeSmemMma <= 48 * 1024, "the one-stage decode kernels launch without a shared-memory opt-in");
@@ -775,7 +775,7 @@ __global__ __launch_bounds__(256, 2) void bf16_attention_decode_batch_kernel(con
 // invariant.
 constexpr int kWindowWarps = 4;
 constexpr int kWindowStages = 3;  // a warp's sub-blocks of a 128-key window: at most 3
-constexpr size_t kWindowSmem = sizeof(float) * kMaxHeads * kD + size_t(kWindowWarps) * kWindowStages * 2 * kSubTile;
+constexpr size_t kWindowSmem = decode_smem_mma(kWindowStages, kWindowWarps);
 
 __device__ __forceinline__ void attention_window_cta(const AttentionArgs& a, int p) {
     using namespace attn_mma;

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -192,7 +193,19 @@ struct ExpertsW {
 
 // --- whole-backend comparisons (test-kernels, test-kernels-offload) ---
 
-// n ordinary-text token ids (below the special range), the same for the same seed.
+// The tiny synthetic checkpoint's directory ($GPTOSS_TINY_MODEL, which ctest sets), and the
+// checkpoint loaded from it.
+inline const char* tiny_dir() {
+    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
+    REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
+    return dir;
+}
+inline std::unique_ptr<Checkpoint> load_tiny() {
+    std::unique_ptr<Checkpoint> ck;
+    OK(load_checkpoint(tiny_dir(), {}, &ck));
+    return ck;
+}
+
 // A checkpoint from `dir` whose router biases put experts 0..3 far ahead for every token (top-4 =
 // experts 0..3, their weights still token-dependent). Random routers put many tokens within a
 // rounding error of another top-4, and one flipped expert moves a position's logits by percents,
@@ -214,6 +227,7 @@ inline BiasedCheckpoint load_biased_checkpoint(const char* dir) {
     return m;
 }
 
+// n ordinary-text token ids (below the special range), the same for the same seed.
 inline std::vector<int32_t> prompt(size_t n, uint64_t seed) {
     Rng rng(seed);
     std::vector<int32_t> p(n);

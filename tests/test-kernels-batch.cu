@@ -21,18 +21,6 @@ namespace {
 
 constexpr uint32_t kV = 201088;
 
-const char* tiny_dir() {
-    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
-    REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
-    return dir;
-}
-
-std::unique_ptr<Checkpoint> load_tiny() {
-    std::unique_ptr<Checkpoint> ck;
-    OK(load_checkpoint(tiny_dir(), {}, &ck));
-    return ck;
-}
-
 Backend& gpu() {
     static std::unique_ptr<Checkpoint> ck = load_tiny();
     static std::unique_ptr<Backend> b = [] {

@@ -20,8 +20,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 TEST_CASE("host-expert session: freed within milliseconds while its poll thread waits for armed requests") {
-    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
-    REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
+    const char* dir = tiny_dir();
     std::unique_ptr<Checkpoint> ck;
     OK(load_checkpoint(dir, {}, &ck));
     cuda::HostExperts experts;

@@ -16,12 +16,6 @@
 
 namespace {
 
-const char* tiny_dir() {
-    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
-    REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
-    return dir;
-}
-
 size_t argmax(const std::vector<float>& v) { return size_t(std::max_element(v.begin(), v.end()) - v.begin()); }
 
 OffloadRequest host_layers(int32_t n) {

@@ -84,8 +84,7 @@ void check_pressured(const Run& r, const std::vector<int32_t>& expected, const c
 }  // namespace
 
 TEST_CASE("device memory exhausted after session creation: OK or OUT_OF_MEMORY, then the model recovers") {
-    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
-    REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
+    const char* dir = tiny_dir();
     gptoss_model_params mp = gptoss_model_default_params();
     mp.device = 0;
     mp.max_decode_batch = 4;

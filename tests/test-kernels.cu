@@ -708,15 +708,6 @@ TEST_CASE("argmax returns the lowest id among equal maxima") {
 
 // --- the whole backend -----------------------------------------------------------------------
 
-std::unique_ptr<Checkpoint> load_tiny() {
-    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
-    REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
-    std::unique_ptr<Checkpoint> ck;
-    OK(load_checkpoint(dir, {}, &ck));
-    return ck;
-}
-
-
 struct Pair {
     std::unique_ptr<Checkpoint> ck;
     std::unique_ptr<Backend> cpu_b, gpu_b;
@@ -841,8 +832,7 @@ TEST_CASE("the caller's current device is the same after backend calls") {
 }
 
 TEST_CASE("gptoss_load on the GPU reports strictly increasing progress ending with one 1.0") {
-    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
-    REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
+    const char* dir = tiny_dir();
     std::vector<float> seen;
     auto fn = [](void* ud, float f) {
         static_cast<std::vector<float>*>(ud)->push_back(f);
@@ -865,8 +855,7 @@ TEST_CASE("gptoss_load on the GPU reports strictly increasing progress ending wi
 // reused, so a session continuing its own generated turn gives a fresh session's tokens, bit
 // for bit, although decode and prefill kernels round differently.
 TEST_CASE("through gptoss_generate on the GPU, a reused session re-prefills decoded positions and matches a fresh one") {
-    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
-    REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
+    const char* dir = tiny_dir();
     gptoss_model_params params = gptoss_model_default_params();
     params.device = 0;
     gptoss_model* model = nullptr;

@@ -155,6 +155,7 @@ BatchDecoder::~BatchDecoder() {
     if (arena_) cudaFree(arena_);
     if (sampled_host_) cudaFreeHost(sampled_host_);
     if (sampled_done_) cudaEventDestroy(sampled_done_);
+    if (spec_copied_) cudaEventDestroy(spec_copied_);
     for (cudaEvent_t e : ready_) cudaEventDestroy(e);
     if (done_) cudaEventDestroy(done_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -165,6 +166,7 @@ gptoss_status BatchDecoder::init_stream() {
     GPTOSS_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
     GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&sampled_done_, cudaEventDisableTiming));
+    GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&spec_copied_, cudaEventDisableTiming));
     return GPTOSS_OK;
 }
 
@@ -459,15 +461,23 @@ gptoss_status BatchDecoder::speculate(const BatchModel& m, const BatchSlot* slot
     }
     const uint32_t full_splits = full_splits_for(slots, n, 1);
     if (full_splits > cap_splits_) return GPTOSS_OK;
+    // The previous speculation's copy out of spec_items_host_ must have run before the host
+    // rewrites it. The host last waited for a point before that copy (the previous step's
+    // sampled tokens), so without this wait a GPU shared with another process (time-sliced, so
+    // a copy can start milliseconds after the host moved on) copied this step's positions into
+    // the previous speculative forward: wrong tokens, run to run (bench/NOTES.md "v32"). The copy
+    // sits before this step's sampler, which the host waits for next anyway.
+    GPTOSS_CUDA_TRY(cudaEventSynchronize(spec_copied_));
     for (uint32_t i = 0; i < n; ++i)
         for (uint32_t l = 0; l < L; ++l) {
             BatchAttentionItem it = slots[i].layers[l];
             it.pos = int32_t(slots[i].pos + 1);
             spec_items_host_[size_t(l) * cap_items_ + i] = it;
         }
-    // Pinned source (the copy is asynchronous); its previous copy ran before this step's sampler.
+    // Pinned source (the copy is asynchronous); spec_copied_ marks when the device has read it.
     GPTOSS_CUDA_TRY(cudaMemcpyAsync(items_, spec_items_host_, size_t(L) * cap_items_ * sizeof(BatchAttentionItem),
                                     cudaMemcpyHostToDevice, stream_));
+    GPTOSS_CUDA_TRY(cudaEventRecord(spec_copied_, stream_));
     GPTOSS_CUDA_TRY(cudaMemcpyAsync(tokens_, sampled_, n * 4, cudaMemcpyDeviceToDevice, stream_));
     GPTOSS_TRY(launch(m, n, full_splits));
     spec_.resize(n);

@@ -149,12 +149,13 @@ private:
     std::vector<int32_t> spec_sampled_;
     std::vector<uint32_t> spec_row_of_;
     BatchAttentionItem* spec_items_host_ = nullptr;  // pinned [n_layers, cap_items_], inside sampled_host_'s block
+    cudaEvent_t spec_copied_ = nullptr;  // recorded after the last copy out of spec_items_host_
     uint64_t spec_launched_ = 0, spec_reused_ = 0;
     bool spec_matches(const BatchSlot* slots, uint32_t n);
     gptoss_status speculate(const BatchModel& m, const BatchSlot* slots, uint32_t n);
     static uint32_t full_splits_for(const BatchSlot* slots, uint32_t n, uint32_t ahead);
     gptoss_status reserve(const BatchModel& m, uint32_t n, uint32_t splits);
-    gptoss_status init_stream();  // stream_, done_, sampled_done_ on the current device
+    gptoss_status init_stream();  // stream_, done_, sampled_done_, spec_copied_ on the current device
     // The scratch of a step of `items` tokens and `sp` attention splits laid out from `base`:
     // returns its bytes; base null only measures, else the scratch pointers are set into it.
     size_t carve(const BatchModel& m, uint32_t items, uint32_t sp, char* base);

@@ -223,7 +223,20 @@ TEST_CASE("8 sessions on 8 threads share decode steps and each gets exactly its 
     REQUIRE(alone[5].text.size() > 12);
     alone[5].stop_string = ascii_piece(alone[5].text);
     REQUIRE(!alone[5].stop_string.empty());
+    const std::vector<Job> first = alone;
     run_alone(&alone);
+    // The same arguments and seeds give the same tokens: the second run (with the stops added)
+    // is a prefix of the first, whatever the session held before (job 3 now ends earlier).
+    for (size_t i = 0; i < alone.size(); i++) {
+        const std::vector<int32_t>& a = first[i].tokens;
+        const std::vector<int32_t>& b = alone[i].tokens;
+        size_t same = 0;
+        while (same < a.size() && same < b.size() && a[same] == b[same]) same++;
+        INFO("job " << i << ": run 1 " << a.size() << " tokens, run 2 " << b.size() << ", first difference at "
+                    << same << "; stop string '" << alone[i].stop_string << "' in run 1's text '" << first[i].text
+                    << "'");
+        CHECK(same == b.size());
+    }
     CHECK(alone[3].stop == GPTOSS_STOP_TOKEN);
     CHECK(alone[5].stop == GPTOSS_STOP_STRING);
     CHECK(alone[6].stop == GPTOSS_STOP_CANCELLED);

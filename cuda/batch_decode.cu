@@ -98,6 +98,27 @@ static bool env_on(const char* name, bool fallback) {
     return e && *e ? std::strcmp(e, "0") != 0 : fallback;
 }
 
+// GPTOSS_DECODE_BATCH_TEST_STALL_US = N (tests only; read once per process): after each step's
+// sampled tokens, stream_ spins N µs before the next work, so the device lags the host by N µs as
+// it does on a GPU time-sliced with another process (test-batch-gpu-stall; bench/NOTES.md "v32").
+static uint32_t test_stall_us() {
+    static const uint32_t us = [] {
+        const char* e = std::getenv("GPTOSS_DECODE_BATCH_TEST_STALL_US");
+        const long v = e && *e ? std::strtol(e, nullptr, 10) : 0;
+        return v > 0 && v <= 1000000 ? uint32_t(v) : 0u;
+    }();
+    return us;
+}
+
+__global__ void stall_kernel(uint32_t us) {
+    uint64_t t0 = 0, t = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < uint64_t(us) * 1000u);
+}
+
 uint32_t batch_sample_min_items() {
     static const uint32_t min_items = [] {
         const char* e = std::getenv("GPTOSS_DECODE_BATCH_SAMPLE");
@@ -344,6 +365,10 @@ gptoss_status BatchDecoder::sample_step(const BatchModel& m, const BatchSlot* sl
         GPTOSS_TRY(mark("batched sample"));
         GPTOSS_CUDA_TRY(cudaMemcpyAsync(sampled_host_, sampled_, n * 4, cudaMemcpyDeviceToHost, stream_));
         GPTOSS_CUDA_TRY(cudaEventRecord(sampled_done_, stream_));
+        if (test_stall_us() > 0) {
+            stall_kernel<<<1, 1, 0, stream_>>>(test_stall_us());
+            GPTOSS_CUDA_TRY(cudaGetLastError());
+        }
     }
     if (trace) GPTOSS_CUDA_TRY(cudaEventRecord(trace_end_, stream_));
     // Each row's logits into its session's buffer, except rows sampled here: their session

@@ -167,8 +167,12 @@ struct DecodeTuning {
     bool route_ready = true;
 };
 const DecodeTuning& decode_tuning();
-// Every compiled (mxfp4, variant) pair (tests run them all).
+// Every compiled (mxfp4, variant) pair of the current MXFP4 form (tests run them all).
 std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants();
+// Whether the MXFP4 decode GEMVs apply the block scales to the fp32 sums of 32-k blocks
+// (gemm.cuh mxfp4_chunk_blockscale; bench/NOTES.md "v32") rather than to the bf16 weights: on
+// unless GPTOSS_MXFP4_BLOCKSCALE=0 (read once per process; for A/B runs).
+bool mxfp4_block_scale();
 [[nodiscard]] gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRoute* route,
                                         bool route_ready, Epilogue epilogue, float* out_f32, uint16_t* out_bf16,
                                         uint32_t ldo, float swiglu_limit, const DecodeGemv& variant,

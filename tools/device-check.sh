@@ -5,11 +5,15 @@
 # Usage (from the repository root on the GPU machine):
 #   tools/device-check.sh --deps DIR/.deps --tokenizer DIR/.tokenizer [--skip-sanitizer] [--skip-120b]
 #                         [--skip-2layer] [--load-20b] [--bench-args "..."] [--bench-120b-args "..."]
-#   tools/device-check.sh --deps DIR/.deps --tokenizer DIR/.tokenizer --racecheck
+#   tools/device-check.sh --deps DIR/.deps --tokenizer DIR/.tokenizer --racecheck[-sample|-batch]
 # The sanitizer step runs memcheck; racecheck over the same test cases takes ~530 s on an H200
 # (v17), more than one device call has beside the rest, so it runs alone with --racecheck (build,
 # then racecheck only; a second call on the warm machine reuses the build), without the sampling
-# case at V = 600 000, which --racecheck-sample runs alone.
+# case at V = 600 000, which --racecheck-sample runs alone. --racecheck-batch runs racecheck on the
+# batched-step kernels instead: test-kernels-dense-batch, then test-kernels-batch with the dense
+# projections on gemm() (GPTOSS_DECODE_BATCH_DENSE=0: with dense_batch_kernel in the engine steps
+# racecheck stops with an internal sanitizer error, bench/NOTES.md v31/v32, while the kernel alone,
+# at the tiny shapes too, reports 0 hazards).
 # --load-20b writes the 13 GB 20b-shaped checkpoint to /tmp and benches it through the loader
 # (upload GB/s from the page cache, then pp/tg on the loaded weights).
 set -uo pipefail
@@ -22,6 +26,7 @@ while [ $# -gt 0 ]; do
     --skip-sanitizer) SAN=0; shift;;
     --racecheck) RACE=1; shift;;
     --racecheck-sample) RACE=1; RACE_SAMPLE=1; shift;;
+    --racecheck-batch) RACE=1; RACE_BATCH=1; shift;;
     --skip-120b) BIG=0; shift;;
     --skip-2layer) TWO_LAYER=0; shift;;
     --load-20b) LOAD20=1; shift;;
@@ -54,7 +59,16 @@ if [ $RACE -eq 1 ]; then
   [ -d "$B/models/tiny" ] || ./$B/gptoss-synth --preset tiny --seed 1 --out $PWD/$B/models/tiny --tokenizer-dir "$TOK" > /dev/null
   # The whole set outlasted the 570 s limit in v19 (bench/NOTES.md "v19 closing check"), so the
   # sampling case at V = 600 000 runs in a call of its own: --racecheck-sample.
-  if [ "${RACE_SAMPLE:-0}" = 1 ]; then
+  if [ "${RACE_BATCH:-0}" = 1 ]; then
+    for t in test-kernels-dense-batch:200 test-kernels-batch:280; do  # binary:timeout (s), within one call
+      bin=${t%%:*}
+      GPTOSS_TEST_QUICK=1 GPTOSS_TINY_MODEL=$PWD/$B/models/tiny GPTOSS_DECODE_BATCH_DENSE=0 timeout "${t##*:}" \
+        compute-sanitizer --tool racecheck \
+        --error-exitcode 9 ./$B/$bin > "$OUT/sanitizer-racecheck-$bin.log" 2>&1
+      log "compute-sanitizer racecheck $bin rc=$? $(grep -E 'RACECHECK SUMMARY|Internal Sanitizer' \
+        "$OUT/sanitizer-racecheck-$bin.log" | tail -1)"
+    done
+  elif [ "${RACE_SAMPLE:-0}" = 1 ]; then
     GPTOSS_TEST_QUICK=1 timeout 570 compute-sanitizer --tool racecheck --error-exitcode 9 ./$B/test-kernels \
       -tc='*beyond one cooperative grid*' > "$OUT/sanitizer-racecheck-sample.log" 2>&1
     log "compute-sanitizer racecheck (sampling V = 600 000) rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/sanitizer-racecheck-sample.log" | tail -1)"

@@ -201,7 +201,7 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
 
     // Column 0: rows g (acc[0]) and g + 8 (acc[2]) of lanes t == 0.
     if (t == 0) {
-        const float unscale = kFp4 && kBs ? kXUnscale : 1.0f;  // exact: a power of two
+        const float unscale = kBs ? kXUnscale : 1.0f;  // exact: a power of two (kBs: MXFP4 only)
         red[warp][g] = acc[0] * unscale;
         red[warp][g + 8] = acc[2] * unscale;
     }
@@ -246,16 +246,18 @@ struct Instance {
 #define GPTOSS_GEMV_FP4(NW, D, SH) GPTOSS_GEMV(true, NW, D, SH, true), GPTOSS_GEMV(true, NW, D, SH, false)
 // The variants compiled in (decode_gemv_variants lists them; the tests run every one).
 const Instance kInstances[] = {
-    GPTOSS_GEMV(false, 4, 4, false, false), GPTOSS_GEMV(false, 8, 4, false, false), GPTOSS_GEMV(false, 16, 4, false, false),
-    GPTOSS_GEMV(false, 8, 4, true, false),  GPTOSS_GEMV(false, 16, 4, true, false), GPTOSS_GEMV_FP4(4, 4, false),
-    GPTOSS_GEMV_FP4(4, 4, true),            GPTOSS_GEMV_FP4(4, 6, true),            GPTOSS_GEMV_FP4(4, 8, true),
-    GPTOSS_GEMV_FP4(8, 4, true),            GPTOSS_GEMV_FP4(8, 4, false),
+    GPTOSS_GEMV(false, 4, 4, false, false), GPTOSS_GEMV(false, 8, 4, false, false),
+    GPTOSS_GEMV(false, 16, 4, false, false), GPTOSS_GEMV(false, 8, 4, true, false),
+    GPTOSS_GEMV(false, 16, 4, true, false),  GPTOSS_GEMV_FP4(4, 4, false),
+    GPTOSS_GEMV_FP4(4, 4, true),             GPTOSS_GEMV_FP4(4, 6, true),
+    GPTOSS_GEMV_FP4(4, 8, true),             GPTOSS_GEMV_FP4(8, 4, true),
+    GPTOSS_GEMV_FP4(8, 4, false),
 };
 #undef GPTOSS_GEMV_FP4
 #undef GPTOSS_GEMV
 
 const Instance* find_instance(bool fp4, const DecodeGemv& v) {
-    const bool bs = fp4 && mxfp4_block_scale();
+    const bool bs = fp4 && decode_tuning().fp4_block_scale;
     for (const Instance& in : kInstances)
         if (in.fp4 == fp4 && in.bs == bs && in.v.warps == v.warps && in.v.depth == v.depth && in.v.shfl_x == v.shfl_x)
             return &in;
@@ -288,15 +290,10 @@ bool route_early() {
 
 }  // namespace
 
-bool mxfp4_block_scale() {
-    static const bool on = env_flag("GPTOSS_MXFP4_BLOCKSCALE", true);
-    return on;
-}
-
 std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants() {
     std::vector<std::pair<bool, DecodeGemv>> out;
     for (const Instance& in : kInstances)
-        if (in.bs == (in.fp4 && mxfp4_block_scale())) out.emplace_back(in.fp4, in.v);
+        if (in.bs == (in.fp4 && decode_tuning().fp4_block_scale)) out.emplace_back(in.fp4, in.v);
     return out;
 }
 
@@ -306,6 +303,7 @@ const DecodeTuning& decode_tuning() {
         d.bf16 = env_variant("GPTOSS_DECODE_BF16", d.bf16);
         d.fp4 = env_variant("GPTOSS_DECODE_FP4", d.fp4);
         d.route_ready = env_flag("GPTOSS_DECODE_ROUTE_READY", d.route_ready);
+        d.fp4_block_scale = env_flag("GPTOSS_MXFP4_BLOCKSCALE", d.fp4_block_scale);
         return d;
     }();
     return tuning;

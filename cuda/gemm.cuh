@@ -160,38 +160,22 @@ __device__ __forceinline__ void fragment(const Chunk& ch, int j, uint32_t (&a)[4
 
 // ---- Decode MXFP4 arithmetic (gemm_decode.cu; issue 12) ----
 // Decode K/V is never reused by a later call, so the T = 1 GEMVs need not match gemm.cu's bits
-// (they split K over warps in an order of their own). mxfp4_chunk_bf16 below uses gemm.cu's
-// per-element bf16 values: fragment<true> (the e2m1_word_bits layout, one bf16 multiply by the
-// block scale per pair) times the bf16 activation row, fp32 accumulation through the mma chain;
-// mxfp4_chunk_blockscale (the default since v32) puts the scale on each 32-k block's fp32 sum
-// instead. v17-v18 ran these in fp16 (the nibbles placed as e2m1 · 2^-14, the scale on the fp32
-// block sum); with the v19 word layout the fp16 placement costs 17 integer instructions per word
-// against 9 for bf16, and decode lost 8 % (bench/NOTES.md "v19 MXFP4 word layout"); v32 keeps
-// the bf16 placement and feeds its e = 0 values to the tensor cores as bf16 subnormals.
-// One 64-k chunk of a decode MXFP4 GEMV: acc += the 16 × 64 chunk times the row. x: this lane's
-// bf16 B words of the chunk, x[2j], x[2j + 1] for sub-tile j (the words 8t + 2j, + 1 of the
-// chunk's permuted 64-element slice, t = lane & 3). Every mma column carries the same row;
-// column 0 (acc[0]: row g, acc[2]: row g + 8) is read.
-__device__ __forceinline__ void mxfp4_chunk_bf16(float (&acc)[4], const Chunk& ch, const uint32_t (&x)[8]) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        uint32_t a[4];
-        fragment<true>(ch, j, a);
-        mma(acc, a, x[2 * j], x[2 * j + 1]);
-    }
-}
-
-// The block-scale form of the decode GEMVs (bench/NOTES.md "v32": 20b tg128 +1.3-2.3 %; the
-// batched MoE in this form lost 1.6 % at 64 streams and keeps fragment<true>): the fragment
-// words go to the tensor cores unscaled, as e2m1 · 2^-126 bf16 (subnormal for e = 0: mma.sync
-// takes bf16 subnormal inputs exactly, H200 probe in v32), against the activation row staged
-// × 2^32 (kXScaleBf16x2), so a 32-k block's two k16 mma sum 2^-94 · Σ q·x from zero, well inside
-// fp32's normal range; then acc += that sum · 2^(s-1) (the block's bf16 scale word as fp32 bits),
-// which the caller scales back by 2^-32 (kXUnscale). Only column 0 is read (every column carries
-// the same row), so rows g and g + 8 take one FMA each per block: 4 FMAs and 4 scale extractions
-// a chunk instead of 16 bf16 multiplies and 8 PRMTs. The sums differ from mxfp4_chunk_bf16's in
-// rounding only (per-block fp32 partials). GPTOSS_MXFP4_BLOCKSCALE=0 (run time) takes
-// mxfp4_chunk_bf16 instead, for A/B runs.
+// (they split K over warps in an order of their own). v17-v18 ran them in fp16 (the nibbles placed
+// as e2m1 · 2^-14, the scale on the fp32 block sum); with the v19 word layout the fp16 placement
+// cost 17 integer instructions per word against 9 for bf16, and decode lost 8 % (bench/NOTES.md
+// "v19 MXFP4 word layout"). Until v32 they used gemm.cu's per-element bf16 values (fragment<true>:
+// one bf16 multiply by the block scale per pair). Now (bench/NOTES.md "v32", "v33": 20b tg128
+// +0.8-3.1 % at depths 0 and 8 192, 120b +1.2 %; the batched MoE in this form lost 1.6 % at 64
+// streams and keeps fragment<true>) the fragment words go to the tensor cores unscaled, as
+// e2m1 · 2^-126 bf16 (subnormal for e = 0: mma.sync takes bf16 subnormal inputs exactly, H200
+// probe in v32), against the activation row staged × 2^32 (kXScaleBf16x2), so a 32-k block's two
+// k16 mma sum 2^-94 · Σ q·x from zero, well inside fp32's normal range; then acc += that sum ·
+// 2^(s-1) (the block's bf16 scale word as fp32 bits), which the caller scales back by 2^-32
+// (kXUnscale). Only column 0 is read (every column carries the same row), so rows g and g + 8 take
+// one FMA each per block: 4 FMAs and 4 scale extractions a chunk instead of 16 bf16 multiplies and
+// 8 PRMTs. x: this lane's bf16 B words of the chunk, x[2j], x[2j + 1] for sub-tile j (the words
+// 8t + 2j, + 1 of the chunk's permuted 64-element slice, t = lane & 3), already × 2^32. Column 0
+// (acc[0]: row g, acc[2]: row g + 8) is read.
 constexpr uint32_t kXScaleBf16x2 = 0x4F804F80u;  // bf16 2^32 in both halves
 constexpr float kXUnscale = 0x1p-32f;
 __device__ __forceinline__ void mxfp4_chunk_blockscale(float (&acc)[4], const Chunk& ch, const uint32_t (&x)[8]) {

@@ -19,9 +19,8 @@
 // after them (it was three dependent round trips in front of gate_up's first weight load).
 // MXFP4: the CTA copies the activation row to shared memory once (after the dependency wait),
 // scaled by 2^32, and each chunk runs gemm.cuh's mxfp4_chunk_blockscale (the block scales on the
-// fp32 sums of 32-k blocks; GPTOSS_MXFP4_BLOCKSCALE=0: mxfp4_chunk_bf16, gemm.cu's bf16
-// dequantization, on the unscaled row); either way its own summation order: decode-vs-prefill is
-// a tolerance comparison; shfl is ignored for MXFP4 and K is limited to kMaxRowK.
+// fp32 sums of 32-k blocks; bench/NOTES.md "v32", "v33"); its own summation order: decode-vs-prefill
+// is a tolerance comparison; shfl is ignored for MXFP4 and K is limited to kMaxRowK.
 // Floor: bytes of W read once (the activation row is an L2 hit); the variants (warps, ring
 // depth, shfl) are picked by decode_tuning(), overridable by environment variables for A/B
 // runs (bench/NOTES.md, "v12 decode").
@@ -53,7 +52,7 @@ struct DecodeArgs {
 
 constexpr uint32_t kMaxRowK = 4096;  // the MXFP4 activation row lives in shared memory
 
-template <bool kFp4, int NW, int kDepth, bool kShfl, bool kBs>
+template <bool kFp4, int NW, int kDepth, bool kShfl>
 __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs args) {
     constexpr uint32_t R = NW * 32;
     __shared__ float red[NW][16];
@@ -144,12 +143,11 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
         const uint4* src = reinterpret_cast<const uint4*>(xrow);
         for (uint32_t i = threadIdx.x; i < K / 8; i += R) {
             uint4 v = __ldcg(src + i);
-            if (kBs) {  // × 2^32 (exact): mxfp4_chunk_blockscale's operand
-                v.x = bf16x2_mul(v.x, kXScaleBf16x2);
-                v.y = bf16x2_mul(v.y, kXScaleBf16x2);
-                v.z = bf16x2_mul(v.z, kXScaleBf16x2);
-                v.w = bf16x2_mul(v.w, kXScaleBf16x2);
-            }
+            // × 2^32 (exact): mxfp4_chunk_blockscale's operand
+            v.x = bf16x2_mul(v.x, kXScaleBf16x2);
+            v.y = bf16x2_mul(v.y, kXScaleBf16x2);
+            v.z = bf16x2_mul(v.z, kXScaleBf16x2);
+            v.w = bf16x2_mul(v.w, kXScaleBf16x2);
             *reinterpret_cast<uint4*>(xsm + 8 * i) = v;
         }
         __syncthreads();
@@ -172,8 +170,7 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
                 const uint4* xq = reinterpret_cast<const uint4*>(xsm) + size_t(c) * 8 + 2 * t;
                 const uint4 lo = xq[0], hi = xq[1];
                 const uint32_t xw8[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-                if (kBs) mxfp4_chunk_blockscale(acc, ring[i], xw8);
-                else mxfp4_chunk_bf16(acc, ring[i], xw8);
+                mxfp4_chunk_blockscale(acc, ring[i], xw8);
             } else {
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
@@ -201,7 +198,7 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
 
     // Column 0: rows g (acc[0]) and g + 8 (acc[2]) of lanes t == 0.
     if (t == 0) {
-        const float unscale = kBs ? kXUnscale : 1.0f;  // exact: a power of two (kBs: MXFP4 only)
+        const float unscale = kFp4 ? kXUnscale : 1.0f;  // exact: a power of two
         red[warp][g] = acc[0] * unscale;
         red[warp][g + 8] = acc[2] * unscale;
     }
@@ -238,28 +235,22 @@ using KernelFn = void (*)(const DecodeArgs);
 struct Instance {
     bool fp4;
     DecodeGemv v;
-    bool bs;  // MXFP4: mxfp4_chunk_blockscale (else mxfp4_chunk_bf16)
     KernelFn fn;
 };
 
-#define GPTOSS_GEMV(FP4, NW, D, SH, BS) Instance{FP4, DecodeGemv{NW, D, SH}, BS, gemv_decode_kernel<FP4, NW, D, SH, BS>}
-#define GPTOSS_GEMV_FP4(NW, D, SH) GPTOSS_GEMV(true, NW, D, SH, true), GPTOSS_GEMV(true, NW, D, SH, false)
+#define GPTOSS_GEMV(FP4, NW, D, SH) Instance{FP4, DecodeGemv{NW, D, SH}, gemv_decode_kernel<FP4, NW, D, SH>}
 // The variants compiled in (decode_gemv_variants lists them; the tests run every one).
 const Instance kInstances[] = {
-    GPTOSS_GEMV(false, 4, 4, false, false), GPTOSS_GEMV(false, 8, 4, false, false),
-    GPTOSS_GEMV(false, 16, 4, false, false), GPTOSS_GEMV(false, 8, 4, true, false),
-    GPTOSS_GEMV(false, 16, 4, true, false),  GPTOSS_GEMV_FP4(4, 4, false),
-    GPTOSS_GEMV_FP4(4, 4, true),             GPTOSS_GEMV_FP4(4, 6, true),
-    GPTOSS_GEMV_FP4(4, 8, true),             GPTOSS_GEMV_FP4(8, 4, true),
-    GPTOSS_GEMV_FP4(8, 4, false),
+    GPTOSS_GEMV(false, 4, 4, false), GPTOSS_GEMV(false, 8, 4, false), GPTOSS_GEMV(false, 16, 4, false),
+    GPTOSS_GEMV(false, 8, 4, true),  GPTOSS_GEMV(false, 16, 4, true), GPTOSS_GEMV(true, 4, 4, false),
+    GPTOSS_GEMV(true, 4, 4, true),   GPTOSS_GEMV(true, 4, 6, true),   GPTOSS_GEMV(true, 4, 8, true),
+    GPTOSS_GEMV(true, 8, 4, true),   GPTOSS_GEMV(true, 8, 4, false),
 };
-#undef GPTOSS_GEMV_FP4
 #undef GPTOSS_GEMV
 
 const Instance* find_instance(bool fp4, const DecodeGemv& v) {
-    const bool bs = fp4 && decode_tuning().fp4_block_scale;
     for (const Instance& in : kInstances)
-        if (in.fp4 == fp4 && in.bs == bs && in.v.warps == v.warps && in.v.depth == v.depth && in.v.shfl_x == v.shfl_x)
+        if (in.fp4 == fp4 && in.v.warps == v.warps && in.v.depth == v.depth && in.v.shfl_x == v.shfl_x)
             return &in;
     return nullptr;
 }
@@ -292,8 +283,7 @@ bool route_early() {
 
 std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants() {
     std::vector<std::pair<bool, DecodeGemv>> out;
-    for (const Instance& in : kInstances)
-        if (in.bs == (in.fp4 && decode_tuning().fp4_block_scale)) out.emplace_back(in.fp4, in.v);
+    for (const Instance& in : kInstances) out.emplace_back(in.fp4, in.v);
     return out;
 }
 
@@ -303,7 +293,6 @@ const DecodeTuning& decode_tuning() {
         d.bf16 = env_variant("GPTOSS_DECODE_BF16", d.bf16);
         d.fp4 = env_variant("GPTOSS_DECODE_FP4", d.fp4);
         d.route_ready = env_flag("GPTOSS_DECODE_ROUTE_READY", d.route_ready);
-        d.fp4_block_scale = env_flag("GPTOSS_MXFP4_BLOCKSCALE", d.fp4_block_scale);
         return d;
     }();
     return tuning;

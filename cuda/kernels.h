@@ -158,20 +158,16 @@ struct DecodeGemv {
     bool shfl_x = false;  // activation row as one word per lane, B fragments by shuffles
 };
 // The variants in use: defaults, overridden for A/B runs by GPTOSS_DECODE_BF16 / _FP4 =
-// "WARPS,DEPTH,SHFL", GPTOSS_DECODE_ROUTE_READY = 0|1, GPTOSS_MXFP4_BLOCKSCALE = 0|1. Read once
-// per process.
+// "WARPS,DEPTH,SHFL", GPTOSS_DECODE_ROUTE_READY = 0|1. Read once per process.
 struct DecodeTuning {
     DecodeGemv bf16{8, 4, false};
     // MXFP4: the activation row is staged in shared memory (bf16), so shfl_x has no effect;
     // 8 chunks in flight per warp (bench/NOTES.md "v17 decode").
     DecodeGemv fp4{4, 8, true};
     bool route_ready = true;
-    // MXFP4: the block scales on the fp32 sums of 32-k blocks (gemm.cuh mxfp4_chunk_blockscale;
-    // bench/NOTES.md "v32") rather than on the bf16 weights; GPTOSS_MXFP4_BLOCKSCALE=0 for A/B runs.
-    bool fp4_block_scale = true;
 };
 const DecodeTuning& decode_tuning();
-// Every compiled (mxfp4, variant) pair of the current MXFP4 form (tests run them all).
+// Every compiled (mxfp4, variant) pair (tests run them all).
 std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants();
 [[nodiscard]] gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRoute* route,
                                         bool route_ready, Epilogue epilogue, float* out_f32, uint16_t* out_bf16,

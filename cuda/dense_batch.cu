@@ -47,11 +47,11 @@ struct DenseArgs {
     uint32_t cols;  // token columns per CTA: 64, or 32 (twice the CTAs, each weight chunk read twice)
 };
 
-// The epilogue of one output: out = acc + bias, or out += acc + bias (gemm.cu's order).
-__device__ __forceinline__ void store_out(const DenseArgs& a, uint32_t token, uint32_t row, float acc) {
+// The epilogue of one output: out = acc + bias, or out = old + (acc + bias) for kAdd, old being the
+// output's value before the kernel (gemm.cu's order).
+__device__ __forceinline__ void store_out(const DenseArgs& a, uint32_t token, uint32_t row, float acc, float old) {
     const float v = acc + (a.bias ? a.bias[row] : 0.0f);
-    float* o = a.out + size_t(token) * a.ldo + row;
-    *o = a.add ? *o + v : v;
+    a.out[size_t(token) * a.ldo + row] = a.add ? old + v : v;
 }
 
 // The cluster's barrier and rank q's copy of the shared address p (thread-block clusters: sm_90+;
@@ -59,6 +59,16 @@ __device__ __forceinline__ void store_out(const DenseArgs& a, uint32_t token, ui
 __device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     cg::this_cluster().sync();
+#else
+    __trap();
+#endif
+}
+// The same barrier without memory ordering: for the exit guard, after every read of a peer's
+// shared memory has returned (its value is consumed before the arrive in program order).
+__device__ __forceinline__ void cluster_sync_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __cluster_barrier_arrive_relaxed();
+    __cluster_barrier_wait();
 #else
     __trap();
 #endif
@@ -75,6 +85,7 @@ __device__ __forceinline__ const float* cluster_peer(float* p, uint32_t q) {
 template <int kWarps, int SPW, int S>
 __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const DenseArgs a) {
     extern __shared__ __align__(16) uint4 sm[];
+    constexpr uint32_t kThreads = 32 * kWarps;
     const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const uint32_t group = blockIdx.x, part = blockIdx.y, col_base = blockIdx.z * a.cols;
     const uint32_t n_chunks = a.K >> 6, slabs = (a.N + 15) / 16, kq = a.K / 8;
@@ -84,8 +95,7 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const DenseArg
     const uint32_t stage_u4 = kSlabsCta * kSlabU4 + rows * kRowU4;
     const uint32_t slab0 = group * kSlabsCta + warp * SPW;  // this warp's first slab
 
-    // Stage s gets chunk c: this warp's slabs (4 copies per lane and slab), then the token rows
-    // (rows past n_cols repeat the last row: their columns are never stored).
+    // Stage s gets chunk c: this warp's slabs (4 copies per lane and slab), then the token rows.
     auto load_weights = [&](uint32_t s, uint32_t c) {
         uint4* dst = sm + s * stage_u4 + warp * SPW * kSlabU4 + lane;
 #pragma unroll
@@ -96,12 +106,23 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const DenseArg
             for (int i = 0; i < 4; ++i) cp_async16(dst + sp * kSlabU4 + i * 32, src + i * 32);
         }
     };
+    // Token rows: thread (r0 = tid / 8, q = tid % 8) copies piece q (16 bytes) of rows r0, r0 + R,
+    // r0 + 2R, ... (R = kThreads / 8 rows per pass) that are below n_cols, so per chunk its copies are
+    // one base address and a fixed stride (the per-copy index arithmetic was ~20 % of the loop's
+    // stall samples, bench/NOTES.md "v33"). Staged rows from n_cols up to the 8-row group's end are
+    // left as they are: a B column only reaches its own output column, and those are never stored.
+    constexpr uint32_t kRowsPerPass = kThreads / 8, kRowCopies = kCols / kRowsPerPass;
+    const uint32_t r0 = threadIdx.x >> 3;
+    const uint4* const row_src = a.x + size_t(col_base + min(r0, n_cols - 1)) * kq + (threadIdx.x & 7);
+    const size_t row_step = size_t(kRowsPerPass) * kq;
+    const uint32_t row_copies = r0 < n_cols ? (n_cols - r0 + kRowsPerPass - 1) / kRowsPerPass : 0;
+    const uint32_t row_dst = kSlabsCta * kSlabU4 + r0 * kRowU4 + (threadIdx.x & 7);
     auto load_rows = [&](uint32_t s, uint32_t c) {
-        uint4* dst = sm + s * stage_u4 + kSlabsCta * kSlabU4;
-        for (uint32_t u = threadIdx.x; u < rows * 8; u += 32 * kWarps) {
-            const uint32_t r = u >> 3, q = u & 7, token = col_base + min(r, n_cols - 1);
-            cp_async16(dst + r * kRowU4 + q, a.x + size_t(token) * kq + c * 8 + q);
-        }
+        uint4* dst = sm + s * stage_u4 + row_dst;
+        const uint4* src = row_src + c * 8;
+#pragma unroll
+        for (uint32_t i = 0; i < kRowCopies; ++i)
+            if (i < row_copies) cp_async16(dst + i * kRowsPerPass * kRowU4, src + i * row_step);
     };
 
     // Weights are never written: the first stages' weights stream before the previous kernel ends.
@@ -173,17 +194,31 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const DenseArg
     const float* src[kParts];
 #pragma unroll
     for (uint32_t q = 0; q < kParts; ++q) src[q] = cluster_peer(tile, q);
+    // kUnroll elements per thread at a time, all their loads (the 4 parts, and the output for kAdd)
+    // issued before any sum: one distributed-shared-memory round trip per kUnroll elements rather
+    // than per element (the tail was ~25 % of the kernel's stall samples, v33).
+    constexpr uint32_t kUnroll = 8;
     const uint32_t elems = n_cols * R, per = (elems + kParts - 1) / kParts;
     const uint32_t u1 = min(elems, (part + 1) * per);
-    for (uint32_t u = part * per + threadIdx.x; u < u1; u += 32 * kWarps) {
-        const uint32_t col = u / R, rl = u - col * R, row = group * R + rl;
-        float v[kParts];
+    for (uint32_t u = part * per + threadIdx.x; u < u1; u += kUnroll * kThreads) {
+        float v[kUnroll][kParts], old[kUnroll];
 #pragma unroll
-        for (uint32_t q = 0; q < kParts; ++q) v[q] = src[q][col * TS + rl];
-        const float sum = __fadd_rn(__fadd_rn(__fadd_rn(v[0], v[1]), v[2]), v[3]);
-        if (row < a.N) store_out(a, col_base + col, row, sum);
+        for (uint32_t j = 0; j < kUnroll; ++j) {
+            const uint32_t uj = u + j * kThreads, col = uj / R, rl = uj - col * R, row = group * R + rl;
+            if (uj >= u1) break;
+#pragma unroll
+            for (uint32_t q = 0; q < kParts; ++q) v[j][q] = src[q][col * TS + rl];
+            old[j] = a.add && row < a.N ? a.out[size_t(col_base + col) * a.ldo + row] : 0.0f;
+        }
+#pragma unroll
+        for (uint32_t j = 0; j < kUnroll; ++j) {
+            const uint32_t uj = u + j * kThreads, col = uj / R, rl = uj - col * R, row = group * R + rl;
+            if (uj >= u1) break;
+            const float sum = __fadd_rn(__fadd_rn(__fadd_rn(v[j][0], v[j][1]), v[j][2]), v[j][3]);
+            if (row < a.N) store_out(a, col_base + col, row, sum, old[j]);
+        }
     }
-    cluster_sync();  // no CTA leaves while another still reads its shared memory
+    cluster_sync_relaxed();  // no CTA leaves while another still reads its shared memory
 }
 
 uint32_t g_spw = 0, g_warps = 0;  // set_dense_batch_shape

@@ -9,7 +9,8 @@
 // to 16 of its tokens, cuda/moe_decode_batch.h), residual_rmsnorm per row, and the
 // decode attention kernel indexed by item (attention_decode_batch: each item its own cache,
 // position and window). A lone token's MLP norm, router and route are router_decode's one launch
-// (router.cu; bit-identical to the three launches of larger steps). The K split and reduction
+// (router.cu), larger steps' router_batch + router_group (router_batch.cu, sm_90; elsewhere the
+// three launches they replace, with the same bits). The K split and reduction
 // order of every kernel are functions of the shape only, never of N or of which tokens share a
 // tile, so a session's logits are bit-identical
 // whatever the batch (batch invariance; tests/test-kernels-batch.cu). Steps of at least
@@ -71,6 +72,16 @@ int router_nb(uint32_t n) {
     if (forced) return forced;
     if (proj_forced) return proj_forced;
     return n > 8 && !dense_nb_forced() ? 2 : dense_nb(n);
+}
+// Steps of 2-64 tokens: the MLP RMSNorm, router GEMM and top-K in router_batch.cu's one launch
+// where usable (sm_90), else the three launches; the same bits either way. The three cost ~10 µs
+// per layer in the step's graph (H200, bench/NOTES.md "v34"); larger steps (prompt chunks) keep
+// them, as router_batch's one token per CTA would re-read the router weights per token.
+// GPTOSS_DECODE_BATCH_ROUTER_FUSED=0 forces the three launches (A/B runs).
+constexpr uint32_t kRouterFusedMaxTokens = 64;
+bool router_fused(const BatchModel& m, uint32_t n) {
+    static const bool on = env_int("GPTOSS_DECODE_BATCH_ROUTER_FUSED", 1) != 0;
+    return on && n <= kRouterFusedMaxTokens && router_batch_usable(m.E, m.K, m.H);
 }
 // MoE: route tiles of 8·nb pairs, one CTA per (expert tile, 16-row slab); nb = 1 (tiles of 8
 // pairs). GPTOSS_DECODE_BATCH_MOE_NB = 2: tiles of 16 pairs (the activation ring of decode for
@@ -657,6 +668,12 @@ gptoss_status BatchDecoder::enqueue_moe(const BatchModel& m, uint32_t l, uint32_
         ra.xn = xn_; ra.logits = rlogits_; ra.counter = route_counter_; ra.experts = experts_;
         ra.weights = weights_; ra.tiles = tiles_; ra.pairs = pairs_;
         GPTOSS_TRY(router_decode(ra, s));
+    } else if (!L.router.mxfp4 && router_fused(m, n)) {  // the three below in one launch + the grouping
+        RouterBatchArgs rb;
+        rb.x = x_; rb.norm_w = L.mlp_norm; rb.eps = m.rms_norm_eps; rb.router = L.router; rb.T = n; rb.K = m.K;
+        rb.xn = xn_; rb.logits = rlogits_; rb.experts = experts_; rb.weights = weights_;
+        GPTOSS_TRY(router_batch(rb, s));
+        GPTOSS_TRY(router_group(experts_, n, m.E, m.K, tiles_, pairs_, tile_tokens, s));
     } else {
         ResidualArgs none;
         GPTOSS_TRY(residual_rmsnorm(none, x_, L.mlp_norm, m.rms_norm_eps, xn_, n, m.H, s));

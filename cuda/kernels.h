@@ -378,6 +378,11 @@ uint32_t route_max_tiles(uint32_t T, uint32_t E, uint32_t K, uint32_t tile_token
                                          int32_t* experts, float* weights, int32_t* tiles,
                                          int32_t* pairs, uint32_t tile_tokens, cudaStream_t stream,
                                          uint32_t tile_extra = 0);
+// router_route's second half: the tiles and pairs from experts int32 [T, K] already chosen (the
+// fused routers write experts themselves). Same arguments and errors as router_route.
+[[nodiscard]] gptoss_status router_group(const int32_t* experts, uint32_t T, uint32_t E, uint32_t K, int32_t* tiles,
+                                         int32_t* pairs, uint32_t tile_tokens, cudaStream_t stream,
+                                         uint32_t tile_extra = 0);
 
 // Decode (T = 1) fused router: xn = RMSNorm(x) · norm_w (bf16 permuted [H], as
 // residual_rmsnorm kNone), logits = router(xn) (as gemm), then experts/weights/tiles/pairs as
@@ -410,6 +415,29 @@ bool router_decode_cluster_default();
 // compute capability 9+ device, at most 8 slab CTAs (E <= 128; the portable cluster size).
 bool router_decode_cluster_usable(uint32_t E);
 [[nodiscard]] gptoss_status router_decode(const RouterDecodeArgs& args, cudaStream_t stream);
+
+// Batched steps (T >= 1 tokens; the batched decoder uses it from T = 2) fused router
+// (router_batch.cu): xn = RMSNorm(x) · norm_w (bf16 permuted [T, H], as residual_rmsnorm kNone),
+// logits = router(xn) (fp32 [T, E], as gemm) and experts / weights (int32 / fp32 [T, K], as
+// router_route's top-K), bit-identical to those launches, in one; router_group then builds the
+// tiles and pairs. x: fp32 [T, H] (read only); router: bf16 fragment weights [E, H] + fp32 bias.
+// Usable where router_batch_usable(E, K, H): an sm_90 device and binary (thread-block clusters),
+// E <= 128, K <= 8, K <= E, H % 64 == 0, H <= 4096, and the ~150-210 KB of shared memory it asks;
+// elsewhere router_batch fails with GPTOSS_ERR_UNSUPPORTED and the caller makes the three launches.
+struct RouterBatchArgs {
+    const float* x = nullptr;
+    const float* norm_w = nullptr;
+    float eps = 0.0f;
+    GemmWeights router;
+    uint32_t T = 0;
+    uint32_t K = 0;
+    uint16_t* xn = nullptr;
+    float* logits = nullptr;
+    int32_t* experts = nullptr;
+    float* weights = nullptr;
+};
+bool router_batch_usable(uint32_t E, uint32_t K, uint32_t H);
+[[nodiscard]] gptoss_status router_batch(const RouterBatchArgs& args, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------
 // Sampling (sample.cu).

@@ -11,6 +11,7 @@
 #include "cuda/common.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/kernels.h"
+#include "cuda/router.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -20,52 +21,7 @@ namespace gptoss {
 namespace cuda {
 namespace {
 
-constexpr uint32_t kMaxExperts = 256;
-constexpr uint32_t kMaxK = 8;
-
-// One warp: the K largest of l[0..E) in descending order (ties: lower expert first) and the
-// softmax of those K logits. Lane l holds logits l, l+32, ...; K rounds of a warp argmax
-// (larger value, then lower expert, wins). Results are valid in every lane.
-__device__ __forceinline__ void warp_topk_softmax(const float* l, uint32_t E, uint32_t K, uint32_t lane,
-                                                  int32_t (&idx)[kMaxK], float (&wt)[kMaxK]) {
-    float v[kMaxExperts / 32];
-#pragma unroll
-    for (uint32_t i = 0; i < kMaxExperts / 32; ++i) {
-        const uint32_t e = lane + 32 * i;
-        v[i] = e < E ? l[e] : -INFINITY;
-    }
-    uint32_t taken = 0;
-    float val[kMaxK];
-    for (uint32_t k = 0; k < K; ++k) {
-        float best_v = -INFINITY;
-        int32_t best = int32_t(kMaxExperts);
-#pragma unroll
-        for (uint32_t i = 0; i < kMaxExperts / 32; ++i) {
-            const uint32_t e = lane + 32 * i;
-            if (e < E && !(taken >> i & 1u) && (best == int32_t(kMaxExperts) || v[i] > best_v)) {
-                best_v = v[i];
-                best = int32_t(e);
-            }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
-            const int32_t oi = __shfl_xor_sync(0xffffffffu, best, o);
-            if (oi != int32_t(kMaxExperts) &&
-                (best == int32_t(kMaxExperts) || ov > best_v || (ov == best_v && oi < best))) {
-                best_v = ov;
-                best = oi;
-            }
-        }
-        idx[k] = best;
-        val[k] = best_v;
-        if (uint32_t(best) % 32 == lane) taken |= 1u << (uint32_t(best) / 32);
-    }
-    float sum = 0.0f;
-    float ex[kMaxK];
-    for (uint32_t k = 0; k < K; ++k) { ex[k] = expf(val[k] - val[0]); sum += ex[k]; }
-    for (uint32_t k = 0; k < K; ++k) wt[k] = ex[k] / sum;
-}
+using namespace router_detail;
 
 // Top-K + softmax: one warp per token, 8 tokens per CTA (all SMs; one CTA walking a 2048-token
 // chunk took ~200 µs per layer).
@@ -146,34 +102,6 @@ __global__ __launch_bounds__(1024) void f32_router_group_kernel(const int32_t* e
 constexpr uint32_t kDecodeDepth = 12;  // chunks per warp in registers: H <= 4·12·64 = 3072 in one pass
 // The cluster's cross-CTA step by default (H200: +1 % tg, bench/NOTES.md "v14 decode").
 constexpr bool kRouterClusterDefault = true;  // GPTOSS_DECODE_ROUTER_CLUSTER=0|1 overrides
-
-// Thread-block cluster barrier halves and a store into another CTA's shared memory (sm_90).
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_arrive_release() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait_acquire() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-// *p (a shared-memory address of this CTA) = v in CTA `rank` of the cluster.
-__device__ __forceinline__ void st_cluster_f32(float* p, uint32_t rank, float v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
-#else
-    (void)p, (void)rank, (void)v;
-#endif
-}
 
 template <bool kCluster>
 __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDecodeArgs a) {
@@ -327,6 +255,16 @@ gptoss_status router_route(const float* logits, uint32_t T, uint32_t E, uint32_t
     if (T == 0) return GPTOSS_OK;
     if (tile_tokens == 0) return fail(GPTOSS_ERR_INTERNAL, "CUDA router: tile_tokens is 0");
     GPTOSS_LAUNCH(f32_router_topk_kernel, ceil_div(T, 8), 256, 0, stream, logits, T, E, K, experts, weights);
+    return router_group(experts, T, E, K, tiles, pairs, tile_tokens, stream, tile_extra);
+}
+
+gptoss_status router_group(const int32_t* experts, uint32_t T, uint32_t E, uint32_t K, int32_t* tiles,
+                           int32_t* pairs, uint32_t tile_tokens, cudaStream_t stream, uint32_t tile_extra) {
+    if (E > kMaxExperts || K > kMaxK || K == 0 || K > E)
+        return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA router: %u experts / top-%u, supported up to %u / %u", E, K,
+                    kMaxExperts, kMaxK);
+    if (T == 0) return GPTOSS_OK;
+    if (tile_tokens == 0) return fail(GPTOSS_ERR_INTERNAL, "CUDA router: tile_tokens is 0");
     const uint32_t threads = std::min(1024u, std::max(256u, 32u * ceil_div(T * K, 32)));
     GPTOSS_LAUNCH(f32_router_group_kernel, 1, threads, 0, stream, experts, T * K, E, tiles, pairs, tile_tokens,
                   tile_extra);

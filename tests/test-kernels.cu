@@ -317,6 +317,92 @@ TEST_CASE("router_decode (fused norm + router + top-k; counter or cluster) is bi
     CHECK(std::string(gptoss_last_error()).find("257 experts") != std::string::npos);
 }
 
+// The pairs of each expert's group as a sorted list (their order inside a group comes from atomics).
+static std::vector<int32_t> pairs_by_expert(const std::vector<int32_t>& tiles, const std::vector<int32_t>& pairs) {
+    std::vector<int32_t> out;
+    std::map<int32_t, std::vector<int32_t>> group;
+    for (int32_t i = 0; i < tiles[0]; ++i)
+        for (int32_t j = 0; j < tiles[3 + 3 * i]; ++j)  // tile i: expert, first pair, pairs
+            group[tiles[1 + 3 * i]].push_back(pairs[tiles[2 + 3 * i] + j]);
+    for (auto& [e, v] : group) {
+        std::sort(v.begin(), v.end());
+        out.push_back(-1 - e);
+        out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+}
+
+TEST_CASE("router_batch (a batched step's fused norm + router + top-k) is bit-identical to residual_rmsnorm + gemm + router_route") {
+    struct S { uint32_t E, K, H; bool ties; };
+    int dev = 0, major = 0;
+    REQUIRE(cudaGetDevice(&dev) == cudaSuccess);
+    REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess);
+    for (S sh : {S{32, 4, 2880, false}, S{128, 4, 2880, false}, S{8, 4, 64, false}, S{40, 4, 128, false},
+                 S{128, 8, 4096, false}, S{32, 4, 2880, true}}) {
+        const uint32_t E = sh.E, K = sh.K, H = sh.H;
+        INFO("E " << E << " K " << K << " H " << H << (sh.ties ? " with ties" : ""));
+        if (!cuda::router_batch_usable(E, K, H)) {
+            CHECK(major != 9);  // every shape here is usable on an sm_90 device
+            MESSAGE("router_batch is not usable on this device (sm_90 thread-block clusters): case skipped");
+            continue;
+        }
+        for (uint32_t T : {1u, 2u, 7u, 8u, 9u, 64u, 70u}) {
+            INFO("T " << T);
+            Rand r(300 + E + H + T + sh.ties);
+            auto W = r.bf16s(size_t(E) * H, 0.05f);
+            auto b = r.bf16s(E, 0.5f);
+            if (sh.ties) {  // exact ties: experts 3, 9 and 20 have the same row and a bias far above the rest
+                for (uint32_t k = 0; k < H; ++k) W[size_t(9) * H + k] = W[size_t(20) * H + k] = W[size_t(3) * H + k];
+                b[9] = b[20] = b[3] = f32_to_bf16(30.0f);
+            }
+            DenseW dw(W, b, E, H);
+            const auto x = r.floats(size_t(T) * H, 3.0f);
+            const auto nw = widen(r.bf16s(H, 1.5f));
+            Dev<float> xd(x), nwd(nw);
+            // The launches of the three-launch path, and router_route's grouping into tiles of 16.
+            const uint32_t max_tiles = cuda::route_max_tiles(T, E, K, 16);
+            Dev<uint16_t> xn_ref(size_t(T) * H), xn(size_t(T) * H);
+            Dev<float> l_ref(size_t(T) * E), l(size_t(T) * E), w_ref(size_t(T) * K), w(size_t(T) * K);
+            Dev<int32_t> e_ref(size_t(T) * K), e(size_t(T) * K), t_ref(1 + 3 * size_t(max_tiles)),
+                t(1 + 3 * size_t(max_tiles)), p_ref(size_t(T) * K), p(size_t(T) * K);
+            cuda::ResidualArgs none;
+            OK(cuda::residual_rmsnorm(none, xd.p, nwd.p, 1e-5f, xn_ref.p, T, H, nullptr));
+            OK(cuda::gemm(dw.w, xn_ref.p, T, nullptr, cuda::Epilogue::kStore, l_ref.p, nullptr, E, 0, 2, nullptr));
+            OK(cuda::router_route(l_ref.p, T, E, K, e_ref.p, w_ref.p, t_ref.p, p_ref.p, 16, nullptr));
+            cuda::RouterBatchArgs rb;
+            rb.x = xd.p; rb.norm_w = nwd.p; rb.eps = 1e-5f; rb.router = dw.w; rb.T = T; rb.K = K;
+            rb.xn = xn.p; rb.logits = l.p; rb.experts = e.p; rb.weights = w.p;
+            OK(cuda::router_batch(rb, nullptr));
+            OK(cuda::router_group(e.p, T, E, K, t.p, p.p, 16, nullptr));
+            CHECK(xn.get() == xn_ref.get());
+            const auto gl = l.get(), rl = l_ref.get();
+            CHECK(std::memcmp(gl.data(), rl.data(), gl.size() * 4) == 0);
+            const auto ge = e.get();
+            CHECK(ge == e_ref.get());
+            const auto gw = w.get(), rw = w_ref.get();
+            CHECK(std::memcmp(gw.data(), rw.data(), gw.size() * 4) == 0);
+            const auto gt = t.get(), rt = t_ref.get();
+            REQUIRE(gt[0] == rt[0]);
+            CHECK(std::equal(gt.begin(), gt.begin() + 1 + 3 * gt[0], rt.begin()));
+            CHECK(pairs_by_expert(gt, p.get()) == pairs_by_expert(rt, p_ref.get()));
+            // The routing against the CPU oracle on the same logits.
+            std::vector<int32_t> ce(size_t(T) * K);
+            std::vector<float> cw(size_t(T) * K);
+            cpu::router_topk(gl.data(), T, E, K, ce.data(), cw.data());
+            CHECK(ge == ce);
+            if (sh.ties) {
+                CHECK(ce[0] == 3);
+                CHECK(ce[1] == 9);
+                CHECK(ce[2] == 20);
+            }
+        }
+    }
+    cuda::RouterBatchArgs bad;
+    bad.router.N = 129; bad.router.K = 64; bad.K = 4; bad.T = 2;
+    CHECK(cuda::router_batch(bad, nullptr) == GPTOSS_ERR_UNSUPPORTED);
+    CHECK(std::string(gptoss_last_error()).find("129 experts") != std::string::npos);
+}
+
 TEST_CASE("the grouped MoE matches cpu::moe for one token") { check_moe({}, 1, 21, "T=1"); }
 
 TEST_CASE("the grouped MoE matches cpu::moe with 200 tokens, most on one expert") {

@@ -422,8 +422,9 @@ bool router_decode_cluster_usable(uint32_t E);
 // router_route's top-K), bit-identical to those launches, in one; router_group then builds the
 // tiles and pairs. x: fp32 [T, H] (read only); router: bf16 fragment weights [E, H] + fp32 bias.
 // Usable where router_batch_usable(E, K, H): an sm_90 device and binary (thread-block clusters),
-// E <= 128, K <= 8, K <= E, H % 64 == 0, H <= 4096, and the ~150-210 KB of shared memory it asks;
+// E <= 128, K <= 8, K <= E, H % 64 == 0, H <= 4096 (~29-40 KB of shared memory per CTA);
 // elsewhere router_batch fails with GPTOSS_ERR_UNSUPPORTED and the caller makes the three launches.
+// xn, logits, experts and weights are required; T = 0 does nothing.
 struct RouterBatchArgs {
     const float* x = nullptr;
     const float* norm_w = nullptr;

@@ -8,10 +8,10 @@
 // slab CTAs of one token group form a thread-block cluster: each stores its 16 logits per token
 // into CTA 0's shared memory (DSMEM), and CTA 0 picks each token's top-K with router.cuh's
 // warp_topk_softmax, as router_route does. router_group then builds the tiles (a second launch).
-// Mapping: grid (E / 16 slabs, T / kTok token groups), clusters of the slabs, 128 threads, kTok =
-// 1 token per CTA by default (~29 KB of shared memory); sm_90 only (router_batch_usable), other
-// devices keep the three launches. Floor: latency (the router's 184 KB of weights are read while
-// the O projection runs: PDL).
+// Mapping: grid (E / 16 slabs, T tokens), clusters of the slabs, 128 threads, one token per CTA
+// (~29 KB of shared memory); sm_90 only (router_batch_usable), other devices keep the three
+// launches. Floor: latency (the router's 184 KB of weights are read while the O projection runs:
+// PDL). Standalone under Nsight Compute (weights from DRAM) one 64-token launch took 17 µs.
 #include "cuda/common.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/kernels.h"
@@ -25,6 +25,10 @@ namespace {
 
 using namespace router_detail;
 
+// Tokens per CTA: 1. The code takes up to 8 (mma columns 0 .. kTok - 1), but 2, 4 and 8 tokens
+// per CTA measured slower (H200 per-step profile at 64 tokens: 0.349 ms for the layers' router at 1,
+// 0.406 at 2, 0.526 at 4; at 8 ~0.8): each CTA normalizes its tokens one after another.
+constexpr uint32_t kTok = 1;
 constexpr uint32_t kDepth = 12;           // weight chunks per warp in registers (router_decode's ring)
 constexpr uint32_t kMaxClusterSlabs = 8;  // the portable cluster size: E <= 128
 constexpr uint32_t kMaxH = kNormThreads * kNormPer;
@@ -34,8 +38,6 @@ constexpr uint32_t kMaxH = kNormThreads * kNormPer;
 // loads fall in different banks).
 size_t smem_bytes(uint32_t tok, uint32_t H) { return (size_t(tok) * H + H) * 4 + size_t(tok) * (H + 8) * 2; }
 
-// kTok tokens per CTA (1, 2, 4 or 8: mma columns 0 .. kTok - 1 of the 8).
-template <uint32_t kTok>
 __global__ __launch_bounds__(128) void f32_router_batch_kernel(const RouterBatchArgs a) {
     using namespace gemm_detail;
     extern __shared__ __align__(16) float smem[];
@@ -149,39 +151,25 @@ __global__ __launch_bounds__(128) void f32_router_batch_kernel(const RouterBatch
     }
 }
 
-}  // namespace
-
-namespace {
-// Tokens per CTA: GPTOSS_DECODE_BATCH_ROUTER_TOK = 1 | 2 | 4 | 8 (A/B runs), else 1 (H200,
-// bench/NOTES.md "v34": at 8 tokens per CTA the CTA's serial per-token norm made the launch
-// ~30 µs). Same bits whichever.
-uint32_t tokens_per_cta() {
-    static const uint32_t tok = uint32_t(env_choice("GPTOSS_DECODE_BATCH_ROUTER_TOK", {1, 2, 4, 8}, 1));
-    return tok;
-}
-
-template <uint32_t kTok>
-cudaFuncAttributes attributes() {
-    cudaFuncAttributes fa{};
-    if (cudaFuncGetAttributes(&fa, f32_router_batch_kernel<kTok>) != cudaSuccess) cudaGetLastError();
-    return fa;
-}
-
 bool usable_uncached(uint32_t E, uint32_t K, uint32_t H) {
     if (E == 0 || E > 16 * kMaxClusterSlabs || K == 0 || K > kMaxK || K > E || H == 0 || H % 64 != 0 ||
         H > kMaxH || !pdl_supported())
         return false;
     DeviceProps dp;
-    if (current_device_props(&dp) != cudaSuccess || smem_bytes(tokens_per_cta(), H) > size_t(dp.max_smem_optin)) {
+    if (current_device_props(&dp) != cudaSuccess || smem_bytes(kTok, H) > size_t(dp.max_smem_optin)) {
         cudaGetLastError();
         return false;
     }
-    return attributes<1>().binaryVersion >= 90;
+    cudaFuncAttributes fa{};
+    if (cudaFuncGetAttributes(&fa, f32_router_batch_kernel) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return fa.binaryVersion >= 90;
 }
 
-// One launch of the kTok form: its shared-memory opt-in (the most any H asks, capped by the
-// device; once per thread and device), then the clusters of slab CTAs with PDL.
-template <uint32_t kTok>
+// The shared-memory opt-in (the most any H asks, capped by the device; once per thread and
+// device), then the clusters of slab CTAs with PDL.
 gptoss_status launch(const RouterBatchArgs& a, cudaStream_t stream) {
     thread_local int opted_for = -1;
     DeviceProps dp;
@@ -189,11 +177,11 @@ gptoss_status launch(const RouterBatchArgs& a, cudaStream_t stream) {
     if (opted_for != dp.dev) {
         const size_t most = std::min(smem_bytes(kTok, kMaxH), size_t(dp.max_smem_optin));
         GPTOSS_CUDA_TRY(
-            cudaFuncSetAttribute(f32_router_batch_kernel<kTok>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)));
+            cudaFuncSetAttribute(f32_router_batch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)));
         opted_for = dp.dev;
     }
     const uint32_t slabs = ceil_div(a.router.N, 16);
-    return cuda_status(launch_pdl_cluster(f32_router_batch_kernel<kTok>, dim3(slabs, ceil_div(a.T, kTok)), dim3(128),
+    return cuda_status(launch_pdl_cluster(f32_router_batch_kernel, dim3(slabs, ceil_div(a.T, kTok)), dim3(128),
                                           smem_bytes(kTok, a.router.K), stream, dim3(slabs, 1, 1), a),
                        "f32_router_batch_kernel", __FILE__, __LINE__);
 }
@@ -227,12 +215,7 @@ gptoss_status router_batch(const RouterBatchArgs& a, cudaStream_t stream) {
     if (!a.x || !a.norm_w || !a.xn || !a.logits || !a.experts || !a.weights)
         return fail(GPTOSS_ERR_INTERNAL, "CUDA router_batch: x, norm_w, xn, logits, experts and weights are required");
     if (a.T == 0) return GPTOSS_OK;
-    switch (tokens_per_cta()) {
-        case 8: return launch<8>(a, stream);
-        case 4: return launch<4>(a, stream);
-        case 2: return launch<2>(a, stream);
-        default: return launch<1>(a, stream);
-    }
+    return launch(a, stream);
 }
 
 }  // namespace cuda

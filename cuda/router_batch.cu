@@ -1,8 +1,9 @@
 // cuda/router_batch.cu - the batched step's MLP RMSNorm + router GEMM + top-K in one launch (steps
 // of 2+ tokens; a lone token has router.cu's router_decode). It replaces residual_rmsnorm (kNone) +
-// gemm + router_route's top-K, three launches that cost ~10 µs per layer inside the step's graph
-// (bench/NOTES.md "v34"), and gives their bits: each CTA stages its tokens' rows, normalizes them with
-// rmsnorm_inv (128 threads playing rmsnorm.cu's 1024), and warp w runs gemm.cu's chunk sequence
+// gemm + router_route's top-K, three of the four launches (with the work list) that cost ~10 µs
+// per layer together inside the step's graph (bench/NOTES.md "v34"), and gives their bits: each
+// CTA stages its tokens' rows, normalizes them with rmsnorm_inv (128 threads playing rmsnorm.cu's
+// 1024), and warp w runs gemm.cu's chunk sequence
 // (chunks w, w + 4, ... of its 16-expert slab, the same mma order) with token j in mma column j;
 // the four warps' partial tiles are summed in warp order and the bias added, as gemm() does. The
 // slab CTAs of one token group form a thread-block cluster: each stores its 16 logits per token

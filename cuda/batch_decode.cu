@@ -9,7 +9,7 @@
 // to 16 of its tokens, cuda/moe_decode_batch.h), residual_rmsnorm per row, and the
 // decode attention kernel indexed by item (attention_decode_batch: each item its own cache,
 // position and window). A lone token's MLP norm, router and route are router_decode's one launch
-// (router.cu), steps of 2-64 tokens of the 20b router_batch + router_group (router_batch.cu,
+// (router.cu), steps of 2-64 tokens of the 20b router_batch + router_group (router.cu,
 // sm_90; elsewhere the three launches they replace, with the same bits). The K split and reduction
 // order of every kernel are functions of the shape only, never of N or of which tokens share a
 // tile, so a session's logits are bit-identical
@@ -74,12 +74,12 @@ int router_nb(uint32_t n) {
     return n > 8 && !dense_nb_forced() ? 2 : dense_nb(n);
 }
 // Steps of 2-64 tokens of a model with up to 32 experts (20b): the MLP RMSNorm, router GEMM and
-// top-K in router_batch.cu's one launch where usable (sm_90), else the three launches; the same
-// bits either way. The three and the work list cost ~10 µs per layer in the step's graph; the one
-// launch gave H200 +1.2 % at 8 streams, +0.7-1.5 % at 32 and +0-1.1 % at 64, but 120b (8-slab
-// clusters, 8 CTAs per token) lost 0.6 % at 64 streams (bench/NOTES.md "v34"), so its 128 experts
-// keep the three.
-// Larger steps (prompt chunks) keep them too: one token per CTA re-reads the router per token.
+// top-K in router_batch's one launch (router.cu) where usable (sm_90), else the three launches;
+// the same bits either way. The three and the work list cost ~10 µs per layer in the step's
+// graph; the one launch gave H200 +1.2 % at 8 streams, +0.7-1.5 % at 32 and +0-1.1 % at 64, but
+// 120b (8-slab clusters, 8 CTAs per token) lost 0.6 % at 64 streams (bench/NOTES.md "v34"), so
+// its 128 experts keep the three. Larger steps (prompt chunks) keep them too: one token per CTA
+// re-reads the router per token.
 // GPTOSS_DECODE_BATCH_ROUTER_FUSED=0 forces the three launches, =2 the one launch at any E (A/B runs).
 constexpr uint32_t kRouterFusedMaxTokens = 64, kRouterFusedMaxExperts = 32;
 bool router_fused(const BatchModel& m, uint32_t n) {

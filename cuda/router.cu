@@ -6,12 +6,12 @@
 // from atomics and may vary between runs: that is harmless, because gemm.cu computes each
 // column independently of its neighbours. router_decode (T = 1) fuses the MLP RMSNorm, the
 // router GEMV and this routing into one launch, bit-identical to the three it replaces (see the
-// comment above its kernel). Floor: latency; the router weights (184 KB for 20b) are read while
-// the O projection runs (PDL).
+// comment above its kernel); router_batch runs that kernel with a grid row per token of a
+// batched step (its top-K only; router_group's work list follows). Floor: latency; the router
+// weights (184 KB for 20b) are read while the O projection runs (PDL).
 #include "cuda/common.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/kernels.h"
-#include "cuda/router.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -21,7 +21,52 @@ namespace gptoss {
 namespace cuda {
 namespace {
 
-using namespace router_detail;
+constexpr uint32_t kMaxExperts = 256;
+constexpr uint32_t kMaxK = 8;
+
+// One warp: the K largest of l[0..E) in descending order (ties: lower expert first) and the
+// softmax of those K logits. Lane l holds logits l, l+32, ...; K rounds of a warp argmax
+// (larger value, then lower expert, wins). Results are valid in every lane.
+__device__ __forceinline__ void warp_topk_softmax(const float* l, uint32_t E, uint32_t K, uint32_t lane,
+                                                  int32_t (&idx)[kMaxK], float (&wt)[kMaxK]) {
+    float v[kMaxExperts / 32];
+#pragma unroll
+    for (uint32_t i = 0; i < kMaxExperts / 32; ++i) {
+        const uint32_t e = lane + 32 * i;
+        v[i] = e < E ? l[e] : -INFINITY;
+    }
+    uint32_t taken = 0;
+    float val[kMaxK];
+    for (uint32_t k = 0; k < K; ++k) {
+        float best_v = -INFINITY;
+        int32_t best = int32_t(kMaxExperts);
+#pragma unroll
+        for (uint32_t i = 0; i < kMaxExperts / 32; ++i) {
+            const uint32_t e = lane + 32 * i;
+            if (e < E && !(taken >> i & 1u) && (best == int32_t(kMaxExperts) || v[i] > best_v)) {
+                best_v = v[i];
+                best = int32_t(e);
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
+            const int32_t oi = __shfl_xor_sync(0xffffffffu, best, o);
+            if (oi != int32_t(kMaxExperts) &&
+                (best == int32_t(kMaxExperts) || ov > best_v || (ov == best_v && oi < best))) {
+                best_v = ov;
+                best = oi;
+            }
+        }
+        idx[k] = best;
+        val[k] = best_v;
+        if (uint32_t(best) % 32 == lane) taken |= 1u << (uint32_t(best) / 32);
+    }
+    float sum = 0.0f;
+    float ex[kMaxK];
+    for (uint32_t k = 0; k < K; ++k) { ex[k] = expf(val[k] - val[0]); sum += ex[k]; }
+    for (uint32_t k = 0; k < K; ++k) wt[k] = ex[k] / sum;
+}
 
 // Top-K + softmax: one warp per token, 8 tokens per CTA (all SMs; one CTA walking a 2048-token
 // chunk took ~200 µs per layer).
@@ -103,8 +148,39 @@ constexpr uint32_t kDecodeDepth = 12;  // chunks per warp in registers: H <= 4·
 // The cluster's cross-CTA step by default (H200: +1 % tg, bench/NOTES.md "v14 decode").
 constexpr bool kRouterClusterDefault = true;  // GPTOSS_DECODE_ROUTER_CLUSTER=0|1 overrides
 
-template <bool kCluster>
+// Thread-block cluster barrier halves and a store into another CTA's shared memory (sm_90).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+// *p (a shared-memory address of this CTA) = v in CTA `rank` of the cluster.
+__device__ __forceinline__ void st_cluster_f32(float* p, uint32_t rank, float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+#else
+    (void)p, (void)rank, (void)v;
+#endif
+}
+
+// kBatch (router_batch, kCluster only): grid row y is token y of a batched step (x, xn and logits
+// offset by it), and the tail writes that token's experts / weights instead of a one-token route.
+template <bool kCluster, bool kBatch = false>
 __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDecodeArgs a) {
+    static_assert(kCluster || !kBatch, "the batched form gathers its logits through the cluster");
     using namespace gemm_detail;
     __shared__ float logits[kMaxExperts];  // kCluster: CTA 0's copy is filled by every slab CTA
     // kCluster: the first half of the barrier that makes CTA 0's shared memory safe to store into
@@ -118,6 +194,10 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
     __shared__ int is_last;
     const uint32_t lane = threadIdx.x & 31, kw = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const uint32_t E = a.router.N, H = a.router.K, n_chunks = H >> 6, slab = blockIdx.x;
+    const uint32_t tok = kBatch ? blockIdx.y : 0u;
+    const float* x = a.x + size_t(tok) * H;
+    uint16_t* xn = a.xn + size_t(tok) * H;
+    float* logits_out = a.logits + size_t(tok) * E;
     const uint4* wp = reinterpret_cast<const uint4*>(a.router.w) + size_t(slab) * n_chunks * 128 + lane;
     Chunk ring[kDecodeDepth];
 #pragma unroll
@@ -138,7 +218,7 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
     }
     pdl_wait();
     pdl_launch_dependents();
-    for (uint32_t i = threadIdx.x; i < H / 4; i += blockDim.x) cp_async16(xf + 4 * i, a.x + 4 * i);
+    for (uint32_t i = threadIdx.x; i < H / 4; i += blockDim.x) cp_async16(xf + 4 * i, x + 4 * i);
     cp_async_wait_all();
     __syncthreads();
     const float inv = rmsnorm_inv<128>(
@@ -150,7 +230,7 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
     for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) {
         const uint16_t b = f32_to_bf16_bits(xf[i] * inv * wf[i]);
         xs[permuted_k(i)] = b;
-        if (slab == 0) a.xn[permuted_k(i)] = b;
+        if (slab == 0) xn[permuted_k(i)] = b;
     }
     __syncthreads();
 
@@ -193,8 +273,8 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
         r_hi = min(slab * 16 + gg + 8, E);
         if (r_lo < E) l_lo = s4[0] + b_lo;
         if (r_hi < E) l_hi = s4[2] + b_hi;
-        if (r_lo < E) a.logits[r_lo] = l_lo;
-        if (r_hi < E) a.logits[r_hi] = l_hi;
+        if (r_lo < E) logits_out[r_lo] = l_lo;
+        if (r_hi < E) logits_out[r_hi] = l_hi;
     }
     if constexpr (kCluster) {
         // Every thread: complete the start-up phase (CTA 0 is running), store into CTA 0's
@@ -223,6 +303,13 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
     float wt[kMaxK];
     warp_topk_softmax(logits, E, a.K, lane, idx, wt);
     if (lane != 0) return;
+    if constexpr (kBatch) {  // router_route's top-K output for this token; router_route's work list follows
+        for (uint32_t k = 0; k < a.K; ++k) {
+            a.experts[tok * a.K + k] = idx[k];
+            a.weights[tok * a.K + k] = wt[k];
+        }
+        return;
+    }
     // router_route's output for one token: one single-pair tile per chosen expert, experts in
     // increasing id order.
     a.tiles[0] = int32_t(a.K);
@@ -246,25 +333,30 @@ uint32_t route_max_tiles(uint32_t T, uint32_t E, uint32_t K, uint32_t tile_token
     return std::min(ceil_div(T * K, tile_tokens) + std::min(E, T * K), T * K);
 }
 
-gptoss_status router_route(const float* logits, uint32_t T, uint32_t E, uint32_t K, int32_t* experts,
-                           float* weights, int32_t* tiles, int32_t* pairs, uint32_t tile_tokens,
-                           cudaStream_t stream, uint32_t tile_extra) {
+namespace {
+// router_route's and router_group's argument checks (the same errors either way).
+gptoss_status check_route(uint32_t T, uint32_t E, uint32_t K, uint32_t tile_tokens) {
     if (E > kMaxExperts || K > kMaxK || K == 0 || K > E)
         return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA router: %u experts / top-%u, supported up to %u / %u", E, K,
                     kMaxExperts, kMaxK);
+    if (T != 0 && tile_tokens == 0) return fail(GPTOSS_ERR_INTERNAL, "CUDA router: tile_tokens is 0");
+    return GPTOSS_OK;
+}
+}  // namespace
+
+gptoss_status router_route(const float* logits, uint32_t T, uint32_t E, uint32_t K, int32_t* experts,
+                           float* weights, int32_t* tiles, int32_t* pairs, uint32_t tile_tokens,
+                           cudaStream_t stream, uint32_t tile_extra) {
+    GPTOSS_TRY(check_route(T, E, K, tile_tokens));
     if (T == 0) return GPTOSS_OK;
-    if (tile_tokens == 0) return fail(GPTOSS_ERR_INTERNAL, "CUDA router: tile_tokens is 0");
     GPTOSS_LAUNCH(f32_router_topk_kernel, ceil_div(T, 8), 256, 0, stream, logits, T, E, K, experts, weights);
     return router_group(experts, T, E, K, tiles, pairs, tile_tokens, stream, tile_extra);
 }
 
 gptoss_status router_group(const int32_t* experts, uint32_t T, uint32_t E, uint32_t K, int32_t* tiles,
                            int32_t* pairs, uint32_t tile_tokens, cudaStream_t stream, uint32_t tile_extra) {
-    if (E > kMaxExperts || K > kMaxK || K == 0 || K > E)
-        return fail(GPTOSS_ERR_UNSUPPORTED, "CUDA router: %u experts / top-%u, supported up to %u / %u", E, K,
-                    kMaxExperts, kMaxK);
+    GPTOSS_TRY(check_route(T, E, K, tile_tokens));
     if (T == 0) return GPTOSS_OK;
-    if (tile_tokens == 0) return fail(GPTOSS_ERR_INTERNAL, "CUDA router: tile_tokens is 0");
     const uint32_t threads = std::min(1024u, std::max(256u, 32u * ceil_div(T * K, 32)));
     GPTOSS_LAUNCH(f32_router_group_kernel, 1, threads, 0, stream, experts, T * K, E, tiles, pairs, tile_tokens,
                   tile_extra);
@@ -325,6 +417,33 @@ gptoss_status router_decode(const RouterDecodeArgs& a, cudaStream_t stream) {
     GPTOSS_TRY(cuda_status(cudaLaunchKernelEx(&cfg, f32_router_decode_kernel<true>, a),
                            "f32_router_decode_kernel (cluster)", __FILE__, __LINE__));
     return GPTOSS_OK;
+}
+
+// ---- router_batch (kernels.h): the batched step's norm + router + top-K, router_decode's cluster
+// form with a grid row per token (kBatch). bench/NOTES.md "v34": the norm, gemm and top-K launches
+// with the work list cost ~10 µs per layer in the step's graph; this form + the work list, one
+// token per CTA, measured +1.2 % at 8 streams (20b), −0.6 % on the 120b at 64.
+bool router_batch_usable(uint32_t E, uint32_t K, uint32_t H) {
+    return router_decode_supported(E, K, H) && router_decode_cluster_usable(E);
+}
+
+gptoss_status router_batch(const RouterBatchArgs& b, cudaStream_t stream) {
+    const uint32_t E = b.router.N, H = b.router.K;
+    if (b.router.mxfp4 || !router_batch_usable(E, b.K, H))
+        return fail(GPTOSS_ERR_UNSUPPORTED,
+                    "CUDA router_batch: %u experts / top-%u / hidden %u on this device (needs sm_90 clusters, bf16, "
+                    "E <= 128, K <= %u, H %% 64 == 0, H <= %u)",
+                    E, b.K, H, kMaxK, kNormThreads * kNormPer);
+    if (!b.x || !b.norm_w || !b.xn || !b.logits || !b.experts || !b.weights)
+        return fail(GPTOSS_ERR_INTERNAL, "CUDA router_batch: x, norm_w, xn, logits, experts and weights are required");
+    if (b.T == 0) return GPTOSS_OK;
+    RouterDecodeArgs a;
+    a.x = b.x; a.norm_w = b.norm_w; a.eps = b.eps; a.router = b.router; a.K = b.K;
+    a.xn = b.xn; a.logits = b.logits; a.experts = b.experts; a.weights = b.weights;
+    const uint32_t slabs = ceil_div(E, 16);
+    return cuda_status(launch_pdl_cluster(f32_router_decode_kernel<true, true>, dim3(slabs, b.T), dim3(128), 0, stream,
+                                          dim3(slabs, 1, 1), a),
+                       "f32_router_decode_kernel (batch)", __FILE__, __LINE__);
 }
 
 }  // namespace cuda

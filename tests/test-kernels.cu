@@ -240,6 +240,19 @@ void check_moe(const std::vector<float>& logits_override, uint32_t T, uint64_t s
     expect_close(x.get(), ref, 1e-2f * scale, 1e-2f, what);
 }
 
+// A router's bf16 weights [E, H] and bias [E] for the fused-router cases; ties: experts 3, 9 and 20
+// get the same row and a bias far above the rest (exact ties).
+static std::pair<std::vector<uint16_t>, std::vector<uint16_t>> router_weights(Rand& r, uint32_t E, uint32_t H,
+                                                                              bool ties) {
+    auto W = r.bf16s(size_t(E) * H, 0.05f);
+    auto b = r.bf16s(E, 0.5f);
+    if (ties) {
+        for (uint32_t k = 0; k < H; ++k) W[size_t(9) * H + k] = W[size_t(20) * H + k] = W[size_t(3) * H + k];
+        b[9] = b[20] = b[3] = f32_to_bf16(30.0f);
+    }
+    return {W, b};
+}
+
 TEST_CASE("router_decode (fused norm + router + top-k; counter or cluster) is bit-identical to residual_rmsnorm + gemm + router_route") {
     struct S { uint32_t E, K, H; bool ties; };
     Dev<int> counter(1);
@@ -248,12 +261,7 @@ TEST_CASE("router_decode (fused norm + router + top-k; counter or cluster) is bi
                  S{256, 8, 4096, false}, S{32, 4, 2880, true}}) {
         Rand r(90 + sh.E + sh.H + sh.ties);
         const uint32_t E = sh.E, K = sh.K, H = sh.H;
-        auto W = r.bf16s(size_t(E) * H, 0.05f);
-        auto b = r.bf16s(E, 0.5f);
-        if (sh.ties) {  // exact ties: experts 3, 9 and 20 have the same row and a bias far above the rest
-            for (uint32_t k = 0; k < H; ++k) W[size_t(9) * H + k] = W[size_t(20) * H + k] = W[size_t(3) * H + k];
-            b[9] = b[20] = b[3] = f32_to_bf16(30.0f);
-        }
+        const auto [W, b] = router_weights(r, E, H, sh.ties);
         DenseW dw(W, b, E, H);
         const auto x = r.floats(H, 3.0f);
         const auto nw = widen(r.bf16s(H, 1.5f));
@@ -349,12 +357,7 @@ TEST_CASE("router_batch (a batched step's fused norm + router + top-k) is bit-id
         for (uint32_t T : {1u, 2u, 7u, 8u, 9u, 64u, 70u}) {
             INFO("T " << T);
             Rand r(300 + E + H + T + sh.ties);
-            auto W = r.bf16s(size_t(E) * H, 0.05f);
-            auto b = r.bf16s(E, 0.5f);
-            if (sh.ties) {  // exact ties: experts 3, 9 and 20 have the same row and a bias far above the rest
-                for (uint32_t k = 0; k < H; ++k) W[size_t(9) * H + k] = W[size_t(20) * H + k] = W[size_t(3) * H + k];
-                b[9] = b[20] = b[3] = f32_to_bf16(30.0f);
-            }
+            const auto [W, b] = router_weights(r, E, H, sh.ties);
             DenseW dw(W, b, E, H);
             const auto x = r.floats(size_t(T) * H, 3.0f);
             const auto nw = widen(r.bf16s(H, 1.5f));

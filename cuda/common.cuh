@@ -302,6 +302,67 @@ inline bool pdl_supported() {
     return p.major >= 9;
 }
 
+// ---- mbarriers and bulk copies (sm_90: the prefill's warp-specialized GEMM, the dense batch
+// kernel's bulk form). Barrier addresses are 32-bit shared addresses (__cvta_generic_to_shared). Below sm_90
+// they compile to nothing (their callers run only on sm_90 devices).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GPTOSS_ASM_SM90(...) asm volatile(__VA_ARGS__)
+#else
+#define GPTOSS_ASM_SM90(...) ((void)0)
+#endif
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    GPTOSS_ASM_SM90("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes barrier initializations visible to the async proxy (the bulk copies that complete them).
+__device__ __forceinline__ void fence_mbar_init() { GPTOSS_ASM_SM90("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    GPTOSS_ASM_SM90("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// The phase's one arrival, announcing `bytes` of bulk copies that complete it.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    GPTOSS_ASM_SM90("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Waits until the phase of parity `parity` of the barrier has completed. kHint: each try_wait
+// may suspend the thread for up to 1 ms (suspendTimeHint) instead of the system's default time
+// limit, so a waiting warp spends fewer issue slots spinning.
+template <bool kHint = false> __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    if constexpr (kHint) {
+        GPTOSS_ASM_SM90(
+            "{\n.reg .pred p;\nLAB_WAIT:\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1, %2;\n"
+            "@!p bra LAB_WAIT;\n}\n" ::"r"(bar),
+            "r"(parity), "r"(1000000u)
+            : "memory");
+    } else {
+        GPTOSS_ASM_SM90(
+            "{\n.reg .pred p;\nLAB_WAIT:\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+            "@!p bra LAB_WAIT;\n}\n" ::"r"(bar),
+            "r"(parity)
+            : "memory");
+    }
+}
+// A bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory into
+// this CTA's shared memory at smem, completing on the barrier at bar (as cp_async16 takes smem).
+__device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* src, uint32_t bytes, uint32_t bar) {
+    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    GPTOSS_ASM_SM90("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                    "l"(src), "r"(bytes), "r"(bar)
+                    : "memory");
+}
+// A 2-D tensor-map copy (TMA) of the box whose first element is (c0, c1) (the map's dims 0 and 1,
+// in elements) into this CTA's shared memory at smem (aligned as the map's swizzle asks),
+// completing on the barrier at bar. tmap: the address of a __grid_constant__ kernel parameter.
+__device__ __forceinline__ void tma_load_2d(void* smem, const void* tmap, int32_t c0, int32_t c1, uint32_t bar) {
+    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    GPTOSS_ASM_SM90(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+            dst),
+        "l"(tmap), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+#undef GPTOSS_ASM_SM90
+
 // Launches a forward kernel with programmatic stream serialization where supported (the kernel
 // must start with pdl_wait(); see above) and, when `cluster` is not 1 x 1 x 1, as thread-block
 // clusters of that shape (compute capability 9.0+; the caller checks).

@@ -19,6 +19,8 @@
 #include "cuda/gemm.cuh"
 
 #include <cooperative_groups.h>
+#include <cuda.h>  // CUtensorMap (the kTma form's token-row map)
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -37,6 +39,7 @@ constexpr uint32_t kSlabU4 = 128;      // one slab's 64-k chunk: 2 KB
 constexpr uint32_t kParts = 4;
 
 struct DenseArgs {
+    CUtensorMap rows;  // kTma: x as [n, K] bf16, box 64 k x rows_box tokens, 128-byte swizzle (64-byte aligned)
     const uint4* w;
     const float* bias;
     const uint4* x;
@@ -45,6 +48,7 @@ struct DenseArgs {
     int add;  // Epilogue::kAdd
     uint32_t groups;
     uint32_t cols;  // token columns per CTA: 64, or 32 (twice the CTAs, each weight chunk read twice)
+    uint32_t rows_box;  // kTma: token rows per staged chunk, round_up(min(n, cols), 8)
 };
 
 // The epilogue of one output: out = acc + bias, or out = old + (acc + bias) for kAdd, old being the
@@ -82,9 +86,23 @@ __device__ __forceinline__ const float* cluster_peer(float* p, uint32_t q) {
 #endif
 }
 
-template <int kWarps, int SPW, int S>
-__global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const DenseArgs a) {
-    extern __shared__ __align__(16) uint4 sm[];
+// kTma (tma_mode: QKV and O by default): thread 0 fills each stage with one 2-D tensor-map copy of
+// the chunk's token rows (128-byte rows, 128-byte swizzle: piece q of row r sits at q ^ (r & 7), so
+// the B-fragment loads stay conflict-free) and warp 0's lanes with one 2 KB bulk copy per slab; they
+// complete on the stage's mbarrier, which every warp waits on instead of its own cp.async groups.
+// H200, 64 x 1 024: +0.9 % with every projection in this form, QKV 0.505 -> 0.484 ms per 64-token
+// step, O level, lm_head 0.391 -> 0.424 (bench/NOTES.md "v35"). v33's form with one bulk copy per
+// token row was twice as slow (68 copies per chunk, "v34"); this one asks 5-9. Same data, so
+// gemm()'s bits.
+template <int kWarps, int SPW, int S, bool kTma>
+__global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const __grid_constant__ DenseArgs a) {
+    extern __shared__ __align__(16) uint4 sm_raw[];
+    __shared__ __align__(8) uint64_t full_bar[kTma ? S : 1];
+    uint4* sm = sm_raw;
+    if constexpr (kTma) {  // stages on 1024-byte boundaries: the swizzle pattern's period
+        const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(sm_raw));
+        sm = sm_raw + (((base + 1023u) & ~1023u) - base) / 16;
+    }
     constexpr uint32_t kThreads = 32 * kWarps;
     const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const uint32_t group = blockIdx.x, part = blockIdx.y, col_base = blockIdx.z * a.cols;
@@ -92,8 +110,31 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const DenseArg
     const uint32_t n_local = part < n_chunks ? (n_chunks - part + kParts - 1) / kParts : 0;  // chunks part + 4i
     const uint32_t n_cols = min(a.cols, a.n - col_base), rows = (n_cols + 7) & ~7u, ng = rows / 8;
     constexpr uint32_t kSlabsCta = kWarps * SPW;
-    const uint32_t stage_u4 = kSlabsCta * kSlabU4 + rows * kRowU4;
+    const uint32_t stage_u4 = kSlabsCta * kSlabU4 + (kTma ? a.rows_box * 8 : rows * kRowU4);
     const uint32_t slab0 = group * kSlabsCta + warp * SPW;  // this warp's first slab
+    const uint32_t bar0 = static_cast<uint32_t>(__cvta_generic_to_shared(&full_bar[0]));
+    if constexpr (kTma) {
+        if (threadIdx.x == 0) {
+            for (uint32_t s = 0; s < S; ++s) mbar_init(bar0 + 8 * s, 1);
+            fence_mbar_init();
+        }
+        __syncthreads();
+    }
+    // kTma: stage s's copies of chunk c. Lane 0 of warp 0 arms the barrier with the stage's bytes
+    // (the weights are issued before the dependency wait in the prologue, the rows after it).
+    const uint32_t slabs_here = min(kSlabsCta, slabs - group * kSlabsCta);
+    auto tma_weights = [&](uint32_t s, uint32_t c) {
+        if (warp != 0) return;
+        if (lane == 0) mbar_arrive_expect_tx(bar0 + 8 * s, slabs_here * kSlabU4 * 16 + a.rows_box * 128);
+        __syncwarp();
+        if (lane < slabs_here)
+            bulk_copy_g2s(sm + s * stage_u4 + lane * kSlabU4,
+                          a.w + (size_t(group * kSlabsCta + lane) * n_chunks + c) * kSlabU4, kSlabU4 * 16, bar0 + 8 * s);
+    };
+    auto tma_rows = [&](uint32_t s, uint32_t c) {
+        if (threadIdx.x == 0)
+            tma_load_2d(sm + s * stage_u4 + kSlabsCta * kSlabU4, &a.rows, int32_t(c * 64), int32_t(col_base), bar0 + 8 * s);
+    };
 
     // Stage s gets chunk c: this warp's slabs (4 copies per lane and slab), then the token rows.
     auto load_weights = [&](uint32_t s, uint32_t c) {
@@ -128,12 +169,12 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const DenseArg
     // Weights are never written: the first stages' weights stream before the previous kernel ends.
 #pragma unroll
     for (uint32_t s = 0; s + 1 < S; ++s)
-        if (s < n_local) load_weights(s, part + kParts * s);
+        if (s < n_local) kTma ? tma_weights(s, part + kParts * s) : load_weights(s, part + kParts * s);
     pdl_wait();
 #pragma unroll
     for (uint32_t s = 0; s + 1 < S; ++s) {
-        if (s < n_local) load_rows(s, part + kParts * s);
-        cp_async_commit();
+        if (s < n_local) kTma ? tma_rows(s, part + kParts * s) : load_rows(s, part + kParts * s);
+        if (!kTma) cp_async_commit();
     }
     pdl_launch_dependents();
 
@@ -144,23 +185,30 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const DenseArg
         for (int nb = 0; nb < 8; ++nb) acc[sp][nb][0] = acc[sp][nb][1] = acc[sp][nb][2] = acc[sp][nb][3] = 0.0f;
 
     for (uint32_t i = 0; i < n_local; ++i) {
-        cp_async_wait<S - 2>();  // chunk i has landed (this thread's copies) ...
-        __syncthreads();         // ... everyone's, and stage (i - 1) % S is free again
+        if (!kTma) cp_async_wait<S - 2>();  // chunk i has landed (this thread's copies) ...
+        __syncthreads();  // ... everyone's (kTma: the barrier below), and stage (i - 1) % S is free again
         const uint32_t next = i + S - 1;
         if (next < n_local) {
-            load_weights(next % S, part + kParts * next);
-            load_rows(next % S, part + kParts * next);
+            if constexpr (kTma) {
+                tma_weights(next % S, part + kParts * next);
+                tma_rows(next % S, part + kParts * next);
+            } else {
+                load_weights(next % S, part + kParts * next);
+                load_rows(next % S, part + kParts * next);
+            }
         }
-        cp_async_commit();
+        if constexpr (kTma) mbar_wait(bar0 + 8 * (i % S), (i / S) & 1);
+        else cp_async_commit();
         const uint4* st = sm + (i % S) * stage_u4;
         const uint4* wa = st + warp * SPW * kSlabU4 + lane;
         const uint4* xb = st + kSlabsCta * kSlabU4 + g * kRowU4 + t * 2;
+        const uint4* xt = st + kSlabsCta * kSlabU4 + g * 8;  // kTma: row g's pieces, swizzled
 #pragma unroll
         for (int jh = 0; jh < 2; ++jh) {
             uint4 b[8];
 #pragma unroll
             for (int nb = 0; nb < 8; ++nb)
-                if (uint32_t(nb) < ng) b[nb] = xb[nb * 8 * kRowU4 + jh];
+                if (uint32_t(nb) < ng) b[nb] = kTma ? xt[nb * 64 + ((2 * t + jh) ^ g)] : xb[nb * 8 * kRowU4 + jh];
 #pragma unroll
             for (int jj = 0; jj < 2; ++jj) {
 #pragma unroll
@@ -246,42 +294,80 @@ uint32_t cta_warps() {
 
 // Dynamic shared memory of a CTA for n tokens: S pipeline stages, and the partial tile (reusing
 // the stages).
-template <int kWarps, int SPW, int S>
+template <int kWarps, int SPW, int S, bool kTma = false>
 size_t smem_bytes(uint32_t n, uint32_t cols = kCols) {
     const uint32_t rows = (std::min(n, cols) + 7) & ~7u;
-    const size_t stages = size_t(S) * (kWarps * SPW * kSlabU4 + rows * kRowU4) * 16;
+    const size_t stages = size_t(S) * (kWarps * SPW * kSlabU4 + rows * (kTma ? 8 : kRowU4)) * 16;
     const size_t tile = size_t(rows) * (kWarps * SPW * 16 + 4) * 4;
-    return std::max(stages, tile);
+    return std::max(stages, tile) + (kTma ? 1024 : 0);  // kTma: room to align the stages to 1024 bytes
 }
 
 // Sets the kernel's shared-memory opt-in to the most any call asks (once per thread and device).
-template <int kWarps, int SPW, int S>
+template <int kWarps, int SPW, int S, bool kTma>
 gptoss_status opt_in(int dev) {
     thread_local int done_for = -1;
     if (done_for == dev) return GPTOSS_OK;
-    GPTOSS_CUDA_TRY(cudaFuncSetAttribute(dense_batch_kernel<kWarps, SPW, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(smem_bytes<kWarps, SPW, S>(kCols))));
+    GPTOSS_CUDA_TRY(cudaFuncSetAttribute(dense_batch_kernel<kWarps, SPW, S, kTma>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(smem_bytes<kWarps, SPW, S, kTma>(kCols))));
     done_for = dev;
     return GPTOSS_OK;
 }
 
 // One launch: clusters of the 4 part CTAs along y, programmatic dependent launch where supported.
-template <int kWarps, int SPW, int S>
+template <int kWarps, int SPW, int S, bool kTma>
 gptoss_status launch_kernel(const DenseArgs& a, dim3 grid, int dev, cudaStream_t stream) {
-    GPTOSS_TRY((opt_in<kWarps, SPW, S>(dev)));
-    return cuda_status(launch_pdl_cluster(dense_batch_kernel<kWarps, SPW, S>, grid, dim3(32 * kWarps),
-                                          smem_bytes<kWarps, SPW, S>(a.n, a.cols), stream, dim3(1, kParts, 1), a),
+    GPTOSS_TRY((opt_in<kWarps, SPW, S, kTma>(dev)));
+    return cuda_status(launch_pdl_cluster(dense_batch_kernel<kWarps, SPW, S, kTma>, grid, dim3(32 * kWarps),
+                                          smem_bytes<kWarps, SPW, S, kTma>(a.n, a.cols), stream, dim3(1, kParts, 1), a),
                        "dense_batch_kernel", __FILE__, __LINE__);
 }
 
+// kTma's map of the token rows x [n, K] (bf16, row stride K): boxes of 64 k x rows_box tokens,
+// 128-byte swizzle, rows past n read as zeros. cuTensorMapEncodeTiled comes from the driver
+// through the runtime (no libcuda link). False where the driver lacks it or refuses the shape.
+bool encode_rows_map(CUtensorMap* map, const uint4* x, uint32_t n, uint32_t K, uint32_t rows_box) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void* fn = nullptr;
+        cudaDriverEntryPointQueryResult q{};
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess) {
+            cudaGetLastError();
+            fn = nullptr;
+        }
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+    }();
+    if (!encode) return false;
+    const cuuint64_t dims[2] = {K, n};
+    const cuuint64_t strides[1] = {cuuint64_t(K) * 2};
+    const cuuint32_t box[2] = {64, rows_box};
+    const cuuint32_t elem_strides[2] = {1, 1};
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint4*>(x), dims, strides, box, elem_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+int g_tma = -1;  // set_dense_batch_tma
+// Which plans take the kTma form: 0 none, 1 those of one slab per warp (QKV, O), 2 all (lm_head too).
+int tma_mode() {
+    static const int env = env_choice("GPTOSS_DECODE_BATCH_DENSE_TMA", {0, 1, 2}, 1);
+    return g_tma >= 0 ? g_tma : env;
+}
+
 template <int kWarps, int SPW>
-gptoss_status launch(const DenseArgs& a, dim3 grid, cudaStream_t stream) {
+gptoss_status launch(DenseArgs& a, dim3 grid, cudaStream_t stream) {
     DeviceProps dp;
     GPTOSS_CUDA_TRY(current_device_props(&dp));
+    const int mode = tma_mode();
+    a.rows_box = (std::min(a.n, a.cols) + 7) & ~7u;
+    const bool tma = (mode == 2 || (mode == 1 && SPW == 1)) && encode_rows_map(&a.rows, a.x, a.n, a.K, a.rows_box);
     // Four stages where they fit (sm_86/89/120 give a CTA ~99 KB), else three: the same bits.
-    if (smem_bytes<kWarps, SPW, 4>(kCols) <= size_t(dp.max_smem_optin))
-        return launch_kernel<kWarps, SPW, 4>(a, grid, dp.dev, stream);
-    return launch_kernel<kWarps, SPW, 3>(a, grid, dp.dev, stream);
+    const size_t four = tma ? smem_bytes<kWarps, SPW, 4, true>(kCols) : smem_bytes<kWarps, SPW, 4, false>(kCols);
+    if (four <= size_t(dp.max_smem_optin))
+        return tma ? launch_kernel<kWarps, SPW, 4, true>(a, grid, dp.dev, stream)
+                   : launch_kernel<kWarps, SPW, 4, false>(a, grid, dp.dev, stream);
+    return tma ? launch_kernel<kWarps, SPW, 3, true>(a, grid, dp.dev, stream)
+               : launch_kernel<kWarps, SPW, 3, false>(a, grid, dp.dev, stream);
 }
 
 }  // namespace
@@ -344,6 +430,8 @@ bool dense_batch_use(uint32_t which, uint32_t n) {
                                 : which == kDenseLmHead ? kDenseBatchMinTokensLmHead : kDenseBatchMinTokens;
     return (mask & which) && n >= min_tokens && dense_batch_supported();
 }
+
+void set_dense_batch_tma(int mode) { g_tma = mode >= 0 && mode <= 2 ? mode : -1; }
 
 void set_dense_batch_shape(uint32_t warps, uint32_t spw, uint32_t cols) {
     g_warps = warps;

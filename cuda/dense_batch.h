@@ -7,7 +7,9 @@
 // (cp.async), so each activation byte leaves L2 once per 4-8 slabs. The 4 parts of a slab group
 // are one thread-block cluster and add their fp32 partial tiles through distributed shared memory
 // in gemm()'s order. Same bits as gemm() at any token count: the batched step picks the faster
-// kernel per projection and step size without breaking batch invariance.
+// kernel per projection and step size without breaking batch invariance. On sm_90 QKV and O fill
+// their stages with one 2-D tensor-map copy of the token rows and one bulk copy per slab instead
+// (set_dense_batch_tma; bench/NOTES.md "v35").
 #pragma once
 
 #include "cuda/kernels.h"
@@ -64,6 +66,13 @@ bool dense_batch_use(uint32_t which, uint32_t n);
 // 64 (0 = the defaults, GPTOSS_DECODE_BATCH_DENSE_WARPS / _SPW / _COLS). The bits do not depend on
 // it. Set it only while no batched step runs.
 void set_dense_batch_shape(uint32_t warps, uint32_t spw, uint32_t cols = 0);
+
+// Tests and tuning: which CTA plans fill their stages with tensor-map and bulk copies (TMA) rather
+// than per-thread cp.async: 0 none, 1 plans of one slab per warp (QKV, O; the default), 2 all
+// (lm_head too), -1 = GPTOSS_DECODE_BATCH_DENSE_TMA (default 1). Where the driver cannot encode the
+// tensor map the launch falls back to cp.async. The bits do not depend on it. Set it only while no
+// batched step runs.
+void set_dense_batch_tma(int mode);
 
 }  // namespace cuda
 }  // namespace gptoss

@@ -56,34 +56,7 @@ static_assert(ws_raw_stages<true, 128, 1, 4>() >= 5 && ws_raw_stages<true, 256, 
                   ws_raw_stages<false, 128, 1, 2>() >= 3 && ws_raw_stages<false, 64, 2, 2>() >= 3,
               "shared memory");
 
-#ifdef GPTOSS_SM90A
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-// Waits until the phase of parity `parity` of the barrier has completed. kHint: each try_wait
-// may suspend the thread for up to 1 ms (suspendTimeHint) instead of the system's default time
-// limit, so a waiting warp spends fewer issue slots spinning.
-template <bool kHint = false> __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    if constexpr (kHint) {
-        asm volatile(
-            "{\n.reg .pred p;\nLAB_WAIT:\n"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1, %2;\n"
-            "@!p bra LAB_WAIT;\n}\n" ::"r"(bar),
-            "r"(parity), "r"(1000000u)
-            : "memory");
-    } else {
-        asm volatile(
-            "{\n.reg .pred p;\nLAB_WAIT:\n"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-            "@!p bra LAB_WAIT;\n}\n" ::"r"(bar),
-            "r"(parity)
-            : "memory");
-    }
-}
-#endif
+// mbar_init / mbar_arrive / mbar_wait: common.cuh.
 
 // The 4 k16 steps of one 64-k chunk for the first kN of a consumer's accumulator halves (A rows
 // at ad, token rows h·TW.. at bd + h·TW·128); acc_in false: the first step overwrites. A

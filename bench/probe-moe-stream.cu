@@ -12,8 +12,11 @@
 // through a register ring of D chunks (a chunk's slot is refilled right after the chunk is used);
 // per chunk it runs `ops` rounds of integer work on the loaded words (each round a funnel shift and
 // a masked xor per word: ~2 instructions x 4 words; moe_batch_kernel spends ~36 integer + ~20 other
-// non-mma instructions per chunk, i.e. about 7 rounds). "flat": the same bytes read by a grid-stride
-// loop of 16-byte loads, 4 in flight per thread (the ceiling for this buffer).
+// non-mma instructions per chunk, i.e. about 7 rounds). "ring-ilv": the same schedule over a layout
+// with chunk c of 24 neighbouring items side by side (what the 24 warps of a CTA read at about the
+// same time becomes 12 KB contiguous instead of 24 pieces 23 KB apart): the test of whether DRAM
+// locality across a CTA's warps is what the repack layout costs. "flat": the same bytes read by a
+// grid-stride loop of 16-byte loads, 4 in flight per thread (the ceiling for this buffer).
 //
 // Build and run on the GPU machine (not part of the CMake build):
 //   nvcc -arch=sm_90a -O3 -std=c++17 bench/probe-moe-stream.cu -o /tmp/probe-moe && /tmp/probe-moe
@@ -61,21 +64,30 @@ __device__ __forceinline__ uint32_t work(uint4 v, uint2 s) {
     return a0 ^ a1 ^ a2 ^ a3 ^ s.x ^ s.y;
 }
 
-template <int D, int W, int kOps>
+constexpr uint32_t kIlv = 24;  // ring-ilv: items per interleave group
+
+// Chunk c of item `it`, in chunk units: repack.cu's layout (item-major), or kIlv items interleaved.
+template <bool kInterleave>
+__device__ __forceinline__ size_t chunk_index(uint32_t it, uint32_t c) {
+    if constexpr (kInterleave) return (size_t(it / kIlv) * kC + c) * kIlv + it % kIlv;
+    return size_t(it) * kC + c;
+}
+
+template <int D, int W, int kOps, bool kInterleave = false>
 __global__ __launch_bounds__(32 * W, 1) void ring_kernel(const uint4* w, const uint2* sc, uint32_t* sink) {
     const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const uint32_t per = (kItems + gridDim.x - 1) / gridDim.x;
     const uint32_t begin = min(kItems, blockIdx.x * per), end = min(kItems, begin + per);
     uint32_t acc = 0;
     for (uint32_t it = begin + warp; it < end; it += W) {
-        const uint4* wp = w + size_t(it) * kC * 32 + lane;
-        const uint2* sp = sc + size_t(it) * kC * 8 + (lane >> 2);
+        const uint4* wp = w + lane;
+        const uint2* sp = sc + (lane >> 2);
         uint4 rw[D];
         uint2 rs[D];
 #pragma unroll
         for (int i = 0; i < D; ++i) {
-            rw[i] = ld_nc(wp + size_t(i) * 32);
-            rs[i] = __ldg(sp + size_t(i) * 8);
+            rw[i] = ld_nc(wp + chunk_index<kInterleave>(it, i) * 32);
+            rs[i] = __ldg(sp + chunk_index<kInterleave>(it, i) * 8);
         }
         for (uint32_t base = 0; base < kC; base += D) {
 #pragma unroll
@@ -84,8 +96,8 @@ __global__ __launch_bounds__(32 * W, 1) void ring_kernel(const uint4* w, const u
                 if (c >= kC) break;
                 acc += work<kOps>(rw[i], rs[i]);
                 if (c + D < kC) {
-                    rw[i] = ld_nc(wp + size_t(c + D) * 32);
-                    rs[i] = __ldg(sp + size_t(c + D) * 8);
+                    rw[i] = ld_nc(wp + chunk_index<kInterleave>(it, c + D) * 32);
+                    rs[i] = __ldg(sp + chunk_index<kInterleave>(it, c + D) * 8);
                 }
             }
         }
@@ -127,10 +139,11 @@ float median_ms(F&& launch) {
     return t[t.size() / 2];
 }
 
-template <int D, int W, int kOps>
+template <int D, int W, int kOps, bool kInterleave = false>
 void ring(const uint4* w, const uint2* sc, uint32_t* sink, int sms, double bytes) {
-    const float ms = median_ms([&] { ring_kernel<D, W, kOps><<<sms, 32 * W>>>(w, sc, sink); });
-    std::printf("ring  D=%-2d W=%-2d ops=%-2d  %8.1f GB/s  (%.1f us)\n", D, W, kOps, bytes / (ms * 1e6), ms * 1e3);
+    const float ms = median_ms([&] { ring_kernel<D, W, kOps, kInterleave><<<sms, 32 * W>>>(w, sc, sink); });
+    std::printf("%s D=%-2d W=%-2d ops=%-2d  %8.1f GB/s  (%.1f us)\n", kInterleave ? "ring-ilv" : "ring    ", D, W,
+                kOps, bytes / (ms * 1e6), ms * 1e3);
 }
 
 }  // namespace
@@ -153,7 +166,7 @@ int main() {
                 bytes / 1e6, kItems, kC);
     {
         const float ms = median_ms([&] { flat_kernel<<<sms * 4, 512>>>(w, wbytes / 16, sink); });
-        std::printf("flat  (fragment words only)  %8.1f GB/s  (%.1f us)\n", double(wbytes) / (ms * 1e6), ms * 1e3);
+        std::printf("flat     (fragment words only)  %8.1f GB/s  (%.1f us)\n", double(wbytes) / (ms * 1e6), ms * 1e3);
     }
     ring<4, 24, 0>(w, sc, sink, sms, bytes);
     ring<4, 24, 4>(w, sc, sink, sms, bytes);
@@ -163,6 +176,8 @@ int main() {
     ring<8, 16, 7>(w, sc, sink, sms, bytes);
     ring<12, 16, 7>(w, sc, sink, sms, bytes);
     ring<4, 32, 7>(w, sc, sink, sms, bytes);
+    ring<4, 24, 0, true>(w, sc, sink, sms, bytes);
+    ring<4, 24, 7, true>(w, sc, sink, sms, bytes);
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaDeviceSynchronize());
     cudaFree(w);

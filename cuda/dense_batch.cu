@@ -39,7 +39,7 @@ constexpr uint32_t kSlabU4 = 128;      // one slab's 64-k chunk: 2 KB
 constexpr uint32_t kParts = 4;
 
 struct DenseArgs {
-    CUtensorMap rows;  // kTma: x as [n, K] bf16, box 64 k x rows_box tokens, 128-byte swizzle (64-byte aligned)
+    CUtensorMap rows;  // kTma: x as [n, K] bf16, box 64 k x rows_box(n, cols) tokens, 128-byte swizzle
     const uint4* w;
     const float* bias;
     const uint4* x;
@@ -48,8 +48,11 @@ struct DenseArgs {
     int add;  // Epilogue::kAdd
     uint32_t groups;
     uint32_t cols;  // token columns per CTA: 64, or 32 (twice the CTAs, each weight chunk read twice)
-    uint32_t rows_box;  // kTma: token rows per staged chunk, round_up(min(n, cols), 8)
+    uint32_t rows_box;  // kTma: rows_box(n, cols), a kernel argument so that it costs no register
 };
+
+// kTma: token rows per staged chunk (the tensor map's box height; the same for every column block).
+inline uint32_t rows_box(uint32_t n, uint32_t cols) { return (std::min(n, cols) + 7) & ~7u; }
 
 // The epilogue of one output: out = acc + bias, or out = old + (acc + bias) for kAdd, old being the
 // output's value before the kernel (gemm.cu's order).
@@ -166,15 +169,25 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const __grid_c
             if (i < row_copies) cp_async16(dst + i * kRowsPerPass * kRowU4, src + i * row_step);
     };
 
+    // Stage s gets chunk i of this part (chunk part + 4i) in either form.
+    auto stage_weights = [&](uint32_t s, uint32_t i) {
+        if constexpr (kTma) tma_weights(s, part + kParts * i);
+        else load_weights(s, part + kParts * i);
+    };
+    auto stage_rows = [&](uint32_t s, uint32_t i) {
+        if constexpr (kTma) tma_rows(s, part + kParts * i);
+        else load_rows(s, part + kParts * i);
+    };
+
     // Weights are never written: the first stages' weights stream before the previous kernel ends.
 #pragma unroll
     for (uint32_t s = 0; s + 1 < S; ++s)
-        if (s < n_local) kTma ? tma_weights(s, part + kParts * s) : load_weights(s, part + kParts * s);
+        if (s < n_local) stage_weights(s, s);
     pdl_wait();
 #pragma unroll
     for (uint32_t s = 0; s + 1 < S; ++s) {
-        if (s < n_local) kTma ? tma_rows(s, part + kParts * s) : load_rows(s, part + kParts * s);
-        if (!kTma) cp_async_commit();
+        if (s < n_local) stage_rows(s, s);
+        if constexpr (!kTma) cp_async_commit();
     }
     pdl_launch_dependents();
 
@@ -185,17 +198,12 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const __grid_c
         for (int nb = 0; nb < 8; ++nb) acc[sp][nb][0] = acc[sp][nb][1] = acc[sp][nb][2] = acc[sp][nb][3] = 0.0f;
 
     for (uint32_t i = 0; i < n_local; ++i) {
-        if (!kTma) cp_async_wait<S - 2>();  // chunk i has landed (this thread's copies) ...
+        if constexpr (!kTma) cp_async_wait<S - 2>();  // chunk i has landed (this thread's copies) ...
         __syncthreads();  // ... everyone's (kTma: the barrier below), and stage (i - 1) % S is free again
         const uint32_t next = i + S - 1;
         if (next < n_local) {
-            if constexpr (kTma) {
-                tma_weights(next % S, part + kParts * next);
-                tma_rows(next % S, part + kParts * next);
-            } else {
-                load_weights(next % S, part + kParts * next);
-                load_rows(next % S, part + kParts * next);
-            }
+            stage_weights(next % S, next);
+            stage_rows(next % S, next);
         }
         if constexpr (kTma) mbar_wait(bar0 + 8 * (i % S), (i / S) & 1);
         else cp_async_commit();
@@ -296,7 +304,7 @@ uint32_t cta_warps() {
 // the stages).
 template <int kWarps, int SPW, int S, bool kTma = false>
 size_t smem_bytes(uint32_t n, uint32_t cols = kCols) {
-    const uint32_t rows = (std::min(n, cols) + 7) & ~7u;
+    const uint32_t rows = rows_box(n, cols);
     const size_t stages = size_t(S) * (kWarps * SPW * kSlabU4 + rows * (kTma ? 8 : kRowU4)) * 16;
     const size_t tile = size_t(rows) * (kWarps * SPW * 16 + 4) * 4;
     return std::max(stages, tile) + (kTma ? 1024 : 0);  // kTma: room to align the stages to 1024 bytes
@@ -323,10 +331,10 @@ gptoss_status launch_kernel(const DenseArgs& a, dim3 grid, int dev, cudaStream_t
                        "dense_batch_kernel", __FILE__, __LINE__);
 }
 
-// kTma's map of the token rows x [n, K] (bf16, row stride K): boxes of 64 k x rows_box tokens,
+// kTma's map of the token rows x [n, K] (bf16, row stride K): boxes of 64 k x box_rows tokens,
 // 128-byte swizzle, rows past n read as zeros. cuTensorMapEncodeTiled comes from the driver
 // through the runtime (no libcuda link). False where the driver lacks it or refuses the shape.
-bool encode_rows_map(CUtensorMap* map, const uint4* x, uint32_t n, uint32_t K, uint32_t rows_box) {
+bool encode_rows_map(CUtensorMap* map, const uint4* x, uint32_t n, uint32_t K, uint32_t box_rows) {
     static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
         void* fn = nullptr;
         cudaDriverEntryPointQueryResult q{};
@@ -340,7 +348,7 @@ bool encode_rows_map(CUtensorMap* map, const uint4* x, uint32_t n, uint32_t K, u
     if (!encode) return false;
     const cuuint64_t dims[2] = {K, n};
     const cuuint64_t strides[1] = {cuuint64_t(K) * 2};
-    const cuuint32_t box[2] = {64, rows_box};
+    const cuuint32_t box[2] = {64, box_rows};
     const cuuint32_t elem_strides[2] = {1, 1};
     return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint4*>(x), dims, strides, box, elem_strides,
                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
@@ -359,7 +367,7 @@ gptoss_status launch(DenseArgs& a, dim3 grid, cudaStream_t stream) {
     DeviceProps dp;
     GPTOSS_CUDA_TRY(current_device_props(&dp));
     const int mode = tma_mode();
-    a.rows_box = (std::min(a.n, a.cols) + 7) & ~7u;
+    a.rows_box = rows_box(a.n, a.cols);
     const bool tma = (mode == 2 || (mode == 1 && SPW == 1)) && encode_rows_map(&a.rows, a.x, a.n, a.K, a.rows_box);
     // Four stages where they fit (sm_86/89/120 give a CTA ~99 KB), else three: the same bits.
     const size_t four = tma ? smem_bytes<kWarps, SPW, 4, true>(kCols) : smem_bytes<kWarps, SPW, 4, false>(kCols);

@@ -3,8 +3,8 @@
 // promises gemm()'s bits, which is what lets the batched step choose either kernel per step size
 // without breaking batch invariance), for n = 1, 5, 8, 9, 64, 70 tokens (70: two 64-token column
 // blocks), kStore and kAdd, every CTA shape (4 or 8 warps of 1 or 2 slabs, 32 or 64 token
-// columns) with the stages filled by cp.async and by tensor-map / bulk copies (TMA); (b) the CPU reference cpu::matmul_bf16 (+ the old output for kAdd) within fp32
-// tolerance. Shapes: N = 320, K = 2880 (the 20b's K; 20 slabs: groups cut by N at 16 slabs per
+// columns) with the stages filled by cp.async and by tensor-map / bulk copies (TMA); (b) the CPU
+// reference cpu::matmul_bf16 (+ the old output for kAdd) within fp32 tolerance. Shapes: N = 320, K = 2880 (the 20b's K; 20 slabs: groups cut by N at 16 slabs per
 // CTA), N = 200, K = 4096 (the O projection's K; rows past N in the last slab), N = 72, K = 128
 // (2 chunks: parts 2 and 3 have none), and the tiny model's shapes (K = 64: one chunk). Bad
 // arguments fail with messages naming them. Without a CUDA device, or on one without clusters

@@ -671,6 +671,7 @@ gptoss_status BatchDecoder::enqueue_moe(const BatchModel& m, uint32_t l, uint32_
         ra.x = x_; ra.norm_w = L.mlp_norm; ra.eps = m.rms_norm_eps; ra.router = L.router; ra.K = m.K;
         ra.xn = xn_; ra.logits = rlogits_; ra.counter = route_counter_; ra.experts = experts_;
         ra.weights = weights_; ra.tiles = tiles_; ra.pairs = pairs_;
+        ra.warps = 4;  // gemm()'s order, as router_batch: a lone step equals the same token in a larger one
         GPTOSS_TRY(router_decode(ra, s));
     } else if (!L.router.mxfp4 && router_fused(m, n)) {  // the three below in one launch + the grouping
         RouterBatchArgs rb;

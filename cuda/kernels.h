@@ -407,8 +407,15 @@ struct RouterDecodeArgs {
     // and E <= 128 allow, else the counter), 0 = the global counter (then `counter` is
     // required), -1 = router_decode_cluster_default().
     int cluster = -1;
+    // Warps per slab CTA: 4 = gemm()'s summation order (bit-identical to residual_rmsnorm + gemm +
+    // router_route; what a batched step of one token needs, to equal router_batch), 8 or 16 = the
+    // slab's chunks split further (logits within fp32 rounding of those), 0 =
+    // router_decode_warps_default(). Anything else: GPTOSS_ERR_INTERNAL.
+    uint32_t warps = 0;
 };
 bool router_decode_supported(uint32_t E, uint32_t K, uint32_t H);
+// GPTOSS_DECODE_ROUTER_WARPS (4 / 8 / 16), else the built-in default; read once.
+uint32_t router_decode_warps_default();
 // GPTOSS_DECODE_ROUTER_CLUSTER (0 / 1), else the built-in default; read once.
 bool router_decode_cluster_default();
 // Whether the cluster variant can run for E experts here: sm_90 code for it in this binary, a

@@ -26,12 +26,16 @@ constexpr uint32_t kMaxK = 8;
 
 // One warp: the K largest of l[0..E) in descending order (ties: lower expert first) and the
 // softmax of those K logits. Lane l holds logits l, l+32, ...; K rounds of a warp argmax
-// (larger value, then lower expert, wins). Results are valid in every lane.
+// (larger value, then lower expert, wins). Results are valid in every lane. kSlots: logits per
+// lane the loops cover (E <= 32·kSlots); fewer slots only drop slots that hold no expert, so
+// every kSlots gives the same result.
+template <uint32_t kSlots = kMaxExperts / 32>
 __device__ __forceinline__ void warp_topk_softmax(const float* l, uint32_t E, uint32_t K, uint32_t lane,
                                                   int32_t (&idx)[kMaxK], float (&wt)[kMaxK]) {
-    float v[kMaxExperts / 32];
+    static_assert(kSlots >= 1 && kSlots <= kMaxExperts / 32, "warp_topk_softmax: 1..8 slots");
+    float v[kSlots];
 #pragma unroll
-    for (uint32_t i = 0; i < kMaxExperts / 32; ++i) {
+    for (uint32_t i = 0; i < kSlots; ++i) {
         const uint32_t e = lane + 32 * i;
         v[i] = e < E ? l[e] : -INFINITY;
     }
@@ -41,7 +45,7 @@ __device__ __forceinline__ void warp_topk_softmax(const float* l, uint32_t E, ui
         float best_v = -INFINITY;
         int32_t best = int32_t(kMaxExperts);
 #pragma unroll
-        for (uint32_t i = 0; i < kMaxExperts / 32; ++i) {
+        for (uint32_t i = 0; i < kSlots; ++i) {
             const uint32_t e = lane + 32 * i;
             if (e < E && !(taken >> i & 1u) && (best == int32_t(kMaxExperts) || v[i] > best_v)) {
                 best_v = v[i];
@@ -144,9 +148,13 @@ __global__ __launch_bounds__(1024) void f32_router_group_kernel(const int32_t* e
 // CTA 0's shared memory (DSMEM) and one cluster barrier (release / acquire) replaces the
 // fence + counter atomic + L2 re-read of the logits, i.e. two dependent L2 round trips on the
 // layer's critical path. Same values in the same places: bit-identical either way.
-constexpr uint32_t kDecodeDepth = 12;  // chunks per warp in registers: H <= 4·12·64 = 3072 in one pass
+// Chunks in registers per CTA: H <= 48·64 = 3072 in one pass, kRouterChunks / kWarps per warp.
+constexpr uint32_t kRouterChunks = 48;
 // The cluster's cross-CTA step by default (H200: +1 % tg, bench/NOTES.md "v14 decode").
 constexpr bool kRouterClusterDefault = true;  // GPTOSS_DECODE_ROUTER_CLUSTER=0|1 overrides
+// Warps per CTA of the decode graph's router (RouterDecodeArgs::warps 0); GPTOSS_DECODE_ROUTER_WARPS
+// = 4 | 8 | 16 overrides.
+constexpr uint32_t kRouterWarpsDefault = 4;
 
 // Thread-block cluster barrier halves and a store into another CTA's shared memory (sm_90).
 __device__ __forceinline__ void cluster_arrive_relaxed() {
@@ -178,9 +186,17 @@ __device__ __forceinline__ void st_cluster_f32(float* p, uint32_t rank, float v)
 
 // kBatch (router_batch, kCluster only): grid row y is token y of a batched step (x, xn and logits
 // offset by it), and the tail writes that token's experts / weights instead of a one-token route.
-template <bool kCluster, bool kBatch = false>
-__global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDecodeArgs a) {
+// kWarps (4, 8 or 16) warps per CTA split each slab's chunks (warp w: chunks w, w + kWarps, ...)
+// and their partial tiles are summed in warp order: 4 is gemm()'s order (the bits above, which
+// router_batch and a batched step of one token keep); 8 and 16 shorten the dependent chain of
+// the decode graph's router (issue 12: decode need not equal prefill) with the same norm, xn and
+// top-K, logits within fp32 rounding of gemm()'s.
+template <bool kCluster, bool kBatch = false, uint32_t kWarps = 4>
+__global__ __launch_bounds__(32 * kWarps) void f32_router_decode_kernel(const RouterDecodeArgs a) {
     static_assert(kCluster || !kBatch, "the batched form gathers its logits through the cluster");
+    static_assert(!kBatch || kWarps == 4, "router_batch keeps gemm()'s order");
+    static_assert(kWarps == 4 || kWarps == 8 || kWarps == 16, "router_decode: 4, 8 or 16 warps");
+    constexpr uint32_t kDecodeDepth = kRouterChunks / kWarps;
     using namespace gemm_detail;
     __shared__ float logits[kMaxExperts];  // kCluster: CTA 0's copy is filled by every slab CTA
     // kCluster: the first half of the barrier that makes CTA 0's shared memory safe to store into
@@ -190,7 +206,7 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
     __shared__ __align__(16) float xf[kNormThreads * kNormPer];
     __shared__ __align__(16) float wf[kNormThreads * kNormPer];
     __shared__ __align__(16) uint16_t xs[kNormThreads * kNormPer];
-    __shared__ float red[4][32 * 4];
+    __shared__ float red[kWarps][32];  // each warp's column-0 partials (lanes 4·gg hold them)
     __shared__ int is_last;
     const uint32_t lane = threadIdx.x & 31, kw = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const uint32_t E = a.router.N, H = a.router.K, n_chunks = H >> 6, slab = blockIdx.x;
@@ -202,7 +218,7 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
     Chunk ring[kDecodeDepth];
 #pragma unroll
     for (uint32_t i = 0; i < kDecodeDepth; ++i) {
-        const uint32_t cc = kw + 4u * i;
+        const uint32_t cc = kw + kWarps * i;
         if (cc < n_chunks) load_chunk<false>(ring[i], wp, nullptr, cc);
     }
     // The norm weight (read only) before the wait, x after it: 16-byte cp.async copies, all in
@@ -221,9 +237,9 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
     for (uint32_t i = threadIdx.x; i < H / 4; i += blockDim.x) cp_async16(xf + 4 * i, x + 4 * i);
     cp_async_wait_all();
     __syncthreads();
-    const float inv = rmsnorm_inv<128>(
+    const float inv = rmsnorm_inv<32 * kWarps>(
         [&](uint32_t q, uint32_t j) {
-            const uint32_t i = threadIdx.x + 128 * q + kNormThreads * j;
+            const uint32_t i = threadIdx.x + 32 * kWarps * q + kNormThreads * j;
             return i < H ? xf[i] : 0.0f;
         },
         H, a.eps, partial);
@@ -237,10 +253,10 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const uint4* xrow = reinterpret_cast<const uint4*>(xs + t * 16);
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    for (uint32_t base = kw; base < n_chunks; base += 4u * kDecodeDepth) {
+    for (uint32_t base = kw; base < n_chunks; base += kWarps * kDecodeDepth) {
 #pragma unroll
         for (uint32_t i = 0; i < kDecodeDepth; ++i) {
-            const uint32_t c = base + 4u * i;
+            const uint32_t c = base + kWarps * i;
             if (c >= n_chunks) break;
             // Column g of the 8-column tile: only column 0 (this token) is non-zero.
             const uint4 xb0 = g == 0 ? xrow[size_t(c) * 8] : zero;
@@ -252,12 +268,14 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
                 const uint4 b = (j >> 1) ? xb1 : xb0;
                 mma(acc, af, (j & 1) ? b.z : b.x, (j & 1) ? b.w : b.y);
             }
-            const uint32_t cn = c + 4u * kDecodeDepth;
+            const uint32_t cn = c + kWarps * kDecodeDepth;
             if (cn < n_chunks) load_chunk<false>(ring[i], wp, nullptr, cn);
         }
     }
+    if (t == 0) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) red[kw][lane * 4 + e] = acc[e];
+        for (int e = 0; e < 4; ++e) red[kw][g * 4 + e] = acc[e];
+    }
     __syncthreads();
     uint32_t r_lo = E, r_hi = E;  // the logits this thread holds (none: E)
     float l_lo = 0.0f, l_hi = 0.0f;
@@ -266,8 +284,11 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
         float s4[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const uint32_t i = l * 4 + e;
-            s4[e] = __fadd_rn(__fadd_rn(__fadd_rn(red[0][i], red[1][i]), red[2][i]), red[3][i]);
+            const uint32_t i = gg * 4 + e;
+            float v = red[0][i];
+#pragma unroll
+            for (uint32_t w = 1; w < kWarps; ++w) v = __fadd_rn(v, red[w][i]);
+            s4[e] = v;
         }
         r_lo = min(slab * 16 + gg, E);
         r_hi = min(slab * 16 + gg + 8, E);
@@ -301,7 +322,9 @@ __global__ __launch_bounds__(128) void f32_router_decode_kernel(const RouterDeco
     }
     int32_t idx[kMaxK];
     float wt[kMaxK];
-    warp_topk_softmax(logits, E, a.K, lane, idx, wt);
+    if (E <= 32) warp_topk_softmax<1>(logits, E, a.K, lane, idx, wt);
+    else if (E <= 128) warp_topk_softmax<4>(logits, E, a.K, lane, idx, wt);
+    else warp_topk_softmax(logits, E, a.K, lane, idx, wt);
     if (lane != 0) return;
     if constexpr (kBatch) {  // router_route's top-K output for this token; router_route's work list follows
         for (uint32_t k = 0; k < a.K; ++k) {
@@ -387,23 +410,22 @@ bool router_decode_cluster_usable(uint32_t E) {
     return fa.binaryVersion >= 90;
 }
 
-gptoss_status router_decode(const RouterDecodeArgs& a, cudaStream_t stream) {
-    const uint32_t E = a.router.N, H = a.router.K;
-    if (!router_decode_supported(E, a.K, H) || a.router.mxfp4)
-        return fail(GPTOSS_ERR_UNSUPPORTED,
-                    "CUDA router_decode: %u experts / top-%u / hidden %u, supported up to %u / %u / %u (bf16)", E, a.K,
-                    H, kMaxExperts, kMaxK, kNormThreads * kNormPer);
-    const uint32_t slabs = ceil_div(E, 16);
-    const bool cluster = (a.cluster < 0 ? router_decode_cluster_default() : a.cluster != 0) && router_decode_cluster_usable(E);
-    if (!a.logits || (!cluster && !a.counter))
-        return fail(GPTOSS_ERR_INTERNAL, "CUDA router_decode: logits and counter are required");
+uint32_t router_decode_warps_default() {
+    static const uint32_t w = uint32_t(env_choice("GPTOSS_DECODE_ROUTER_WARPS", {4, 8, 16}, int(kRouterWarpsDefault)));
+    return w;
+}
+
+namespace {
+template <uint32_t kWarps>
+gptoss_status router_decode_launch(const RouterDecodeArgs& a, bool cluster, cudaStream_t stream) {
+    const uint32_t slabs = ceil_div(a.router.N, 16);
     if (!cluster) {
-        GPTOSS_LAUNCH(f32_router_decode_kernel<false>, slabs, 128, 0, stream, a);
+        GPTOSS_LAUNCH((f32_router_decode_kernel<false, false, kWarps>), slabs, 32 * kWarps, 0, stream, a);
         return GPTOSS_OK;
     }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(slabs);
-    cfg.blockDim = dim3(128);
+    cfg.blockDim = dim3(32 * kWarps);
     cfg.stream = stream;
     cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -414,9 +436,27 @@ gptoss_status router_decode(const RouterDecodeArgs& a, cudaStream_t stream) {
     attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 2;
-    GPTOSS_TRY(cuda_status(cudaLaunchKernelEx(&cfg, f32_router_decode_kernel<true>, a),
+    GPTOSS_TRY(cuda_status(cudaLaunchKernelEx(&cfg, f32_router_decode_kernel<true, false, kWarps>, a),
                            "f32_router_decode_kernel (cluster)", __FILE__, __LINE__));
     return GPTOSS_OK;
+}
+}  // namespace
+
+gptoss_status router_decode(const RouterDecodeArgs& a, cudaStream_t stream) {
+    const uint32_t E = a.router.N, H = a.router.K;
+    if (!router_decode_supported(E, a.K, H) || a.router.mxfp4)
+        return fail(GPTOSS_ERR_UNSUPPORTED,
+                    "CUDA router_decode: %u experts / top-%u / hidden %u, supported up to %u / %u / %u (bf16)", E, a.K,
+                    H, kMaxExperts, kMaxK, kNormThreads * kNormPer);
+    const uint32_t warps = a.warps == 0 ? router_decode_warps_default() : a.warps;
+    if (warps != 4 && warps != 8 && warps != 16)
+        return fail(GPTOSS_ERR_INTERNAL, "CUDA router_decode: %u warps per CTA (4, 8 or 16)", warps);
+    const bool cluster = (a.cluster < 0 ? router_decode_cluster_default() : a.cluster != 0) && router_decode_cluster_usable(E);
+    if (!a.logits || (!cluster && !a.counter))
+        return fail(GPTOSS_ERR_INTERNAL, "CUDA router_decode: logits and counter are required");
+    if (warps == 8) return router_decode_launch<8>(a, cluster, stream);
+    if (warps == 16) return router_decode_launch<16>(a, cluster, stream);
+    return router_decode_launch<4>(a, cluster, stream);
 }
 
 // ---- router_batch (kernels.h): the batched step's norm + router + top-K, router_decode's cluster

@@ -153,8 +153,9 @@ constexpr uint32_t kRouterChunks = 48;
 // The cluster's cross-CTA step by default (H200: +1 % tg, bench/NOTES.md "v14 decode").
 constexpr bool kRouterClusterDefault = true;  // GPTOSS_DECODE_ROUTER_CLUSTER=0|1 overrides
 // Warps per CTA of the decode graph's router (RouterDecodeArgs::warps 0); GPTOSS_DECODE_ROUTER_WARPS
-// = 4 | 8 | 16 overrides.
-constexpr uint32_t kRouterWarpsDefault = 4;
+// = 4 | 8 | 16 overrides. 16 (H200, bench/NOTES.md "v36"): each warp's chain is 3 chunks instead of
+// 12 and the norm runs on 512 threads; 20b tg128 +1.3-3.5 %, 120b +3.1 % against 4.
+constexpr uint32_t kRouterWarpsDefault = 16;
 
 // Thread-block cluster barrier halves and a store into another CTA's shared memory (sm_90).
 __device__ __forceinline__ void cluster_arrive_relaxed() {

@@ -21,11 +21,13 @@
 // when they are known (QKV, O, the router row, down), as PDL lets today's kernels do.
 // "persistent, no prefetch": the same with the rings filled after the waits. "persistent, no waits":
 // the waits skipped (wrong values, same bytes): the streaming bound of this structure.
-// "launches": the same phase code as 7 kernels per layer, PDL-chained in a CUDA graph (768 CTAs of
-// 128 threads for the GEMVs; attention 64 CTAs; router and combine one 1 024-thread CTA each).
+// "launches": the same phase code as 7 kernels per layer, PDL-chained in a CUDA graph (NTL_MIN x SMs
+// CTAs of NTL threads for the GEMVs, 6 x 128 by default; attention 64 CTAs; router and combine one
+// 1 024-thread CTA each).
 //
 // Build and run on the GPU machine (not part of the CMake build):
 //   nvcc -arch=sm_90a -O3 -std=c++17 bench/probe-megakernel.cu -o /tmp/probe-mk && /tmp/probe-mk
+// (-DPK_THREADS=1024 -DKJ=4 -DNTL=256 -DNTL_MIN=4: 32 warps per SM in both forms; NOTES v36)
 // Prints, per variant, the median step of 20 (ms), µs per layer and the layer's weight bytes over
 // that time; then the persistent kernel's phase times per layer as CTA 0 saw them (globaltimer).
 #include <cuda_bf16.h>
@@ -473,9 +475,15 @@ __global__ __launch_bounds__(kPk, 1) void persistent_kernel(Args a) {
 
 // ---- the same phases as launches ----------------------------------------------------------------
 
-constexpr uint32_t kNtL = 128;
+#ifndef NTL
+#define NTL 128
+#endif
+#ifndef NTL_MIN
+#define NTL_MIN 6
+#endif
+constexpr uint32_t kNtL = NTL;  // threads per CTA of the launches' GEMV kernels; -DNTL=, -DNTL_MIN= CTAs per SM
 
-__global__ __launch_bounds__(kNtL, 6) void qkv_kernel(Args a, uint32_t l) {
+__global__ __launch_bounds__(kNtL, NTL_MIN) void qkv_kernel(Args a, uint32_t l) {
     __shared__ Smem s;
     const uint32_t tid = threadIdx.x, c = blockIdx.x, G = gridDim.x;
     const uint32_t q0 = part_begin(c, G, kQKV), q1 = part_begin(c + 1, G, kQKV);
@@ -501,7 +509,7 @@ __global__ __launch_bounds__(kNtL) void attn_kernel(Args a) {
     attention_head(a, blockIdx.x, s, threadIdx.x);
 }
 
-__global__ __launch_bounds__(kNtL, 6) void o_kernel(Args a, uint32_t l) {
+__global__ __launch_bounds__(kNtL, NTL_MIN) void o_kernel(Args a, uint32_t l) {
     __shared__ Smem s;
     const uint32_t tid = threadIdx.x, c = blockIdx.x, G = gridDim.x;
     const uint32_t x0 = part_begin(c, G, kH), x1 = part_begin(c + 1, G, kH);
@@ -564,7 +572,7 @@ __global__ __launch_bounds__(1024) void router_kernel(Args a, uint32_t l) {
     }
 }
 
-__global__ __launch_bounds__(kNtL, 6) void gu_kernel(Args a, uint32_t l) {
+__global__ __launch_bounds__(kNtL, NTL_MIN) void gu_kernel(Args a, uint32_t l) {
     __shared__ Smem s;
     const uint32_t tid = threadIdx.x, c = blockIdx.x, G = gridDim.x;
     zero_rowsum(s, tid, kNtL);
@@ -588,7 +596,7 @@ __global__ __launch_bounds__(kNtL, 6) void gu_kernel(Args a, uint32_t l) {
     }
 }
 
-__global__ __launch_bounds__(kNtL, 6) void dn_kernel(Args a, uint32_t l) {
+__global__ __launch_bounds__(kNtL, NTL_MIN) void dn_kernel(Args a, uint32_t l) {
     __shared__ Smem s;
     const uint32_t tid = threadIdx.x, c = blockIdx.x, G = gridDim.x;
     zero_rowsum(s, tid, kNtL);
@@ -763,7 +771,7 @@ int main() {
     };
 
     // The launches' graph: 7 kernels per layer (+ the first combine), PDL-chained.
-    const uint32_t GL = 6 * G;
+    const uint32_t GL = NTL_MIN * G;
     auto enqueue_launches = [&](bool pdl) {
         launch(combine_kernel, 1, 1024, st, false, a, -1);
         for (uint32_t l = 0; l < kLayers; ++l) {

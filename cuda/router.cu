@@ -424,22 +424,9 @@ gptoss_status router_decode_launch(const RouterDecodeArgs& a, bool cluster, cuda
         GPTOSS_LAUNCH((f32_router_decode_kernel<false, false, kWarps>), slabs, 32 * kWarps, 0, stream, a);
         return GPTOSS_OK;
     }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(slabs);
-    cfg.blockDim = dim3(32 * kWarps);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = slabs;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 2;
-    GPTOSS_TRY(cuda_status(cudaLaunchKernelEx(&cfg, f32_router_decode_kernel<true, false, kWarps>, a),
-                           "f32_router_decode_kernel (cluster)", __FILE__, __LINE__));
-    return GPTOSS_OK;
+    return cuda_status(launch_pdl_cluster(f32_router_decode_kernel<true, false, kWarps>, dim3(slabs), dim3(32 * kWarps),
+                                          0, stream, dim3(slabs, 1, 1), a),
+                       "f32_router_decode_kernel (cluster)", __FILE__, __LINE__);
 }
 }  // namespace
 

@@ -12,7 +12,8 @@
 // word, then bf16x2 FMAs), about the instruction count of cuda/gemm_decode.cu's MXFP4 path. Values
 // are random and the results unchecked: this is a timing skeleton, not a kernel.
 //
-// "persistent": one cooperative launch per step, one 512-thread CTA per SM. Every CTA owns fixed row
+// "persistent": one cooperative launch per step, one CTA of PK_THREADS threads per SM (512 by
+// default; every GEMV thread keeps a register ring of KJ 16-byte loads, 8). Every CTA owns fixed row
 // ranges of every weight (and the expert-slot rows of gate_up / down); phases wait on release /
 // acquire counters (QKV done -> attention -> O done -> 32 router logits -> each expert's gate_up
 // rows -> down done -> the next layer's combine). Each CTA computes the combine and the RMSNorm for

@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <type_traits>
 #include <vector>
 
 #define CHECK_CUDA(call)                                                                              \
@@ -484,23 +485,30 @@ __global__ __launch_bounds__(kPk, 1) void persistent_kernel(Args a) {
 #endif
 constexpr uint32_t kNtL = NTL;  // threads per CTA of the launches' GEMV kernels; -DNTL=, -DNTL_MIN= CTAs per SM
 
-__global__ __launch_bounds__(kNtL, NTL_MIN) void qkv_kernel(Args a, uint32_t l) {
+// QKV (kO false: xn in, qkv stored) or O (kO true: attn in, added into the residual x[0]).
+template <bool kO>
+__global__ __launch_bounds__(kNtL, NTL_MIN) void dense_kernel(Args a, uint32_t l) {
+    using U = std::conditional_t<kO, UO, UQ>;
+    constexpr uint32_t kRows = kO ? kH : kQKV, kIn = kO ? kQD : kH;
     __shared__ Smem s;
     const uint32_t tid = threadIdx.x, c = blockIdx.x, G = gridDim.x;
-    const uint32_t q0 = part_begin(c, G, kQKV), q1 = part_begin(c + 1, G, kQKV);
-    const uint4* w = a.qkv_w + size_t(l) * kQkvW;
+    const uint32_t r0 = part_begin(c, G, kRows), r1 = part_begin(c + 1, G, kRows);
+    const uint4* w = kO ? a.o_w + size_t(l) * kOW : a.qkv_w + size_t(l) * kQkvW;
+    const uint4* in = reinterpret_cast<const uint4*>(kO ? a.attn : a.xn);
     zero_rowsum(s, tid, kNtL);
     Ring R;
-    const UQ uq(q0, q1, tid, kNtL);
-    R.fill(w, uq);
+    const U u(r0, r1, tid, kNtL);
+    R.fill(w, u);
     pdl_trigger();
     pdl_wait();
-    for (uint32_t i = tid; i < kH / 8; i += kNtL)
-        reinterpret_cast<uint4*>(s.xs)[i] = reinterpret_cast<const uint4*>(a.xn)[i];
+    for (uint32_t i = tid; i < kIn / 8; i += kNtL) reinterpret_cast<uint4*>(s.xs)[i] = in[i];
     __syncthreads();
-    ring_run<false>(R, w, uq, s.xs, s);
+    ring_run<false>(R, w, u, s.xs, s);
     __syncthreads();
-    for (uint32_t r = q0 + tid; r < q1; r += kNtL) a.qkv[r] = s.rowsum[r - q0];
+    for (uint32_t r = r0 + tid; r < r1; r += kNtL) {
+        if constexpr (kO) a.x[0][r] += s.rowsum[r - r0];
+        else a.qkv[r] = s.rowsum[r - r0];
+    }
 }
 
 __global__ __launch_bounds__(kNtL) void attn_kernel(Args a) {
@@ -508,25 +516,6 @@ __global__ __launch_bounds__(kNtL) void attn_kernel(Args a) {
     pdl_trigger();
     pdl_wait();
     attention_head(a, blockIdx.x, s, threadIdx.x);
-}
-
-__global__ __launch_bounds__(kNtL, NTL_MIN) void o_kernel(Args a, uint32_t l) {
-    __shared__ Smem s;
-    const uint32_t tid = threadIdx.x, c = blockIdx.x, G = gridDim.x;
-    const uint32_t x0 = part_begin(c, G, kH), x1 = part_begin(c + 1, G, kH);
-    const uint4* w = a.o_w + size_t(l) * kOW;
-    zero_rowsum(s, tid, kNtL);
-    Ring R;
-    const UO uo(x0, x1, tid, kNtL);
-    R.fill(w, uo);
-    pdl_trigger();
-    pdl_wait();
-    for (uint32_t i = tid; i < kQD / 8; i += kNtL)
-        reinterpret_cast<uint4*>(s.xs)[i] = reinterpret_cast<const uint4*>(a.attn)[i];
-    __syncthreads();
-    ring_run<false>(R, w, uo, s.xs, s);
-    __syncthreads();
-    for (uint32_t r = x0 + tid; r < x1; r += kNtL) a.x[0][r] += s.rowsum[r - x0];
 }
 
 // RMSNorm + 32 logits (one warp each) + top-4, one CTA of 1 024 threads.
@@ -702,7 +691,7 @@ int main() {
     std::printf("SMs %d, ring depth %d, persistent kernel: %d CTA(s) of %u per SM, %d registers, %zu B static shared, %zu B local\n",
                 sms, kJ, per_sm, kPk, fa.numRegs, fa.sharedSizeBytes, fa.localSizeBytes);
     if (per_sm < 1) return 1;
-    for (auto k : {(const void*)qkv_kernel, (const void*)o_kernel, (const void*)gu_kernel, (const void*)dn_kernel}) {
+    for (auto k : {(const void*)dense_kernel<false>, (const void*)dense_kernel<true>, (const void*)gu_kernel, (const void*)dn_kernel}) {
         CHECK_CUDA(cudaFuncGetAttributes(&fa, k));
         std::printf("  launch kernel: %d registers, %zu B local\n", fa.numRegs, fa.localSizeBytes);
     }
@@ -776,9 +765,9 @@ int main() {
     auto enqueue_launches = [&](bool pdl) {
         launch(combine_kernel, 1, 1024, st, false, a, -1);
         for (uint32_t l = 0; l < kLayers; ++l) {
-            launch(qkv_kernel, GL, kNtL, st, pdl, a, l);
+            launch(dense_kernel<false>, GL, kNtL, st, pdl, a, l);
             launch(attn_kernel, kHeads, kNtL, st, pdl, a);
-            launch(o_kernel, GL, kNtL, st, pdl, a, l);
+            launch(dense_kernel<true>, GL, kNtL, st, pdl, a, l);
             launch(router_kernel, 1, 1024, st, pdl, a, l);
             launch(gu_kernel, GL, kNtL, st, pdl, a, l);
             launch(dn_kernel, GL, kNtL, st, pdl, a, l);

@@ -102,7 +102,7 @@ struct DecodeBatcher::State {
         std::lock_guard<std::mutex> g(r->m);
         if (done) r->done.store(true);
         else r->poked = true;
-        r->cv.notify_one();  // under r->m: the caller cannot return and free r before
+        r->cv.notify_one();  // under r->m: the caller, which frees r on return, waits for r->m
     }
     // Wakes every waiting caller whose request no step has taken (caller holds `mutex`, so
     // none of them can be taken, finished and gone meanwhile).
@@ -119,6 +119,16 @@ static void await(Request* r, const std::chrono::steady_clock::time_point* deadl
     if (deadline != nullptr) r->cv.wait_until(g, *deadline, ready);
     else r->cv.wait(g, ready);
     r->poked = false;
+}
+
+// Sleeps until `r` is done. Always through r->m, even when `done` already reads true: its
+// step's leader sets it inside wake(), still holding r->m and about to call notify_one on r->cv,
+// and r lives in the caller's frame (returning on the bare atomic destroyed r->cv under the
+// leader's notify_one: ThreadSanitizer, test-batch, CI of 2026-12-02).
+template <typename Request>
+static void await_done(Request* r) {
+    std::unique_lock<std::mutex> g(r->m);
+    r->cv.wait(g, [r] { return r->done.load(); });
 }
 
 DecodeBatcher::DecodeBatcher(Backend& backend, uint32_t max_sessions)
@@ -280,7 +290,7 @@ gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens,
         }
     }
     if (lock.owns_lock()) lock.unlock();
-    while (!request.done.load()) await(&request, nullptr);  // taken: woken by its step's leader
+    await_done(&request);  // taken: woken by its step's leader
     if (request.item.status != GPTOSS_OK) return fail(request.item.status, "%s", request.item.error.c_str());
     if (sampled != nullptr && request.item.sampling != nullptr) *sampled = request.item.sampled;
     if (led) clear_error();  // other items' messages recorded on this thread are not ours

@@ -66,6 +66,16 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
     return *reinterpret_cast<uint32_t*>(&r);
 }
 
+// a · (h, h) for the bf16 h in the low (hi = false) or high half of s: ptxas folds the
+// replication into HMUL2's operand selector (.H0_H0 / .H1_H1), where replicating h with
+// __byte_perm first cost one PRMT per scale word and k16 step (same product, same bits).
+__device__ __forceinline__ uint32_t bf16x2_mul_half(uint32_t a, uint32_t s, bool hi) {
+    __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162*>(&a);
+    __nv_bfloat162 y = *reinterpret_cast<__nv_bfloat162*>(&s);
+    __nv_bfloat162 r = __hmul2(x, hi ? __high2bfloat162(y) : __low2bfloat162(y));
+    return *reinterpret_cast<uint32_t*>(&r);
+}
+
 // Where this lane's weight chunks of fragment slab `slab` start (repack.cu's layout: 16 bytes per
 // lane per 64-k chunk), for `expert` (0 when dense); MXFP4 also its scale words (8 bytes per
 // lane group g = lane / 4 per chunk), else *sp = nullptr.
@@ -145,13 +155,12 @@ template <bool kFp4>
 __device__ __forceinline__ void fragment(const Chunk& ch, int j, uint32_t (&a)[4]) {
     if constexpr (kFp4) {
         const uint32_t word = j == 0 ? ch.v[0].x : j == 1 ? ch.v[0].y : j == 2 ? ch.v[0].z : ch.v[0].w;
-        // The bf16 scale of rows g / g + 8 in both halves (one prmt each).
-        const uint32_t scale_g = __byte_perm(ch.v[1].x, 0, j < 2 ? 0x1010 : 0x3232);
-        const uint32_t scale_g8 = __byte_perm(ch.v[1].y, 0, j < 2 ? 0x1010 : 0x3232);
+        // The bf16 scales of rows g / g + 8: the low halves of v[1].x / .y for sub-tiles 0, 1
+        // (the chunk's first 32-k block), the high halves for 2, 3.
         uint32_t bits[4];
         e2m1_pairs_bf16(word, bits);
 #pragma unroll
-        for (int p = 0; p < 4; ++p) a[p] = bf16x2_mul(bits[p], (p & 1) ? scale_g8 : scale_g);
+        for (int p = 0; p < 4; ++p) a[p] = bf16x2_mul_half(bits[p], (p & 1) ? ch.v[1].y : ch.v[1].x, j >= 2);
     } else {
         const uint4 v = ch.v[j];
         a[0] = v.x; a[1] = v.y; a[2] = v.z; a[3] = v.w;

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""tools/sass-count.py - instruction counts of CUDA kernels from their SASS, without a GPU.
+
+Reads cubins written by `nvcc -arch=sm_90a -cubin` through cuobjdump (tools/fetch-sass-tools.sh
+fetches one for the build machine). Two uses:
+
+  sass-count.py OLD.cubin NEW.cubin        per kernel whose SASS differs: static instruction
+                                           count, PRMT and local-memory (spill) instructions,
+                                           old -> new
+  sass-count.py --loops REGEX FILE.cubin   per backward-branch loop holding HMMA/HGMMA in the
+                                           kernels whose mangled name matches REGEX: its size and
+                                           its straight path (from the loop head to the first
+                                           unconditional branch or the back edge), the path a
+                                           steady state runs; instructions per mma chunk follow
+                                           by dividing by the HMMA count per chunk
+
+Static counts, not executed ones: a loop's straight path times its trip count is what a warp
+issues there. bench/NOTES.md "v37" used it on moe_batch_kernel.
+"""
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+
+INSTR = re.compile(r"\s+/\*([0-9a-f]{4,6})\*/\s+(.*?)\s*;")
+OPCODE = re.compile(r"(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
+
+
+def cuobjdump():
+    here = os.path.dirname(os.path.abspath(__file__))
+    for cand in (os.environ.get("CUOBJDUMP"), os.path.join(here, "..", ".sass-tools", "usr", "bin", "cuobjdump"),
+                 "cuobjdump"):
+        if cand and (os.path.sep not in cand or os.path.exists(cand)):
+            return cand
+    return "cuobjdump"
+
+
+def kernels(cubin):
+    """{mangled name: [(address, instruction text)]} of every function in `cubin`."""
+    try:
+        out = subprocess.run([cuobjdump(), "-sass", cubin], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        sys.exit(f"sass-count: cuobjdump -sass {cubin} failed ({e}); run tools/fetch-sass-tools.sh or set CUOBJDUMP")
+    res, name = {}, None
+    for line in out.splitlines():
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            name = m.group(1)
+            res[name] = []
+            continue
+        m = INSTR.match(line)
+        if m and name is not None:
+            res[name].append((int(m.group(1), 16), m.group(2)))
+    return res
+
+
+def demangle(name):
+    try:
+        d = subprocess.run(["c++filt"], input=name, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return name
+    return re.sub(r"gptoss::cuda::|\(anonymous namespace\)::|gemm_detail::|\(.*\)$", "", d)
+
+
+def opcodes(instrs):
+    c = collections.Counter()
+    for _, text in instrs:
+        m = OPCODE.match(text)
+        if m:
+            c[m.group(1)] += 1
+    return c
+
+
+def compare(old, new):
+    a, b = kernels(old), kernels(new)
+    for name in a:
+        if name not in b:
+            continue
+        ca, cb = opcodes(a[name]), opcodes(b[name])
+        if ca == cb:
+            continue
+        na, nb = len(a[name]), len(b[name])
+        spill = lambda c: c["LDL"] + c["STL"]
+        print(f"{demangle(name)[:80]:80s} {na:6d} -> {nb:6d} ({nb - na:+d})  PRMT {ca['PRMT']} -> {cb['PRMT']}"
+              f"  LDL/STL {spill(ca)} -> {spill(cb)}")
+
+
+def loops(pattern, cubin):
+    for name, instrs in kernels(cubin).items():
+        if not re.search(pattern, name):
+            continue
+        print(demangle(name))
+        index = {addr: i for i, (addr, _) in enumerate(instrs)}
+        for i, (addr, text) in enumerate(instrs):
+            m = re.search(r"\bBRA (0x[0-9a-f]+)", text)
+            if not m or int(m.group(1), 16) >= addr or int(m.group(1), 16) not in index:
+                continue
+            body = instrs[index[int(m.group(1), 16)]:i + 1]
+            mma = lambda part: sum(("HMMA" in t) or ("HGMMA" in t) for _, t in part)
+            if mma(body) == 0:
+                continue
+            path = []
+            for a2, t2 in body:
+                path.append((a2, t2))
+                if re.match(r"BRA ", t2):
+                    break
+            spills = sum(("LDL" in t) or ("STL" in t) for _, t in path)
+            print(f"  loop {body[0][0]:#x}-{addr:#x}: {len(body)} instructions, {mma(body)} mma; straight path "
+                  f"{len(path)} instructions, {mma(path)} mma, {spills} LDL/STL")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--loops", metavar="REGEX", help="list the mma loops of the kernels matching REGEX")
+    p.add_argument("cubins", nargs="+")
+    args = p.parse_args()
+    if args.loops:
+        if len(args.cubins) != 1:
+            p.error("--loops takes one cubin")
+        loops(args.loops, args.cubins[0])
+    else:
+        if len(args.cubins) != 2:
+            p.error("give OLD.cubin NEW.cubin")
+        compare(*args.cubins)
+
+
+if __name__ == "__main__":
+    main()

@@ -586,63 +586,10 @@ __global__ __launch_bounds__(kSelThreads) void f32_sample_select_kernel(
     __syncthreads();
     if (tid == 0) cta_last[blockIdx.x] = sm.last;
     grid.sync();
-    if (tid < 32) {
-        const uint32_t G = gridDim.x, per = (G + 31) / 32;  // <= 8 (G <= kMaxSelCtas)
-        double s[8], x[8];
-        double run = 0.0;
-        for (uint32_t i = 0; i < 8; ++i) {
-            const uint32_t c = lane * per + i;
-            s[i] = i < per && c < G ? __ldcg(&cta_sum[c]) : 0.0;
-            x[i] = run;  // in-lane exclusive
-            run = run + s[i];
-        }
-        double incl = run;
-        for (int o = 1; o < 32; o <<= 1) {
-            const double y = __shfl_up_sync(0xffffffffu, incl, o);
-            if (int(lane) >= o) incl = y + incl;
-        }
-        double lane_base = __shfl_up_sync(0xffffffffu, incl, 1);
-        if (lane == 0) lane_base = 0.0;
-        // E_{G-1} = X_{G-1} + s_{G-1}: the lane holding c = G−1 computes it.
-        double total_w = 0.0;
-        int hit = -1;
-        double hit_base = 0.0;
-        for (uint32_t i = 0; i < 8; ++i) {
-            const uint32_t c = lane * per + i;
-            if (i < per && c == G - 1) total_w = (lane_base + x[i]) + s[i];
-        }
-        const uint32_t last_lane = (G - 1) / per;
-        total_w = __shfl_sync(0xffffffffu, total_w, int(last_lane));
-        const double target = u * total_w;
-        for (uint32_t i = 0; i < 8; ++i) {
-            const uint32_t c = lane * per + i;
-            if (hit < 0 && i < per && c < G) {
-                const double X = lane_base + x[i];
-                if (X + s[i] > target) {
-                    hit = int(c);
-                    hit_base = X;
-                }
-            }
-        }
-        const unsigned int ballot = __ballot_sync(0xffffffffu, hit >= 0);
-        if (lane == 0) sm.owner = -1;
-        if (ballot) {
-            const int src = __ffs(ballot) - 1;
-            const int owner = __shfl_sync(0xffffffffu, hit, src);
-            const double base = __shfl_sync(0xffffffffu, hit_base, src);
-            if (lane == 0) {
-                sm.owner = owner;
-                sm.owner_base = base;
-            }
-        }
-        // The last candidate of the whole vocabulary (the fallback).
-        int gl = -1;
-        for (uint32_t c = lane; c < G; c += 32) gl = max(gl, __ldcg(&cta_last[c]));
-        for (int o = 16; o > 0; o >>= 1) gl = max(gl, __shfl_xor_sync(0xffffffffu, gl, o));
-        if (lane == 0) sm.last = gl;
-        const double target_b = target;
-        if (lane == 0) sm.warp[0] = target_b;
-    }
+    if (tid < 32)  // the owner tile, and the last candidate of the whole vocabulary (the fallback)
+        pick_tile(
+            gridDim.x, u, [&](uint32_t c) { return __ldcg(&cta_sum[c]); },
+            [&](uint32_t c) { return __ldcg(&cta_last[c]); }, &sm.owner, &sm.owner_base, &sm.last, &sm.warp[0]);
     __syncthreads();
     const int owner = sm.owner;
     const double target = sm.warp[0];

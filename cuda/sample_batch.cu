@@ -314,7 +314,7 @@ __global__ __launch_bounds__(kSelThreads) void f32_sample_rows_walk_kernel(const
     if (tid == 0) tile_last[size_t(row_i) * kMaxSelCtas + c] = tile_last_id;
 }
 
-// Kernel 3 of 3, one CTA per row: sample.cu's one-warp scan of the tile sums (verbatim), then
+// Kernel 3 of 3, one CTA per row: the one-warp pick of the tile sums (pick_tile, as sample.cu), then
 // the owner tile's first candidate whose prefix exceeds u · total.
 __global__ __launch_bounds__(kSelThreads) void f32_sample_rows_pick_kernel(const float* __restrict__ logits,
                                                                            uint32_t V, size_t ld,
@@ -324,69 +324,17 @@ __global__ __launch_bounds__(kSelThreads) void f32_sample_rows_pick_kernel(const
                                                                            const int* __restrict__ tile_last,
                                                                            int32_t* __restrict__ tokens) {
     __shared__ RowSmem sm;
-    const uint32_t row_i = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+    const uint32_t row_i = blockIdx.x, tid = threadIdx.x;
     const SampleRow row = rows[row_i];
     if (row.mode != SampleRow::kSample) return;
     const RowState st = state[row_i];
     const double* sums = tile_sum + size_t(row_i) * kMaxSelCtas;
     const int* lasts = tile_last + size_t(row_i) * kMaxSelCtas;
     const uint32_t G = n_tiles(V);
-    if (tid < 32) {
-        const uint32_t per = (G + 31) / 32;
-        double s[8], x[8];
-        double run = 0.0;
-        for (uint32_t i = 0; i < 8; ++i) {
-            const uint32_t c = lane * per + i;
-            s[i] = i < per && c < G ? sums[c] : 0.0;
-            x[i] = run;
-            run = run + s[i];
-        }
-        double incl = run;
-        for (int o = 1; o < 32; o <<= 1) {
-            const double y = __shfl_up_sync(0xffffffffu, incl, o);
-            if (int(lane) >= o) incl = y + incl;
-        }
-        double lane_base = __shfl_up_sync(0xffffffffu, incl, 1);
-        if (lane == 0) lane_base = 0.0;
-        double total_w = 0.0;
-        int hit = -1;
-        double hit_base = 0.0;
-        for (uint32_t i = 0; i < 8; ++i) {
-            const uint32_t c = lane * per + i;
-            if (i < per && c == G - 1) total_w = (lane_base + x[i]) + s[i];
-        }
-        const uint32_t last_lane = (G - 1) / per;
-        total_w = __shfl_sync(0xffffffffu, total_w, int(last_lane));
-        const double target = row.u * total_w;
-        for (uint32_t i = 0; i < 8; ++i) {
-            const uint32_t c = lane * per + i;
-            if (hit < 0 && i < per && c < G) {
-                const double X = lane_base + x[i];
-                if (X + s[i] > target) {
-                    hit = int(c);
-                    hit_base = X;
-                }
-            }
-        }
-        const unsigned int ballot = __ballot_sync(0xffffffffu, hit >= 0);
-        if (lane == 0) sm.owner = -1;
-        if (ballot) {
-            const int src = __ffs(ballot) - 1;
-            const int owner = __shfl_sync(0xffffffffu, hit, src);
-            const double base = __shfl_sync(0xffffffffu, hit_base, src);
-            if (lane == 0) {
-                sm.owner = owner;
-                sm.owner_base = base;
-            }
-        }
-        int gl = -1;
-        for (uint32_t c = lane; c < G; c += 32) gl = max(gl, lasts[c]);
-        for (int o = 16; o > 0; o >>= 1) gl = max(gl, __shfl_xor_sync(0xffffffffu, gl, o));
-        if (lane == 0) {
-            sm.last = gl;
-            sm.target = target;
-        }
-    }
+    if (tid < 32)
+        pick_tile(
+            G, row.u, [&](uint32_t c) { return sums[c]; }, [&](uint32_t c) { return lasts[c]; }, &sm.owner,
+            &sm.owner_base, &sm.last, &sm.target);
     __syncthreads();
     const int owner = sm.owner;
     if (owner < 0) {

@@ -1,7 +1,7 @@
 // cuda/sample_select.cuh - the device arithmetic the GPU samplers share (cuda/sample.cu's
 // cooperative one-row sampler and cuda/sample_batch.cu's one-CTA-per-row sampler): orderable
-// logit bits and argmax keys, exact fixed-point masses (limbs of p·2^92) and the CTA tile scan
-// in id order. Both samplers must make the same decisions bit for bit (same token for the same
+// logit bits and argmax keys, exact fixed-point masses (limbs of p·2^92), the CTA tile scan
+// in id order and the one-warp pick of the tile that holds the sample. Both samplers must make the same decisions bit for bit (same token for the same
 // logits, config and u), so everything that decides a token lives here once.
 #pragma once
 
@@ -91,6 +91,73 @@ __device__ __forceinline__ double tile_scan(double (&v)[kSelItems], double* warp
     base += excl;
     for (int k = 0; k < kSelItems; ++k) v[k] = base + v[k];
     return base;
+}
+
+// The one-warp pick of the tile holding u · total (call from warp 0, every lane): G <= 8 · 32
+// tiles, lane l holding tiles l·per .. l·per + per − 1 (per = ceil(G / 32) <= 8) with sum_at(c),
+// the tile's weight sum (double), and last_at(c), its last candidate id (int, −1: none). In-lane
+// exclusive prefixes, a Kogge-Stone scan of the lane totals, total = E_{G−1} + s_{G−1} from the lane
+// holding tile G − 1, target = u · total; the owner is the first tile with E_c + s_c > target. Lane 0
+// writes *owner (−1: none), *owner_base (E_owner; only with an owner), *last (the largest last
+// candidate, −1: none) and *target, in that order. cuda/sample.cu's cooperative sampler and
+// cuda/sample_batch.cu's pick both call it, so they pick the same tile.
+template <typename SumAt, typename LastAt>
+__device__ __forceinline__ void pick_tile(uint32_t G, double u, const SumAt& sum_at, const LastAt& last_at,
+                                          int* owner, double* owner_base, int* last, double* target) {
+    const uint32_t lane = threadIdx.x & 31, per = (G + 31) / 32;
+    double s[8], x[8];
+    double run = 0.0;
+    for (uint32_t i = 0; i < 8; ++i) {
+        const uint32_t c = lane * per + i;
+        s[i] = i < per && c < G ? sum_at(c) : 0.0;
+        x[i] = run;  // in-lane exclusive
+        run = run + s[i];
+    }
+    double incl = run;
+    for (int o = 1; o < 32; o <<= 1) {
+        const double y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (int(lane) >= o) incl = y + incl;
+    }
+    double lane_base = __shfl_up_sync(0xffffffffu, incl, 1);
+    if (lane == 0) lane_base = 0.0;
+    double total_w = 0.0;
+    int hit = -1;
+    double hit_base = 0.0;
+    for (uint32_t i = 0; i < 8; ++i) {
+        const uint32_t c = lane * per + i;
+        if (i < per && c == G - 1) total_w = (lane_base + x[i]) + s[i];
+    }
+    const uint32_t last_lane = (G - 1) / per;
+    total_w = __shfl_sync(0xffffffffu, total_w, int(last_lane));
+    const double t = u * total_w;
+    for (uint32_t i = 0; i < 8; ++i) {
+        const uint32_t c = lane * per + i;
+        if (hit < 0 && i < per && c < G) {
+            const double X = lane_base + x[i];
+            if (X + s[i] > t) {
+                hit = int(c);
+                hit_base = X;
+            }
+        }
+    }
+    const unsigned int ballot = __ballot_sync(0xffffffffu, hit >= 0);
+    if (lane == 0) *owner = -1;
+    if (ballot) {
+        const int src = __ffs(ballot) - 1;
+        const int o = __shfl_sync(0xffffffffu, hit, src);
+        const double base = __shfl_sync(0xffffffffu, hit_base, src);
+        if (lane == 0) {
+            *owner = o;
+            *owner_base = base;
+        }
+    }
+    int gl = -1;
+    for (uint32_t c = lane; c < G; c += 32) gl = max(gl, last_at(c));
+    for (int o = 16; o > 0; o >>= 1) gl = max(gl, __shfl_xor_sync(0xffffffffu, gl, o));
+    if (lane == 0) {
+        *last = gl;
+        *target = t;
+    }
 }
 
 }  // namespace sample_detail

@@ -14,6 +14,7 @@ OUT="${OUT:-/tmp/device-ab-out}"
 mkdir -p "$OUT"
 . tools/device-lib.sh
 export DEPS TOK
+echo "== tree $(dev_tree_hash) (tools/device-lib.sh dev_tree_hash), base $(cd "$BASE_DIR" && dev_tree_hash)"
 targets=(gptoss-bench gptoss-synth)
 (cd "$BASE_DIR" && dev_build build-ab "$OUT/build-base.log" "${targets[@]}") &
 dev_build build-gpu "$OUT/build-new.log"; rc=$?; wait

@@ -14,3 +14,12 @@ dev_build() {
     ${TOK:+-DGPTOSS_TOKENIZER_DIR=$TOK} > "$log" 2>&1 \
     && cmake --build "$dir" -j16 "${targets[@]}" >> "$log" 2>&1
 }
+
+# dev_tree_hash prints 12 hex digits of a hash over the sources as they are on disk (cuda, cpu,
+# tokenizer, tools, tests, the top-level C++ and build files): the device copy's git metadata can
+# name an older commit than the files it carries (bench/NOTES.md "v36"), so a call identifies its
+# tree by this; the same command on the build machine gives the same digits for the same files.
+dev_tree_hash() {
+  find cuda cpu tokenizer tools tests CMakeLists.txt Makefile ./*.cpp ./*.h -type f \
+      -not -path '*/corpus/*' -print0 2>/dev/null | LC_ALL=C sort -z | xargs -0 cat | sha1sum | cut -c1-12
+}

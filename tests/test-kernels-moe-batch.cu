@@ -6,14 +6,17 @@
 // activations for down); (b) batch invariance: every pair's output rows at n tokens == the same
 // pair's at n = 64, bit for bit, on grids of auto / 1 / 7 CTAs (a static schedule: one CTA runs
 // every item) and at every ring depth; and gemm()'s own tile widths (8 and 16 pairs) against each
-// other, bit for bit. H = 576 (36 slabs of down, not a multiple of the grid). Bad arguments fail
+// other, bit for bit. H = 1600 (100 slabs of down, not a multiple of the 7-CTA grid). Bad arguments fail
 // with messages naming them. Without a CUDA device the tests are skipped (exit 77).
 #include "cuda/moe_decode_batch.h"
 #include "tests/kernel-test-util.cuh"
 
 namespace {
 
-constexpr uint32_t kE = 8, kK = 4, kH = 576, kI = 320, kMaxN = 64;
+// H = 1600: gate_up's 25 chunks of 64 k put whole rounds of every ring depth (4, 6, 8, 12) in the
+// chain's steady state (rounds whose successors all lie in the slab: no bound tests) and the rest in
+// its tested drain; down (K = I = 320, 5 chunks) runs the drain alone.
+constexpr uint32_t kE = 8, kK = 4, kH = 1600, kI = 320, kMaxN = 64;
 constexpr float kLimit = 7.0f;
 
 std::vector<uint8_t> scales(Rand& r, size_t n, int lo, int span) {

@@ -29,12 +29,9 @@ OPCODE = re.compile(r"(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
 
 
 def cuobjdump():
-    here = os.path.dirname(os.path.abspath(__file__))
-    for cand in (os.environ.get("CUOBJDUMP"), os.path.join(here, "..", ".sass-tools", "usr", "bin", "cuobjdump"),
-                 "cuobjdump"):
-        if cand and (os.path.sep not in cand or os.path.exists(cand)):
-            return cand
-    return "cuobjdump"
+    """$CUOBJDUMP, else tools/fetch-sass-tools.sh's copy in .sass-tools/, else the one on PATH."""
+    local = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".sass-tools", "usr", "bin", "cuobjdump")
+    return os.environ.get("CUOBJDUMP") or (local if os.path.exists(local) else "cuobjdump")
 
 
 def kernels(cubin):

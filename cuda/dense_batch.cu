@@ -362,6 +362,22 @@ int tma_mode() {
     return g_tma >= 0 ? g_tma : env;
 }
 
+// Pipeline stages of a plan (the same bits at any depth: a warp's chunk order does not depend on
+// it): 4 for one slab per warp (QKV, O), 3 for two (lm_head: 25 KB per stage, so 3 CTAs per SM
+// instead of 2). H200, 20b, ms per 64-token step (bench/NOTES.md "v38"): lm_head 0.394 at 4 stages,
+// 0.323 at 3; QKV / O 0.48 / 0.48 at 4, 0.53 / 0.55 at 3. GPTOSS_DECODE_BATCH_DENSE_STAGES = 2, 3
+// or 4 forces a depth for every plan (tuning); fewer where the device's shared memory is short.
+int g_stages = 0;  // set_dense_batch_stages
+template <int kWarps, int SPW>
+int stages(bool tma, const DeviceProps& dp) {
+    static const int env = env_choice("GPTOSS_DECODE_BATCH_DENSE_STAGES", {2, 3, 4}, 0);
+    int s = g_stages != 0 ? g_stages : env != 0 ? env : SPW == 2 ? 3 : 4;
+    const auto fits = [&](size_t bytes) { return bytes <= size_t(dp.max_smem_optin); };
+    if (s == 4 && !fits(tma ? smem_bytes<kWarps, SPW, 4, true>(kCols) : smem_bytes<kWarps, SPW, 4, false>(kCols))) s = 3;
+    if (s == 3 && !fits(tma ? smem_bytes<kWarps, SPW, 3, true>(kCols) : smem_bytes<kWarps, SPW, 3, false>(kCols))) s = 2;
+    return s;
+}
+
 template <int kWarps, int SPW>
 gptoss_status launch(DenseArgs& a, dim3 grid, cudaStream_t stream) {
     DeviceProps dp;
@@ -369,13 +385,14 @@ gptoss_status launch(DenseArgs& a, dim3 grid, cudaStream_t stream) {
     const int mode = tma_mode();
     a.rows_box = rows_box(a.n, a.cols);
     const bool tma = (mode == 2 || (mode == 1 && SPW == 1)) && encode_rows_map(&a.rows, a.x, a.n, a.K, a.rows_box);
-    // Four stages where they fit (sm_86/89/120 give a CTA ~99 KB), else three: the same bits.
-    const size_t four = tma ? smem_bytes<kWarps, SPW, 4, true>(kCols) : smem_bytes<kWarps, SPW, 4, false>(kCols);
-    if (four <= size_t(dp.max_smem_optin))
-        return tma ? launch_kernel<kWarps, SPW, 4, true>(a, grid, dp.dev, stream)
-                   : launch_kernel<kWarps, SPW, 4, false>(a, grid, dp.dev, stream);
-    return tma ? launch_kernel<kWarps, SPW, 3, true>(a, grid, dp.dev, stream)
-               : launch_kernel<kWarps, SPW, 3, false>(a, grid, dp.dev, stream);
+    switch (stages<kWarps, SPW>(tma, dp)) {
+    case 4: return tma ? launch_kernel<kWarps, SPW, 4, true>(a, grid, dp.dev, stream)
+                       : launch_kernel<kWarps, SPW, 4, false>(a, grid, dp.dev, stream);
+    case 3: return tma ? launch_kernel<kWarps, SPW, 3, true>(a, grid, dp.dev, stream)
+                       : launch_kernel<kWarps, SPW, 3, false>(a, grid, dp.dev, stream);
+    default: return tma ? launch_kernel<kWarps, SPW, 2, true>(a, grid, dp.dev, stream)
+                        : launch_kernel<kWarps, SPW, 2, false>(a, grid, dp.dev, stream);
+    }
 }
 
 }  // namespace
@@ -438,6 +455,8 @@ bool dense_batch_use(uint32_t which, uint32_t n) {
                                 : which == kDenseLmHead ? kDenseBatchMinTokensLmHead : kDenseBatchMinTokens;
     return (mask & which) && n >= min_tokens && dense_batch_supported();
 }
+
+void set_dense_batch_stages(int stages) { g_stages = stages >= 2 && stages <= 4 ? stages : 0; }
 
 void set_dense_batch_tma(int mode) { g_tma = mode >= 0 && mode <= 2 ? mode : -1; }
 

@@ -74,5 +74,10 @@ void set_dense_batch_shape(uint32_t warps, uint32_t spw, uint32_t cols = 0);
 // batched step runs.
 void set_dense_batch_tma(int mode);
 
+// Tests and tuning: pipeline stages per CTA, 2, 3 or 4 (0 = the plan's default: 4 for one slab per
+// warp, 3 for two; GPTOSS_DECODE_BATCH_DENSE_STAGES), fewer where the device's shared memory is
+// short. The bits do not depend on it. Set it only while no batched step runs.
+void set_dense_batch_stages(int stages);
+
 }  // namespace cuda
 }  // namespace gptoss

@@ -383,53 +383,23 @@ struct SelectItems {
     bool valid[kSelItems];
 };
 
-// Radix select over the keys >= floor_key (all CTAs call it; every CTA reaches the same K).
-// by_mass: K = the first key whose cumulative mass (keys >= it) reaches thr, where
-// thr = top_p · total, and *total is the first pass's aggregate when !have_total; else K = the
-// k-th key (cumulative count >= k). with_mass: also accumulate the masses (for the total of a
-// later top_p). On return *above = the count/mass of the keys > K and *bin = K's own.
+// Radix select over the keys >= floor_key (all CTAs call it; every CTA reaches the same K):
+// sample_select.cuh's radix_select_core over this thread's items, each pass's CTA histogram added
+// into the global one (`bins`, three rotating so that pass q zeroes pass q + 1's while nobody reads
+// it) before a grid sync. Arguments and results as radix_select_core's.
 __device__ __forceinline__ unsigned long long radix_select(const SelectItems& it, uint32_t nbits, unsigned long long floor_key,
                                            bool by_mass, bool with_mass, unsigned long long k, double top_p,
                                            bool have_total, Mass* total, Mass* above_out, Mass* bin_out,
                                            SelectBins* bins, int* pass, SelectSmem& sm, cg::grid_group& grid) {
     const uint32_t tid = threadIdx.x;
-    if (tid == 0) {
-        sm.prefix = 0;
-        sm.above = Mass{0, 0, 0, 0};
-        sm.done = 0;
-    }
-    double thr = have_total ? top_p * mass_value(*total) : 0.0;
-    uint32_t prev_shift = nbits;
-    for (;;) {
-        const uint32_t bits = min(uint32_t(kRadixBits), prev_shift);
-        const uint32_t shift = prev_shift - bits;
-        const uint32_t nbins = 1u << bits;
-        SelectBins* g = bins + (*pass % 3);
+    SelectBins* g = bins;
+    const auto visit = [&](const auto& add) {
+        for (int j = 0; j < kSelItems; ++j)
+            if (it.valid[j]) add(it.key[j], [&] { return it.p[j]; });
+    };
+    const auto publish = [&](uint32_t nbins) {
+        g = bins + (*pass % 3);
         SelectBins* next = bins + ((*pass + 1) % 3);
-        for (uint32_t b = tid; b < nbins; b += kSelThreads) {
-            sm.c[b] = 0;
-            sm.m[0][b] = sm.m[1][b] = sm.m[2][b] = 0;
-            sm.key[b] = 0;
-        }
-        if (tid == 0) sm.pos = INT_MAX;
-        __syncthreads();
-        const unsigned long long prefix = sm.prefix;
-        const Mass above = sm.above;
-        for (int j = 0; j < kSelItems; ++j) {
-            const unsigned long long key = it.key[j];
-            // prev_shift <= 63: (key >> nbits) == 0 == (prefix >> nbits) on the first pass.
-            if (!it.valid[j] || key < floor_key || (key >> prev_shift) != (prefix >> prev_shift)) continue;
-            const uint32_t d = uint32_t(key >> shift) & (nbins - 1);
-            atomicAdd(&sm.c[d], 1u);
-            if (with_mass) {
-                unsigned long long m[3];
-                mass_limbs(it.p[j], m);
-                for (int l = 0; l < 3; ++l)
-                    if (m[l]) atomicAdd(&sm.m[l][d], m[l]);
-            }
-            atomicMax(&sm.key[d], key);
-        }
-        __syncthreads();
         for (uint32_t b = blockIdx.x * kSelThreads + tid; b < kBins; b += gridDim.x * kSelThreads)
             next->c[b] = next->m0[b] = next->m1[b] = next->m2[b] = next->key[b] = 0;
         for (uint32_t b = tid; b < nbins; b += kSelThreads) {
@@ -444,61 +414,12 @@ __device__ __forceinline__ unsigned long long radix_select(const SelectItems& it
         }
         grid.sync();
         ++*pass;
-        // Cumulative count/mass from the highest digit down: position q holds digit nbins−1−q.
-        Mass raw[2], cum[2];
-        for (int j = 0; j < 2; ++j) {
-            const uint32_t q = 2 * tid + j;
-            raw[j] = Mass{0, 0, 0, 0};
-            if (q < nbins) {
-                const uint32_t d = nbins - 1 - q;
-                raw[j] = Mass{__ldcg(&g->c[d]), __ldcg(&g->m0[d]), __ldcg(&g->m1[d]), __ldcg(&g->m2[d])};
-            }
-        }
-        Mass aggregate;
-        cub::BlockScan<Mass, kSelThreads, cub::BLOCK_SCAN_WARP_SCANS>(sm.scan).InclusiveScan(raw, cum, MassSum(),
-                                                                                             aggregate);
-        if (by_mass && !have_total) {  // first pass of a top_p without top_k: every key counts
-            *total = aggregate;
-            thr = top_p * mass_value(aggregate);
-            have_total = true;
-        }
-        for (int j = 0; j < 2; ++j) {
-            const uint32_t q = 2 * tid + j;
-            if (q >= nbins) continue;
-            const Mass s = MassSum()(above, cum[j]);
-            // By mass, also a key of this pass at or above q (thr may be 0: top_p <= 0 keeps one).
-            const bool crossed = by_mass ? cum[j].c > 0 && mass_value(s) >= thr : s.c >= k;
-            if (crossed) atomicMin(&sm.pos, int(q));
-        }
-        __syncthreads();
-        // Unreachable guard (the last position's sum is the previous pass's crossing one): the
-        // lowest digit, so that the loop still ends.
-        const int pos = sm.pos == INT_MAX ? int(nbins - 1) : sm.pos;
-        if (uint32_t(pos) / 2 == tid) {
-            const bool odd = pos % 2;  // selects without a dynamic index (no local memory)
-            const uint32_t d = nbins - 1 - uint32_t(pos);
-            const Mass r = odd ? raw[1] : raw[0];
-            const Mass cu = odd ? cum[1] : cum[0];
-            sm.above = Mass{above.c + cu.c - r.c, above.m0 + cu.m0 - r.m0, above.m1 + cu.m1 - r.m1,
-                            above.m2 + cu.m2 - r.m2};
-            sm.bin = r;
-            sm.prefix = prefix | ((unsigned long long)d << shift);
-            if (r.c == 1 || shift == 0) {
-                sm.done = 1;
-                sm.result = r.c == 1 ? __ldcg(&g->key[d]) : sm.prefix;
-            }
-        }
-        __syncthreads();
-        if (sm.done) break;
-        prev_shift = shift;
-    }
-    const unsigned long long result = sm.result;
-    *above_out = sm.above;
-    *bin_out = sm.bin;
-    __syncthreads();  // before a next select resets the state
-    return result;
+    };
+    const auto bin_at = [&](uint32_t d) { return Mass{__ldcg(&g->c[d]), __ldcg(&g->m0[d]), __ldcg(&g->m1[d]), __ldcg(&g->m2[d])}; };
+    const auto key_at = [&](uint32_t d) { return __ldcg(&g->key[d]); };
+    return radix_select_core(sm, nbits, floor_key, by_mass, with_mass, k, top_p, have_total, total, above_out, bin_out,
+                             visit, publish, bin_at, key_at);
 }
-
 
 // Launch: ceil(V / kSelTile) CTAs of kSelThreads, cooperatively (all resident). Pipeline:
 // max logit (per-CTA max → grid sync → every CTA reduces them), p in registers, top_k select,

@@ -99,95 +99,19 @@ template <typename F> __device__ __forceinline__ void for_row(const RowView& r, 
     }
 }
 
-// sample.cu's radix_select over a shared histogram of the whole row (same arguments and result;
-// every thread of the CTA calls it).
+// sample_select.cuh's radix_select_core over a shared histogram of the whole row (the
+// arguments and result of sample.cu's radix_select; every thread of the CTA calls it).
 __device__ unsigned long long row_select(const RowView& r, uint32_t nbits, unsigned long long floor_key, bool by_mass,
                                          bool with_mass, unsigned long long k, double top_p, bool have_total,
                                          Mass* total, Mass* above_out, Mass* bin_out, RowSmem& sm) {
-    const uint32_t tid = threadIdx.x;
-    if (tid == 0) {
-        sm.prefix = 0;
-        sm.above = Mass{0, 0, 0, 0};
-        sm.done = 0;
-    }
-    double thr = have_total ? top_p * mass_value(*total) : 0.0;
-    uint32_t prev_shift = nbits;
-    for (;;) {
-        const uint32_t bits = min(uint32_t(kRadixBits), prev_shift);
-        const uint32_t shift = prev_shift - bits;
-        const uint32_t nbins = 1u << bits;
-        for (uint32_t b = tid; b < nbins; b += kSelThreads) {
-            sm.c[b] = 0;
-            sm.m[0][b] = sm.m[1][b] = sm.m[2][b] = 0;
-            sm.key[b] = 0;
-        }
-        if (tid == 0) sm.pos = INT_MAX;
-        __syncthreads();
-        const unsigned long long prefix = sm.prefix;
-        const Mass above = sm.above;
-        for_row(r, [&](uint32_t id, float v) {
-            const unsigned long long key = r.key(id, v);
-            if (key < floor_key || (key >> prev_shift) != (prefix >> prev_shift)) return;
-            const uint32_t d = uint32_t(key >> shift) & (nbins - 1);
-            atomicAdd(&sm.c[d], 1u);
-            if (with_mass) {
-                unsigned long long m[3];
-                mass_limbs(r.p(v), m);
-                for (int l = 0; l < 3; ++l)
-                    if (m[l]) atomicAdd(&sm.m[l][d], m[l]);
-            }
-            atomicMax(&sm.key[d], key);
-        });
-        __syncthreads();
-        Mass raw[2], cum[2];
-        for (int j = 0; j < 2; ++j) {
-            const uint32_t q = 2 * tid + j;
-            raw[j] = Mass{0, 0, 0, 0};
-            if (q < nbins) {
-                const uint32_t d = nbins - 1 - q;
-                raw[j] = Mass{sm.c[d], sm.m[0][d], sm.m[1][d], sm.m[2][d]};
-            }
-        }
-        Mass aggregate;
-        cub::BlockScan<Mass, kSelThreads, cub::BLOCK_SCAN_WARP_SCANS>(sm.scan).InclusiveScan(raw, cum, MassSum(),
-                                                                                             aggregate);
-        if (by_mass && !have_total) {
-            *total = aggregate;
-            thr = top_p * mass_value(aggregate);
-            have_total = true;
-        }
-        for (int j = 0; j < 2; ++j) {
-            const uint32_t q = 2 * tid + j;
-            if (q >= nbins) continue;
-            const Mass s = MassSum()(above, cum[j]);
-            const bool crossed = by_mass ? cum[j].c > 0 && mass_value(s) >= thr : s.c >= k;
-            if (crossed) atomicMin(&sm.pos, int(q));
-        }
-        __syncthreads();
-        const int pos = sm.pos == INT_MAX ? int(nbins - 1) : sm.pos;
-        if (uint32_t(pos) / 2 == tid) {
-            const bool odd = pos % 2;
-            const uint32_t d = nbins - 1 - uint32_t(pos);
-            const Mass rw = odd ? raw[1] : raw[0];
-            const Mass cu = odd ? cum[1] : cum[0];
-            sm.above = Mass{above.c + cu.c - rw.c, above.m0 + cu.m0 - rw.m0, above.m1 + cu.m1 - rw.m1,
-                            above.m2 + cu.m2 - rw.m2};
-            sm.bin = rw;
-            sm.prefix = prefix | ((unsigned long long)d << shift);
-            if (rw.c == 1 || shift == 0) {
-                sm.done = 1;
-                sm.result = rw.c == 1 ? sm.key[d] : sm.prefix;
-            }
-        }
-        __syncthreads();
-        if (sm.done) break;
-        prev_shift = shift;
-    }
-    const unsigned long long result = sm.result;
-    *above_out = sm.above;
-    *bin_out = sm.bin;
-    __syncthreads();
-    return result;
+    const auto visit = [&](const auto& add) {
+        for_row(r, [&](uint32_t id, float v) { add(r.key(id, v), [&] { return r.p(v); }); });
+    };
+    const auto publish = [](uint32_t) {};
+    const auto bin_at = [&](uint32_t d) { return Mass{sm.c[d], sm.m[0][d], sm.m[1][d], sm.m[2][d]}; };
+    const auto key_at = [&](uint32_t d) { return sm.key[d]; };
+    return radix_select_core(sm, nbits, floor_key, by_mass, with_mass, k, top_p, have_total, total, above_out, bin_out,
+                             visit, publish, bin_at, key_at);
 }
 
 // Tile c's walk weights (p of kept ids, else 0) and candidates, scanned in place (tile_scan).

@@ -6,6 +6,9 @@
 // a token lives here once.
 #pragma once
 
+#include <cub/block/block_scan.cuh>
+
+#include <climits>
 #include <cstdint>
 
 namespace gptoss {
@@ -159,6 +162,114 @@ __device__ __forceinline__ void pick_tile(uint32_t G, double u, const SumAt& sum
         *last = gl;
         *target = t;
     }
+}
+
+// The radix select both samplers run (cuda/sample.cu's radix_select over a grid, cuda/sample_batch.cu's
+// row_select in one CTA), over the keys >= floor_key; every thread of the CTA calls it, and with
+// the grid form every CTA reaches the same K. Passes of kRadixBits from the top of nbits: each
+// builds the shared histogram of the keys that share the prefix chosen so far (count, mass limbs
+// when with_mass, largest key), `publish(nbins)` makes it the whole row's (the grid form: flush to
+// global and grid sync; one CTA: nothing), then a block scan from the highest digit down finds
+// the first digit whose cumulative count reaches k or, by_mass, whose cumulative mass reaches
+// thr = top_p · total (*total = the first pass's aggregate unless have_total). A bin of one key or
+// the last pass ends it. `visit(add)` calls add(key, p) for each of this thread's candidate keys,
+// p() giving its probability (called only with_mass); `bin_at(d)` / `key_at(d)` read digit d's
+// whole-row Mass and largest key after publish. On return *above = the count/mass of the keys > K
+// and *bin = K's own. Smem: the sampler's shared struct (c, m, key, scan, prefix, result, above,
+// bin, pos, done).
+template <typename Smem, typename Visit, typename Publish, typename BinAt, typename KeyAt>
+__device__ __forceinline__ unsigned long long radix_select_core(Smem& sm, uint32_t nbits, unsigned long long floor_key,
+                                                                bool by_mass, bool with_mass, unsigned long long k,
+                                                                double top_p, bool have_total, Mass* total,
+                                                                Mass* above_out, Mass* bin_out, const Visit& visit,
+                                                                const Publish& publish, const BinAt& bin_at,
+                                                                const KeyAt& key_at) {
+    const uint32_t tid = threadIdx.x;
+    if (tid == 0) {
+        sm.prefix = 0;
+        sm.above = Mass{0, 0, 0, 0};
+        sm.done = 0;
+    }
+    double thr = have_total ? top_p * mass_value(*total) : 0.0;
+    uint32_t prev_shift = nbits;
+    for (;;) {
+        const uint32_t bits = min(uint32_t(kRadixBits), prev_shift);
+        const uint32_t shift = prev_shift - bits;
+        const uint32_t nbins = 1u << bits;
+        for (uint32_t b = tid; b < nbins; b += kSelThreads) {
+            sm.c[b] = 0;
+            sm.m[0][b] = sm.m[1][b] = sm.m[2][b] = 0;
+            sm.key[b] = 0;
+        }
+        if (tid == 0) sm.pos = INT_MAX;
+        __syncthreads();
+        const unsigned long long prefix = sm.prefix;
+        const Mass above = sm.above;
+        visit([&](unsigned long long key, const auto& p) {
+            // prev_shift <= 63: (key >> nbits) == 0 == (prefix >> nbits) on the first pass.
+            if (key < floor_key || (key >> prev_shift) != (prefix >> prev_shift)) return;
+            const uint32_t d = uint32_t(key >> shift) & (nbins - 1);
+            atomicAdd(&sm.c[d], 1u);
+            if (with_mass) {
+                unsigned long long m[3];
+                mass_limbs(p(), m);
+                for (int l = 0; l < 3; ++l)
+                    if (m[l]) atomicAdd(&sm.m[l][d], m[l]);
+            }
+            atomicMax(&sm.key[d], key);
+        });
+        __syncthreads();
+        publish(nbins);
+        // Cumulative count/mass from the highest digit down: position q holds digit nbins−1−q.
+        Mass raw[2], cum[2];
+        for (int j = 0; j < 2; ++j) {
+            const uint32_t q = 2 * tid + j;
+            raw[j] = Mass{0, 0, 0, 0};
+            if (q < nbins) raw[j] = bin_at(nbins - 1 - q);
+        }
+        Mass aggregate;
+        cub::BlockScan<Mass, kSelThreads, cub::BLOCK_SCAN_WARP_SCANS>(sm.scan).InclusiveScan(raw, cum, MassSum(),
+                                                                                             aggregate);
+        if (by_mass && !have_total) {  // first pass of a top_p without top_k: every key counts
+            *total = aggregate;
+            thr = top_p * mass_value(aggregate);
+            have_total = true;
+        }
+        for (int j = 0; j < 2; ++j) {
+            const uint32_t q = 2 * tid + j;
+            if (q >= nbins) continue;
+            const Mass s = MassSum()(above, cum[j]);
+            // By mass, also a key of this pass at or above q (thr may be 0: top_p <= 0 keeps one).
+            const bool crossed = by_mass ? cum[j].c > 0 && mass_value(s) >= thr : s.c >= k;
+            if (crossed) atomicMin(&sm.pos, int(q));
+        }
+        __syncthreads();
+        // Unreachable guard (the last position's sum is the previous pass's crossing one): the
+        // lowest digit, so that the loop still ends.
+        const int pos = sm.pos == INT_MAX ? int(nbins - 1) : sm.pos;
+        if (uint32_t(pos) / 2 == tid) {
+            const bool odd = pos % 2;  // selects without a dynamic index (no local memory)
+            const uint32_t d = nbins - 1 - uint32_t(pos);
+            const Mass r = odd ? raw[1] : raw[0];
+            const Mass cu = odd ? cum[1] : cum[0];
+            sm.above = Mass{above.c + cu.c - r.c, above.m0 + cu.m0 - r.m0, above.m1 + cu.m1 - r.m1,
+                            above.m2 + cu.m2 - r.m2};
+            sm.bin = r;
+            sm.prefix = prefix | ((unsigned long long)d << shift);
+            if (r.c == 1 || shift == 0) {
+                sm.done = 1;
+                sm.result = r.c == 1 ? key_at(d) : sm.prefix;
+            }
+        }
+        __syncthreads();
+        if (sm.done) break;
+        prev_shift = shift;
+    }
+    const unsigned long long result = sm.result;
+    *above_out = sm.above;
+    *bin_out = sm.bin;
+    __syncthreads();  // before a next select resets the state
+    return result;
 }
 
 }  // namespace sample_detail

@@ -1,10 +1,9 @@
 // cuda/sample_select.cuh - the device arithmetic the GPU samplers share (cuda/sample.cu's
-// cooperative one-row sampler and cuda/sample_batch.cu's one-CTA-per-row sampler): orderable
-// logit bits and argmax keys, exact fixed-point masses (limbs of p·2^92), the radix select of the
-// top_k / top_p boundary key, the CTA tile scan in id order and the one-warp pick of the tile that
-// holds the sample. Both samplers must make the same
-// decisions bit for bit (same token for the same logits, config and u), so everything that decides
-// a token lives here once.
+// cooperative one-row sampler and cuda/sample_batch.cu's one-CTA-per-row sampler): orderable logit
+// bits and argmax keys, exact fixed-point masses (limbs of p·2^92), the radix select of the top_k /
+// top_p boundary key, the CTA tile scan in id order and the one-warp pick of the tile that holds
+// the sample. Both samplers must make the same decisions bit for bit (same token for the same
+// logits, config and u), so everything that decides a token lives here once.
 #pragma once
 
 #include <cub/block/block_scan.cuh>

@@ -82,10 +82,23 @@ int router_nb(uint32_t n) {
 // re-reads the router per token.
 // GPTOSS_DECODE_BATCH_ROUTER_FUSED=0 forces the three launches, =2 the one launch at any E (A/B runs).
 constexpr uint32_t kRouterFusedMaxTokens = 64, kRouterFusedMaxExperts = 32;
-bool router_fused(const BatchModel& m, uint32_t n) {
+bool router_fused_model(const BatchModel& m) {  // whether the model's steps may take the one launch
     static const int mode = env_choice("GPTOSS_DECODE_BATCH_ROUTER_FUSED", {0, 1, 2}, 1);
-    if (mode == 0 || n > kRouterFusedMaxTokens || (mode == 1 && m.E > kRouterFusedMaxExperts)) return false;
+    if (mode == 0 || (mode == 1 && m.E > kRouterFusedMaxExperts)) return false;
     return router_batch_usable(m.E, m.K, m.H);
+}
+// Warps per slab CTA of the step's fused router: 4 (default) = gemm()'s order, the three launches'
+// bits; GPTOSS_DECODE_BATCH_ROUTER_WARPS=16 = router_decode's 16-warp order (the decode graph's
+// chain of 3 chunks per warp instead of 12; not yet measured in the batched step). At 16 every
+// step of the model routes through the one launch, whatever its size (the three launches keep
+// gemm()'s order), and a lone token through router_decode at 16, so batch invariance holds; a
+// model that cannot take the one launch keeps 4.
+uint32_t router_warps(const BatchModel& m) {
+    static const int env = env_choice("GPTOSS_DECODE_BATCH_ROUTER_WARPS", {4, 16}, 4);
+    return env == 16 && router_fused_model(m) ? 16u : 4u;
+}
+bool router_fused(const BatchModel& m, uint32_t n) {
+    return router_fused_model(m) && (n <= kRouterFusedMaxTokens || router_warps(m) == 16);
 }
 // MoE: route tiles of 8·nb pairs, one CTA per (expert tile, 16-row slab); nb = 1 (tiles of 8
 // pairs). GPTOSS_DECODE_BATCH_MOE_NB = 2: tiles of 16 pairs (the activation ring of decode for
@@ -671,12 +684,13 @@ gptoss_status BatchDecoder::enqueue_moe(const BatchModel& m, uint32_t l, uint32_
         ra.x = x_; ra.norm_w = L.mlp_norm; ra.eps = m.rms_norm_eps; ra.router = L.router; ra.K = m.K;
         ra.xn = xn_; ra.logits = rlogits_; ra.counter = route_counter_; ra.experts = experts_;
         ra.weights = weights_; ra.tiles = tiles_; ra.pairs = pairs_;
-        ra.warps = 4;  // gemm()'s order, as router_batch: a lone step equals the same token in a larger one
+        ra.warps = router_warps(m);  // router_batch's order: a lone step equals the same token in a larger one
         GPTOSS_TRY(router_decode(ra, s));
     } else if (!L.router.mxfp4 && router_fused(m, n)) {  // the three below in one launch + the grouping
         RouterBatchArgs rb;
         rb.x = x_; rb.norm_w = L.mlp_norm; rb.eps = m.rms_norm_eps; rb.router = L.router; rb.T = n; rb.K = m.K;
         rb.xn = xn_; rb.logits = rlogits_; rb.experts = experts_; rb.weights = weights_;
+        rb.warps = router_warps(m);
         GPTOSS_TRY(router_batch(rb, s));
         GPTOSS_TRY(router_group(experts_, n, m.E, m.K, tiles_, pairs_, tile_tokens, s));
     } else {

@@ -424,15 +424,15 @@ bool router_decode_cluster_usable(uint32_t E);
 [[nodiscard]] gptoss_status router_decode(const RouterDecodeArgs& args, cudaStream_t stream);
 
 // Batched steps (T >= 1 tokens; the batched decoder uses it from T = 2) fused router (router.cu,
-// router_decode's kernel with a grid row per token): xn = RMSNorm(x) · norm_w (bf16 permuted
-// [T, H], as residual_rmsnorm kNone), logits = router(xn) (fp32 [T, E], as gemm) and experts /
-// weights (int32 / fp32 [T, K], as router_route's top-K), bit-identical to those launches, in
-// one; router_group then builds the tiles and pairs. x: fp32 [T, H] (read only); router: bf16
-// fragment weights [E, H] + fp32 bias.
-// Usable where router_batch_usable(E, K, H): an sm_90 device and binary (thread-block clusters),
-// E <= 128, K <= 8, K <= E, H % 64 == 0, H <= 4096 (44 KB of static shared memory per CTA);
-// elsewhere router_batch fails with GPTOSS_ERR_UNSUPPORTED and the caller makes the three launches.
-// xn, logits, experts and weights are required; T = 0 does nothing.
+// router_decode's kernel with a grid row per token): xn = RMSNorm(x) · norm_w (bf16 permuted [T,
+// H], as residual_rmsnorm kNone), logits = router(xn) (fp32 [T, E], as gemm) and experts / weights
+// (int32 / fp32 [T, K], as router_route's top-K), bit-identical to those launches at 4 warps (the
+// default), in one; router_group then builds the tiles and pairs. x: fp32 [T, H] (read only);
+// router: bf16 fragment weights [E, H] + fp32 bias.
+// Usable where router_batch_usable(E, K, H): an sm_90 device and binary (thread-block clusters), E
+// <= 128, K <= 8, K <= E, H % 64 == 0, H <= 4096 (44 KB of static shared memory per CTA); elsewhere
+// router_batch fails with GPTOSS_ERR_UNSUPPORTED and the caller makes the three launches. xn,
+// logits, experts and weights are required; T = 0 does nothing.
 struct RouterBatchArgs {
     const float* x = nullptr;
     const float* norm_w = nullptr;
@@ -444,6 +444,10 @@ struct RouterBatchArgs {
     float* logits = nullptr;
     int32_t* experts = nullptr;
     float* weights = nullptr;
+    // Warps per slab CTA: 4 = gemm()'s order (the bits of the three launches above), 16 = the
+    // order of router_decode at 16 warps, token by token (logits within fp32 rounding of gemm()'s;
+    // the batched step's GPTOSS_DECODE_BATCH_ROUTER_WARPS). Anything else: GPTOSS_ERR_INTERNAL.
+    uint32_t warps = 4;
 };
 bool router_batch_usable(uint32_t E, uint32_t K, uint32_t H);
 [[nodiscard]] gptoss_status router_batch(const RouterBatchArgs& args, cudaStream_t stream);

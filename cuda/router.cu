@@ -189,13 +189,13 @@ __device__ __forceinline__ void st_cluster_f32(float* p, uint32_t rank, float v)
 // offset by it), and the tail writes that token's experts / weights instead of a one-token route.
 // kWarps (4, 8 or 16) warps per CTA split each slab's chunks (warp w: chunks w, w + kWarps, ...)
 // and their partial tiles are summed in warp order: 4 is gemm()'s order (the bits above, which
-// router_batch and a batched step of one token keep); 8 and 16 shorten the dependent chain of
-// the decode graph's router (issue 12: decode need not equal prefill) with the same norm, xn and
-// top-K, logits within fp32 rounding of gemm()'s.
+// router_batch and a batched step of one token keep by default); 8 and 16 shorten the dependent
+// chain of the decode graph's router (issue 12: decode need not equal prefill) with the same norm,
+// xn and top-K, logits within fp32 rounding of gemm()'s. router_batch at 16 warps
+// (RouterBatchArgs::warps) gives each token router_decode's 16-warp bits.
 template <bool kCluster, bool kBatch = false, uint32_t kWarps = 4>
 __global__ __launch_bounds__(32 * kWarps) void f32_router_decode_kernel(const RouterDecodeArgs a) {
     static_assert(kCluster || !kBatch, "the batched form gathers its logits through the cluster");
-    static_assert(!kBatch || kWarps == 4, "router_batch keeps gemm()'s order");
     static_assert(kWarps == 4 || kWarps == 8 || kWarps == 16, "router_decode: 4, 8 or 16 warps");
     constexpr uint32_t kDecodeDepth = kRouterChunks / kWarps;
     using namespace gemm_detail;
@@ -468,9 +468,11 @@ gptoss_status router_batch(const RouterBatchArgs& b, cudaStream_t stream) {
     RouterDecodeArgs a;
     a.x = b.x; a.norm_w = b.norm_w; a.eps = b.eps; a.router = b.router; a.K = b.K;
     a.xn = b.xn; a.logits = b.logits; a.experts = b.experts; a.weights = b.weights;
+    if (b.warps != 4 && b.warps != 16)
+        return fail(GPTOSS_ERR_INTERNAL, "CUDA router_batch: %u warps per CTA (4 or 16)", b.warps);
     const uint32_t slabs = ceil_div(E, 16);
-    return cuda_status(launch_pdl_cluster(f32_router_decode_kernel<true, true>, dim3(slabs, b.T), dim3(128), 0, stream,
-                                          dim3(slabs, 1, 1), a),
+    const auto kernel = b.warps == 16 ? f32_router_decode_kernel<true, true, 16> : f32_router_decode_kernel<true, true, 4>;
+    return cuda_status(launch_pdl_cluster(kernel, dim3(slabs, b.T), dim3(32 * b.warps), 0, stream, dim3(slabs, 1, 1), a),
                        "f32_router_decode_kernel (batch)", __FILE__, __LINE__);
 }
 

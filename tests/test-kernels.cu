@@ -421,6 +421,76 @@ TEST_CASE("router_batch (a batched step's fused norm + router + top-k) is bit-id
     CHECK(std::string(gptoss_last_error()).find("129 experts") != std::string::npos);
 }
 
+// The batched step's router at 16 warps (GPTOSS_DECODE_BATCH_ROUTER_WARPS=16): each token's row of
+// router_batch must be what router_decode at 16 warps gives that token alone (a batched step of
+// one token takes router_decode), bit for bit, so a session's route does not depend on the batch.
+TEST_CASE("router_batch at 16 warps gives each token router_decode's 16-warp bits") {
+    struct S { uint32_t E, K, H; };
+    Dev<int> counter(1);
+    REQUIRE(cudaMemset(counter.p, 0, sizeof(int)) == cudaSuccess);
+    for (S sh : {S{32, 4, 2880}, S{128, 4, 2880}, S{8, 4, 64}, S{40, 4, 128}}) {
+        const uint32_t E = sh.E, K = sh.K, H = sh.H;
+        INFO("E " << E << " K " << K << " H " << H);
+        if (!cuda::router_batch_usable(E, K, H)) {
+            MESSAGE("router_batch is not usable on this device (sm_90 thread-block clusters): case skipped");
+            continue;
+        }
+        for (uint32_t T : {1u, 2u, 9u, 64u, 70u}) {
+            INFO("T " << T);
+            Rand r(700 + E + H + T);
+            const auto [W, b] = router_weights(r, E, H, false);
+            DenseW dw(W, b, E, H);
+            const auto x = r.floats(size_t(T) * H, 3.0f);
+            const auto nw = widen(r.bf16s(H, 1.5f));
+            Dev<float> xd(x), nwd(nw);
+            Dev<uint16_t> xn(size_t(T) * H);
+            Dev<float> l(size_t(T) * E), w(size_t(T) * K);
+            Dev<int32_t> e(size_t(T) * K);
+            cuda::RouterBatchArgs rb;
+            rb.x = xd.p; rb.norm_w = nwd.p; rb.eps = 1e-5f; rb.router = dw.w; rb.T = T; rb.K = K;
+            rb.xn = xn.p; rb.logits = l.p; rb.experts = e.p; rb.weights = w.p; rb.warps = 16;
+            OK(cuda::router_batch(rb, nullptr));
+            const auto gxn = xn.get();
+            const auto gl = l.get(), gw = w.get();
+            const auto ge = e.get();
+            const uint32_t max_tiles = cuda::route_max_tiles(1, E, K, 8);
+            for (uint32_t tok = 0; tok < T; tok += (T > 9 ? 7 : 1)) {
+                INFO("token " << tok);
+                Dev<float> x1(std::vector<float>(x.begin() + size_t(tok) * H, x.begin() + size_t(tok + 1) * H));
+                Dev<uint16_t> xn1(H);
+                Dev<float> l1(E), w1(K);
+                Dev<int32_t> e1(K), t1(1 + 3 * size_t(max_tiles)), p1(K);
+                cuda::RouterDecodeArgs ra;
+                ra.x = x1.p; ra.norm_w = nwd.p; ra.eps = 1e-5f; ra.router = dw.w; ra.K = K; ra.xn = xn1.p;
+                ra.logits = l1.p; ra.counter = counter.p; ra.experts = e1.p; ra.weights = w1.p; ra.tiles = t1.p;
+                ra.pairs = p1.p; ra.warps = 16;
+                OK(cuda::router_decode(ra, nullptr));
+                const auto rxn = xn1.get();
+                CHECK(std::equal(rxn.begin(), rxn.end(), gxn.begin() + size_t(tok) * H));
+                const auto rl = l1.get(), rw = w1.get();
+                CHECK(std::memcmp(rl.data(), gl.data() + size_t(tok) * E, E * 4) == 0);
+                const auto re = e1.get();
+                CHECK(std::equal(re.begin(), re.end(), ge.begin() + size_t(tok) * K));
+                CHECK(std::memcmp(rw.data(), gw.data() + size_t(tok) * K, K * 4) == 0);
+            }
+            // The routing against the CPU oracle on the kernel's own logits.
+            std::vector<int32_t> ce(size_t(T) * K);
+            std::vector<float> cw(size_t(T) * K);
+            cpu::router_topk(gl.data(), T, E, K, ce.data(), cw.data());
+            CHECK(ge == ce);
+        }
+    }
+    cuda::RouterBatchArgs bad;
+    bad.router.N = 32; bad.router.K = 2880; bad.K = 4; bad.T = 2; bad.warps = 8;
+    bad.x = bad.norm_w = reinterpret_cast<const float*>(16);
+    bad.xn = reinterpret_cast<uint16_t*>(16); bad.logits = bad.weights = reinterpret_cast<float*>(16);
+    bad.experts = reinterpret_cast<int32_t*>(16);
+    if (cuda::router_batch_usable(32, 4, 2880)) {
+        CHECK(cuda::router_batch(bad, nullptr) == GPTOSS_ERR_INTERNAL);
+        CHECK(std::string(gptoss_last_error()).find("8 warps") != std::string::npos);
+    }
+}
+
 TEST_CASE("the grouped MoE matches cpu::moe for one token") { check_moe({}, 1, 21, "T=1"); }
 
 TEST_CASE("the grouped MoE matches cpu::moe with 200 tokens, most on one expert") {

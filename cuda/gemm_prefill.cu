@@ -119,13 +119,7 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_kerne
         [[maybe_unused]] Chunk ch[2];
         if constexpr (kFp4) {
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-                const int sl = wm * 2 + mt;
-                ch[mt].v[0] = *reinterpret_cast<const uint4*>(sa + sl * 512 + lane * 16);
-                const uint2 s = *reinterpret_cast<const uint2*>(sa + kA + sl * 64 + g * 8);
-                ch[mt].v[1].x = s.x;
-                ch[mt].v[1].y = s.y;
-            }
+            for (int mt = 0; mt < 2; ++mt) ch[mt] = staged_chunk<kA>(sa, wm * 2 + mt, lane);
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -351,6 +345,8 @@ __global__ __launch_bounds__(kThreads, TN == 64 ? 2 : 1) void gemm_prefill_wgmma
         cp_async_commit();
         const uint32_t st = c % kWStages;
         const unsigned char* sa = a_ptr + st * kAst;
+        // gemm_prefill.cuh's staged_a_fragments written out: through the helper ptxas schedules
+        // the <true, 64> instance 8 instructions longer (tools/sass-count.py).
         if constexpr (kFp4) {
             Chunk ch;
             ch.v[0] = *reinterpret_cast<const uint4*>(sa + warp * 512 + lane * 16);

@@ -175,6 +175,36 @@ __device__ __forceinline__ void load_warp_slabs(uint32_t sa, const char* wsrc, c
     WarpSlabCopies<kFp4, kSpw>(wsrc, ssrc, slab0, n_slabs, n_chunks, warp, lane).issue(sa, c, warp, lane);
 }
 
+// This lane's MXFP4 words of slab sl of a landed 64-k chunk (at sa in WeightCopies' layout: 512
+// bytes of fragment words per slab, then from kA on 64 bytes of scale words per slab): v[0], and
+// rows g / g + 8's scale words in v[1].x / .y.
+template <uint32_t kA>
+__device__ __forceinline__ Chunk staged_chunk(const unsigned char* sa, int sl, int lane) {
+    Chunk ch;
+    ch.v[0] = *reinterpret_cast<const uint4*>(sa + sl * 512 + lane * 16);
+    const uint2 s = *reinterpret_cast<const uint2*>(sa + kA + sl * 64 + (lane >> 2) * 8);
+    ch.v[1].x = s.x;
+    ch.v[1].y = s.y;
+    return ch;
+}
+
+// The mma A fragments of the 4 k16 steps of slab sl of a landed chunk: fragment<true> of
+// staged_chunk for MXFP4, the bf16 fragment words (2 KB a slab) as they are otherwise.
+template <bool kFp4, uint32_t kA>
+__device__ __forceinline__ void staged_a_fragments(const unsigned char* sa, int sl, int lane, uint32_t (&a)[4][4]) {
+    if constexpr (kFp4) {
+        const Chunk ch = staged_chunk<kA>(sa, sl, lane);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) fragment<true>(ch, j, a[j]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint4 v = *reinterpret_cast<const uint4*>(sa + sl * 2048 + j * 512 + lane * 16);
+            a[j][0] = v.x; a[j][1] = v.y; a[j][2] = v.z; a[j][3] = v.w;
+        }
+    }
+}
+
 // One warp turns slab sl of a landed 64-k weight chunk (at sa in WeightCopies' layout,
 // scales at sa + kA) into bf16 rows 16·sl + g and + 8 of the A tile at ab (128 bytes a row, the
 // activations' permuted k order, 16-byte units XOR-swizzled by row: wgmma's 128B-swizzle K-major
@@ -185,21 +215,7 @@ __device__ __forceinline__ void store_a_slab(unsigned char* ab, const unsigned c
     const int g = lane >> 2, t = lane & 3;
     const uint32_t u0 = (uint32_t(2 * t) ^ uint32_t(g)) * 16, u1 = (uint32_t(2 * t + 1) ^ uint32_t(g)) * 16;
     uint32_t a[4][4];
-    if constexpr (kFp4) {
-        Chunk ch;
-        ch.v[0] = *reinterpret_cast<const uint4*>(sa + sl * 512 + lane * 16);
-        const uint2 s = *reinterpret_cast<const uint2*>(sa + kA + sl * 64 + g * 8);
-        ch.v[1].x = s.x;
-        ch.v[1].y = s.y;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) fragment<true>(ch, j, a[j]);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const uint4 v = *reinterpret_cast<const uint4*>(sa + sl * 2048 + j * 512 + lane * 16);
-            a[j][0] = v.x; a[j][1] = v.y; a[j][2] = v.z; a[j][3] = v.w;
-        }
-    }
+    staged_a_fragments<kFp4, kA>(sa, sl, lane, a);
     const uint32_t a_lo = uint32_t(sl * 16 + g) * 128, a_hi = a_lo + 8 * 128;
     *reinterpret_cast<uint4*>(ab + a_lo + u0) = make_uint4(a[0][0], a[0][2], a[1][0], a[1][2]);
     *reinterpret_cast<uint4*>(ab + a_lo + u1) = make_uint4(a[2][0], a[2][2], a[3][0], a[3][2]);

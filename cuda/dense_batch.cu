@@ -1,18 +1,19 @@
 // cuda/dense_batch.cu - the batched decode step's dense bf16 projections (issue 13; the design and
-// its reason are in dense_batch.h). A CTA: W = 4 or 8 warps, W·SPW 16-row weight slabs (warp w
-// owns slabs w·SPW ..), one 64-token column block, one of 4 K parts; the 4 parts of a slab group
+// its reason are in dense_batch.h). A CTA: W = 4 or 8 warps, W·SPW 16-row weight slabs (warp w owns
+// slabs w·SPW ..; with a column split of 2, warps w and W + w share them, each taking half of the
+// 8-token column groups), one 64-token column block, one of 4 K parts; the 4 parts of a slab group
 // form a thread-block cluster. Per 64-k chunk of its part (chunks p, p + 4, p + 8, ...) the CTA
-// copies its slabs' 2 KB fragment chunks and the chunk of its token rows (128 B each, padded to
-// 144 B so the 8 rows of an mma column group fall in different banks) into one pipeline stage
+// copies its slabs' 2 KB fragment chunks and the chunk of its token rows (128 B each, padded to 144
+// B so the 8 rows of an mma column group fall in different banks) into one pipeline stage
 // (cp.async, S stages); each warp then reads its A fragments (16 bytes per lane and sub-tile, the
 // fragment layout of repack.cu) and the B fragments of every 8-token group from shared memory and
 // issues the m16n8k16 mma into one accumulator chain per (slab, token group): chunks in order, the
 // four k16 sub-tiles of a chunk in order, from zero. That is exactly what warp p of gemm.cu's
 // kernel computes for the slab. Each CTA then leaves its fp32 partial tile in its shared memory,
-// and CTA p sums slice p of the tile over the cluster (distributed shared memory) as gemm()
-// reduces its warps, ((p0 + p1) + p2) + p3, and applies gemm()'s epilogue. So every output has
-// gemm()'s bits, whatever the batch: the step may take either kernel at any token count.
-// Floor: the weight bytes at the copy bandwidth (20b QKV 29.5 MB, O 23.6 MB, lm_head 1.16 GB).
+// and CTA p sums slice p of the tile over the cluster (distributed shared memory) as gemm() reduces
+// its warps, ((p0 + p1) + p2) + p3, and applies gemm()'s epilogue. So every output has gemm()'s
+// bits, whatever the batch: the step may take either kernel at any token count. Floor: the weight
+// bytes at the copy bandwidth (20b QKV 29.5 MB, O 23.6 MB, lm_head 1.16 GB).
 #include "cuda/dense_batch.h"
 
 #include "cuda/common.cuh"
@@ -97,8 +98,11 @@ __device__ __forceinline__ const float* cluster_peer(float* p, uint32_t q) {
 // step, O level, lm_head 0.391 -> 0.424 (bench/NOTES.md "v35"). v33's form with one bulk copy per
 // token row was twice as slow (68 copies per chunk, "v34"); this one asks 5-9. Same data, so
 // gemm()'s bits.
-template <int kWarps, int SPW, int S, bool kTma>
-__global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const __grid_constant__ DenseArgs a) {
+// kSplit (1 or 2): warps per slab, each taking 8 / kSplit of the 8-token column groups (the same
+// chunks and k16 steps for every column, so the same bits): kSplit x the warps per CTA on the same
+// stages (set_dense_batch_split).
+template <int kWarps, int SPW, int S, bool kTma, int kSplit = 1>
+__global__ __launch_bounds__(32 * kWarps * kSplit) void dense_batch_kernel(const __grid_constant__ DenseArgs a) {
     extern __shared__ __align__(16) uint4 sm_raw[];
     __shared__ __align__(8) uint64_t full_bar[kTma ? S : 1];
     uint4* sm = sm_raw;
@@ -106,8 +110,10 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const __grid_c
         const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(sm_raw));
         sm = sm_raw + (((base + 1023u) & ~1023u) - base) / 16;
     }
-    constexpr uint32_t kThreads = 32 * kWarps;
-    const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    constexpr uint32_t kThreads = 32 * kWarps * kSplit, kGroups = 8 / kSplit;  // column groups per warp
+    // warp: the slab warp (its slabs), half: which kGroups column groups it takes.
+    const uint32_t wid = threadIdx.x >> 5, warp = kSplit == 1 ? wid : wid % kWarps, half = kSplit == 1 ? 0u : wid / kWarps;
+    const uint32_t lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const uint32_t group = blockIdx.x, part = blockIdx.y, col_base = blockIdx.z * a.cols;
     const uint32_t n_chunks = a.K >> 6, slabs = (a.N + 15) / 16, kq = a.K / 8;
     const uint32_t n_local = part < n_chunks ? (n_chunks - part + kParts - 1) / kParts : 0;  // chunks part + 4i
@@ -127,7 +133,7 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const __grid_c
     // (the weights are issued before the dependency wait in the prologue, the rows after it).
     const uint32_t slabs_here = min(kSlabsCta, slabs - group * kSlabsCta);
     auto tma_weights = [&](uint32_t s, uint32_t c) {
-        if (warp != 0) return;
+        if (wid != 0) return;
         if (lane == 0) mbar_arrive_expect_tx(bar0 + 8 * s, slabs_here * kSlabU4 * 16 + a.rows_box * 128);
         __syncwarp();
         if (lane < slabs_here)
@@ -147,7 +153,8 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const __grid_c
             if (slab0 + sp >= slabs) break;
             const uint4* src = a.w + (size_t(slab0 + sp) * n_chunks + c) * kSlabU4 + lane;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) cp_async16(dst + sp * kSlabU4 + i * 32, src + i * 32);
+            for (int i = 0; i < 4; ++i)
+                if (kSplit == 1 || uint32_t(i) % kSplit == half) cp_async16(dst + sp * kSlabU4 + i * 32, src + i * 32);
         }
     };
     // Token rows: thread (r0 = tid / 8, q = tid % 8) copies piece q (16 bytes) of rows r0, r0 + R,
@@ -191,11 +198,12 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const __grid_c
     }
     pdl_launch_dependents();
 
-    float acc[SPW][8][4];
+    float acc[SPW][kGroups][4];
 #pragma unroll
     for (int sp = 0; sp < SPW; ++sp)
 #pragma unroll
-        for (int nb = 0; nb < 8; ++nb) acc[sp][nb][0] = acc[sp][nb][1] = acc[sp][nb][2] = acc[sp][nb][3] = 0.0f;
+        for (int nb = 0; nb < int(kGroups); ++nb) acc[sp][nb][0] = acc[sp][nb][1] = acc[sp][nb][2] = acc[sp][nb][3] = 0.0f;
+    const uint32_t gb0 = half * kGroups;  // this warp's first column group
 
     for (uint32_t i = 0; i < n_local; ++i) {
         if constexpr (!kTma) cp_async_wait<S - 2>();  // chunk i has landed (this thread's copies) ...
@@ -213,10 +221,10 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const __grid_c
         const uint4* xt = st + kSlabsCta * kSlabU4 + g * 8;  // kTma: row g's pieces, swizzled
 #pragma unroll
         for (int jh = 0; jh < 2; ++jh) {
-            uint4 b[8];
+            uint4 b[kGroups];
 #pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-                if (uint32_t(nb) < ng) b[nb] = kTma ? xt[nb * 64 + ((2 * t + jh) ^ g)] : xb[nb * 8 * kRowU4 + jh];
+            for (int nb = 0; nb < int(kGroups); ++nb)
+                if (gb0 + nb < ng) b[nb] = kTma ? xt[(gb0 + nb) * 64 + ((2 * t + jh) ^ g)] : xb[(gb0 + nb) * 8 * kRowU4 + jh];
 #pragma unroll
             for (int jj = 0; jj < 2; ++jj) {
 #pragma unroll
@@ -224,8 +232,8 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const __grid_c
                     const uint4 v = wa[sp * kSlabU4 + (2 * jh + jj) * 32];
                     const uint32_t af[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-                    for (int nb = 0; nb < 8; ++nb)
-                        if (uint32_t(nb) < ng) mma(acc[sp][nb], af, jj ? b[nb].z : b[nb].x, jj ? b[nb].w : b[nb].y);
+                    for (int nb = 0; nb < int(kGroups); ++nb)
+                        if (gb0 + nb < ng) mma(acc[sp][nb], af, jj ? b[nb].z : b[nb].x, jj ? b[nb].w : b[nb].y);
                 }
             }
         }
@@ -241,11 +249,12 @@ __global__ __launch_bounds__(32 * kWarps) void dense_batch_kernel(const __grid_c
 #pragma unroll
     for (int sp = 0; sp < SPW; ++sp)
 #pragma unroll
-        for (int nb = 0; nb < 8; ++nb)
+        for (int nb = 0; nb < int(kGroups); ++nb)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                if (uint32_t(nb) < ng)
-                    tile[(nb * 8 + 2 * t + (e & 1)) * TS + (warp * SPW + sp) * 16 + g + (e >> 1) * 8] = acc[sp][nb][e];
+                if (gb0 + nb < ng)
+                    tile[((gb0 + nb) * 8 + 2 * t + (e & 1)) * TS + (warp * SPW + sp) * 16 + g + (e >> 1) * 8] =
+                        acc[sp][nb][e];
     cluster_sync();
     const float* src[kParts];
 #pragma unroll
@@ -295,6 +304,14 @@ uint32_t forced_cols() {
     static const uint32_t env = uint32_t(env_choice("GPTOSS_DECODE_BATCH_DENSE_COLS", {32, 64}, 0));
     return g_cols == 32 || g_cols == 64 ? g_cols : env;
 }
+uint32_t g_split = 0;  // set_dense_batch_split
+// Warps per slab (column split): 1, or 2 where forced (set_dense_batch_split,
+// GPTOSS_DECODE_BATCH_DENSE_SPLIT); CTAs of 4 slab warps only.
+uint32_t col_split(uint32_t warps) {
+    static const uint32_t env = uint32_t(env_choice("GPTOSS_DECODE_BATCH_DENSE_SPLIT", {1, 2}, 1));
+    const uint32_t s = g_split == 1 || g_split == 2 ? g_split : env;
+    return warps == 4 ? s : 1u;
+}
 uint32_t cta_warps() {
     static const uint32_t env = uint32_t(env_choice("GPTOSS_DECODE_BATCH_DENSE_WARPS", {4, 8}, 4));
     return g_warps == 4 || g_warps == 8 ? g_warps : env;
@@ -311,11 +328,11 @@ size_t smem_bytes(uint32_t n, uint32_t cols = kCols) {
 }
 
 // Sets the kernel's shared-memory opt-in to the most any call asks (once per thread and device).
-template <int kWarps, int SPW, int S, bool kTma>
+template <int kWarps, int SPW, int S, bool kTma, int kSplit>
 gptoss_status opt_in(int dev) {
     thread_local int done_for = -1;
     if (done_for == dev) return GPTOSS_OK;
-    GPTOSS_CUDA_TRY(cudaFuncSetAttribute(dense_batch_kernel<kWarps, SPW, S, kTma>,
+    GPTOSS_CUDA_TRY(cudaFuncSetAttribute(dense_batch_kernel<kWarps, SPW, S, kTma, kSplit>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(smem_bytes<kWarps, SPW, S, kTma>(kCols))));
     done_for = dev;
@@ -323,10 +340,10 @@ gptoss_status opt_in(int dev) {
 }
 
 // One launch: clusters of the 4 part CTAs along y, programmatic dependent launch where supported.
-template <int kWarps, int SPW, int S, bool kTma>
+template <int kWarps, int SPW, int S, bool kTma, int kSplit>
 gptoss_status launch_kernel(const DenseArgs& a, dim3 grid, int dev, cudaStream_t stream) {
-    GPTOSS_TRY((opt_in<kWarps, SPW, S, kTma>(dev)));
-    return cuda_status(launch_pdl_cluster(dense_batch_kernel<kWarps, SPW, S, kTma>, grid, dim3(32 * kWarps),
+    GPTOSS_TRY((opt_in<kWarps, SPW, S, kTma, kSplit>(dev)));
+    return cuda_status(launch_pdl_cluster(dense_batch_kernel<kWarps, SPW, S, kTma, kSplit>, grid, dim3(32 * kWarps * kSplit),
                                           smem_bytes<kWarps, SPW, S, kTma>(a.n, a.cols), stream, dim3(1, kParts, 1), a),
                        "dense_batch_kernel", __FILE__, __LINE__);
 }
@@ -378,7 +395,7 @@ int stages(bool tma, const DeviceProps& dp) {
     return s;
 }
 
-template <int kWarps, int SPW>
+template <int kWarps, int SPW, int kSplit>
 gptoss_status launch(DenseArgs& a, dim3 grid, cudaStream_t stream) {
     DeviceProps dp;
     GPTOSS_CUDA_TRY(current_device_props(&dp));
@@ -386,12 +403,12 @@ gptoss_status launch(DenseArgs& a, dim3 grid, cudaStream_t stream) {
     a.rows_box = rows_box(a.n, a.cols);
     const bool tma = (mode == 2 || (mode == 1 && SPW == 1)) && encode_rows_map(&a.rows, a.x, a.n, a.K, a.rows_box);
     switch (stages<kWarps, SPW>(tma, dp)) {
-    case 4: return tma ? launch_kernel<kWarps, SPW, 4, true>(a, grid, dp.dev, stream)
-                       : launch_kernel<kWarps, SPW, 4, false>(a, grid, dp.dev, stream);
-    case 3: return tma ? launch_kernel<kWarps, SPW, 3, true>(a, grid, dp.dev, stream)
-                       : launch_kernel<kWarps, SPW, 3, false>(a, grid, dp.dev, stream);
-    default: return tma ? launch_kernel<kWarps, SPW, 2, true>(a, grid, dp.dev, stream)
-                        : launch_kernel<kWarps, SPW, 2, false>(a, grid, dp.dev, stream);
+    case 4: return tma ? launch_kernel<kWarps, SPW, 4, true, kSplit>(a, grid, dp.dev, stream)
+                       : launch_kernel<kWarps, SPW, 4, false, kSplit>(a, grid, dp.dev, stream);
+    case 3: return tma ? launch_kernel<kWarps, SPW, 3, true, kSplit>(a, grid, dp.dev, stream)
+                       : launch_kernel<kWarps, SPW, 3, false, kSplit>(a, grid, dp.dev, stream);
+    default: return tma ? launch_kernel<kWarps, SPW, 2, true, kSplit>(a, grid, dp.dev, stream)
+                        : launch_kernel<kWarps, SPW, 2, false, kSplit>(a, grid, dp.dev, stream);
     }
 }
 
@@ -404,6 +421,7 @@ DenseBatchPlan dense_batch_plan(uint32_t N, uint32_t sms) {
     p.groups = ceil_div(ceil_div(N, 16), p.slabs_per_cta);
     const uint32_t forced = forced_cols();
     p.cols = forced != 0 ? forced : p.groups * kParts < 2 * sms ? 32u : kCols;
+    p.split = col_split(p.warps);
     return p;
 }
 
@@ -444,8 +462,9 @@ gptoss_status dense_batch_gemm(const GemmWeights& w, const uint16_t* x, uint32_t
     a.cols = p.cols;
     const dim3 grid(p.groups, kParts, col_blocks);
     const uint32_t spw = p.slabs_per_cta / p.warps;
-    if (p.warps == 8) return spw == 1 ? launch<8, 1>(a, grid, stream) : launch<8, 2>(a, grid, stream);
-    return spw == 1 ? launch<4, 1>(a, grid, stream) : launch<4, 2>(a, grid, stream);
+    if (p.warps == 8) return spw == 1 ? launch<8, 1, 1>(a, grid, stream) : launch<8, 2, 1>(a, grid, stream);
+    if (p.split == 2) return spw == 1 ? launch<4, 1, 2>(a, grid, stream) : launch<4, 2, 2>(a, grid, stream);
+    return spw == 1 ? launch<4, 1, 1>(a, grid, stream) : launch<4, 2, 1>(a, grid, stream);
 }
 
 bool dense_batch_use(uint32_t which, uint32_t n) {
@@ -455,6 +474,8 @@ bool dense_batch_use(uint32_t which, uint32_t n) {
                                 : which == kDenseLmHead ? kDenseBatchMinTokensLmHead : kDenseBatchMinTokens;
     return (mask & which) && n >= min_tokens && dense_batch_supported();
 }
+
+void set_dense_batch_split(uint32_t split) { g_split = split == 1 || split == 2 ? split : 0; }
 
 void set_dense_batch_stages(int stages) { g_stages = stages >= 2 && stages <= 4 ? stages : 0; }
 

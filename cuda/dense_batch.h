@@ -26,6 +26,8 @@ struct DenseBatchPlan {
     uint32_t cols = 0;           // token columns per CTA: 64, or 32 where groups × 4 CTAs would not give
                                  // each of the device's `sms` SMs two (O: twice the CTAs, each weight
                                  // chunk read by two), unless forced (GPTOSS_DECODE_BATCH_DENSE_COLS)
+    uint32_t split = 1;          // warps per slab, each taking half the column groups (2: 4-warp CTAs
+                                 // only, set_dense_batch_split / GPTOSS_DECODE_BATCH_DENSE_SPLIT)
 };
 DenseBatchPlan dense_batch_plan(uint32_t N, uint32_t sms = 0);
 
@@ -73,6 +75,13 @@ void set_dense_batch_shape(uint32_t warps, uint32_t spw, uint32_t cols = 0);
 // tensor map the launch falls back to cp.async. The bits do not depend on it. Set it only while no
 // batched step runs.
 void set_dense_batch_tma(int mode);
+
+// Tests and tuning: warps per 16-row slab, 1 or 2 (0 = GPTOSS_DECODE_BATCH_DENSE_SPLIT, default
+// 1). At 2 a CTA of 4 slabs runs 8 warps, each slab's two taking 4 of the 8 column groups: twice
+// the warps per SM on the same stages (v31-v36 saw QKV and O latency-bound at ~2.5 CTAs of 4 warps
+// per SM). Each output is still one warp's chain over the same chunks: the bits do not depend on
+// it. Not yet measured (bench/NOTES.md "v38"). Set it only while no batched step runs.
+void set_dense_batch_split(uint32_t split);
 
 // Tests and tuning: pipeline stages per CTA, 2, 3 or 4 (0 = the plan's default: 4 for one slab per
 // warp, 3 for two; GPTOSS_DECODE_BATCH_DENSE_STAGES), fewer where the device's shared memory is

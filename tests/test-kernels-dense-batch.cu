@@ -2,14 +2,14 @@
 // (cuda/dense_batch.cu): dense_batch_gemm against (a) gemm() on the same inputs, bit for bit (it
 // promises gemm()'s bits, which is what lets the batched step choose either kernel per step size
 // without breaking batch invariance), for n = 1, 5, 8, 9, 64, 70 tokens (70: two 64-token column
-// blocks), kStore and kAdd, every CTA shape (4 or 8 warps of 1 or 2 slabs, 32 or 64 token columns)
-// with 2, 3 and 4 pipeline stages filled by cp.async and by tensor-map / bulk copies (TMA); (b) the
-// CPU reference cpu::matmul_bf16 (+ the old output for kAdd) within fp32 tolerance. Shapes: N =
-// 320, K = 2880 (the 20b's K; 20 slabs: groups cut by N at 16 slabs per CTA), N = 200, K = 4096
-// (the O projection's K; rows past N in the last slab), N = 72, K = 128 (2 chunks: parts 2 and 3
-// have none), and the tiny model's shapes (K = 64: one chunk). Bad arguments fail with messages
-// naming them. Without a CUDA device, or on one without clusters (before sm_90), the tests are
-// skipped (exit 77).
+// blocks), kStore and kAdd, every CTA shape (4 or 8 warps of 1 or 2 slabs, 32 or 64 token columns,
+// 4-warp CTAs also with 2 warps per slab) with 2, 3 and 4 pipeline stages filled by cp.async and by
+// tensor-map / bulk copies (TMA); (b) the CPU reference cpu::matmul_bf16 (+ the old output for
+// kAdd) within fp32 tolerance. Shapes: N = 320, K = 2880 (the 20b's K; 20 slabs: groups cut by N at
+// 16 slabs per CTA), N = 200, K = 4096 (the O projection's K; rows past N in the last slab), N =
+// 72, K = 128 (2 chunks: parts 2 and 3 have none), and the tiny model's shapes (K = 64: one chunk).
+// Bad arguments fail with messages naming them. Without a CUDA device, or on one without clusters
+// (before sm_90), the tests are skipped (exit 77).
 #include "cuda/dense_batch.h"
 #include "tests/kernel-test-util.cuh"
 
@@ -47,14 +47,18 @@ void check_shape(const Shape& sh) {
     for (uint32_t n : {1u, 5u, 8u, 9u, 64u, 70u}) {
         const auto want = run(d, x, n, cuda::Epilogue::kStore, nullptr, true);
         const auto want_add = run(d, x, n, cuda::Epilogue::kAdd, &base, true);
-        for (uint32_t shape = 0; shape < 48; ++shape) {
+        for (uint32_t shape = 0; shape < 96; ++shape) {
             const uint32_t warps = shape & 1 ? 8 : 4, spw = shape & 2 ? 2 : 1, cols = shape & 4 ? 32 : 64;
-            const int tma = shape & 8 ? 2 : 0, stages = 2 + int(shape / 16);
+            const uint32_t split = shape & 16 ? 2 : 1;
+            const int tma = shape & 8 ? 2 : 0, stages = 2 + int(shape / 32);
+            if (split == 2 && warps == 8) continue;  // the column split runs on 4-warp CTAs only
             cuda::set_dense_batch_shape(warps, spw, cols);
             cuda::set_dense_batch_tma(tma);
             cuda::set_dense_batch_stages(stages);
+            cuda::set_dense_batch_split(split);
             INFO("N " << sh.N << " K " << sh.K << " n " << n << " warps " << warps << " slabs/warp " << spw
-                      << " columns " << cols << (tma ? " TMA" : " cp.async") << " stages " << stages);
+                      << " columns " << cols << (tma ? " TMA" : " cp.async") << " stages " << stages
+                      << " warps per slab " << split);
             const auto got = run(d, x, n, cuda::Epilogue::kStore, nullptr, false);
             const auto got_add = run(d, x, n, cuda::Epilogue::kAdd, &base, false);
             CHECK(same_bits(got, 0, want, 0, want.size()));
@@ -67,6 +71,7 @@ void check_shape(const Shape& sh) {
         cuda::set_dense_batch_shape(0, 0);
         cuda::set_dense_batch_tma(-1);
         cuda::set_dense_batch_stages(0);
+        cuda::set_dense_batch_split(0);
     }
 }
 
@@ -95,6 +100,13 @@ TEST_CASE("dense_batch_plan: groups of warps x slabs per warp slabs, two per war
     CHECK(cuda::dense_batch_plan(2880).slabs_per_cta == 8);
     cuda::set_dense_batch_shape(4, 1);
     CHECK(cuda::dense_batch_plan(72).groups == 2);
+    CHECK(cuda::dense_batch_plan(5120).split == 1);
+    cuda::set_dense_batch_split(2);  // two warps per slab: 4-warp CTAs only, the same groups
+    CHECK(cuda::dense_batch_plan(5120).split == 2);
+    CHECK(cuda::dense_batch_plan(5120).groups == 80);
+    cuda::set_dense_batch_shape(8, 1);
+    CHECK(cuda::dense_batch_plan(5120).split == 1);
+    cuda::set_dense_batch_split(0);
     cuda::set_dense_batch_shape(0, 0);
     // Defaults: one slab per warp below 4096 slabs (QKV, O), two from there (lm_head).
     CHECK(cuda::dense_batch_plan(5120).slabs_per_cta == 4);

@@ -4,9 +4,11 @@
 Reads cubins written by `nvcc -arch=sm_90a -cubin` through cuobjdump (tools/fetch-sass-tools.sh
 fetches one for the build machine). Two uses:
 
-  sass-count.py OLD.cubin NEW.cubin        per kernel whose SASS differs: static instruction
-                                           count, PRMT and local-memory (spill) instructions,
-                                           old -> new
+  sass-count.py OLD.cubin NEW.cubin        per kernel whose SASS differs (instruction text,
+                                           addresses aside): static instruction count, PRMT and
+                                           local-memory (spill) instructions, old -> new, and
+                                           whether only the schedule differs; kernels in one
+                                           cubin only are listed as such
   sass-count.py --loops REGEX FILE.cubin   per backward-branch loop holding HMMA/HGMMA in the
                                            kernels whose mangled name matches REGEX: its size and
                                            its straight path (from the loop head to the first
@@ -44,7 +46,9 @@ def kernels(cubin):
     for line in out.splitlines():
         m = re.search(r"Function : (\S+)", line)
         if m:
-            name = m.group(1)
+            # An anonymous namespace's mangled name carries a per-compilation hash: dropped, so
+            # that two builds of the same kernel (e.g. from two checkouts) pair up.
+            name = re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__", m.group(1))
             res[name] = []
             continue
         m = INSTR.match(line)
@@ -71,17 +75,24 @@ def opcodes(instrs):
 
 
 def compare(old, new):
+    """Per kernel whose instructions differ: counts old -> new, and whether only the schedule differs
+    (the same opcode counts); kernels in one cubin only are listed as such."""
     a, b = kernels(old), kernels(new)
     for name in a:
         if name not in b:
+            print(f"{demangle(name)[:80]:80s} only in {old}")
+            continue
+        if [t for _, t in a[name]] == [t for _, t in b[name]]:
             continue
         ca, cb = opcodes(a[name]), opcodes(b[name])
-        if ca == cb:
-            continue
         na, nb = len(a[name]), len(b[name])
         spill = lambda c: c["LDL"] + c["STL"]
+        what = "  (same opcode counts: scheduled differently)" if ca == cb else ""
         print(f"{demangle(name)[:80]:80s} {na:6d} -> {nb:6d} ({nb - na:+d})  PRMT {ca['PRMT']} -> {cb['PRMT']}"
-              f"  LDL/STL {spill(ca)} -> {spill(cb)}")
+              f"  LDL/STL {spill(ca)} -> {spill(cb)}{what}")
+    for name in b:
+        if name not in a:
+            print(f"{demangle(name)[:80]:80s} only in {new}")
 
 
 def loops(pattern, cubin):

@@ -95,7 +95,7 @@ bool router_fused_model(const BatchModel& m) {  // whether the model's steps may
 // model that cannot take the one launch keeps 4.
 uint32_t router_warps(const BatchModel& m) {
     static const int env = env_choice("GPTOSS_DECODE_BATCH_ROUTER_WARPS", {4, 16}, 4);
-    return env == 16 && router_fused_model(m) ? 16u : 4u;
+    return env == 16 && router_fused_model(m) ? 16u : 4u;  // the default asks nothing of the device
 }
 bool router_fused(const BatchModel& m, uint32_t n) {
     return router_fused_model(m) && (n <= kRouterFusedMaxTokens || router_warps(m) == 16);

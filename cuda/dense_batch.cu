@@ -385,13 +385,17 @@ int tma_mode() {
 // 0.323 at 3; QKV / O 0.48 / 0.48 at 4, 0.53 / 0.55 at 3. GPTOSS_DECODE_BATCH_DENSE_STAGES = 2, 3
 // or 4 forces a depth for every plan (tuning); fewer where the device's shared memory is short.
 int g_stages = 0;  // set_dense_batch_stages
+template <int kWarps, int SPW, int S>
+bool stages_fit(bool tma, const DeviceProps& dp) {
+    const size_t bytes = tma ? smem_bytes<kWarps, SPW, S, true>(kCols) : smem_bytes<kWarps, SPW, S, false>(kCols);
+    return bytes <= size_t(dp.max_smem_optin);
+}
 template <int kWarps, int SPW>
 int stages(bool tma, const DeviceProps& dp) {
     static const int env = env_choice("GPTOSS_DECODE_BATCH_DENSE_STAGES", {2, 3, 4}, 0);
     int s = g_stages != 0 ? g_stages : env != 0 ? env : SPW == 2 ? 3 : 4;
-    const auto fits = [&](size_t bytes) { return bytes <= size_t(dp.max_smem_optin); };
-    if (s == 4 && !fits(tma ? smem_bytes<kWarps, SPW, 4, true>(kCols) : smem_bytes<kWarps, SPW, 4, false>(kCols))) s = 3;
-    if (s == 3 && !fits(tma ? smem_bytes<kWarps, SPW, 3, true>(kCols) : smem_bytes<kWarps, SPW, 3, false>(kCols))) s = 2;
+    if (s == 4 && !stages_fit<kWarps, SPW, 4>(tma, dp)) s = 3;
+    if (s == 3 && !stages_fit<kWarps, SPW, 3>(tma, dp)) s = 2;
     return s;
 }
 

@@ -21,12 +21,7 @@ dev_build build-gpu "$OUT/build-new.log"; rc=$?; wait
 [ $rc -eq 0 ] || { grep -B2 -A10 -m3 error "$OUT/build-new.log" | head -40; exit 1; }
 [ -x "$BASE_DIR/build-ab/gptoss-bench" ] || { tail -20 "$OUT/build-base.log"; exit 1; }
 echo "== built"
-./build-gpu/gptoss-synth --preset tiny --seed 1 --out "$PWD/build-gpu/models/tiny" --tokenizer-dir "$TOK" > /dev/null 2>&1
-GPTOSS_TINY_MODEL="$PWD/build-gpu/models/tiny" timeout 240 ctest --test-dir build-gpu -L gpu --output-on-failure -j2 \
-    > "$OUT/ctest.txt" 2>&1
-trc=$?
-echo "== ctest -L gpu rc=$trc: $(grep -E 'tests passed|tests failed' "$OUT/ctest.txt")"
-[ $trc -eq 0 ] || { grep -B5 -A30 -m2 -E 'FAILED|ERROR' "$OUT/ctest.txt" | head -80; exit 1; }
+dev_ctest_gpu build-gpu "$OUT/ctest.txt" || exit 1
 NEW=./build-gpu/gptoss-bench BASE="$BASE_DIR/build-ab/gptoss-bench"
 S="--synthetic 20b --no-gemm-probe"
 tg() { timeout 120 "$1" $S -p 0 -n 128 -d 0,8192 -r 3 2>&1 | grep "tg128 @" | tr '\n' ';'; }

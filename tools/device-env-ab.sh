@@ -17,12 +17,8 @@ mkdir -p "$OUT"
 export DEPS TOK
 echo "== tree $(dev_tree_hash)"
 dev_build build-gpu "$OUT/build.log" || { grep -B2 -A10 -m3 error "$OUT/build.log" | head -40; exit 1; }
-./build-gpu/gptoss-synth --preset tiny --seed 1 --out "$PWD/build-gpu/models/tiny" --tokenizer-dir "$TOK" > /dev/null 2>&1
+dev_ctest_gpu build-gpu "$OUT/ctest.txt" || exit 1
 export GPTOSS_TINY_MODEL="$PWD/build-gpu/models/tiny"
-timeout 240 ctest --test-dir build-gpu -L gpu --output-on-failure -j2 > "$OUT/ctest.txt" 2>&1
-trc=$?
-echo "== ctest -L gpu rc=$trc: $(grep -E 'tests passed|tests failed' "$OUT/ctest.txt")"
-[ $trc -eq 0 ] || { grep -B5 -A30 -m2 -E 'FAILED|ERROR' "$OUT/ctest.txt" | head -80; exit 1; }
 for v in "$@"; do
   [ -n "$v" ] || continue
   echo "== test-kernels-batch with $v: $(env $v timeout 200 ./build-gpu/test-kernels-batch 2>&1 \

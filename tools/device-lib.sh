@@ -1,9 +1,10 @@
 # tools/device-lib.sh - sourced by the tools/device-*.sh scripts: the build each device call starts
-# with, in one place. dev_build DIR LOG [TARGET...] configures DIR (Ninja, Release, sm_90a only;
-# the packaged dependencies under $DEPS/usr and the tokenizer directory $TOK when those are set,
-# as tools/install-deps.sh / ../shared/device/carry-deps.sh lay them out) and builds the targets
-# (every target when none is named) with -j16. Both steps write to LOG, which the configure step
-# truncates. Returns the status of the step that failed, 0 when both succeed.
+# with (and dev_ctest_gpu, its GPU test run), in one place. dev_build DIR LOG [TARGET...] configures
+# DIR (Ninja, Release, sm_90a only; the packaged dependencies under $DEPS/usr and the tokenizer
+# directory $TOK when those are set, as tools/install-deps.sh / ../shared/device/carry-deps.sh lay
+# them out) and builds the targets (every target when none is named) with -j16. Both steps write to
+# LOG, which the configure step truncates. Returns the status of the step that failed, 0 when both
+# succeed.
 dev_build() {
   local dir=$1 log=$2
   shift 2
@@ -22,4 +23,18 @@ dev_build() {
 dev_tree_hash() {
   find cuda cpu tokenizer tools tests CMakeLists.txt Makefile ./*.cpp ./*.h -type f \
       -not -path '*/corpus/*' -print0 2>/dev/null | LC_ALL=C sort -z | xargs -0 cat | sha1sum | cut -c1-12
+}
+
+# dev_ctest_gpu DIR OUT_FILE writes the tiny synthetic model into DIR/models/tiny (gptoss-synth,
+# tokenizer $TOK), runs `ctest -L gpu` on DIR with it (240 s at most) into OUT_FILE, prints one
+# summary line and, on a failure, the first failing tests' output; returns ctest's status.
+dev_ctest_gpu() {
+  local dir=$1 out=$2 rc
+  "$dir/gptoss-synth" --preset tiny --seed 1 --out "$PWD/$dir/models/tiny" --tokenizer-dir "$TOK" > /dev/null 2>&1
+  GPTOSS_TINY_MODEL="$PWD/$dir/models/tiny" timeout 240 ctest --test-dir "$dir" -L gpu --output-on-failure -j2 \
+      > "$out" 2>&1
+  rc=$?
+  echo "== ctest -L gpu rc=$rc: $(grep -E 'tests passed|tests failed' "$out")"
+  [ $rc -eq 0 ] || grep -B5 -A30 -m2 -E 'FAILED|ERROR' "$out" | head -80
+  return $rc
 }

@@ -162,8 +162,9 @@ struct DecodeGemv {
 struct DecodeTuning {
     DecodeGemv bf16{8, 4, false};
     // MXFP4: the activation row is staged in shared memory (bf16), so shfl_x has no effect;
-    // 8 chunks in flight per warp (bench/NOTES.md "v17 decode").
-    DecodeGemv fp4{4, 8, true};
+    // 6 chunks in flight per warp (72 registers: 7 CTAs of 4 warps per SM instead of 6 at a ring
+    // of 8; H200 20b tg128 +2.4 % at depths 0 and 8 192, 120b +2.1 %, bench/NOTES.md "v39").
+    DecodeGemv fp4{4, 6, true};
     bool route_ready = true;
 };
 const DecodeTuning& decode_tuning();

@@ -245,10 +245,9 @@ const Instance kInstances[] = {
     GPTOSS_GEMV(false, 8, 4, true),  GPTOSS_GEMV(false, 16, 4, true), GPTOSS_GEMV(true, 4, 4, false),
     GPTOSS_GEMV(true, 4, 4, true),   GPTOSS_GEMV(true, 4, 6, true),   GPTOSS_GEMV(true, 4, 8, true),
     GPTOSS_GEMV(true, 8, 4, true),   GPTOSS_GEMV(true, 8, 4, false),
-    // A warp's whole share of a K = 2 880 slab (45 chunks) in flight at once: one DRAM round trip
-    // per CTA instead of two (bench/NOTES.md "v39").
-    GPTOSS_GEMV(true, 4, 12, true),  GPTOSS_GEMV(true, 8, 6, true),   GPTOSS_GEMV(true, 16, 3, true),
 };
+// Measured and removed (bench/NOTES.md "v39"): MXFP4 rings holding a warp's whole share of a
+// 45-chunk slab (4 warps × 12, 8 × 6, 16 × 3): 6-17 % slower than 4 × 6.
 #undef GPTOSS_GEMV
 
 const Instance* find_instance(bool fp4, const DecodeGemv& v) {

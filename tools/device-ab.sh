@@ -18,7 +18,7 @@ echo "== tree $(dev_tree_hash) (tools/device-lib.sh dev_tree_hash), base $(cd "$
 targets=(gptoss-bench gptoss-synth)
 (cd "$BASE_DIR" && dev_build build-ab "$OUT/build-base.log" "${targets[@]}") &
 dev_build build-gpu "$OUT/build-new.log"; rc=$?; wait
-[ $rc -eq 0 ] || { grep -B2 -A10 -m3 error "$OUT/build-new.log" | head -40; exit 1; }
+[ $rc -eq 0 ] || { dev_build_errors "$OUT/build-new.log"; exit 1; }
 [ -x "$BASE_DIR/build-ab/gptoss-bench" ] || { tail -20 "$OUT/build-base.log"; exit 1; }
 echo "== built"
 dev_ctest_gpu build-gpu "$OUT/ctest.txt" || exit 1

@@ -8,18 +8,15 @@
 # ROUNDS (2).
 # Usage (repository root, GPU machine): tools/device-decode-env.sh DEPS_DIR TOKENIZER_DIR VARIANT...
 set -uo pipefail
-DEPS="$1" TOK="$2"
-shift 2
 OUT="${OUT:-/tmp/device-decode-env-out}"
-mkdir -p "$OUT"
 . tools/device-lib.sh
-export DEPS TOK
-echo "== tree $(dev_tree_hash)"
+dev_start "$1" "$2"
+shift 2
 if [ -z "${BENCH:-}" ]; then
-  dev_build build-gpu "$OUT/build.log" gptoss-bench || { grep -B2 -A10 -m3 error "$OUT/build.log" | head -40; exit 1; }
+  dev_build build-gpu "$OUT/build.log" gptoss-bench || { dev_build_errors "$OUT/build.log"; exit 1; }
   BENCH=./build-gpu/gptoss-bench
 fi
-tg() {  # variant -> "d=DEPTH tok/s; ..."
+tg() {  # variant -> "DEPTH TOK/S; ..." per depth
   env $1 timeout 200 "$BENCH" --synthetic "${MODEL:-20b}" --no-gemm-probe -p 0 -n 128 -d "${DEPTHS:-0,8192}" -r 3 2>&1 |
     awk -F'|' '/^\| tg/ {gsub(/ /, "", $3); gsub(/ /, "", $4); printf "%s %s; ", $3, $4}'
 }

@@ -9,14 +9,11 @@
 # space-separated NAME=VALUE pairs; "" is the defaults. Raw lines go to $OUT/env-ab.txt.
 # Usage (repository root, GPU machine): tools/device-env-ab.sh DEPS_DIR TOKENIZER_DIR VARIANT...
 set -uo pipefail
-DEPS="$1" TOK="$2"
-shift 2
 OUT="${OUT:-/tmp/device-env-ab-out}"
-mkdir -p "$OUT"
 . tools/device-lib.sh
-export DEPS TOK
-echo "== tree $(dev_tree_hash)"
-dev_build build-gpu "$OUT/build.log" || { grep -B2 -A10 -m3 error "$OUT/build.log" | head -40; exit 1; }
+dev_start "$1" "$2"
+shift 2
+dev_build build-gpu "$OUT/build.log" || { dev_build_errors "$OUT/build.log"; exit 1; }
 dev_ctest_gpu build-gpu "$OUT/ctest.txt" || exit 1
 export GPTOSS_TINY_MODEL="$PWD/build-gpu/models/tiny"
 for v in "$@"; do

@@ -38,3 +38,16 @@ dev_ctest_gpu() {
   [ $rc -eq 0 ] || grep -B5 -A30 -m2 -E 'FAILED|ERROR' "$out" | head -80
   return $rc
 }
+
+# dev_start DEPS_DIR TOKENIZER_DIR: the start of a device-*.sh call that builds one tree: exports
+# DEPS and TOK for dev_build, creates $OUT (the caller sets it) and prints the tree's hash.
+dev_start() {
+  export DEPS="$1" TOK="$2"
+  mkdir -p "$OUT"
+  echo "== tree $(dev_tree_hash)"
+}
+
+# dev_build_errors LOG prints the first compiler errors of a failed dev_build's log.
+dev_build_errors() {
+  grep -B2 -A10 -m3 error "$1" | head -40
+}

@@ -19,7 +19,7 @@ bld() {  # source dir, log
     && cmake --build build-multi -j16 --target test-kernels-multi gptoss-bench gptoss-synth >> "$2" 2>&1 )
 }
 bld "$BASE_DIR" "$OUT/build-base.log" & bld . "$OUT/build-new.log"; rc=$?; wait
-[ $rc -eq 0 ] || { grep -B2 -A10 -m3 error "$OUT/build-new.log" | head -40; exit 1; }
+[ $rc -eq 0 ] || { dev_build_errors "$OUT/build-new.log"; exit 1; }
 [ -x "$BASE_DIR/build-multi/gptoss-bench" ] || { tail -20 "$OUT/build-base.log"; exit 1; }
 echo "== built"
 ./build-multi/gptoss-synth --preset tiny --hidden 128 --intermediate 256 --layers 3 --out /tmp/multi3 > /dev/null 2>&1

@@ -52,8 +52,13 @@ struct DecodeArgs {
 
 constexpr uint32_t kMaxRowK = 4096;  // the MXFP4 activation row lives in shared memory
 
-template <bool kFp4, int NW, int kDepth, bool kShfl>
-__global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs args) {
+// kChunks: 0 = any K (a loop over rounds of kDepth chunks with a bound test per chunk), else the
+// instance for K = 64·kChunks only: the warp's chunks unrolled, so the loads and shared-memory
+// reads sit at immediate offsets from one pointer and the only test left is whether the warp has
+// the slab's last, odd chunk. The same chunks in the same order through the same mma: the same bits.
+// kMinCtas: CTAs per SM the registers must allow (__launch_bounds__; 0 = no bound).
+template <bool kFp4, int NW, int kDepth, bool kShfl, int kChunks, int kMinCtas>
+__global__ __launch_bounds__(NW * 32, kMinCtas) void gemv_decode_kernel(const DecodeArgs args) {
     constexpr uint32_t R = NW * 32;
     __shared__ float red[NW][16];
     // MXFP4: the staged activation row, permuted as it is.
@@ -61,7 +66,10 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const uint32_t slab = blockIdx.x;
-    const uint32_t K = args.w.K, N = args.w.N, n_chunks = K >> 6;
+    const uint32_t K = kChunks ? 64u * kChunks : args.w.K, N = args.w.N, n_chunks = K >> 6;
+    // kChunks: the warp's chunks are warp + NW·i, i < kPer; the last only for warps < kOdd.
+    constexpr int kOdd = kChunks % NW, kPer = kChunks / NW + (kOdd != 0);
+    const auto has = [&](int i) { return i < kPer - 1 || (i == kPer - 1 && (kOdd == 0 || warp < kOdd)); };
 
     // The tile: expert and the one pair of a T = 1 route (dense: expert 0, row 0).
     int expert = 0, n_tiles = 1, pair_at = 0;
@@ -95,12 +103,17 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
     const uint4* wp;
     const uint2* sp;
     slab_pointers<kFp4>(args.w, expert, slab, n_chunks, lane, &wp, &sp);
+    // kChunks: every pointer starts at the warp's first chunk c0, so that a chunk's offset from it,
+    // c − c0 = NW·i, is a constant of the unrolled code (any K: c0 = 0).
+    const uint32_t c0 = kChunks ? uint32_t(warp) : 0u;
+    wp += size_t(c0) * (kFp4 ? 32 : 128);
+    if constexpr (kFp4) sp += size_t(c0) * 8;
 
     Chunk ring[kDepth];
 #pragma unroll
     for (int i = 0; i < kDepth; ++i) {
         const uint32_t cc = uint32_t(warp) + uint32_t(NW) * i;
-        if (cc < n_chunks) load_chunk<kFp4>(ring[i], wp, sp, cc);
+        if (kChunks ? has(i) : cc < n_chunks) load_chunk<kFp4>(ring[i], wp, sp, cc - c0);
     }
     if (args.routed && args.route_early) read_pair();
     // The epilogue's bias (a weight, known with the expert) and, for kAdd, the residual row it
@@ -124,8 +137,8 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
     // Activation ring: shfl = word `lane` of each chunk's 128-byte slice of the row; else the
     // two 16-byte B fragments of lanes g == 0 (zero elsewhere).
     const uint16_t* xrow = args.x + size_t(in_row) * K;
-    const uint32_t* xw = reinterpret_cast<const uint32_t*>(xrow) + lane;
-    const uint4* xf = reinterpret_cast<const uint4*>(xrow + t * 16);
+    const uint32_t* xw = reinterpret_cast<const uint32_t*>(xrow) + lane + size_t(c0) * 32;
+    const uint4* xf = reinterpret_cast<const uint4*>(xrow + t * 16) + size_t(c0) * 8;
     uint32_t xs[kShfl ? kDepth : 1];
     uint4 xb[kShfl ? 1 : kDepth][2];
     auto load_x = [&](int i, uint32_t c) {
@@ -155,43 +168,58 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
 #pragma unroll
         for (int i = 0; i < kDepth; ++i) {
             const uint32_t cc = uint32_t(warp) + uint32_t(NW) * i;
-            if (cc < n_chunks) load_x(i, cc);
+            if (kChunks ? has(i) : cc < n_chunks) load_x(i, cc - c0);
         }
     }
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (uint32_t base = uint32_t(warp); base < n_chunks; base += uint32_t(NW * kDepth)) {
+    // Chunk c from ring slot i, then slot i's refill with chunk cn.
+    const auto compute = [&](int i, uint32_t c) {
+        if constexpr (kFp4) {
+            // words c·32 + 8t .. + 7 of the row (sub-tile j: 8t + 2j, + 1).
+            const uint4* xq = reinterpret_cast<const uint4*>(xsm) + size_t(c0) * 8 + 2 * t + size_t(c - c0) * 8;
+            const uint4 lo = xq[0], hi = xq[1];
+            const uint32_t xw8[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            mxfp4_chunk_blockscale(acc, ring[i], xw8);
+        } else {
 #pragma unroll
-        for (int i = 0; i < kDepth; ++i) {
-            const uint32_t c = base + uint32_t(NW) * i;
-            if (c >= n_chunks) break;
-            if constexpr (kFp4) {
-                // words c·32 + 8t .. + 7 of the row (sub-tile j: 8t + 2j, + 1).
-                const uint4* xq = reinterpret_cast<const uint4*>(xsm) + size_t(c) * 8 + 2 * t;
-                const uint4 lo = xq[0], hi = xq[1];
-                const uint32_t xw8[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-                mxfp4_chunk_blockscale(acc, ring[i], xw8);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    uint32_t a[4];
-                    fragment<false>(ring[i], j, a);
-                    uint32_t b0, b1;
-                    if constexpr (kShfl) {
-                        b0 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j);
-                        b1 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j + 1);
-                    } else {
-                        const uint4 b = xb[i][j >> 1];
-                        b0 = (j & 1) ? b.z : b.x;
-                        b1 = (j & 1) ? b.w : b.y;
-                    }
-                    mma(acc, a, b0, b1);
+            for (int j = 0; j < 4; ++j) {
+                uint32_t a[4];
+                fragment<false>(ring[i], j, a);
+                uint32_t b0, b1;
+                if constexpr (kShfl) {
+                    b0 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j);
+                    b1 = __shfl_sync(0xffffffffu, xs[i], 8 * t + 2 * j + 1);
+                } else {
+                    const uint4 b = xb[i][j >> 1];
+                    b0 = (j & 1) ? b.z : b.x;
+                    b1 = (j & 1) ? b.w : b.y;
                 }
+                mma(acc, a, b0, b1);
             }
-            const uint32_t cn = c + uint32_t(NW * kDepth);
-            if (cn < n_chunks) {
-                load_chunk<kFp4>(ring[i], wp, sp, cn);
-                if constexpr (!kFp4) load_x(i, cn);
+        }
+    };
+    const auto refill = [&](int i, uint32_t cn) {
+        load_chunk<kFp4>(ring[i], wp, sp, cn - c0);
+        if constexpr (!kFp4) load_x(i, cn - c0);
+    };
+    if constexpr (kChunks != 0) {
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+            if (!has(i)) break;  // only the last chunk, only for warps >= kOdd
+            const uint32_t c = uint32_t(warp) + uint32_t(NW) * i;
+            compute(i % kDepth, c);
+            if (i + kDepth < kPer && has(i + kDepth)) refill(i % kDepth, c + uint32_t(NW * kDepth));
+        }
+    } else {
+        for (uint32_t base = uint32_t(warp); base < n_chunks; base += uint32_t(NW * kDepth)) {
+#pragma unroll
+            for (int i = 0; i < kDepth; ++i) {
+                const uint32_t c = base + uint32_t(NW) * i;
+                if (c >= n_chunks) break;
+                compute(i, c);
+                const uint32_t cn = c + uint32_t(NW * kDepth);
+                if (cn < n_chunks) refill(i, cn);
             }
         }
     }
@@ -235,26 +263,38 @@ using KernelFn = void (*)(const DecodeArgs);
 struct Instance {
     bool fp4;
     DecodeGemv v;
+    uint32_t chunks;  // 0: any K; else K = 64·chunks only
+    int min_ctas;     // the launch bounds' CTAs per SM (0: none)
     KernelFn fn;
 };
 
-#define GPTOSS_GEMV(FP4, NW, D, SH) Instance{FP4, DecodeGemv{NW, D, SH}, gemv_decode_kernel<FP4, NW, D, SH>}
-// The variants compiled in (decode_gemv_variants lists them; the tests run every one).
+#define GPTOSS_GEMV(FP4, NW, D, SH, C, M) \
+    Instance{FP4, DecodeGemv{NW, D, SH}, C, M, gemv_decode_kernel<FP4, NW, D, SH, C, M>}
+// The variants compiled in (decode_gemv_variants lists them; the tests run every one), and the
+// fixed-K instances of the defaults for gpt-oss's K: 2880 (45 chunks: QKV, gate_up, down) and
+// 4096 (64: O), which gemm_decode takes when the variant's fixed_k allows and K matches.
 const Instance kInstances[] = {
-    GPTOSS_GEMV(false, 4, 4, false), GPTOSS_GEMV(false, 8, 4, false), GPTOSS_GEMV(false, 16, 4, false),
-    GPTOSS_GEMV(false, 8, 4, true),  GPTOSS_GEMV(false, 16, 4, true), GPTOSS_GEMV(true, 4, 4, false),
-    GPTOSS_GEMV(true, 4, 4, true),   GPTOSS_GEMV(true, 4, 6, true),   GPTOSS_GEMV(true, 4, 8, true),
-    GPTOSS_GEMV(true, 8, 4, true),   GPTOSS_GEMV(true, 8, 4, false),
+    GPTOSS_GEMV(false, 4, 4, false, 0, 0), GPTOSS_GEMV(false, 8, 4, false, 0, 0), GPTOSS_GEMV(false, 16, 4, false, 0, 0),
+    GPTOSS_GEMV(false, 8, 4, true, 0, 0),  GPTOSS_GEMV(false, 16, 4, true, 0, 0), GPTOSS_GEMV(true, 4, 4, false, 0, 0),
+    GPTOSS_GEMV(true, 4, 4, true, 0, 0),   GPTOSS_GEMV(true, 4, 6, true, 0, 0),   GPTOSS_GEMV(true, 4, 8, true, 0, 0),
+    GPTOSS_GEMV(true, 8, 4, true, 0, 0),   GPTOSS_GEMV(true, 8, 4, false, 0, 0),
+    GPTOSS_GEMV(true, 4, 4, true, 45, 0),  GPTOSS_GEMV(false, 8, 4, false, 45, 0), GPTOSS_GEMV(false, 8, 4, false, 64, 0),
+    GPTOSS_GEMV(false, 4, 4, false, 45, 0), GPTOSS_GEMV(false, 4, 4, false, 64, 0),
 };
-// Measured and removed (bench/NOTES.md "v39"): MXFP4 rings holding a warp's whole share of a
-// 45-chunk slab (4 warps × 12, 8 × 6, 16 × 3): 6-17 % slower than 4 × 6.
+// Measured and removed (bench/NOTES.md "v39", "v40"): MXFP4 rings holding a warp's whole share of a
+// 45-chunk slab (4 warps × 12, 8 × 6, 16 × 3): 6-17 % slower than 4 × 6; a ring of 5 bounded to 8
+// CTAs per SM (64 registers): −3.5 %; fixed-K MXFP4 rings of 5, 6 and 8 (92-114 registers) and
+// fixed-K rings bounded to 6-7 CTAs per SM (spills): −4 to −10 % against the any-K ring of 6.
 #undef GPTOSS_GEMV
 
-const Instance* find_instance(bool fp4, const DecodeGemv& v) {
+const Instance* find_instance(bool fp4, const DecodeGemv& v, uint32_t chunks) {
+    const Instance* any_k = nullptr;
     for (const Instance& in : kInstances)
-        if (in.fp4 == fp4 && in.v.warps == v.warps && in.v.depth == v.depth && in.v.shfl_x == v.shfl_x)
-            return &in;
-    return nullptr;
+        if (in.fp4 == fp4 && in.v.warps == v.warps && in.v.depth == v.depth && in.v.shfl_x == v.shfl_x) {
+            if (in.chunks == 0) any_k = &in;
+            else if (v.fixed_k == in.min_ctas && in.chunks == chunks) return &in;
+        }
+    return any_k;
 }
 
 // "NW,DEPTH,SHFL" (e.g. "8,4,1") from the environment, else `def`.
@@ -285,7 +325,19 @@ bool route_early() {
 
 std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants() {
     std::vector<std::pair<bool, DecodeGemv>> out;
-    for (const Instance& in : kInstances) out.emplace_back(in.fp4, in.v);
+    for (const Instance& in : kInstances)
+        if (in.chunks == 0) out.emplace_back(in.fp4, in.v);
+    return out;
+}
+
+std::vector<DecodeFixedK> decode_gemv_fixed_k() {
+    std::vector<DecodeFixedK> out;
+    for (const Instance& in : kInstances)
+        if (in.chunks != 0) {
+            DecodeGemv v = in.v;
+            v.fixed_k = in.min_ctas;
+            out.push_back(DecodeFixedK{in.fp4, v, 64 * in.chunks});
+        }
     return out;
 }
 
@@ -295,6 +347,8 @@ const DecodeTuning& decode_tuning() {
         d.bf16 = env_variant("GPTOSS_DECODE_BF16", d.bf16);
         d.fp4 = env_variant("GPTOSS_DECODE_FP4", d.fp4);
         d.route_ready = env_flag("GPTOSS_DECODE_ROUTE_READY", d.route_ready);
+        d.bf16.fixed_k = env_int("GPTOSS_DECODE_FIXED_K_BF16", d.bf16.fixed_k);
+        d.fp4.fixed_k = env_int("GPTOSS_DECODE_FIXED_K", d.fp4.fixed_k);
         return d;
     }();
     return tuning;
@@ -312,7 +366,7 @@ gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRou
         return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: SwiGLU needs a route, N %% 16 == 0 (N=%u) and a bf16 output",
                     w.N);
     if (epilogue != Epilogue::kSwiglu && !out_f32) return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: fp32 output missing");
-    const Instance* in = find_instance(w.mxfp4, variant);
+    const Instance* in = find_instance(w.mxfp4, variant, w.K / 64);
     if (!in)
         return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: no %s variant with %u warps, ring depth %u, shfl %d",
                     w.mxfp4 ? "MXFP4" : "bf16", variant.warps, variant.depth, int(variant.shfl_x));

@@ -156,9 +156,13 @@ struct DecodeGemv {
     uint32_t warps = 4;   // warps splitting K per slab
     uint32_t depth = 4;   // weight chunks in flight per warp
     bool shfl_x = false;  // activation row as one word per lane, B fragments by shuffles
+    // -1: the any-K kernel; >= 0: the instance compiled for this K (gpt-oss's 2880 or 4096) with
+    // `fixed_k` CTAs per SM in its launch bounds (0 = none), when there is one (the same bits).
+    int fixed_k = -1;
 };
 // The variants in use: defaults, overridden for A/B runs by GPTOSS_DECODE_BF16 / _FP4 =
-// "WARPS,DEPTH,SHFL", GPTOSS_DECODE_ROUTE_READY = 0|1. Read once per process.
+// "WARPS,DEPTH,SHFL", GPTOSS_DECODE_ROUTE_READY = 0|1, GPTOSS_DECODE_FIXED_K / _FIXED_K_BF16 = the
+// MXFP4 / bf16 variant's fixed_k. Read once per process.
 struct DecodeTuning {
     DecodeGemv bf16{8, 4, false};
     // MXFP4: the activation row is staged in shared memory (bf16), so shfl_x has no effect;
@@ -170,6 +174,14 @@ struct DecodeTuning {
 const DecodeTuning& decode_tuning();
 // Every compiled (mxfp4, variant) pair (tests run them all).
 std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants();
+// The fixed-K instances, v.fixed_k set (tests compare each with the any-K instance of its
+// variant, bit for bit).
+struct DecodeFixedK {
+    bool fp4;
+    DecodeGemv v;
+    uint32_t K;
+};
+std::vector<DecodeFixedK> decode_gemv_fixed_k();
 [[nodiscard]] gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRoute* route,
                                         bool route_ready, Epilogue epilogue, float* out_f32, uint16_t* out_bf16,
                                         uint32_t ldo, float swiglu_limit, const DecodeGemv& variant,

@@ -4,7 +4,8 @@
 // a multiple of warps × depth chunks; routed MXFP4 (a T = 1 route with one pair per tile, fewer
 // tiles than max_tiles, input rows by in_div) with and without route_ready, plain and with the
 // fused SwiGLU; each result reproduced bit for bit by a second launch (deterministic); MXFP4
-// activations over 29 octaves with scales 0 and 128, and a row of 1e6 (finite results).
+// activations over 29 octaves with scales 0 and 128, and a row of 1e6 (finite results); the
+// fixed-K instances (K = 2880, 4096) bit for bit against the any-K kernel of their variant.
 // Without a CUDA device the tests are skipped (exit 77). Tolerance |got − ref| <= atol + rtol·|ref|.
 #include "tests/kernel-test-util.cuh"
 
@@ -219,6 +220,109 @@ TEST_CASE("decode GEMV (MXFP4): activations over 2^-13..2^15 and scales 0 / 128 
             CHECK(std::fabs(got[n] - ref[n]) <= 4e-5f * mag[n] + 1e-30f);
         }
         for (float y : outb.get()) CHECK(std::isfinite(y));
+    }
+}
+
+// The fixed-K instances (gpt-oss's K = 2880 / 4096, the warp's chunks unrolled) sum the same chunks
+// in the same order as the any-K kernel of their variant: the same bits, dense (kStore, kAdd) and
+// routed MXFP4 (kStore and SwiGLU, route_ready or not), and the CPU's values.
+TEST_CASE("decode GEMV fixed-K instances equal the any-K kernel bit for bit and match the CPU") {
+    Rand r(74);
+    const auto fixed = cuda::decode_gemv_fixed_k();
+    REQUIRE(!fixed.empty());
+    for (const cuda::DecodeFixedK& f : fixed) {
+        cuda::DecodeGemv any = f.v;
+        any.fixed_k = -1;
+        const std::string what = name(f.fp4, f.v) + " fixed_k " + std::to_string(f.v.fixed_k) + " K=" +
+                                 std::to_string(f.K);
+        INFO(what);
+        const uint32_t K = f.K;
+        if (!f.fp4) {
+            const uint32_t N = 200;
+            const auto W = r.bf16s(size_t(N) * K, 0.05f);
+            const auto x = r.floats_bf16(K, 1.0f);
+            Dev<uint16_t> raw(W), xd(permuted_rows(x, 1, K));
+            Dev<uint8_t> frag(cuda::bf16_fragment_bytes(N, K));
+            OK(cuda::repack_bf16(raw.p, N, K, frag.p, nullptr));
+            cuda::GemmWeights w;
+            w.w = frag.p; w.N = N; w.K = K;
+            std::vector<float> ref(N);
+            const std::vector<uint16_t> no_bias(N, 0);
+            cpu::matmul_bf16(x.data(), W.data(), no_bias.data(), 1, K, N, ref.data());
+            const auto base = r.floats_bf16(N, 2.0f);
+            Dev<float> a(N), b(N), aa(base), ba(base);
+            OK(cuda::gemm_decode(w, xd.p, nullptr, false, cuda::Epilogue::kStore, a.p, nullptr, N, 0, f.v, nullptr));
+            OK(cuda::gemm_decode(w, xd.p, nullptr, false, cuda::Epilogue::kStore, b.p, nullptr, N, 0, any, nullptr));
+            OK(cuda::gemm_decode(w, xd.p, nullptr, false, cuda::Epilogue::kAdd, aa.p, nullptr, N, 0, f.v, nullptr));
+            OK(cuda::gemm_decode(w, xd.p, nullptr, false, cuda::Epilogue::kAdd, ba.p, nullptr, N, 0, any, nullptr));
+            const auto got = a.get();
+            expect_close(got, ref, 1e-4f, 1e-4f, what);
+            CHECK(got == b.get());
+            CHECK(aa.get() == ba.get());
+            continue;
+        }
+        // Routed MXFP4: E = 3 experts, 2 tiles in use of max_tiles 3; N = 128 rows (SwiGLU: I = 64, a
+        // whole 64-k chunk, as permuted_k's permutation within chunks needs).
+        const uint32_t E = 3, N = 128, I = N / 2;
+        const std::vector<int32_t> experts{2, 0};
+        const auto blocks = r.bytes(size_t(E) * N * K / 2);
+        std::vector<uint8_t> scales(size_t(E) * N * K / 32);
+        for (uint8_t& sc : scales) sc = uint8_t(114 + r.below(8));
+        const auto bias = r.bf16s(size_t(E) * N, 0.5f);
+        const auto x = r.floats_bf16(experts.size() * K, 1.0f);
+        Dev<uint8_t> rb(blocks), rs(scales), frag(E * cuda::mxfp4_fragment_bytes(N, K)),
+            sc(E * cuda::mxfp4_scale_bytes(N, K));
+        Dev<uint16_t> rbias(bias), xd(permuted_rows(x, uint32_t(experts.size()), K));
+        Dev<float> fbias(size_t(E) * N);
+        Dev<int> bad(1);
+        REQUIRE(cudaMemset(bad.p, 0, sizeof(int)) == cudaSuccess);
+        for (bool swiglu : {false, true}) {
+            for (uint32_t e = 0; e < E; ++e) {
+                OK(cuda::repack_mxfp4(rb.p + size_t(e) * N * K / 2, rs.p + size_t(e) * N * K / 32, N, K, swiglu,
+                                      frag.p + e * cuda::mxfp4_fragment_bytes(N, K),
+                                      sc.p + e * cuda::mxfp4_scale_bytes(N, K), bad.p, nullptr));
+                OK(cuda::bf16_to_f32(rbias.p + size_t(e) * N, N, swiglu, fbias.p + size_t(e) * N, nullptr));
+            }
+            cuda::GemmWeights w;
+            w.w = frag.p; w.scales = reinterpret_cast<uint16_t*>(sc.p); w.bias = fbias.p; w.mxfp4 = true;
+            w.N = N; w.K = K; w.w_expert_stride = cuda::mxfp4_fragment_bytes(N, K);
+            w.s_expert_stride = cuda::mxfp4_scale_bytes(N, K) / 2; w.bias_expert_stride = N;
+            std::vector<float> ref(experts.size() * N);
+            for (size_t p = 0; p < experts.size(); ++p) {
+                const size_t e = size_t(experts[p]);
+                cpu::matmul_mxfp4(x.data() + p * K, blocks.data() + e * N * K / 2, scales.data() + e * N * K / 32,
+                                  bias.data() + e * N, 1, K, N, ref.data() + p * N);
+            }
+            Route route(experts, 1, 3);
+            for (bool ready : {false, true}) {
+                const std::string how = what + (swiglu ? " SwiGLU" : " store") + (ready ? " route_ready" : "");
+                if (swiglu) {
+                    Dev<uint16_t> a(experts.size() * I), b(experts.size() * I);
+                    OK(cuda::gemm_decode(w, xd.p, &route.r, ready, cuda::Epilogue::kSwiglu, nullptr, a.p, I, 7.0f,
+                                         f.v, nullptr));
+                    OK(cuda::gemm_decode(w, xd.p, &route.r, ready, cuda::Epilogue::kSwiglu, nullptr, b.p, I, 7.0f,
+                                         any, nullptr));
+                    const auto got = a.get();
+                    std::vector<float> want(experts.size() * I), unperm(want.size());
+                    for (size_t p = 0; p < experts.size(); ++p) {
+                        cpu::swiglu(ref.data() + p * N, 1, I, 7.0f, want.data() + p * I);
+                        for (uint32_t k = 0; k < I; ++k)
+                            unperm[p * I + k] = bf16_to_f32(got[p * I + cuda::permuted_k(k)]);
+                    }
+                    expect_close(unperm, want, 1e-3f, 8e-3f, how);
+                    CHECK(got == b.get());
+                } else {
+                    Dev<float> a(ref.size()), b(ref.size());
+                    OK(cuda::gemm_decode(w, xd.p, &route.r, ready, cuda::Epilogue::kStore, a.p, nullptr, N, 0, f.v,
+                                         nullptr));
+                    OK(cuda::gemm_decode(w, xd.p, &route.r, ready, cuda::Epilogue::kStore, b.p, nullptr, N, 0, any,
+                                         nullptr));
+                    const auto got = a.get();
+                    expect_close(got, ref, 1e-4f, 1e-4f, how);
+                    CHECK(got == b.get());
+                }
+            }
+        }
     }
 }
 

@@ -280,6 +280,7 @@ const Instance kInstances[] = {
     GPTOSS_GEMV(true, 8, 4, true, 0, 0),   GPTOSS_GEMV(true, 8, 4, false, 0, 0),
     GPTOSS_GEMV(true, 4, 4, true, 45, 0),  GPTOSS_GEMV(false, 8, 4, false, 45, 0), GPTOSS_GEMV(false, 8, 4, false, 64, 0),
     GPTOSS_GEMV(false, 4, 4, false, 45, 0), GPTOSS_GEMV(false, 4, 4, false, 64, 0),
+    GPTOSS_GEMV(true, 2, 4, true, 0, 0),   GPTOSS_GEMV(true, 2, 4, true, 45, 0),  GPTOSS_GEMV(true, 8, 4, true, 45, 0),
 };
 // Measured and removed (bench/NOTES.md "v39", "v40"): MXFP4 rings holding a warp's whole share of a
 // 45-chunk slab (4 warps × 12, 8 × 6, 16 × 3): 6-17 % slower than 4 × 6; a ring of 5 bounded to 8
@@ -306,7 +307,7 @@ DecodeGemv env_variant(const char* name, DecodeGemv def) {
         std::fprintf(stderr, "gptoss: %s=\"%s\" is not NW,DEPTH,SHFL; using the default\n", name, s);
         return def;
     }
-    return DecodeGemv{nw, d, sh != 0};
+    return DecodeGemv{nw, d, sh != 0, def.fixed_k};
 }
 
 bool env_flag(const char* name, bool def) {

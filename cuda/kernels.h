@@ -164,11 +164,14 @@ struct DecodeGemv {
 // "WARPS,DEPTH,SHFL", GPTOSS_DECODE_ROUTE_READY = 0|1, GPTOSS_DECODE_FIXED_K / _FIXED_K_BF16 = the
 // MXFP4 / bf16 variant's fixed_k. Read once per process.
 struct DecodeTuning {
-    DecodeGemv bf16{8, 4, false};
-    // MXFP4: the activation row is staged in shared memory (bf16), so shfl_x has no effect;
-    // 6 chunks in flight per warp (72 registers: 7 CTAs of 4 warps per SM instead of 6 at a ring
-    // of 8; H200 20b tg128 +2.4 % at depths 0 and 8 192, 120b +2.1 %, bench/NOTES.md "v39").
-    DecodeGemv fp4{4, 6, true};
+    // Both take the fixed-K instances at gpt-oss's K (2880, 4096; any other K takes the any-K
+    // kernel of the same variant, with the same bits): H200 20b tg128 +4.9 % at depth 0, +4.5 % at
+    // 8 192, 120b +5.2 % against the any-K kernels (bench/NOTES.md "v40").
+    DecodeGemv bf16{8, 4, false, 0};
+    // MXFP4: the activation row is staged in shared memory (bf16), so shfl_x has no effect. The
+    // fixed-K ring of 4 (80 registers: 6 CTAs of 4 warps per SM) beat the any-K ring of 6 (72
+    // registers, 7 CTAs; "v39") by ~2.3 % alone; the fixed-K rings of 5, 6, 8 lost ("v40").
+    DecodeGemv fp4{4, 4, true, 0};
     bool route_ready = true;
 };
 const DecodeTuning& decode_tuning();

@@ -9,6 +9,8 @@
 // Without a CUDA device the tests are skipped (exit 77). Tolerance |got − ref| <= atol + rtol·|ref|.
 #include "tests/kernel-test-util.cuh"
 
+#include <memory>
+
 namespace {
 
 std::string name(bool fp4, const cuda::DecodeGemv& v) {
@@ -41,6 +43,35 @@ struct Route {
         tiles.set(t);
         pairs.set(p);
         r.tiles = tiles.p; r.pairs = pairs.p; r.in_div = in_div; r.max_tiles = max_tiles;
+    }
+};
+
+// E experts' MXFP4 weights [E][N][K] (random nibbles, e8m0 scales in [s_lo, s_lo + s_span), bf16
+// biases × bias_scale) on the host; repack(swiglu) puts them on the GPU (kernel-test-util's
+// ExpertsW; swiglu: gate_up's interleaved rows) and returns their GemmWeights.
+struct Mxfp4Experts {
+    uint32_t E, N, K;
+    std::vector<uint8_t> blocks, scales;
+    std::vector<uint16_t> bias;
+    std::unique_ptr<ExpertsW> dev;
+    Mxfp4Experts(Rand& r, uint32_t e, uint32_t n, uint32_t k, uint32_t s_lo, uint32_t s_span, float bias_scale)
+        : E(e), N(n), K(k), blocks(r.bytes(size_t(e) * n * k / 2)), scales(size_t(e) * n * k / 32) {
+        for (uint8_t& s : scales) s = uint8_t(s_lo + r.below(s_span));
+        bias = r.bf16s(size_t(e) * n, bias_scale);
+    }
+    const cuda::GemmWeights& repack(bool swiglu) {
+        dev = std::make_unique<ExpertsW>(blocks, scales, bias, E, N, K, swiglu);
+        return dev->w;
+    }
+    // out[p·N ..] = the CPU's row x + p·x_stride through expert experts[p] (N outputs, bias added).
+    std::vector<float> reference(const std::vector<float>& x, size_t x_stride, const std::vector<int32_t>& experts) const {
+        std::vector<float> out(experts.size() * N);
+        for (size_t p = 0; p < experts.size(); ++p) {
+            const size_t e = size_t(experts[p]);
+            cpu::matmul_mxfp4(x.data() + p * x_stride, blocks.data() + e * N * K / 2, scales.data() + e * N * K / 32,
+                              bias.data() + e * N, 1, K, N, out.data() + p * N);
+        }
+        return out;
     }
 };
 
@@ -85,33 +116,11 @@ TEST_CASE("decode GEMV (MXFP4 routed, every variant, route_ready or not) matches
     // down: input row of pair p is p (in_div 1); output row p.
     {
         const uint32_t N = H, K = I;
-        const auto blocks = r.bytes(size_t(E) * N * K / 2);
-        std::vector<uint8_t> scales(size_t(E) * N * K / 32);
-        for (uint8_t& s : scales) s = uint8_t(115 + r.below(14));
-        const auto bias = r.bf16s(size_t(E) * N, 0.1f);
+        Mxfp4Experts m(r, E, N, K, 115, 14, 0.1f);
+        const cuda::GemmWeights& w = m.repack(false);
         const auto x = r.floats_bf16(experts.size() * K, 1.0f);
-        Dev<uint8_t> rb(blocks), rs(scales), frag(E * cuda::mxfp4_fragment_bytes(N, K)),
-            sc(E * cuda::mxfp4_scale_bytes(N, K));
-        Dev<uint16_t> rbias(bias), xd(permuted_rows(x, uint32_t(experts.size()), K));
-        Dev<float> fbias(size_t(E) * N);
-        Dev<int> bad(1);
-        REQUIRE(cudaMemset(bad.p, 0, sizeof(int)) == cudaSuccess);
-        for (uint32_t e = 0; e < E; ++e) {
-            OK(cuda::repack_mxfp4(rb.p + size_t(e) * N * K / 2, rs.p + size_t(e) * N * K / 32, N, K, false,
-                                  frag.p + e * cuda::mxfp4_fragment_bytes(N, K),
-                                  sc.p + e * cuda::mxfp4_scale_bytes(N, K), bad.p, nullptr));
-            OK(cuda::bf16_to_f32(rbias.p + size_t(e) * N, N, false, fbias.p + size_t(e) * N, nullptr));
-        }
-        cuda::GemmWeights w;
-        w.w = frag.p; w.scales = reinterpret_cast<uint16_t*>(sc.p); w.bias = fbias.p; w.mxfp4 = true;
-        w.N = N; w.K = K; w.w_expert_stride = cuda::mxfp4_fragment_bytes(N, K);
-        w.s_expert_stride = cuda::mxfp4_scale_bytes(N, K) / 2; w.bias_expert_stride = N;
-        std::vector<float> ref(experts.size() * N);
-        for (size_t p = 0; p < experts.size(); ++p) {
-            const size_t e = size_t(experts[p]);
-            cpu::matmul_mxfp4(x.data() + p * K, blocks.data() + e * N * K / 2, scales.data() + e * N * K / 32,
-                              bias.data() + e * N, 1, K, N, ref.data() + p * N);
-        }
+        Dev<uint16_t> xd(permuted_rows(x, uint32_t(experts.size()), K));
+        const std::vector<float> ref = m.reference(x, K, experts);
         Route route(experts, 1, 4);
         for (const cuda::DecodeGemv& v : variants(true)) {
             for (bool ready : {false, true}) {
@@ -130,34 +139,13 @@ TEST_CASE("decode GEMV (MXFP4 routed, every variant, route_ready or not) matches
     // gate_up + SwiGLU: every pair reads row 0 (in_div = K slots); output row p, [I] permuted.
     {
         const uint32_t N = 2 * I, K = H;
-        const auto blocks = r.bytes(size_t(E) * N * K / 2);
-        std::vector<uint8_t> scales(size_t(E) * N * K / 32);
-        for (uint8_t& s : scales) s = uint8_t(118 + r.below(6));  // large enough to hit the ±7 clamps
-        const auto bias = r.bf16s(size_t(E) * N, 0.5f);
+        Mxfp4Experts m(r, E, N, K, 118, 6, 0.5f);  // scales large enough to hit the ±7 clamps
+        const cuda::GemmWeights& w = m.repack(true);
         const auto x = r.floats_bf16(K, 1.0f);
-        Dev<uint8_t> rb(blocks), rs(scales), frag(E * cuda::mxfp4_fragment_bytes(N, K)),
-            sc(E * cuda::mxfp4_scale_bytes(N, K));
-        Dev<uint16_t> rbias(bias), xd(permuted_rows(x, 1, K));
-        Dev<float> fbias(size_t(E) * N);
-        Dev<int> bad(1);
-        REQUIRE(cudaMemset(bad.p, 0, sizeof(int)) == cudaSuccess);
-        for (uint32_t e = 0; e < E; ++e) {
-            OK(cuda::repack_mxfp4(rb.p + size_t(e) * N * K / 2, rs.p + size_t(e) * N * K / 32, N, K, true,
-                                  frag.p + e * cuda::mxfp4_fragment_bytes(N, K),
-                                  sc.p + e * cuda::mxfp4_scale_bytes(N, K), bad.p, nullptr));
-            OK(cuda::bf16_to_f32(rbias.p + size_t(e) * N, N, true, fbias.p + size_t(e) * N, nullptr));
-        }
-        cuda::GemmWeights w;
-        w.w = frag.p; w.scales = reinterpret_cast<uint16_t*>(sc.p); w.bias = fbias.p; w.mxfp4 = true;
-        w.N = N; w.K = K; w.w_expert_stride = cuda::mxfp4_fragment_bytes(N, K);
-        w.s_expert_stride = cuda::mxfp4_scale_bytes(N, K) / 2; w.bias_expert_stride = N;
-        std::vector<float> ref(experts.size() * I), g(N);
-        for (size_t p = 0; p < experts.size(); ++p) {
-            const size_t e = size_t(experts[p]);
-            cpu::matmul_mxfp4(x.data(), blocks.data() + e * N * K / 2, scales.data() + e * N * K / 32,
-                              bias.data() + e * N, 1, K, N, g.data());
-            cpu::swiglu(g.data(), 1, I, 7.0f, ref.data() + p * I);
-        }
+        Dev<uint16_t> xd(permuted_rows(x, 1, K));
+        const std::vector<float> g = m.reference(x, 0, experts);
+        std::vector<float> ref(experts.size() * I);
+        for (size_t p = 0; p < experts.size(); ++p) cpu::swiglu(g.data() + p * N, 1, I, 7.0f, ref.data() + p * I);
         Route route(experts, 4, 4);
         for (const cuda::DecodeGemv& v : variants(true)) {
             for (bool ready : {false, true}) {
@@ -265,34 +253,12 @@ TEST_CASE("decode GEMV fixed-K instances equal the any-K kernel bit for bit and 
         // whole 64-k chunk, as permuted_k's permutation within chunks needs).
         const uint32_t E = 3, N = 128, I = N / 2;
         const std::vector<int32_t> experts{2, 0};
-        const auto blocks = r.bytes(size_t(E) * N * K / 2);
-        std::vector<uint8_t> scales(size_t(E) * N * K / 32);
-        for (uint8_t& sc : scales) sc = uint8_t(114 + r.below(8));
-        const auto bias = r.bf16s(size_t(E) * N, 0.5f);
+        Mxfp4Experts m(r, E, N, K, 114, 8, 0.5f);
         const auto x = r.floats_bf16(experts.size() * K, 1.0f);
-        Dev<uint8_t> rb(blocks), rs(scales), frag(E * cuda::mxfp4_fragment_bytes(N, K)),
-            sc(E * cuda::mxfp4_scale_bytes(N, K));
-        Dev<uint16_t> rbias(bias), xd(permuted_rows(x, uint32_t(experts.size()), K));
-        Dev<float> fbias(size_t(E) * N);
-        Dev<int> bad(1);
-        REQUIRE(cudaMemset(bad.p, 0, sizeof(int)) == cudaSuccess);
+        Dev<uint16_t> xd(permuted_rows(x, uint32_t(experts.size()), K));
+        const std::vector<float> ref = m.reference(x, K, experts);
         for (bool swiglu : {false, true}) {
-            for (uint32_t e = 0; e < E; ++e) {
-                OK(cuda::repack_mxfp4(rb.p + size_t(e) * N * K / 2, rs.p + size_t(e) * N * K / 32, N, K, swiglu,
-                                      frag.p + e * cuda::mxfp4_fragment_bytes(N, K),
-                                      sc.p + e * cuda::mxfp4_scale_bytes(N, K), bad.p, nullptr));
-                OK(cuda::bf16_to_f32(rbias.p + size_t(e) * N, N, swiglu, fbias.p + size_t(e) * N, nullptr));
-            }
-            cuda::GemmWeights w;
-            w.w = frag.p; w.scales = reinterpret_cast<uint16_t*>(sc.p); w.bias = fbias.p; w.mxfp4 = true;
-            w.N = N; w.K = K; w.w_expert_stride = cuda::mxfp4_fragment_bytes(N, K);
-            w.s_expert_stride = cuda::mxfp4_scale_bytes(N, K) / 2; w.bias_expert_stride = N;
-            std::vector<float> ref(experts.size() * N);
-            for (size_t p = 0; p < experts.size(); ++p) {
-                const size_t e = size_t(experts[p]);
-                cpu::matmul_mxfp4(x.data() + p * K, blocks.data() + e * N * K / 2, scales.data() + e * N * K / 32,
-                                  bias.data() + e * N, 1, K, N, ref.data() + p * N);
-            }
+            const cuda::GemmWeights& w = m.repack(swiglu);
             Route route(experts, 1, 3);
             for (bool ready : {false, true}) {
                 const std::string how = what + (swiglu ? " SwiGLU" : " store") + (ready ? " route_ready" : "");

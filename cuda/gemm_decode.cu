@@ -21,9 +21,11 @@
 // scaled by 2^32, and each chunk runs gemm.cuh's mxfp4_chunk_blockscale (the block scales on the
 // fp32 sums of 32-k blocks; bench/NOTES.md "v32", "v33"); its own summation order: decode-vs-prefill
 // is a tolerance comparison; shfl is ignored for MXFP4 and K is limited to kMaxRowK.
+// Fixed-K instances (kChunks = 45 or 64: gpt-oss's K of 2880 and 4096) unroll each warp's chunks
+// with the same order and bits; the defaults take them (bench/NOTES.md "v40").
 // Floor: bytes of W read once (the activation row is an L2 hit); the variants (warps, ring
-// depth, shfl) are picked by decode_tuning(), overridable by environment variables for A/B
-// runs (bench/NOTES.md, "v12 decode").
+// depth, shfl, fixed_k) are picked by decode_tuning(), overridable by environment variables for
+// A/B runs (bench/NOTES.md, "v12 decode").
 #include "cuda/common.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/kernels.h"
@@ -279,13 +281,12 @@ const Instance kInstances[] = {
     GPTOSS_GEMV(true, 4, 4, true, 0, 0),   GPTOSS_GEMV(true, 4, 6, true, 0, 0),   GPTOSS_GEMV(true, 4, 8, true, 0, 0),
     GPTOSS_GEMV(true, 8, 4, true, 0, 0),   GPTOSS_GEMV(true, 8, 4, false, 0, 0),
     GPTOSS_GEMV(true, 4, 4, true, 45, 0),  GPTOSS_GEMV(false, 8, 4, false, 45, 0), GPTOSS_GEMV(false, 8, 4, false, 64, 0),
-    GPTOSS_GEMV(false, 4, 4, false, 45, 0), GPTOSS_GEMV(false, 4, 4, false, 64, 0),
-    GPTOSS_GEMV(true, 2, 4, true, 0, 0),   GPTOSS_GEMV(true, 2, 4, true, 45, 0),  GPTOSS_GEMV(true, 8, 4, true, 45, 0),
 };
 // Measured and removed (bench/NOTES.md "v39", "v40"): MXFP4 rings holding a warp's whole share of a
 // 45-chunk slab (4 warps × 12, 8 × 6, 16 × 3): 6-17 % slower than 4 × 6; a ring of 5 bounded to 8
-// CTAs per SM (64 registers): −3.5 %; fixed-K MXFP4 rings of 5, 6 and 8 (92-114 registers) and
-// fixed-K rings bounded to 6-7 CTAs per SM (spills): −4 to −10 % against the any-K ring of 6.
+// CTAs per SM (64 registers): −3.4 %; fixed-K MXFP4 rings of 5, 6 and 8 (92-114 registers), fixed-K
+// rings bounded to 6-8 CTAs per SM (spills) and fixed-K MXFP4 CTAs of 2 or 8 warps: −4 to −10 %, and
+// the fixed-K bf16 GEMVs at 4 warps: −1.5 %, against the defaults of the time.
 #undef GPTOSS_GEMV
 
 const Instance* find_instance(bool fp4, const DecodeGemv& v, uint32_t chunks) {

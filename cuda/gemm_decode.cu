@@ -58,9 +58,8 @@ constexpr uint32_t kMaxRowK = 4096;  // the MXFP4 activation row lives in shared
 // instance for K = 64·kChunks only: the warp's chunks unrolled, so the loads and shared-memory
 // reads sit at immediate offsets from one pointer and the only test left is whether the warp has
 // the slab's last, odd chunk. The same chunks in the same order through the same mma: the same bits.
-// kMinCtas: CTAs per SM the registers must allow (__launch_bounds__; 0 = no bound).
-template <bool kFp4, int NW, int kDepth, bool kShfl, int kChunks, int kMinCtas>
-__global__ __launch_bounds__(NW * 32, kMinCtas) void gemv_decode_kernel(const DecodeArgs args) {
+template <bool kFp4, int NW, int kDepth, bool kShfl, int kChunks>
+__global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs args) {
     constexpr uint32_t R = NW * 32;
     __shared__ float red[NW][16];
     // MXFP4: the staged activation row, permuted as it is.
@@ -266,21 +265,20 @@ struct Instance {
     bool fp4;
     DecodeGemv v;
     uint32_t chunks;  // 0: any K; else K = 64·chunks only
-    int min_ctas;     // the launch bounds' CTAs per SM (0: none)
     KernelFn fn;
 };
 
-#define GPTOSS_GEMV(FP4, NW, D, SH, C, M) \
-    Instance{FP4, DecodeGemv{NW, D, SH}, C, M, gemv_decode_kernel<FP4, NW, D, SH, C, M>}
+#define GPTOSS_GEMV(FP4, NW, D, SH, C) \
+    Instance{FP4, DecodeGemv{NW, D, SH}, C, gemv_decode_kernel<FP4, NW, D, SH, C>}
 // The variants compiled in (decode_gemv_variants lists them; the tests run every one), and the
 // fixed-K instances of the defaults for gpt-oss's K: 2880 (45 chunks: QKV, gate_up, down) and
 // 4096 (64: O), which gemm_decode takes when the variant's fixed_k allows and K matches.
 const Instance kInstances[] = {
-    GPTOSS_GEMV(false, 4, 4, false, 0, 0), GPTOSS_GEMV(false, 8, 4, false, 0, 0), GPTOSS_GEMV(false, 16, 4, false, 0, 0),
-    GPTOSS_GEMV(false, 8, 4, true, 0, 0),  GPTOSS_GEMV(false, 16, 4, true, 0, 0), GPTOSS_GEMV(true, 4, 4, false, 0, 0),
-    GPTOSS_GEMV(true, 4, 4, true, 0, 0),   GPTOSS_GEMV(true, 4, 6, true, 0, 0),   GPTOSS_GEMV(true, 4, 8, true, 0, 0),
-    GPTOSS_GEMV(true, 8, 4, true, 0, 0),   GPTOSS_GEMV(true, 8, 4, false, 0, 0),
-    GPTOSS_GEMV(true, 4, 4, true, 45, 0),  GPTOSS_GEMV(false, 8, 4, false, 45, 0), GPTOSS_GEMV(false, 8, 4, false, 64, 0),
+    GPTOSS_GEMV(false, 4, 4, false, 0), GPTOSS_GEMV(false, 8, 4, false, 0), GPTOSS_GEMV(false, 16, 4, false, 0),
+    GPTOSS_GEMV(false, 8, 4, true, 0),  GPTOSS_GEMV(false, 16, 4, true, 0), GPTOSS_GEMV(true, 4, 4, false, 0),
+    GPTOSS_GEMV(true, 4, 4, true, 0),   GPTOSS_GEMV(true, 4, 6, true, 0),   GPTOSS_GEMV(true, 4, 8, true, 0),
+    GPTOSS_GEMV(true, 8, 4, true, 0),   GPTOSS_GEMV(true, 8, 4, false, 0),
+    GPTOSS_GEMV(true, 4, 4, true, 45),  GPTOSS_GEMV(false, 8, 4, false, 45), GPTOSS_GEMV(false, 8, 4, false, 64),
 };
 // Measured and removed (bench/NOTES.md "v39", "v40"): MXFP4 rings holding a warp's whole share of a
 // 45-chunk slab (4 warps × 12, 8 × 6, 16 × 3): 6-17 % slower than 4 × 6; a ring of 5 bounded to 8
@@ -294,7 +292,7 @@ const Instance* find_instance(bool fp4, const DecodeGemv& v, uint32_t chunks) {
     for (const Instance& in : kInstances)
         if (in.fp4 == fp4 && in.v.warps == v.warps && in.v.depth == v.depth && in.v.shfl_x == v.shfl_x) {
             if (in.chunks == 0) any_k = &in;
-            else if (v.fixed_k == in.min_ctas && in.chunks == chunks) return &in;
+            else if (v.fixed_k && in.chunks == chunks) return &in;
         }
     return any_k;
 }
@@ -335,11 +333,8 @@ std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants() {
 std::vector<DecodeFixedK> decode_gemv_fixed_k() {
     std::vector<DecodeFixedK> out;
     for (const Instance& in : kInstances)
-        if (in.chunks != 0) {
-            DecodeGemv v = in.v;
-            v.fixed_k = in.min_ctas;
-            out.push_back(DecodeFixedK{in.fp4, v, 64 * in.chunks});
-        }
+        if (in.chunks != 0) out.push_back(DecodeFixedK{in.fp4, DecodeGemv{in.v.warps, in.v.depth, in.v.shfl_x, true},
+                                                       64 * in.chunks});
     return out;
 }
 
@@ -349,8 +344,8 @@ const DecodeTuning& decode_tuning() {
         d.bf16 = env_variant("GPTOSS_DECODE_BF16", d.bf16);
         d.fp4 = env_variant("GPTOSS_DECODE_FP4", d.fp4);
         d.route_ready = env_flag("GPTOSS_DECODE_ROUTE_READY", d.route_ready);
-        d.bf16.fixed_k = env_int("GPTOSS_DECODE_FIXED_K_BF16", d.bf16.fixed_k);
-        d.fp4.fixed_k = env_int("GPTOSS_DECODE_FIXED_K", d.fp4.fixed_k);
+        d.bf16.fixed_k = env_flag("GPTOSS_DECODE_FIXED_K_BF16", d.bf16.fixed_k);
+        d.fp4.fixed_k = env_flag("GPTOSS_DECODE_FIXED_K", d.fp4.fixed_k);
         return d;
     }();
     return tuning;

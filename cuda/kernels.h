@@ -156,29 +156,29 @@ struct DecodeGemv {
     uint32_t warps = 4;   // warps splitting K per slab
     uint32_t depth = 4;   // weight chunks in flight per warp
     bool shfl_x = false;  // activation row as one word per lane, B fragments by shuffles
-    // -1: the any-K kernel; >= 0: the instance compiled for this K (gpt-oss's 2880 or 4096) with
-    // `fixed_k` CTAs per SM in its launch bounds (0 = none), when there is one (the same bits).
-    int fixed_k = -1;
+    // Take the instance compiled for this K (gpt-oss's 2880 or 4096) when there is one (the same
+    // bits as the any-K kernel).
+    bool fixed_k = false;
 };
 // The variants in use: defaults, overridden for A/B runs by GPTOSS_DECODE_BF16 / _FP4 =
-// "WARPS,DEPTH,SHFL", GPTOSS_DECODE_ROUTE_READY = 0|1, GPTOSS_DECODE_FIXED_K / _FIXED_K_BF16 = the
-// MXFP4 / bf16 variant's fixed_k. Read once per process.
+// "WARPS,DEPTH,SHFL", GPTOSS_DECODE_ROUTE_READY = 0|1, GPTOSS_DECODE_FIXED_K / _FIXED_K_BF16 = 0|1 (the
+// MXFP4 / bf16 variant's fixed_k). Read once per process.
 struct DecodeTuning {
     // Both take the fixed-K instances at gpt-oss's K (2880, 4096; any other K takes the any-K
-    // kernel of the same variant, with the same bits): H200 20b tg128 +4.9 % at depth 0, +4.5 % at
-    // 8 192, 120b +5.2 % against the any-K kernels (bench/NOTES.md "v40").
-    DecodeGemv bf16{8, 4, false, 0};
+    // kernel of the same variant, with the same bits): H200 20b tg128 +5.1-5.4 % at depth 0, +4.5-4.9 %
+    // at 8 192, 120b +4.5-5.2 % against the any-K kernels (bench/NOTES.md "v40").
+    DecodeGemv bf16{8, 4, false, true};
     // MXFP4: the activation row is staged in shared memory (bf16), so shfl_x has no effect. The
     // fixed-K ring of 4 (80 registers: 6 CTAs of 4 warps per SM) beat the any-K ring of 6 (72
     // registers, 7 CTAs; "v39") by ~2.3 % alone; the fixed-K rings of 5, 6, 8 lost ("v40").
-    DecodeGemv fp4{4, 4, true, 0};
+    DecodeGemv fp4{4, 4, true, true};
     bool route_ready = true;
 };
 const DecodeTuning& decode_tuning();
 // Every compiled (mxfp4, variant) pair (tests run them all).
 std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants();
-// The fixed-K instances, v.fixed_k set (tests compare each with the any-K instance of its
-// variant, bit for bit).
+// The fixed-K instances, v.fixed_k set (tests compare each with the any-K instance of its variant,
+// bit for bit).
 struct DecodeFixedK {
     bool fp4;
     DecodeGemv v;

@@ -220,9 +220,8 @@ TEST_CASE("decode GEMV fixed-K instances equal the any-K kernel bit for bit and 
     REQUIRE(!fixed.empty());
     for (const cuda::DecodeFixedK& f : fixed) {
         cuda::DecodeGemv any = f.v;
-        any.fixed_k = -1;
-        const std::string what = name(f.fp4, f.v) + " fixed_k " + std::to_string(f.v.fixed_k) + " K=" +
-                                 std::to_string(f.K);
+        any.fixed_k = false;
+        const std::string what = name(f.fp4, f.v) + " fixed-K, K=" + std::to_string(f.K);
         INFO(what);
         const uint32_t K = f.K;
         if (!f.fp4) {

@@ -261,31 +261,6 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// The tagged route's handshake (kernels.h kRouteTagCopies): the writer's stores come after a
-// fence that follows everything the readers will read (the CUDA cooperative-groups grid-barrier
-// pattern: the others' writes, a barrier, then one thread's fence and flag); a reader's acquire
-// load that sees its step's tag orders its later loads after those writes.
-__device__ __forceinline__ void st_relaxed_u64(unsigned long long* p, unsigned long long v) {
-    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ unsigned long long ld_acquire_u64(const unsigned long long* p) {
-    unsigned long long v;
-    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-// Every lane polls *word (one L2 request per warp) until its high half is *seq (the step's
-// StepInfo::seq); returns the low half. Each lane's acquire orders its own later loads. A word
-// that never arrives (a route not written: a bug) traps after 2^22 polls (seconds) instead of
-// hanging: the context reports an error.
-__device__ __forceinline__ uint32_t route_tag_wait(const unsigned long long* word, const uint32_t* seq) {
-    const uint32_t want = __ldcg(seq);
-    for (uint32_t polls = 0;; ++polls) {
-        const unsigned long long w = ld_acquire_u64(word);
-        if (uint32_t(w >> 32) == want) return uint32_t(w);
-        if (polls == (1u << 22)) __trap();
-    }
-}
-
 // The current device and what the launches here ask of it, queried once per thread and device
 // (launch paths call this per launch).
 struct DeviceProps {

@@ -5,15 +5,11 @@
 // tiles than max_tiles, input rows by in_div) with and without route_ready, plain and with the
 // fused SwiGLU; each result reproduced bit for bit by a second launch (deterministic); MXFP4
 // activations over 29 octaves with scales 0 and 128, and a row of 1e6 (finite results); the
-// fixed-K instances (K = 2880, 4096) bit for bit against the any-K kernel of their variant; the
-// tagged route (router_decode's words, polled) bit for bit against tiles / pairs, and waiting
-// for its own step's words.
+// fixed-K instances (K = 2880, 4096) bit for bit against the any-K kernel of their variant.
 // Without a CUDA device the tests are skipped (exit 77). Tolerance |got − ref| <= atol + rtol·|ref|.
 #include "tests/kernel-test-util.cuh"
 
-#include <chrono>
 #include <memory>
-#include <thread>
 
 namespace {
 
@@ -293,94 +289,6 @@ TEST_CASE("decode GEMV fixed-K instances equal the any-K kernel bit for bit and 
             }
         }
     }
-}
-
-// router_decode's tagged route as the MoE GEMVs read it: every copy's word s = (seq, expert of slot
-// s); tile y is slot y (pair y). stale: the words of an older step, with other experts.
-struct TaggedRoute {
-    Dev<unsigned long long> words;
-    Dev<cuda::StepInfo> step;
-    cuda::GemmRoute r;
-    TaggedRoute(const std::vector<int32_t>& experts, uint32_t in_div, uint32_t seq)
-        : words(cuda::kRouteTagCopies * cuda::kRouteTagStride),
-          step(std::vector<cuda::StepInfo>{cuda::StepInfo{0, 1, seq}}) {
-        words.set(host_words(experts, seq));
-        r.tagged = words.p; r.step = step.p; r.in_div = in_div; r.max_tiles = uint32_t(experts.size());
-    }
-    static std::vector<unsigned long long> host_words(const std::vector<int32_t>& experts, uint32_t seq) {
-        std::vector<unsigned long long> w(cuda::kRouteTagCopies * cuda::kRouteTagStride, 0);
-        for (uint32_t c = 0; c < cuda::kRouteTagCopies; ++c)
-            for (size_t s = 0; s < experts.size(); ++s)
-                w[c * cuda::kRouteTagStride + s] = (static_cast<unsigned long long>(seq) << 32) | uint32_t(experts[s]);
-        return w;
-    }
-};
-
-// The tagged instances (the default MXFP4 variant, any K and K = 2880) against the same variant
-// through tiles / pairs, bit for bit (the same products in the same order), plain and SwiGLU,
-// route_ready or not; and a launch whose words still carry an older step waits for its own,
-// written later from another stream, instead of taking the stale experts.
-TEST_CASE("decode GEMV (MXFP4): the tagged route gives the tiles route's bits and waits for its step's words") {
-    Rand r(75);
-    const cuda::DecodeGemv v = cuda::decode_tuning().fp4;
-    REQUIRE(cuda::decode_gemv_tagged(v));
-    const uint32_t E = 3, N = 128, I = N / 2;
-    const std::vector<int32_t> experts{2, 0};
-    for (uint32_t K : {192u, 2880u}) {
-        Mxfp4Experts m(r, E, N, K, 114, 8, 0.5f);
-        const auto x = r.floats_bf16(experts.size() * K, 1.0f);
-        Dev<uint16_t> xd(permuted_rows(x, uint32_t(experts.size()), K));
-        for (bool swiglu : {false, true}) {
-            const cuda::GemmWeights& w = m.repack(swiglu);
-            const uint32_t in_div = swiglu ? uint32_t(experts.size()) : 1;  // gate_up: every pair reads row 0
-            Route route(experts, in_div, uint32_t(experts.size()));
-            TaggedRoute tagged(experts, in_div, 41);
-            const size_t n_out = experts.size() * (swiglu ? I : N);
-            const auto run = [&](const cuda::GemmRoute& rt, bool ready, void* out, cudaStream_t st) {
-                return swiglu ? cuda::gemm_decode(w, xd.p, &rt, ready, cuda::Epilogue::kSwiglu, nullptr,
-                                                  static_cast<uint16_t*>(out), I, 7.0f, v, st)
-                              : cuda::gemm_decode(w, xd.p, &rt, ready, cuda::Epilogue::kStore,
-                                                  static_cast<float*>(out), nullptr, N, 0, v, st);
-            };
-            for (bool ready : {false, true}) {
-                INFO("K " << K << (swiglu ? " SwiGLU" : " store") << (ready ? " route_ready" : ""));
-                Dev<uint32_t> a(n_out), b(n_out);  // compared as bits (SwiGLU: bf16 in the first half)
-                REQUIRE(cudaMemset(a.p, 0, n_out * 4) == cudaSuccess);
-                REQUIRE(cudaMemset(b.p, 0, n_out * 4) == cudaSuccess);
-                OK(run(route.r, ready, a.p, nullptr));
-                OK(run(tagged.r, ready, b.p, nullptr));
-                const auto want = a.get();
-                CHECK(b.get() == want);
-                // The words of step 40 (other experts) are there at the launch; step 41's come later.
-                tagged.words.set(TaggedRoute::host_words({1, 2}, 40));
-                const auto late = TaggedRoute::host_words(experts, 41);
-                cudaStream_t s1 = nullptr, s2 = nullptr;
-                REQUIRE(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == cudaSuccess);
-                REQUIRE(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking) == cudaSuccess);
-                Dev<uint32_t> c(n_out);
-                REQUIRE(cudaMemset(c.p, 0, n_out * 4) == cudaSuccess);
-                OK(run(tagged.r, ready, c.p, s1));
-                std::this_thread::sleep_for(std::chrono::milliseconds(20));
-                CHECK(cudaStreamQuery(s1) == cudaErrorNotReady);  // still polling
-                REQUIRE(cudaMemcpyAsync(tagged.words.p, late.data(), late.size() * 8, cudaMemcpyHostToDevice, s2) ==
-                        cudaSuccess);
-                REQUIRE(cudaStreamSynchronize(s2) == cudaSuccess);
-                REQUIRE(cudaStreamSynchronize(s1) == cudaSuccess);
-                CHECK(c.get() == want);
-                cudaStreamDestroy(s1);
-                cudaStreamDestroy(s2);
-            }
-        }
-    }
-    // A tagged route needs its step.
-    Route route(experts, 1, 2);
-    TaggedRoute tagged(experts, 1, 41);
-    tagged.r.step = nullptr;
-    Mxfp4Experts m(r, E, N, 192, 114, 8, 0.5f);
-    Dev<float> out(experts.size() * N);
-    CHECK(cuda::gemm_decode(m.repack(false), nullptr, &tagged.r, false, cuda::Epilogue::kStore, out.p, nullptr, N, 0, v,
-                            nullptr) == GPTOSS_ERR_INTERNAL);
-    CHECK(std::string(gptoss_last_error()).find("tagged route") != std::string::npos);
 }
 
 TEST_CASE("gemm_decode rejects a variant that is not compiled in, naming it") {

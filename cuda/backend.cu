@@ -159,11 +159,7 @@ private:
     // chunk). Arguments as cuda::gemm (kernels.h); route null for dense weights.
     gptoss_status project(bool decode, const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
                           const GemmRoute* route, Epilogue epilogue, float* out_f32, uint16_t* out_bf16,
-                          uint32_t ldo, float swiglu_limit, bool route_ready = false, int* arrive = nullptr);
-    // Layer l's decode O projection counts its CTAs' arrivals in o_arrive_[l] and router_decode polls
-    // that count instead of waiting for O's grid (DecodeTuning::o_arrive; one GPU, the fused router,
-    // neither op emptied by a probe). Null where it does not.
-    int* o_arrive(uint32_t l, bool decode) const;
+                          uint32_t ldo, float swiglu_limit, bool route_ready = false);
     gptoss_status mark(const char* label);
     gptoss_status checked(gptoss_status s);
     gptoss_status host_moe_failed();  // OUT_OF_MEMORY if a host-expert callback failed
@@ -215,7 +211,6 @@ private:
     float* logits_ = nullptr;
     float* partial_ = nullptr;
     int* counters_ = nullptr;
-    int* o_arrive_ = nullptr;  // [n_layers] (o_arrive)
     int32_t* argmax_ = nullptr;
     void* sample_scratch_ = nullptr;  // cuda::sample's scratch (sample_bytes_)
     size_t sample_bytes_ = 0;
@@ -727,7 +722,6 @@ size_t CudaSession::layout(char* base) {
     token_ = cv.take<int32_t>(4);
     sample_scratch_ = cv.take<void>(sample_bytes_);
     counters_ = cv.take<int>(size_t(d.G + 1) * 4);  // attention's G, the router's
-    o_arrive_ = cv.take<int>(size_t(c.n_layers) * 4);
     kv_.assign(c.n_layers, LayerKv{});
     for (uint32_t l = 0; l < c.n_layers; ++l) {
         LayerKv& kv = kv_[l];
@@ -799,14 +793,13 @@ gptoss_status CudaSession::mark(const char* label) {
 
 gptoss_status CudaSession::project(bool decode, const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
                                    const GemmRoute* route, Epilogue epilogue, float* out_f32, uint16_t* out_bf16,
-                                   uint32_t ldo, float swiglu_limit, bool route_ready, int* arrive) {
+                                   uint32_t ldo, float swiglu_limit, bool route_ready) {
     // Decode: gemm_decode's split-K GEMVs (route_ready: the route was final before the previous
     // kernel's wait); lm_head-sized N (thousands of slabs, already at the floor) keeps gemm.
     const DecodeTuning& dt = decode_tuning();
     if (decode && (route || n_rows == 1) && w.N <= 65536)
         return gemm_decode(w, x, route, route_ready && dt.route_ready, epilogue, out_f32, out_bf16, ldo, swiglu_limit,
-                           w.mxfp4 ? dt.fp4 : dt.bf16, stream_, arrive);
-    if (arrive) return fail(GPTOSS_ERR_INTERNAL, "CUDA project: an arrival count outside the decode GEMVs");
+                           w.mxfp4 ? dt.fp4 : dt.bf16, stream_);
     // Prefill: the tiled kernel for the expert GEMMs and the dense projections; the router
     // (N <= 256 rows) keeps gemm(), whose logits are the fused decode router's bits.
     if (!decode && prefill_gemm_ && (route || w.N > 256))
@@ -906,23 +899,13 @@ gptoss_status CudaSession::enqueue_attention(uint32_t l, uint32_t n, bool decode
     // all-reduce sums them (gptoss-shard.h).
     if (emptied(decode, DecodeOp::kO)) GPTOSS_TRY(decode_probe_empty(s));
     else GPTOSS_TRY(project(decode, b.dense(L.o_w, L.o_b, d.H, d.QD), attn_, n, nullptr,
-                            b.rank_.rank == 0 ? Epilogue::kAdd : Epilogue::kStore, x_, nullptr, d.H, 0, false,
-                            o_arrive(l, decode)));
+                            b.rank_.rank == 0 ? Epilogue::kAdd : Epilogue::kStore, x_, nullptr, d.H, 0));
     GPTOSS_TRY(mark("o gemm + residual"));
     if (comm_) {
         GPTOSS_TRY(rank_all_reduce(comm_, x_, size_t(n) * d.H, s));
         GPTOSS_TRY(mark("all-reduce (attention)"));
     }
     return GPTOSS_OK;
-}
-
-int* CudaSession::o_arrive(uint32_t l, bool decode) const {
-    const Dims& d = be_.dims_;
-    const DecodeTuning& dt = decode_tuning();
-    const bool on = decode && dt.o_arrive && !comm_ && decode_gemv_arrive(dt.bf16) &&
-                    router_decode_supported(d.E, d.K, d.H) &&
-                    !emptied(decode, DecodeOp::kO) && !emptied(decode, DecodeOp::kRouter);
-    return on ? o_arrive_ + l : nullptr;
 }
 
 gptoss_status CudaSession::enqueue_router(uint32_t l, uint32_t n, bool decode, const GemmRoute& route) {
@@ -935,8 +918,6 @@ gptoss_status CudaSession::enqueue_router(uint32_t l, uint32_t n, bool decode, c
         RouterDecodeArgs ra;
         ra.x = x_; ra.norm_w = L.mlp_norm; ra.eps = c.rms_norm_eps; ra.router = b.dense(L.router_w, L.router_b, d.E, d.H);
         ra.K = d.K; ra.xn = xn_; ra.logits = rlogits_; ra.counter = counters_ + d.G; ra.experts = experts_; ra.weights = weights_; ra.tiles = tiles_; ra.pairs = pairs_;
-        ra.arrive = o_arrive(l, decode);
-        ra.arrive_count = ceil_div(d.H, 16u);  // the O GEMV's CTAs: one per 16-row slab
         if (emptied(decode, DecodeOp::kRouter)) GPTOSS_TRY(decode_probe_empty(s));
         else GPTOSS_TRY(router_decode(ra, s));
         return mark("rmsnorm + router + top-k (fused)");

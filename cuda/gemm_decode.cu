@@ -50,7 +50,6 @@ struct DecodeArgs {
     uint16_t* out_bf16;
     uint32_t ldo;
     float limit;
-    int* arrive;  // kArrive
 };
 
 constexpr uint32_t kMaxRowK = 4096;  // the MXFP4 activation row lives in shared memory
@@ -59,10 +58,7 @@ constexpr uint32_t kMaxRowK = 4096;  // the MXFP4 activation row lives in shared
 // instance for K = 64·kChunks only: the warp's chunks unrolled, so the loads and shared-memory
 // reads sit at immediate offsets from one pointer and the only test left is whether the warp has
 // the slab's last, odd chunk. The same chunks in the same order through the same mma: the same bits.
-// kArrive (dense only; the decode graph's O projection): after its stores each CTA adds 1 to
-// *args.arrive behind a fence, so that router_decode can poll that count instead of waiting for
-// this grid to end. Its own instances (the arrival must not cost the others registers).
-template <bool kFp4, int NW, int kDepth, bool kShfl, int kChunks, bool kArrive = false>
+template <bool kFp4, int NW, int kDepth, bool kShfl, int kChunks>
 __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs args) {
     constexpr uint32_t R = NW * 32;
     __shared__ float red[NW][16];
@@ -260,13 +256,6 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
             float* o = args.out_f32 + size_t(out_row) * args.ldo + row;
             *o = args.epilogue == int(Epilogue::kAdd) ? resid + v : v;
         }
-        if constexpr (kArrive) {  // the stores, the barrier, then one thread's fence and count
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                __threadfence();
-                atomicAdd(args.arrive, 1);
-            }
-        }
     }
 }
 
@@ -277,13 +266,10 @@ struct Instance {
     DecodeGemv v;
     uint32_t chunks;  // 0: any K; else K = 64·chunks only
     KernelFn fn;
-    bool arrive;  // kArrive
 };
 
 #define GPTOSS_GEMV(FP4, NW, D, SH, C) \
-    Instance{FP4, DecodeGemv{NW, D, SH}, C, gemv_decode_kernel<FP4, NW, D, SH, C>, false}
-#define GPTOSS_GEMV_ARRIVE(NW, D, SH, C) \
-    Instance{false, DecodeGemv{NW, D, SH}, C, gemv_decode_kernel<false, NW, D, SH, C, true>, true}
+    Instance{FP4, DecodeGemv{NW, D, SH}, C, gemv_decode_kernel<FP4, NW, D, SH, C>}
 // The variants compiled in (decode_gemv_variants lists them; the tests run every one), and the
 // fixed-K instances of the defaults for gpt-oss's K: 2880 (45 chunks: QKV, gate_up, down) and
 // 4096 (64: O), which gemm_decode takes when the variant's fixed_k allows and K matches.
@@ -293,8 +279,6 @@ const Instance kInstances[] = {
     GPTOSS_GEMV(true, 4, 4, true, 0),   GPTOSS_GEMV(true, 4, 6, true, 0),   GPTOSS_GEMV(true, 4, 8, true, 0),
     GPTOSS_GEMV(true, 8, 4, true, 0),   GPTOSS_GEMV(true, 8, 4, false, 0),
     GPTOSS_GEMV(true, 4, 4, true, 45),  GPTOSS_GEMV(false, 8, 4, false, 45), GPTOSS_GEMV(false, 8, 4, false, 64),
-    // The arrival count for router_decode (the default bf16 variant: any K, and O's K = 4096).
-    GPTOSS_GEMV_ARRIVE(8, 4, false, 0), GPTOSS_GEMV_ARRIVE(8, 4, false, 64),
 };
 // Measured and removed (bench/NOTES.md "v39", "v40"): MXFP4 rings holding a warp's whole share of a
 // 45-chunk slab (4 warps × 12, 8 × 6, 16 × 3): 6-17 % slower than 4 × 6; a ring of 5 bounded to 8
@@ -302,13 +286,11 @@ const Instance kInstances[] = {
 // rings bounded to 6-8 CTAs per SM (spills) and fixed-K MXFP4 CTAs of 2 or 8 warps: −4 to −10 %, and
 // the fixed-K bf16 GEMVs at 4 warps: −1.5 %, against the defaults of the time.
 #undef GPTOSS_GEMV
-#undef GPTOSS_GEMV_ARRIVE
 
-const Instance* find_instance(bool fp4, const DecodeGemv& v, uint32_t chunks, bool arrive) {
+const Instance* find_instance(bool fp4, const DecodeGemv& v, uint32_t chunks) {
     const Instance* any_k = nullptr;
     for (const Instance& in : kInstances)
-        if (in.fp4 == fp4 && in.arrive == arrive && in.v.warps == v.warps && in.v.depth == v.depth &&
-            in.v.shfl_x == v.shfl_x) {
+        if (in.fp4 == fp4 && in.v.warps == v.warps && in.v.depth == v.depth && in.v.shfl_x == v.shfl_x) {
             if (in.chunks == 0) any_k = &in;
             else if (v.fixed_k && in.chunks == chunks) return &in;
         }
@@ -344,16 +326,14 @@ bool route_early() {
 std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants() {
     std::vector<std::pair<bool, DecodeGemv>> out;
     for (const Instance& in : kInstances)
-        if (in.chunks == 0 && !in.arrive) out.emplace_back(in.fp4, in.v);
+        if (in.chunks == 0) out.emplace_back(in.fp4, in.v);
     return out;
 }
-
-bool decode_gemv_arrive(const DecodeGemv& v) { return find_instance(false, v, 0, true) != nullptr; }
 
 std::vector<DecodeFixedK> decode_gemv_fixed_k() {
     std::vector<DecodeFixedK> out;
     for (const Instance& in : kInstances)
-        if (in.chunks != 0 && !in.arrive) out.push_back(DecodeFixedK{in.fp4, DecodeGemv{in.v.warps, in.v.depth, in.v.shfl_x, true},
+        if (in.chunks != 0) out.push_back(DecodeFixedK{in.fp4, DecodeGemv{in.v.warps, in.v.depth, in.v.shfl_x, true},
                                                        64 * in.chunks});
     return out;
 }
@@ -366,7 +346,6 @@ const DecodeTuning& decode_tuning() {
         d.route_ready = env_flag("GPTOSS_DECODE_ROUTE_READY", d.route_ready);
         d.bf16.fixed_k = env_flag("GPTOSS_DECODE_FIXED_K_BF16", d.bf16.fixed_k);
         d.fp4.fixed_k = env_flag("GPTOSS_DECODE_FIXED_K", d.fp4.fixed_k);
-        d.o_arrive = env_flag("GPTOSS_DECODE_O_ARRIVE", d.o_arrive);
         return d;
     }();
     return tuning;
@@ -374,7 +353,7 @@ const DecodeTuning& decode_tuning() {
 
 gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRoute* route, bool route_ready,
                           Epilogue epilogue, float* out_f32, uint16_t* out_bf16, uint32_t ldo, float swiglu_limit,
-                          const DecodeGemv& variant, cudaStream_t stream, int* arrive) {
+                          const DecodeGemv& variant, cudaStream_t stream) {
     if (w.K == 0 || w.K % 64 != 0 || w.N == 0)
         return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: K=%u must be a positive multiple of 64, N=%u > 0", w.K, w.N);
     if (w.mxfp4 && w.K > kMaxRowK)
@@ -384,13 +363,10 @@ gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRou
         return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: SwiGLU needs a route, N %% 16 == 0 (N=%u) and a bf16 output",
                     w.N);
     if (epilogue != Epilogue::kSwiglu && !out_f32) return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: fp32 output missing");
-    if (arrive && (route || epilogue == Epilogue::kSwiglu))
-        return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: the arrival count is for dense projections");
-    const Instance* in = find_instance(w.mxfp4, variant, w.K / 64, arrive != nullptr);
+    const Instance* in = find_instance(w.mxfp4, variant, w.K / 64);
     if (!in)
-        return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: no %s%s variant with %u warps, ring depth %u, shfl %d",
-                    arrive ? "arrival-counting " : "", w.mxfp4 ? "MXFP4" : "bf16", variant.warps, variant.depth,
-                    int(variant.shfl_x));
+        return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: no %s variant with %u warps, ring depth %u, shfl %d",
+                    w.mxfp4 ? "MXFP4" : "bf16", variant.warps, variant.depth, int(variant.shfl_x));
     DecodeArgs a{};
     a.w = w;
     a.x = x;
@@ -403,7 +379,6 @@ gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRou
     a.out_bf16 = out_bf16;
     a.ldo = ldo;
     a.limit = swiglu_limit;
-    a.arrive = arrive;
     const uint32_t tiles = route ? route->max_tiles : 1;
     if (tiles == 0) return GPTOSS_OK;
     if (tiles > 65535) return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: %u tiles exceed the grid limit", tiles);

@@ -151,9 +151,7 @@ uint32_t gemm_prefill_tile_extra(uint32_t tile_tokens);
 // bit-identical to gemm). x: bf16 permuted [1, K] dense, or indexed through a T = 1 route (one
 // pair per tile: router_decode's route). route_ready: the route was complete before the
 // previous kernel's dependency wait (MoE down after gate_up), so it and the first weight chunks
-// are read before this kernel's own wait. arrive (dense only; device int): each CTA adds 1 after
-// its stores, behind a fence (RouterDecodeArgs::arrive polls it); the variant needs
-// decode_gemv_arrive. Other arguments as gemm.
+// are read before this kernel's own wait. Other arguments as gemm.
 struct DecodeGemv {
     uint32_t warps = 4;   // warps splitting K per slab
     uint32_t depth = 4;   // weight chunks in flight per warp
@@ -175,9 +173,6 @@ struct DecodeTuning {
     // registers, 7 CTAs; "v39") by ~2.3 % alone; the fixed-K rings of 5, 6, 8 lost ("v40").
     DecodeGemv fp4{4, 4, true, true};
     bool route_ready = true;
-    // The decode graph's O projection counts its CTAs' arrivals and router_decode polls the count
-    // instead of waiting for O's grid to end (GPTOSS_DECODE_O_ARRIVE = 0|1).
-    bool o_arrive = false;
 };
 const DecodeTuning& decode_tuning();
 // Every compiled (mxfp4, variant) pair (tests run them all).
@@ -190,12 +185,10 @@ struct DecodeFixedK {
     uint32_t K;
 };
 std::vector<DecodeFixedK> decode_gemv_fixed_k();
-// Whether this bf16 variant has the arrival-counting instances (gemm_decode's `arrive`).
-bool decode_gemv_arrive(const DecodeGemv& v);
 [[nodiscard]] gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRoute* route,
                                         bool route_ready, Epilogue epilogue, float* out_f32, uint16_t* out_bf16,
                                         uint32_t ldo, float swiglu_limit, const DecodeGemv& variant,
-                                        cudaStream_t stream, int* arrive = nullptr);
+                                        cudaStream_t stream);
 
 // ---------------------------------------------------------------------------
 // Residual stream + RMSNorm (rmsnorm.cu). One CTA per token:
@@ -435,11 +428,6 @@ struct RouterDecodeArgs {
     // slab's chunks split further (logits within fp32 rounding of those), 0 =
     // router_decode_warps_default(). Anything else: GPTOSS_ERR_INTERNAL.
     uint32_t warps = 0;
-    // Optional (device int): the O projection's arrival count (gemm_decode's arrive). Thread 0
-    // polls it until it is arrive_count (O's CTAs) instead of the dependency wait; the routing
-    // thread sets it back to 0.
-    int* arrive = nullptr;
-    uint32_t arrive_count = 0;
 };
 bool router_decode_supported(uint32_t E, uint32_t K, uint32_t H);
 // GPTOSS_DECODE_ROUTER_WARPS (4 / 8 / 16), else the built-in default; read once.

@@ -148,9 +148,6 @@ __global__ __launch_bounds__(1024) void f32_router_group_kernel(const int32_t* e
 // CTA 0's shared memory (DSMEM) and one cluster barrier (release / acquire) replaces the
 // fence + counter atomic + L2 re-read of the logits, i.e. two dependent L2 round trips on the
 // layer's critical path. Same values in the same places: bit-identical either way.
-// RouterDecodeArgs::arrive: thread 0 polls the O projection's arrival count instead of the
-// dependency wait (x is final when every O CTA has counted itself); the routing thread re-arms
-// the count and waits for O's grid at its end.
 // Chunks in registers per CTA: H <= 48·64 = 3072 in one pass, kRouterChunks / kWarps per warp.
 constexpr uint32_t kRouterChunks = 48;
 // The cluster's cross-CTA step by default (H200: +1 % tg, bench/NOTES.md "v14 decode").
@@ -159,17 +156,6 @@ constexpr bool kRouterClusterDefault = true;  // GPTOSS_DECODE_ROUTER_CLUSTER=0|
 // = 4 | 8 | 16 overrides. 16 (H200, bench/NOTES.md "v36"): each warp's chain is 3 chunks instead of
 // 12 and the norm runs on 512 threads; 20b tg128 +1.3-3.5 %, 120b +3.1 % against 4.
 constexpr uint32_t kRouterWarpsDefault = 16;
-
-// Polls *count (ld.acquire) until it is `want` (the O projection's CTAs, gemm_decode's arrive); a
-// count that never arrives (a bug) traps after 2^22 polls (seconds) instead of hanging.
-__device__ __forceinline__ void arrive_wait(const int* count, int want) {
-    for (uint32_t polls = 0;; ++polls) {
-        int v;
-        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
-        if (v == want) return;
-        if (polls == (1u << 22)) __trap();
-    }
-}
 
 // Thread-block cluster barrier halves and a store into another CTA's shared memory (sm_90).
 __device__ __forceinline__ void cluster_arrive_relaxed() {
@@ -247,14 +233,7 @@ __global__ __launch_bounds__(32 * kWarps) void f32_router_decode_kernel(const Ro
         if (e_lo < E) b_lo = __ldg(a.router.bias + e_lo);
         if (e_hi < E) b_hi = __ldg(a.router.bias + e_hi);
     }
-    if (!kBatch && a.arrive) {
-        // The O projection's CTAs count their arrivals (gemm_decode's arrive): x is final once the
-        // count is theirs; this grid's own dependency wait comes before it exits.
-        if (threadIdx.x == 0) arrive_wait(a.arrive, int(a.arrive_count));
-        __syncthreads();
-    } else {
-        pdl_wait();
-    }
+    pdl_wait();
     pdl_launch_dependents();
     for (uint32_t i = threadIdx.x; i < H / 4; i += blockDim.x) cp_async16(xf + 4 * i, x + 4 * i);
     cp_async_wait_all();
@@ -369,13 +348,6 @@ __global__ __launch_bounds__(32 * kWarps) void f32_router_decode_kernel(const Ro
         ti[2] = 1;
         a.pairs[rank] = int32_t(k);
     }
-    if (a.arrive) {
-        // Every slab CTA is past its poll (the cluster barrier or the counter): re-arm the count for
-        // the next step, and wait for O's grid here, so this grid still ends after it (one thread's
-        // wait holds the grid).
-        *a.arrive = 0;
-        pdl_wait();
-    }
 }
 
 }  // namespace
@@ -470,8 +442,6 @@ gptoss_status router_decode(const RouterDecodeArgs& a, cudaStream_t stream) {
     const bool cluster = (a.cluster < 0 ? router_decode_cluster_default() : a.cluster != 0) && router_decode_cluster_usable(E);
     if (!a.logits || (!cluster && !a.counter))
         return fail(GPTOSS_ERR_INTERNAL, "CUDA router_decode: logits and counter are required");
-    if (a.arrive && a.arrive_count == 0)
-        return fail(GPTOSS_ERR_INTERNAL, "CUDA router_decode: an arrival count to wait for needs its CTA count");
     if (warps == 8) return router_decode_launch<8>(a, cluster, stream);
     if (warps == 16) return router_decode_launch<16>(a, cluster, stream);
     return router_decode_launch<4>(a, cluster, stream);

@@ -5,8 +5,7 @@
 // tiles than max_tiles, input rows by in_div) with and without route_ready, plain and with the
 // fused SwiGLU; each result reproduced bit for bit by a second launch (deterministic); MXFP4
 // activations over 29 octaves with scales 0 and 128, and a row of 1e6 (finite results); the
-// fixed-K instances (K = 2880, 4096) bit for bit against the any-K kernel of their variant; the
-// arrival-counting instances (O for router_decode) bit for bit against the plain ones.
+// fixed-K instances (K = 2880, 4096) bit for bit against the any-K kernel of their variant.
 // Without a CUDA device the tests are skipped (exit 77). Tolerance |got − ref| <= atol + rtol·|ref|.
 #include "tests/kernel-test-util.cuh"
 
@@ -290,45 +289,6 @@ TEST_CASE("decode GEMV fixed-K instances equal the any-K kernel bit for bit and 
             }
         }
     }
-}
-
-// The arrival-counting instances (the decode graph's O projection; router_decode polls the count):
-// the same bits as the plain kernel, kStore and kAdd, and one count per CTA per launch.
-TEST_CASE("decode GEMV with an arrival count: the plain kernel's bits, one arrival per CTA") {
-    Rand r(76);
-    const cuda::DecodeGemv v = cuda::decode_tuning().bf16;
-    REQUIRE(cuda::decode_gemv_arrive(v));
-    for (uint32_t K : {256u, 4096u}) {  // any K, and the fixed-K instance of O's K
-        INFO("K " << K);
-        const uint32_t N = 200, ctas = (N + 15) / 16;
-        const auto W = r.bf16s(size_t(N) * K, 0.05f);
-        const auto x = r.floats_bf16(K, 1.0f);
-        Dev<uint16_t> raw(W), xd(permuted_rows(x, 1, K));
-        Dev<uint8_t> frag(cuda::bf16_fragment_bytes(N, K));
-        OK(cuda::repack_bf16(raw.p, N, K, frag.p, nullptr));
-        cuda::GemmWeights w;
-        w.w = frag.p; w.N = N; w.K = K;
-        const auto base = r.floats_bf16(N, 2.0f);
-        Dev<int> count(std::vector<int>{5});
-        for (cuda::Epilogue ep : {cuda::Epilogue::kStore, cuda::Epilogue::kAdd}) {
-            Dev<float> a(base), b(base);
-            OK(cuda::gemm_decode(w, xd.p, nullptr, false, ep, a.p, nullptr, N, 0, v, nullptr));
-            OK(cuda::gemm_decode(w, xd.p, nullptr, false, ep, b.p, nullptr, N, 0, v, nullptr, count.p));
-            const auto want = a.get(), got = b.get();
-            CHECK(std::memcmp(want.data(), got.data(), N * 4) == 0);
-        }
-        CHECK(count.get()[0] == int(5 + 2 * ctas));
-    }
-    // Routed or SwiGLU GEMVs do not count arrivals.
-    cuda::GemmWeights w;
-    w.N = 16; w.K = 64;
-    Dev<int> count(1);
-    Dev<uint16_t> act(16);
-    const std::vector<int32_t> experts{0};
-    Route route(experts, 1, 1);
-    CHECK(cuda::gemm_decode(w, nullptr, &route.r, false, cuda::Epilogue::kSwiglu, nullptr, act.p, 8, 7.0f, v, nullptr,
-                            count.p) == GPTOSS_ERR_INTERNAL);
-    CHECK(std::string(gptoss_last_error()).find("arrival count") != std::string::npos);
 }
 
 TEST_CASE("gemm_decode rejects a variant that is not compiled in, naming it") {

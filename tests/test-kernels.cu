@@ -13,7 +13,6 @@
 #include "cuda/backend.h"
 
 #include <cctype>
-#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -339,62 +338,6 @@ TEST_CASE("router_decode (fused norm + router + top-k; counter or cluster; 4, 8 
     bad.router.N = 32; bad.warps = 6;
     CHECK(cuda::router_decode(bad, nullptr) == GPTOSS_ERR_INTERNAL);
     CHECK(std::string(gptoss_last_error()).find("6 warps") != std::string::npos);
-}
-
-// router_decode polling the O projection's arrival count (RouterDecodeArgs::arrive) instead of its
-// dependency wait: the same outputs; the count set back to 0; and a count that reaches its value
-// only 20 ms after the launch (from another stream) is waited for, on both cross-CTA paths.
-TEST_CASE("router_decode with an arrival count: waits for it, the same route, re-armed") {
-    const uint32_t E = 32, K = 4, H = 2880, ctas = H / 16;
-    Rand r(95);
-    const auto [W, b] = router_weights(r, E, H, false);
-    DenseW dw(W, b, E, H);
-    Dev<float> xd(r.floats(H, 3.0f)), nwd(widen(r.bf16s(H, 1.5f)));
-    Dev<int> counter(std::vector<int>{0});
-    for (int cl : {0, 1}) {
-        INFO("cluster " << cl);
-        Dev<uint16_t> xn(H), xn2(H);
-        Dev<float> logits(E), logits2(E), w(K), w2(K);
-        Dev<int32_t> e(K), e2(K), t(1 + 3 * K), t2(1 + 3 * K), pr(K), pr2(K);
-        cuda::RouterDecodeArgs ra;
-        ra.x = xd.p; ra.norm_w = nwd.p; ra.eps = 1e-5f; ra.router = dw.w; ra.K = K; ra.xn = xn.p; ra.logits = logits.p;
-        ra.counter = counter.p; ra.experts = e.p; ra.weights = w.p; ra.tiles = t.p; ra.pairs = pr.p;
-        ra.cluster = cl;
-        OK(cuda::router_decode(ra, nullptr));
-        cuda::RouterDecodeArgs rb = ra;
-        rb.xn = xn2.p; rb.logits = logits2.p; rb.experts = e2.p; rb.weights = w2.p; rb.tiles = t2.p; rb.pairs = pr2.p;
-        Dev<int> arrive(std::vector<int>{int(ctas) - 1});
-        rb.arrive = arrive.p;
-        rb.arrive_count = ctas;
-        cudaStream_t s1 = nullptr, s2 = nullptr;
-        REQUIRE(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == cudaSuccess);
-        REQUIRE(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking) == cudaSuccess);
-        OK(cuda::router_decode(rb, s1));
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        CHECK(cudaStreamQuery(s1) == cudaErrorNotReady);  // one arrival short: still polling
-        const int full = int(ctas);
-        REQUIRE(cudaMemcpyAsync(arrive.p, &full, sizeof(int), cudaMemcpyHostToDevice, s2) == cudaSuccess);
-        REQUIRE(cudaStreamSynchronize(s2) == cudaSuccess);
-        REQUIRE(cudaStreamSynchronize(s1) == cudaSuccess);
-        CHECK(arrive.get()[0] == 0);  // re-armed
-        CHECK(xn2.get() == xn.get());
-        const auto l1 = logits.get(), l2 = logits2.get();
-        CHECK(std::memcmp(l1.data(), l2.data(), E * 4) == 0);
-        CHECK(e2.get() == e.get());
-        const auto w1 = w.get(), wb = w2.get();
-        CHECK(std::memcmp(w1.data(), wb.data(), K * 4) == 0);
-        CHECK(t2.get() == t.get());
-        CHECK(pr2.get() == pr.get());
-        cudaStreamDestroy(s1);
-        cudaStreamDestroy(s2);
-    }
-    cuda::RouterDecodeArgs bad;
-    bad.router.N = E; bad.router.K = H; bad.K = K;
-    Dev<float> lg(E);
-    Dev<int> arrive(1);
-    bad.logits = lg.p; bad.counter = counter.p; bad.arrive = arrive.p;  // without its count
-    CHECK(cuda::router_decode(bad, nullptr) == GPTOSS_ERR_INTERNAL);
-    CHECK(std::string(gptoss_last_error()).find("arrival count") != std::string::npos);
 }
 
 // The pairs of each expert's group as a sorted list (their order inside a group comes from atomics).

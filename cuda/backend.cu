@@ -155,11 +155,6 @@ private:
     gptoss_status enqueue_attention(uint32_t l, uint32_t n, bool decode, uint32_t full_splits);
     gptoss_status enqueue_router(uint32_t l, uint32_t n, bool decode, const GemmRoute& route);
     gptoss_status enqueue_moe(uint32_t l, uint32_t n, bool decode, const GemmRoute& route);
-    // Layer l's decode step hands its route from router_decode to the MoE GEMVs by the tagged
-    // route (kernels.h kRouteTagCopies; DecodeTuning::route_tag): one GPU, the fused router
-    // running, the experts on the GPU, the default MXFP4 variant. Its words: route_tag_ + l ·
-    // kRouteTagBytes / 8.
-    bool route_tagged(uint32_t l, bool decode) const;
     // GEMM dispatch of enqueue(): the decode kernels (one token) or the prefill kernels (a
     // chunk). Arguments as cuda::gemm (kernels.h); route null for dense weights.
     gptoss_status project(bool decode, const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
@@ -216,7 +211,6 @@ private:
     float* logits_ = nullptr;
     float* partial_ = nullptr;
     int* counters_ = nullptr;
-    unsigned long long* route_tag_ = nullptr;  // [n_layers] × kRouteTagBytes (route_tagged)
     int32_t* argmax_ = nullptr;
     void* sample_scratch_ = nullptr;  // cuda::sample's scratch (sample_bytes_)
     size_t sample_bytes_ = 0;
@@ -728,7 +722,6 @@ size_t CudaSession::layout(char* base) {
     token_ = cv.take<int32_t>(4);
     sample_scratch_ = cv.take<void>(sample_bytes_);
     counters_ = cv.take<int>(size_t(d.G + 1) * 4);  // attention's G, the router's
-    route_tag_ = cv.take<unsigned long long>(c.n_layers * kRouteTagBytes);  // zero: no step's tag
     kv_.assign(c.n_layers, LayerKv{});
     for (uint32_t l = 0; l < c.n_layers; ++l) {
         LayerKv& kv = kv_[l];
@@ -915,14 +908,6 @@ gptoss_status CudaSession::enqueue_attention(uint32_t l, uint32_t n, bool decode
     return GPTOSS_OK;
 }
 
-bool CudaSession::route_tagged(uint32_t l, bool decode) const {
-    const Dims& d = be_.dims_;
-    const DecodeTuning& dt = decode_tuning();
-    return decode && dt.route_tag && !comm_ && l >= be_.n_host_ && d.K <= kRouteTagStride &&
-           router_decode_supported(d.E, d.K, d.H) && !emptied(decode, DecodeOp::kRouter) &&
-           decode_gemv_tagged(dt.fp4);
-}
-
 gptoss_status CudaSession::enqueue_router(uint32_t l, uint32_t n, bool decode, const GemmRoute& route) {
     CudaBackend& b = be_;
     const Dims& d = b.dims_;
@@ -933,7 +918,6 @@ gptoss_status CudaSession::enqueue_router(uint32_t l, uint32_t n, bool decode, c
         RouterDecodeArgs ra;
         ra.x = x_; ra.norm_w = L.mlp_norm; ra.eps = c.rms_norm_eps; ra.router = b.dense(L.router_w, L.router_b, d.E, d.H);
         ra.K = d.K; ra.xn = xn_; ra.logits = rlogits_; ra.counter = counters_ + d.G; ra.experts = experts_; ra.weights = weights_; ra.tiles = tiles_; ra.pairs = pairs_;
-        if (route_tagged(l, decode)) ra.tagged = route_tag_ + l * (kRouteTagBytes / 8), ra.step = step_;
         if (emptied(decode, DecodeOp::kRouter)) GPTOSS_TRY(decode_probe_empty(s));
         else GPTOSS_TRY(router_decode(ra, s));
         return mark("rmsnorm + router + top-k (fused)");
@@ -955,9 +939,8 @@ gptoss_status CudaSession::enqueue_moe(uint32_t l, uint32_t n, bool decode, cons
     const Config& c = b.config_;
     const LayerDev& L = b.layers_[l];
     cudaStream_t s = stream_;
-    GemmRoute r1 = route;
-    if (route_tagged(l, decode)) r1.tagged = route_tag_ + l * (kRouteTagBytes / 8), r1.step = step_;
-    GemmRoute r2 = r1;
+    const GemmRoute& r1 = route;
+    GemmRoute r2 = route;
     r2.in_div = 1;
     const float* next_norm = l + 1 < c.n_layers ? b.layers_[l + 1].attn_norm : b.final_norm_;
     if (l < b.n_host_) {
@@ -1031,7 +1014,6 @@ gptoss_status CudaSession::upload_step(const int32_t* tokens, uint32_t n, uint32
     tokens_host_.assign(tokens, tokens + n);
     step_host_.pos0 = int32_t(pos);
     step_host_.n_tokens = int32_t(n);
-    if (++step_host_.seq == 0) step_host_.seq = 1;  // never 0: the tagged route's zeroed words
     GPTOSS_CUDA_TRY(cudaMemcpyAsync(tokens_, tokens_host_.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
     GPTOSS_CUDA_TRY(cudaMemcpyAsync(step_, &step_host_, sizeof(StepInfo), cudaMemcpyHostToDevice, stream_));
     return GPTOSS_OK;

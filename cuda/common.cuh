@@ -261,31 +261,6 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// The tagged route's handshake (kernels.h kRouteTagCopies): the writer's stores come after a
-// fence that follows everything the readers will read (the CUDA cooperative-groups grid-barrier
-// pattern: the others' writes, a barrier, then one thread's fence and flag); a reader's acquire
-// load that sees its step's tag orders its later loads after those writes.
-__device__ __forceinline__ void st_relaxed_u64(unsigned long long* p, unsigned long long v) {
-    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ unsigned long long ld_acquire_u64(const unsigned long long* p) {
-    unsigned long long v;
-    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-// Every lane polls *word (one L2 request per warp) up to kRouteTagPolls times until its high half
-// is *seq (the step's StepInfo::seq); if it never is, the dependency wait instead (the route is
-// final once the router's grid has ended). Either way the route's tiles / pairs may be read after
-// it. A hint, not a dependency: no poll count can hang or mislead the caller.
-constexpr int kRouteTagPolls = 32;
-__device__ __forceinline__ void route_tag_wait(const unsigned long long* word, const uint32_t* seq) {
-    const uint32_t want = __ldcg(seq);
-#pragma unroll
-    for (int i = 0; i < kRouteTagPolls; ++i)
-        if (uint32_t(ld_acquire_u64(word) >> 32) == want) return;
-    pdl_wait();
-}
-
 // The current device and what the launches here ask of it, queried once per thread and device
 // (launch paths call this per launch).
 struct DeviceProps {

@@ -17,13 +17,6 @@
 // kernel's own griddepcontrol.wait (MoE down at decode). route_early (GPTOSS_DECODE_ROUTE_EARLY=1): one L2 round
 // trip for the tile (count, expert, pair offset) before the weight requests, the pair read
 // after them (it was three dependent round trips in front of gate_up's first weight load).
-// Tagged (GemmRoute::tagged, DecodeTuning::route_tag): each warp polls a word of router_decode's
-// tagged route (common.cuh route_tag_wait: up to kRouteTagPolls polls, else the dependency wait)
-// before it reads the tiles, so gate_up's tile reads follow the router's route stores by one L2
-// round trip rather than the router grid's end; gate_up's dependency wait moves to its epilogue.
-// The tiles are read as untagged (the tagged instances keep that code's registers and schedule:
-// taking the expert from the word instead gave the fixed-K ring 68-70 registers and fewer early
-// refills, bench/NOTES.md "v41").
 // MXFP4: the CTA copies the activation row to shared memory once (after the dependency wait),
 // scaled by 2^32, and each chunk runs gemm.cuh's mxfp4_chunk_blockscale (the block scales on the
 // fp32 sums of 32-k blocks; bench/NOTES.md "v32", "v33"); its own summation order: decode-vs-prefill
@@ -65,10 +58,7 @@ constexpr uint32_t kMaxRowK = 4096;  // the MXFP4 activation row lives in shared
 // instance for K = 64·kChunks only: the warp's chunks unrolled, so the loads and shared-memory
 // reads sit at immediate offsets from one pointer and the only test left is whether the warp has
 // the slab's last, odd chunk. The same chunks in the same order through the same mma: the same bits.
-// kTagged: the route is router_decode's tagged route (GemmRoute::tagged; routed only; every tile
-// in use). Its own instances: with the poll in the any-route kernel, ptxas gave the fixed-K MXFP4
-// ring 82 registers (5 CTAs per SM instead of 6); alone, without the tile count, it takes 78.
-template <bool kFp4, int NW, int kDepth, bool kShfl, int kChunks, bool kTagged = false>
+template <bool kFp4, int NW, int kDepth, bool kShfl, int kChunks>
 __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs args) {
     constexpr uint32_t R = NW * 32;
     __shared__ float red[NW][16];
@@ -91,22 +81,13 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
         out_row = pair;
     };
     if (args.routed) {
-        if constexpr (kTagged) {
-            (void)route_tag_wait(args.route.tagged + (blockIdx.x % kRouteTagCopies) * kRouteTagStride + blockIdx.y,
-                                 &args.route.step->seq);
-        } else {
-            if (!args.route_ready) pdl_wait();
-        }
+        if (!args.route_ready) pdl_wait();
         // L2 loads: the route may have been written while this grid was already resident.
         // route_early: the tile count and the tile's expert and pair offset in one round trip
         // (blockIdx.y < max_tiles, so the tile lies in the buffer even when unused), the pair
         // itself (only the activation row and the store need it) after the weight requests.
         const int32_t* ti = args.route.tiles + 1 + 3 * blockIdx.y;
-        if (kTagged) {  // a tagged route's tiles are all in use (T = 1: max_tiles = K); the pair after
-                        // the weight requests, as route_early
-            expert = __ldcg(ti);
-            pair_at = __ldcg(ti + 1);
-        } else if (args.route_early) {
+        if (args.route_early) {
             n_tiles = __ldcg(args.route.tiles);
             expert = __ldcg(ti);
             pair_at = __ldcg(ti + 1);
@@ -135,7 +116,7 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
         const uint32_t cc = uint32_t(warp) + uint32_t(NW) * i;
         if (kChunks ? has(i) : cc < n_chunks) load_chunk<kFp4>(ring[i], wp, sp, cc - c0);
     }
-    if (args.routed && (kTagged || args.route_early)) read_pair();
+    if (args.routed && args.route_early) read_pair();
     // The epilogue's bias (a weight, known with the expert) and, for kAdd, the residual row it
     // adds to (final once the wait returns; only this CTA writes those rows) are loaded here,
     // ahead of the chunk chain: in the epilogue each was one more dependent round trip at the
@@ -149,7 +130,7 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
         if (swiglu) bias_hi = __ldg(bias + er + 8);
     }
     if (!args.routed || args.route_ready) pdl_wait();
-    pdl_launch_dependents();  // tagged gate_up: before its wait (the route is final; down polls it too)
+    pdl_launch_dependents();
     float resid = 0.0f;
     if (args.epilogue == int(Epilogue::kAdd) && threadIdx.x < 16 && er < N)
         resid = __ldcg(args.out_f32 + size_t(out_row) * args.ldo + er);
@@ -244,9 +225,6 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
         }
     }
 
-    // A tagged route without route_ready (gate_up) waits here, so that the grid ends after its
-    // predecessor's (the router's) and the next kernel's wait covers both.
-    if (kTagged && !args.route_ready) pdl_wait();
     // Column 0: rows g (acc[0]) and g + 8 (acc[2]) of lanes t == 0.
     if (t == 0) {
         const float unscale = kFp4 ? kXUnscale : 1.0f;  // exact: a power of two
@@ -288,13 +266,10 @@ struct Instance {
     DecodeGemv v;
     uint32_t chunks;  // 0: any K; else K = 64·chunks only
     KernelFn fn;
-    bool tagged;  // kTagged
 };
 
 #define GPTOSS_GEMV(FP4, NW, D, SH, C) \
-    Instance{FP4, DecodeGemv{NW, D, SH}, C, gemv_decode_kernel<FP4, NW, D, SH, C>, false}
-#define GPTOSS_GEMV_TAGGED(FP4, NW, D, SH, C) \
-    Instance{FP4, DecodeGemv{NW, D, SH}, C, gemv_decode_kernel<FP4, NW, D, SH, C, true>, true}
+    Instance{FP4, DecodeGemv{NW, D, SH}, C, gemv_decode_kernel<FP4, NW, D, SH, C>}
 // The variants compiled in (decode_gemv_variants lists them; the tests run every one), and the
 // fixed-K instances of the defaults for gpt-oss's K: 2880 (45 chunks: QKV, gate_up, down) and
 // 4096 (64: O), which gemm_decode takes when the variant's fixed_k allows and K matches.
@@ -304,8 +279,6 @@ const Instance kInstances[] = {
     GPTOSS_GEMV(true, 4, 4, true, 0),   GPTOSS_GEMV(true, 4, 6, true, 0),   GPTOSS_GEMV(true, 4, 8, true, 0),
     GPTOSS_GEMV(true, 8, 4, true, 0),   GPTOSS_GEMV(true, 8, 4, false, 0),
     GPTOSS_GEMV(true, 4, 4, true, 45),  GPTOSS_GEMV(false, 8, 4, false, 45), GPTOSS_GEMV(false, 8, 4, false, 64),
-    // The tagged route (GemmRoute::tagged) for the default MXFP4 variant, any K and K = 2880.
-    GPTOSS_GEMV_TAGGED(true, 4, 4, true, 0), GPTOSS_GEMV_TAGGED(true, 4, 4, true, 45),
 };
 // Measured and removed (bench/NOTES.md "v39", "v40"): MXFP4 rings holding a warp's whole share of a
 // 45-chunk slab (4 warps × 12, 8 × 6, 16 × 3): 6-17 % slower than 4 × 6; a ring of 5 bounded to 8
@@ -313,13 +286,11 @@ const Instance kInstances[] = {
 // rings bounded to 6-8 CTAs per SM (spills) and fixed-K MXFP4 CTAs of 2 or 8 warps: −4 to −10 %, and
 // the fixed-K bf16 GEMVs at 4 warps: −1.5 %, against the defaults of the time.
 #undef GPTOSS_GEMV
-#undef GPTOSS_GEMV_TAGGED
 
-const Instance* find_instance(bool fp4, const DecodeGemv& v, uint32_t chunks, bool tagged) {
+const Instance* find_instance(bool fp4, const DecodeGemv& v, uint32_t chunks) {
     const Instance* any_k = nullptr;
     for (const Instance& in : kInstances)
         if (in.fp4 == fp4 && in.v.warps == v.warps && in.v.depth == v.depth && in.v.shfl_x == v.shfl_x) {
-            if (in.tagged != tagged) continue;
             if (in.chunks == 0) any_k = &in;
             else if (v.fixed_k && in.chunks == chunks) return &in;
         }
@@ -367,8 +338,6 @@ std::vector<DecodeFixedK> decode_gemv_fixed_k() {
     return out;
 }
 
-bool decode_gemv_tagged(const DecodeGemv& v) { return find_instance(true, v, 0, true) != nullptr; }
-
 const DecodeTuning& decode_tuning() {
     static const DecodeTuning tuning = [] {
         DecodeTuning d;
@@ -377,7 +346,6 @@ const DecodeTuning& decode_tuning() {
         d.route_ready = env_flag("GPTOSS_DECODE_ROUTE_READY", d.route_ready);
         d.bf16.fixed_k = env_flag("GPTOSS_DECODE_FIXED_K_BF16", d.bf16.fixed_k);
         d.fp4.fixed_k = env_flag("GPTOSS_DECODE_FIXED_K", d.fp4.fixed_k);
-        d.route_tag = env_flag("GPTOSS_DECODE_ROUTE_TAG", d.route_tag);
         return d;
     }();
     return tuning;
@@ -395,12 +363,10 @@ gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRou
         return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: SwiGLU needs a route, N %% 16 == 0 (N=%u) and a bf16 output",
                     w.N);
     if (epilogue != Epilogue::kSwiglu && !out_f32) return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: fp32 output missing");
-    const bool tagged = route && route->tagged;
-    const Instance* in = find_instance(w.mxfp4, variant, w.K / 64, tagged);
+    const Instance* in = find_instance(w.mxfp4, variant, w.K / 64);
     if (!in)
-        return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: no %s%s variant with %u warps, ring depth %u, shfl %d",
-                    tagged ? "tagged-route " : "", w.mxfp4 ? "MXFP4" : "bf16", variant.warps, variant.depth,
-                    int(variant.shfl_x));
+        return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: no %s variant with %u warps, ring depth %u, shfl %d",
+                    w.mxfp4 ? "MXFP4" : "bf16", variant.warps, variant.depth, int(variant.shfl_x));
     DecodeArgs a{};
     a.w = w;
     a.x = x;
@@ -413,9 +379,6 @@ gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRou
     a.out_bf16 = out_bf16;
     a.ldo = ldo;
     a.limit = swiglu_limit;
-    if (route && route->tagged && (!route->step || route->max_tiles > kRouteTagStride))
-        return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: a tagged route needs its step and at most %u tiles (got %u)",
-                    kRouteTagStride, route->max_tiles);
     const uint32_t tiles = route ? route->max_tiles : 1;
     if (tiles == 0) return GPTOSS_OK;
     if (tiles > 65535) return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: %u tiles exceed the grid limit", tiles);

@@ -20,23 +20,11 @@ namespace gptoss {
 namespace cuda {
 
 // Per-forward values the kernels read from device memory, so one CUDA graph serves every
-// decode step: pos0 = position of the first token of the chunk; seq = the session's forward
-// count (1, 2, ...; never 0), which tags a decode step's route (GemmRoute::tagged).
+// decode step: pos0 = position of the first token of the chunk.
 struct StepInfo {
     int32_t pos0;
     int32_t n_tokens;
-    uint32_t seq = 0;
 };
-
-// A decode step's tagged route (router_decode → the MoE GEMVs, T = 1): word s of a copy =
-// (seq << 32) | expert of top-K slot s, kRouteTagCopies copies kRouteTagStride words apart (the
-// GEMVs' CTAs poll copy blockIdx.x mod kRouteTagCopies, so the polls spread over L2 lines).
-// router_decode stores the words after its other outputs and xn, behind a fence; a GEMV whose
-// acquire load sees its step's seq may read the route's tiles / pairs and xn without waiting for
-// the router's grid to end.
-constexpr uint32_t kRouteTagCopies = 32;
-constexpr uint32_t kRouteTagStride = 16;  // words (128 bytes): K <= 8 words of a copy in one line
-constexpr size_t kRouteTagBytes = size_t(kRouteTagCopies) * kRouteTagStride * 8;  // per layer
 
 // ---------------------------------------------------------------------------
 // Weight layouts (repack.cu). Done once at load, on the device.
@@ -113,13 +101,6 @@ struct GemmRoute {
     // router_route's tile_extra: an expert's last tile may hold up to tile_tokens + tile_extra
     // pairs (0, or 32 with 64- or 256-pair tiles: gemm_prefill_tile_extra).
     uint32_t tile_extra = 0;
-    // gemm_decode only (T = 1, one pair per tile, max_tiles = K): router_decode's tagged route
-    // (kRouteTagBytes, device) and the step whose seq tags it. The GEMV polls its word (up to
-    // common.cuh's kRouteTagPolls times, else the dependency wait) before it reads tiles / pairs,
-    // instead of waiting for the router's grid to end (gate_up's wait moves to its epilogue). The
-    // same products and sums: the same bits as without. Null: the dependency wait.
-    const unsigned long long* tagged = nullptr;
-    const StepInfo* step = nullptr;
 };
 
 // x: bf16 permuted [n_rows, K] (dense) or indexed through route. nb = 8-token column tiles per
@@ -192,10 +173,6 @@ struct DecodeTuning {
     // registers, 7 CTAs; "v39") by ~2.3 % alone; the fixed-K rings of 5, 6, 8 lost ("v40").
     DecodeGemv fp4{4, 4, true, true};
     bool route_ready = true;
-    // The decode graph's MoE GEMVs take router_decode's tagged route (GemmRoute::tagged;
-    // GPTOSS_DECODE_ROUTE_TAG = 0|1). Only the default MXFP4 variant has tagged instances
-    // (decode_gemv_tagged).
-    bool route_tag = false;
 };
 const DecodeTuning& decode_tuning();
 // Every compiled (mxfp4, variant) pair (tests run them all).
@@ -208,8 +185,6 @@ struct DecodeFixedK {
     uint32_t K;
 };
 std::vector<DecodeFixedK> decode_gemv_fixed_k();
-// Whether gemm_decode takes a tagged route for this MXFP4 variant.
-bool decode_gemv_tagged(const DecodeGemv& v);
 [[nodiscard]] gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRoute* route,
                                         bool route_ready, Epilogue epilogue, float* out_f32, uint16_t* out_bf16,
                                         uint32_t ldo, float swiglu_limit, const DecodeGemv& variant,
@@ -453,10 +428,6 @@ struct RouterDecodeArgs {
     // slab's chunks split further (logits within fp32 rounding of those), 0 =
     // router_decode_warps_default(). Anything else: GPTOSS_ERR_INTERNAL.
     uint32_t warps = 0;
-    // Optional (both or neither): the tagged route's words (kRouteTagBytes, device; GemmRoute::
-    // tagged), written last, tagged with step->seq.
-    unsigned long long* tagged = nullptr;
-    const StepInfo* step = nullptr;
 };
 bool router_decode_supported(uint32_t E, uint32_t K, uint32_t H);
 // GPTOSS_DECODE_ROUTER_WARPS (4 / 8 / 16), else the built-in default; read once.

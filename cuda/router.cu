@@ -148,8 +148,6 @@ __global__ __launch_bounds__(1024) void f32_router_group_kernel(const int32_t* e
 // CTA 0's shared memory (DSMEM) and one cluster barrier (release / acquire) replaces the
 // fence + counter atomic + L2 re-read of the logits, i.e. two dependent L2 round trips on the
 // layer's critical path. Same values in the same places: bit-identical either way.
-// RouterDecodeArgs::tagged: warp 0 of the routing CTA then writes the tagged route (kernels.h
-// kRouteTagCopies) after a fence, for MoE GEMVs that poll it instead of waiting for this grid.
 // Chunks in registers per CTA: H <= 48·64 = 3072 in one pass, kRouterChunks / kWarps per warp.
 constexpr uint32_t kRouterChunks = 48;
 // The cluster's cross-CTA step by default (H200: +1 % tg, bench/NOTES.md "v14 decode").
@@ -237,8 +235,6 @@ __global__ __launch_bounds__(32 * kWarps) void f32_router_decode_kernel(const Ro
     }
     pdl_wait();
     pdl_launch_dependents();
-    // The tagged route's seq (warp 0 writes the words), consumed at the end.
-    const uint32_t seq = !kBatch && a.tagged && threadIdx.x < 32 ? __ldcg(&a.step->seq) : 0u;
     for (uint32_t i = threadIdx.x; i < H / 4; i += blockDim.x) cp_async16(xf + 4 * i, x + 4 * i);
     cp_async_wait_all();
     __syncthreads();
@@ -330,8 +326,8 @@ __global__ __launch_bounds__(32 * kWarps) void f32_router_decode_kernel(const Ro
     if (E <= 32) warp_topk_softmax<1>(logits, E, a.K, lane, idx, wt);
     else if (E <= 128) warp_topk_softmax<4>(logits, E, a.K, lane, idx, wt);
     else warp_topk_softmax(logits, E, a.K, lane, idx, wt);
+    if (lane != 0) return;
     if constexpr (kBatch) {  // router_route's top-K output for this token; router_route's work list follows
-        if (lane != 0) return;
         for (uint32_t k = 0; k < a.K; ++k) {
             a.experts[tok * a.K + k] = idx[k];
             a.weights[tok * a.K + k] = wt[k];
@@ -340,29 +336,18 @@ __global__ __launch_bounds__(32 * kWarps) void f32_router_decode_kernel(const Ro
     }
     // router_route's output for one token: one single-pair tile per chosen expert, experts in
     // increasing id order.
-    if (lane == 0) {
-        a.tiles[0] = int32_t(a.K);
-        for (uint32_t k = 0; k < a.K; ++k) {
-            a.experts[k] = idx[k];
-            a.weights[k] = wt[k];
-            uint32_t rank = 0;
-            for (uint32_t k2 = 0; k2 < a.K; ++k2) rank += idx[k2] < idx[k];
-            int32_t* ti = a.tiles + 1 + 3 * rank;
-            ti[0] = idx[k];
-            ti[1] = int32_t(rank);
-            ti[2] = 1;
-            a.pairs[rank] = int32_t(k);
-        }
+    a.tiles[0] = int32_t(a.K);
+    for (uint32_t k = 0; k < a.K; ++k) {
+        a.experts[k] = idx[k];
+        a.weights[k] = wt[k];
+        uint32_t rank = 0;
+        for (uint32_t k2 = 0; k2 < a.K; ++k2) rank += idx[k2] < idx[k];
+        int32_t* ti = a.tiles + 1 + 3 * rank;
+        ti[0] = idx[k];
+        ti[1] = int32_t(rank);
+        ti[2] = 1;
+        a.pairs[rank] = int32_t(k);
     }
-    if (!a.tagged) return;
-    // The tagged route, last: every output above and xn (CTA 0's, before its barriers) precede
-    // the fence; lane c writes copy c (kernels.h kRouteTagCopies).
-    __syncwarp();
-    __threadfence();
-    for (uint32_t c = lane; c < kRouteTagCopies; c += 32)
-        for (uint32_t k = 0; k < a.K; ++k)
-            st_relaxed_u64(a.tagged + c * kRouteTagStride + k, (static_cast<unsigned long long>(seq) << 32) |
-                                                                     static_cast<uint32_t>(idx[k]));
 }
 
 }  // namespace
@@ -457,9 +442,6 @@ gptoss_status router_decode(const RouterDecodeArgs& a, cudaStream_t stream) {
     const bool cluster = (a.cluster < 0 ? router_decode_cluster_default() : a.cluster != 0) && router_decode_cluster_usable(E);
     if (!a.logits || (!cluster && !a.counter))
         return fail(GPTOSS_ERR_INTERNAL, "CUDA router_decode: logits and counter are required");
-    if (bool(a.tagged) != bool(a.step) || a.K > kRouteTagStride)
-        return fail(GPTOSS_ERR_INTERNAL, "CUDA router_decode: the tagged route needs both words and step (K <= %u)",
-                    kRouteTagStride);
     if (warps == 8) return router_decode_launch<8>(a, cluster, stream);
     if (warps == 16) return router_decode_launch<16>(a, cluster, stream);
     return router_decode_launch<4>(a, cluster, stream);

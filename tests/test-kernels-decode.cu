@@ -5,9 +5,7 @@
 // tiles than max_tiles, input rows by in_div) with and without route_ready, plain and with the
 // fused SwiGLU; each result reproduced bit for bit by a second launch (deterministic); MXFP4
 // activations over 29 octaves with scales 0 and 128, and a row of 1e6 (finite results); the
-// fixed-K instances (K = 2880, 4096) bit for bit against the any-K kernel of their variant; the
-// tagged route (router_decode's words polled before the tile reads) bit for bit against the
-// untagged route, with the step's words and with an older step's.
+// fixed-K instances (K = 2880, 4096) bit for bit against the any-K kernel of their variant.
 // Without a CUDA device the tests are skipped (exit 77). Tolerance |got − ref| <= atol + rtol·|ref|.
 #include "tests/kernel-test-util.cuh"
 
@@ -291,77 +289,6 @@ TEST_CASE("decode GEMV fixed-K instances equal the any-K kernel bit for bit and 
             }
         }
     }
-}
-
-// router_decode's tagged route as the MoE GEMVs read it: Route's tiles / pairs plus every copy's
-// word s = (seq, expert of slot s) and the step whose seq they should carry.
-struct TaggedRoute {
-    Route base;
-    Dev<unsigned long long> words;
-    Dev<cuda::StepInfo> step;
-    cuda::GemmRoute r;
-    TaggedRoute(const std::vector<int32_t>& experts, uint32_t in_div, uint32_t seq, uint32_t words_seq)
-        : base(experts, in_div, uint32_t(experts.size())), words(cuda::kRouteTagCopies * cuda::kRouteTagStride),
-          step(std::vector<cuda::StepInfo>{cuda::StepInfo{0, 1, seq}}) {
-        std::vector<unsigned long long> w(cuda::kRouteTagCopies * cuda::kRouteTagStride, 0);
-        for (uint32_t c = 0; c < cuda::kRouteTagCopies; ++c)
-            for (size_t k = 0; k < experts.size(); ++k)
-                w[c * cuda::kRouteTagStride + k] = (static_cast<unsigned long long>(words_seq) << 32) | uint32_t(experts[k]);
-        words.set(w);
-        r = base.r;
-        r.tagged = words.p;
-        r.step = step.p;
-    }
-};
-
-// The tagged instances (the default MXFP4 variant, any K and K = 2880) against the same variant
-// without the tag, bit for bit (the same products in the same order), plain and SwiGLU,
-// route_ready or not: with its step's words (the poll returns) and with an older step's words
-// (the polls run out and it takes the dependency wait).
-TEST_CASE("decode GEMV (MXFP4): the tagged route gives the untagged bits, polled or after the dependency wait") {
-    Rand r(75);
-    const cuda::DecodeGemv v = cuda::decode_tuning().fp4;
-    REQUIRE(cuda::decode_gemv_tagged(v));
-    const uint32_t E = 3, N = 128, I = N / 2;
-    const std::vector<int32_t> experts{2, 0};
-    for (uint32_t K : {192u, 2880u}) {
-        Mxfp4Experts m(r, E, N, K, 114, 8, 0.5f);
-        const auto x = r.floats_bf16(experts.size() * K, 1.0f);
-        Dev<uint16_t> xd(permuted_rows(x, uint32_t(experts.size()), K));
-        for (bool swiglu : {false, true}) {
-            const cuda::GemmWeights& w = m.repack(swiglu);
-            const uint32_t in_div = swiglu ? uint32_t(experts.size()) : 1;  // gate_up: every pair reads row 0
-            Route route(experts, in_div, uint32_t(experts.size()));
-            const size_t n_out = experts.size() * (swiglu ? I : N);
-            const auto run = [&](const cuda::GemmRoute& rt, bool ready, void* out) {
-                return swiglu ? cuda::gemm_decode(w, xd.p, &rt, ready, cuda::Epilogue::kSwiglu, nullptr,
-                                                  static_cast<uint16_t*>(out), I, 7.0f, v, nullptr)
-                              : cuda::gemm_decode(w, xd.p, &rt, ready, cuda::Epilogue::kStore,
-                                                  static_cast<float*>(out), nullptr, N, 0, v, nullptr);
-            };
-            for (bool ready : {false, true}) {
-                for (uint32_t words_seq : {41u, 40u}) {
-                    INFO("K " << K << (swiglu ? " SwiGLU" : " store") << (ready ? " route_ready" : "")
-                              << (words_seq == 41 ? " words of the step" : " words of an older step"));
-                    TaggedRoute tagged(experts, in_div, 41, words_seq);
-                    Dev<uint32_t> a(n_out), b(n_out);  // compared as bits (SwiGLU: bf16 in the first half)
-                    REQUIRE(cudaMemset(a.p, 0, n_out * 4) == cudaSuccess);
-                    REQUIRE(cudaMemset(b.p, 0, n_out * 4) == cudaSuccess);
-                    OK(run(route.r, ready, a.p));
-                    OK(run(tagged.r, ready, b.p));
-                    CHECK(b.get() == a.get());
-                }
-            }
-        }
-    }
-    // A tagged route needs its step.
-    TaggedRoute tagged(experts, 1, 41, 41);
-    tagged.r.step = nullptr;
-    Mxfp4Experts m(r, E, N, 192, 114, 8, 0.5f);
-    Dev<float> out(experts.size() * N);
-    CHECK(cuda::gemm_decode(m.repack(false), nullptr, &tagged.r, false, cuda::Epilogue::kStore, out.p, nullptr, N, 0, v,
-                            nullptr) == GPTOSS_ERR_INTERNAL);
-    CHECK(std::string(gptoss_last_error()).find("tagged route") != std::string::npos);
 }
 
 TEST_CASE("gemm_decode rejects a variant that is not compiled in, naming it") {

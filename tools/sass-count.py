@@ -15,6 +15,12 @@ fetches one for the build machine). Two uses:
                                            unconditional branch or the back edge), the path a
                                            steady state runs; instructions per mma chunk follow
                                            by dividing by the HMMA count per chunk
+  sass-count.py --loads REGEX FILE.cubin   per kernel matching REGEX: its global loads and mma in
+                                           program order, one letter each (W 16-byte load, s
+                                           8-byte, l narrower, H an HMMA, M four in a row = one
+                                           64-k chunk of the decode GEMVs, | a barrier) and the
+                                           16-byte loads before the first HMMA: how far ptxas
+                                           hoisted the weight refills (bench/NOTES.md "v41")
 
 Static counts, not executed ones: a loop's straight path times its trip count is what a warp
 issues there. bench/NOTES.md "v37" used it on moe_batch_kernel.
@@ -119,12 +125,38 @@ def loops(pattern, cubin):
                   f"{len(path)} instructions, {mma(path)} mma, {spills} LDL/STL")
 
 
+def loads(pattern, cubin):
+    for name, instrs in kernels(cubin).items():
+        if not re.search(pattern, name):
+            continue
+        seq = []
+        for _, text in instrs:
+            m = OPCODE.match(text)
+            op = m.group(1) if m else ""
+            full = text.split()[1] if text.startswith("@") and len(text.split()) > 1 else text.split()[0]
+            if op == "LDG":
+                seq.append("W" if ".128" in full else "s" if ".64" in full else "l")
+            elif op == "HMMA":
+                seq.append("H")
+            elif op == "BAR":
+                seq.append("|")
+        line = "".join(seq)
+        first = line.find("H")
+        ahead = line[:first].count("W") if first >= 0 else line.count("W")
+        print(f"{demangle(name)[:100]}\n  {ahead} W before the first HMMA: {line.replace('HHHH', 'M')}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--loops", metavar="REGEX", help="list the mma loops of the kernels matching REGEX")
+    p.add_argument("--loads", metavar="REGEX", help="the loads and mma in order of the kernels matching REGEX")
     p.add_argument("cubins", nargs="+")
     args = p.parse_args()
-    if args.loops:
+    if args.loads:
+        if len(args.cubins) != 1:
+            p.error("--loads takes one cubin")
+        loads(args.loads, args.cubins[0])
+    elif args.loops:
         if len(args.cubins) != 1:
             p.error("--loops takes one cubin")
         loops(args.loops, args.cubins[0])

@@ -42,6 +42,9 @@ def cuobjdump():
     return os.environ.get("CUOBJDUMP") or (local if os.path.exists(local) else "cuobjdump")
 
 
+MANGLED = {}  # kernels()' key -> the name as the cubin has it (demangle needs the original)
+
+
 def kernels(cubin):
     """{mangled name: [(address, instruction text)]} of every function in `cubin`."""
     try:
@@ -55,6 +58,7 @@ def kernels(cubin):
             # An anonymous namespace's mangled name carries a per-compilation hash: dropped, so
             # that two builds of the same kernel (e.g. from two checkouts) pair up.
             name = re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__", m.group(1))
+            MANGLED[name] = m.group(1)
             res[name] = []
             continue
         m = INSTR.match(line)
@@ -65,7 +69,7 @@ def kernels(cubin):
 
 def demangle(name):
     try:
-        d = subprocess.run(["c++filt"], input=name, capture_output=True, text=True).stdout.strip()
+        d = subprocess.run(["c++filt"], input=MANGLED.get(name, name), capture_output=True, text=True).stdout.strip()
     except OSError:
         return name
     return re.sub(r"gptoss::cuda::|\(anonymous namespace\)::|gemm_detail::|\(.*\)$", "", d)

@@ -333,8 +333,11 @@ std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants() {
 std::vector<DecodeFixedK> decode_gemv_fixed_k() {
     std::vector<DecodeFixedK> out;
     for (const Instance& in : kInstances)
-        if (in.chunks != 0) out.push_back(DecodeFixedK{in.fp4, DecodeGemv{in.v.warps, in.v.depth, in.v.shfl_x, true},
-                                                       64 * in.chunks});
+        if (in.chunks != 0) {
+            DecodeGemv v = in.v;
+            v.fixed_k = true;
+            out.push_back(DecodeFixedK{in.fp4, v, 64 * in.chunks});
+        }
     return out;
 }
 

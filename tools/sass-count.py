@@ -33,16 +33,13 @@ import subprocess
 import sys
 
 INSTR = re.compile(r"\s+/\*([0-9a-f]{4,6})\*/\s+(.*?)\s*;")
-OPCODE = re.compile(r"(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
+OPCODE = re.compile(r"(?:@!?U?P\w+\s+)?([A-Z0-9_]+)(\S*)")  # opcode, then its .suffixes
 
 
 def cuobjdump():
     """$CUOBJDUMP, else tools/fetch-sass-tools.sh's copy in .sass-tools/, else the one on PATH."""
     local = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".sass-tools", "usr", "bin", "cuobjdump")
     return os.environ.get("CUOBJDUMP") or (local if os.path.exists(local) else "cuobjdump")
-
-
-MANGLED = {}  # kernels()' key -> the name as the cubin has it (demangle needs the original)
 
 
 def kernels(cubin):
@@ -55,10 +52,10 @@ def kernels(cubin):
     for line in out.splitlines():
         m = re.search(r"Function : (\S+)", line)
         if m:
-            # An anonymous namespace's mangled name carries a per-compilation hash: dropped, so
-            # that two builds of the same kernel (e.g. from two checkouts) pair up.
-            name = re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__", m.group(1))
-            MANGLED[name] = m.group(1)
+            # An anonymous namespace's mangled name carries a per-compilation hash: zeroed (same
+            # length, so the name still demangles), so that two builds of the same kernel (e.g.
+            # from two checkouts) pair up.
+            name = re.sub(r"(_GLOBAL__N__)([0-9a-f]+)_", lambda h: h.group(1) + "0" * len(h.group(2)) + "_", m.group(1))
             res[name] = []
             continue
         m = INSTR.match(line)
@@ -69,7 +66,7 @@ def kernels(cubin):
 
 def demangle(name):
     try:
-        d = subprocess.run(["c++filt"], input=MANGLED.get(name, name), capture_output=True, text=True).stdout.strip()
+        d = subprocess.run(["c++filt"], input=name, capture_output=True, text=True).stdout.strip()
     except OSError:
         return name
     return re.sub(r"gptoss::cuda::|\(anonymous namespace\)::|gemm_detail::|\(.*\)$", "", d)
@@ -136,10 +133,9 @@ def loads(pattern, cubin):
         seq = []
         for _, text in instrs:
             m = OPCODE.match(text)
-            op = m.group(1) if m else ""
-            full = text.split()[1] if text.startswith("@") and len(text.split()) > 1 else text.split()[0]
+            op, suffixes = (m.group(1), m.group(2)) if m else ("", "")
             if op == "LDG":
-                seq.append("W" if ".128" in full else "s" if ".64" in full else "l")
+                seq.append("W" if ".128" in suffixes else "s" if ".64" in suffixes else "l")
             elif op == "HMMA":
                 seq.append("H")
             elif op == "BAR":
@@ -156,14 +152,10 @@ def main():
     p.add_argument("--loads", metavar="REGEX", help="the loads and mma in order of the kernels matching REGEX")
     p.add_argument("cubins", nargs="+")
     args = p.parse_args()
-    if args.loads:
+    if args.loads or args.loops:
         if len(args.cubins) != 1:
-            p.error("--loads takes one cubin")
-        loads(args.loads, args.cubins[0])
-    elif args.loops:
-        if len(args.cubins) != 1:
-            p.error("--loops takes one cubin")
-        loops(args.loops, args.cubins[0])
+            p.error("--loads / --loops take one cubin")
+        (loads if args.loads else loops)(args.loads or args.loops, args.cubins[0])
     else:
         if len(args.cubins) != 2:
             p.error("give OLD.cubin NEW.cubin")

@@ -8,7 +8,8 @@
 # between neighbours the other way; (2) Nsight Compute over one decode step of the 20b shape
 # (each kernel alone: duration, DRAM bytes, issue rate, occupancy, top stalls; tools/ncu-decode-
 # table.py). Results in $OUT/breakdown-*.txt; the summary lines on stdout.
-# Usage (repository root, GPU machine): [ORDERS="forward reverse"] [NCU=1] tools/device-decode-breakdown.sh BENCH [20b|120b ...]
+# DEPTH (default 0): the context the decode step runs at (gptoss-bench -d), for both parts.
+# Usage (repository root, GPU machine): [ORDERS="forward reverse"] [NCU=1] [DEPTH=0] tools/device-decode-breakdown.sh BENCH [20b|120b ...]
 set -uo pipefail
 bench=$1
 shift
@@ -20,13 +21,13 @@ ops=(qkv attn o router gate_up down combine)
 tg() {  # model probe-list -> "tok/s"
   local n=128 r=3
   [ "$1" = 120b ] && n=64 && r=2
-  env GPTOSS_DECODE_PROBE="$2" timeout 120 "$bench" --synthetic "$1" --no-gemm-probe -p 0 -n $n -d 0 -r $r 2>&1 |
+  env GPTOSS_DECODE_PROBE="$2" timeout 120 "$bench" --synthetic "$1" --no-gemm-probe -p 0 -n $n -d "${DEPTH:-0}" -r $r 2>&1 |
     awk -F'|' '/^\| tg/ {gsub(/ /, "", $4); print $4}'
 }
 for m in "${models[@]}"; do
-  f="$OUT/breakdown-$m.txt"
+  f="$OUT/breakdown-$m${DEPTH:+-d$DEPTH}.txt"
   {
-    echo "# $m: decode step us (from tg tok/s) with the listed ops emptied"
+    echo "# $m at depth ${DEPTH:-0}: decode step us (from tg tok/s) with the listed ops emptied"
     for order in ${ORDERS:-forward reverse}; do
       list="" prev=""
       seq=("${ops[@]}")
@@ -47,6 +48,6 @@ timeout 240 ncu --clock-control none --csv --page raw \
   -k regex:"gemv_decode|router_decode|attention_decode|residual_rmsnorm" -c 170 \
   --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats --section WarpStateStats \
   --metrics dram__bytes_read.sum,dram__bytes_write.sum \
-  "$bench" --synthetic 20b --no-gemm-probe -p 0 -n 1 -d 0 -r 1 > "$OUT/breakdown-ncu-20b.csv" 2> "$OUT/breakdown-ncu-20b.err"
+  "$bench" --synthetic 20b --no-gemm-probe -p 0 -n 1 -d "${DEPTH:-0}" -r 1 > "$OUT/breakdown-ncu-20b.csv" 2> "$OUT/breakdown-ncu-20b.err"
 echo "ncu rc=$?"
 python3 "$(dirname "$0")/ncu-decode-table.py" "$OUT/breakdown-ncu-20b.csv" | tee "$OUT/breakdown-ncu-20b.txt"

@@ -15,7 +15,8 @@
 // Floor: K/V bytes, 2·G·D·2 = 2 KB per visible key per layer.
 // By default each split is computed on tensor cores instead (attention_decode_cta_mma below;
 // cuda/attention_mma.cuh; GPTOSS_DECODE_ATTN_MMA=0 for the FMA split): same grid, partials and
-// merges, q and the softmax weights in bf16.
+// merges, q and the softmax weights in bf16; a sliding window is one split of its own
+// (kernels.h decode_attention_window_whole), one CTA per kv head.
 #include "cuda/attention_mma.cuh"
 #include "cuda/common.cuh"
 #include "cuda/batch_decode.h"
@@ -624,7 +625,8 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
     const int hpg = int(a.Q / a.G);
     const int p = pos0, lo = visible_lo(p, a.window);
     const int len = int(kBatch ? batch_split_len(uint32_t(p), a.split_min) : decode_split_len(uint32_t(p), a.split_min));
-    const bool whole = kBatch && batch_window_whole(a.window);  // the sliding window in one split
+    // The sliding window in one split: the batched step, and a lone query with a.window_whole.
+    const bool whole = (kBatch || a.window_whole) && batch_window_whole(a.window);
     // The kv head's splits s_first .. s_last (relative numbers 0 .. n_splits - 1); this CTA's
     // [r0, r1).
     const int s_first = whole ? 0 : lo / len, n_splits = whole ? 1 : p / len - s_first + 1;
@@ -914,6 +916,23 @@ uint32_t decode_attention_split_min() {
 
 void set_decode_attention_split_min(uint32_t keys) { g_decode_attention_split.store(split_keys(long(keys))); }
 
+namespace {
+std::atomic<int> g_decode_attention_window_whole{-1};  // -1: not read yet (GPTOSS_DECODE_ATTN_WINDOW_WHOLE)
+}  // namespace
+
+bool decode_attention_window_whole() {
+    int v = g_decode_attention_window_whole.load();
+    if (v < 0) {
+        int expected = -1;
+        g_decode_attention_window_whole.compare_exchange_strong(
+            expected, env_choice("GPTOSS_DECODE_ATTN_WINDOW_WHOLE", {0, 1}, 1));
+        v = g_decode_attention_window_whole.load();
+    }
+    return v != 0;
+}
+
+void set_decode_attention_window_whole(bool on) { g_decode_attention_window_whole.store(on ? 1 : 0); }
+
 
 gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* counters, uint32_t max_splits,
                                cudaStream_t stream) {
@@ -927,12 +946,16 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* coun
     const int prefetch = prefetch_on && a.qkv != nullptr;
     AttentionArgs b = a;
     b.split_min = decode_attention_split_min();
+    b.window_whole = 0;
     if (decode_attention_mma()) {
+        b.window_whole = decode_attention_window_whole() ? 1u : 0u;
+        const bool one = b.window_whole && batch_window_whole(a.window);  // the window's one CTA per kv head
         const int stages = decode_attention_stages();
         const auto kernel = stages == 2 ? bf16_attention_decode_mma_kernel<2> : bf16_attention_decode_mma_kernel<1>;
         const size_t smem = decode_smem_mma(stages);
         GPTOSS_TRY(opt_in_smem(kernel, smem, "attention_decode"));
-        GPTOSS_LAUNCH(kernel, grid, 256, smem, stream, b, partial, counters, max_splits, prefetch);
+        GPTOSS_LAUNCH(kernel, one ? dim3(1, a.G) : grid, 256, smem, stream, b, partial, counters, max_splits,
+                      prefetch);
     } else {
         GPTOSS_LAUNCH(bf16_attention_decode_kernel, grid, 256, kDecodeSmem, stream, b, partial, counters, max_splits,
                       prefetch);
@@ -990,6 +1013,7 @@ gptoss_status attention_decode_batch(const AttentionArgs& a, const BatchAttentio
     if (n_items > 65535) return fail(GPTOSS_ERR_INTERNAL, "attention_decode_batch: %u items exceed the grid", n_items);
     AttentionArgs b = a;
     b.split_min = batch_attention_split();
+    b.window_whole = 0;  // (its own test, batch_window_whole)
     if (!decode_attention_mma()) {
         const dim3 grid(max_splits, a.G, n_items);
         GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel<false>, grid, 256, kDecodeSmem, stream, b, items, partial,

@@ -271,6 +271,10 @@ struct AttentionArgs {
     // attention_decode's shortest split (decode_split_len's min_len); attention_decode sets it
     // from decode_attention_split_min(), whatever the caller put here.
     uint32_t split_min = 128;
+    // Tensor-core split only, set by attention_decode from decode_attention_window_whole()
+    // (attention_decode_batch: 0), whatever the caller put here: a lone query's sliding window of
+    // at most kBatchAttentionSplit keys is one split, as the batched step takes it.
+    uint32_t window_whole = 0;
 };
 constexpr uint32_t kAttentionSplit = 128;
 // Decode attention splits: kAttentionSplit keys each, the length doubled while more than
@@ -376,6 +380,15 @@ void set_decode_attention_stages(int stages);
 // differ between settings. The batched kernel keeps batch_split_len. Setter as above.
 uint32_t decode_attention_split_min();
 void set_decode_attention_split_min(uint32_t keys);
+// Whether attention_decode's tensor-core split takes a sliding window (window <= 512 keys) as one
+// split of every visible key (true, the default; GPTOSS_DECODE_ATTN_WINDOW_WHOLE=0 for the split
+// grid): one CTA per kv head that merges into the sink in place, where a window straddling a
+// split edge (half the positions of a 128-key window against 256-key splits) took two CTAs, their
+// partials and the counter's merge (H200, 20b tg128: +1.3 % at 8 192, +1.1 % at 32 768, level at
+// 0; bench/NOTES.md "v42"). The bits of sliding layers differ between the settings; either is a
+// function of the position. The FMA split keeps the grid. Setter as above.
+bool decode_attention_window_whole();
+void set_decode_attention_window_whole(bool on);
 
 // Copies the chunk's k/v [T, G·D] into the cache: positions max(pos0, pos0 + T - slots) ..
 // pos0 + T - 1 to slot = position % slots.

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <tuple>
 #include <memory>
 #include <numeric>
 #include <sstream>
@@ -795,6 +796,46 @@ TEST_CASE("decode attention with longer shortest splits matches cpu::attention; 
             }
         }
     }
+}
+
+// The sliding window as one split (cuda::decode_attention_window_whole, the default) and as the
+// split grid: both against cpu::attention at positions whose window straddles a split edge (and
+// past 16k / 70k keys), one and two stages the same bits, the backend's grid against a wider one
+// the same bits; a window longer than 512 keys keeps the grid either way. The two settings sum in
+// other orders, so some straddling position must give other bits (else the switch is dead).
+TEST_CASE("decode attention takes a sliding window in one split or in the split grid, both matching cpu::attention") {
+    const bool was = cuda::decode_attention_window_whole();
+    CHECK(was);  // the default (no GPTOSS_DECODE_ATTN_WINDOW_WHOLE in the test environment)
+    std::map<std::tuple<uint32_t, uint32_t, bool>, std::vector<uint16_t>> out;
+    for (const bool whole : {true, false}) {
+        cuda::set_decode_attention_window_whole(whole);
+        for (const uint32_t window : {128u, 512u, 600u}) {
+            for (const uint32_t p : {5u, 127u, 128u, 255u, 256u, 300u, 383u, 700u, 8256u, 16500u, 70001u}) {
+                AttnCase dec(p, 1, window, window, 4242 + p + window);
+                std::vector<uint16_t> stage_out[2];
+                for (const int stages : {1, 2}) {
+                    const DecodeSplit split(true, stages, 256);
+                    stage_out[stages - 1] = dec.run(true, cuda::kMaxDecodeSplits);
+                    const auto wide = dec.run(true);
+                    INFO("whole " << whole << " window " << window << " position " << p << " stages " << stages);
+                    CHECK(std::memcmp(stage_out[stages - 1].data(), wide.data(), wide.size() * 2) == 0);
+                    expect_close(unpermuted_rows(wide, 1, dec.Q * dec.D), dec.reference(true), 2e-3f, 8e-3f,
+                                 "decode, sliding window");
+                }
+                CHECK(stage_out[0] == stage_out[1]);
+                out[{window, p, whole}] = stage_out[1];
+            }
+        }
+    }
+    cuda::set_decode_attention_window_whole(was);
+    int differ = 0;
+    for (const uint32_t p : {5u, 127u, 128u, 255u, 256u, 300u, 383u, 700u, 8256u, 16500u, 70001u}) {
+        differ += out[{128u, p, true}] != out[{128u, p, false}];
+        INFO("window 600 at " << p << ": the grid either way");
+        CHECK(out[{600u, p, true}] == out[{600u, p, false}]);
+        if (p < 128) CHECK(out[{128u, p, true}] == out[{128u, p, false}]);  // one split in the grid too
+    }
+    CHECK(differ > 0);
 }
 
 TEST_CASE("decode attention with fused RoPE is bit-identical to rope_qkv + attention_decode, cache included") {

@@ -16,11 +16,11 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <tuple>
 #include <memory>
 #include <numeric>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 namespace {
 

@@ -25,13 +25,18 @@ dev_tree_hash() {
       -not -path '*/corpus/*' -print0 2>/dev/null | LC_ALL=C sort -z | xargs -0 cat | sha1sum | cut -c1-12
 }
 
-# dev_ctest_gpu DIR OUT_FILE writes the tiny synthetic model into DIR/models/tiny (gptoss-synth,
-# tokenizer $TOK), runs `ctest -L gpu` on DIR with it (240 s at most) into OUT_FILE, prints one
-# summary line and, on a failure, the first failing tests' output; returns ctest's status.
+# dev_ctest_gpu DIR OUT_FILE [REGEX] writes the tiny synthetic model into DIR/models/tiny
+# (gptoss-synth, tokenizer $TOK), runs `ctest -L gpu` on DIR with it (240 s at most; only the tests
+# whose names match REGEX when given, e.g. '^test-kernels-batch$': a test binary run outside ctest
+# lacks the model and the environment ctest gives it) into OUT_FILE, prints one summary line and, on a
+# failure, the first failing tests' output; returns ctest's status. The caller's environment
+# (GPTOSS_* switches) reaches the tests.
 dev_ctest_gpu() {
   local dir=$1 out=$2 rc
+  local only=()
+  [ -n "${3:-}" ] && only=(-R "$3")
   "$dir/gptoss-synth" --preset tiny --seed 1 --out "$PWD/$dir/models/tiny" --tokenizer-dir "$TOK" > /dev/null 2>&1
-  GPTOSS_TINY_MODEL="$PWD/$dir/models/tiny" timeout 240 ctest --test-dir "$dir" -L gpu --output-on-failure -j2 \
+  GPTOSS_TINY_MODEL="$PWD/$dir/models/tiny" timeout 240 ctest --test-dir "$dir" -L gpu "${only[@]}" --output-on-failure -j2 \
       > "$out" 2>&1
   rc=$?
   echo "== ctest -L gpu rc=$rc: $(grep -E 'tests passed|tests failed' "$out")"

@@ -858,35 +858,40 @@ gptoss_status check(const AttentionArgs& a) {
 }  // namespace
 
 namespace {
-std::atomic<int> g_decode_attention_mma{-1};  // -1: not chosen yet (GPTOSS_DECODE_ATTN_MMA=0 turns it off)
+// A process setting held in v (-1: not chosen yet): its setter's value, else read() (its
+// environment variable) on first use.
+template <typename Read>
+int setting(std::atomic<int>& v, Read read) {
+    int x = v.load();
+    if (x < 0) {
+        int expected = -1;
+        v.compare_exchange_strong(expected, read());
+        x = v.load();
+    }
+    return x;
+}
+
+std::atomic<int> g_decode_attention_mma{-1};  // GPTOSS_DECODE_ATTN_MMA=0 turns it off
 }  // namespace
 
 bool decode_attention_mma() {
-    int v = g_decode_attention_mma.load();
-    if (v < 0) {
-        const char* s = std::getenv("GPTOSS_DECODE_ATTN_MMA");
-        int expected = -1;
-        g_decode_attention_mma.compare_exchange_strong(expected, s && *s && std::atoi(s) == 0 ? 0 : 1);
-        v = g_decode_attention_mma.load();
-    }
-    return v == 1;
+    return setting(g_decode_attention_mma, [] {
+               const char* s = std::getenv("GPTOSS_DECODE_ATTN_MMA");
+               return s && *s && std::atoi(s) == 0 ? 0 : 1;
+           }) == 1;
 }
 
 void set_decode_attention_mma(bool on) { g_decode_attention_mma.store(on ? 1 : 0); }
 
 namespace {
-std::atomic<int> g_decode_attention_stages{0};  // 0: not chosen yet (GPTOSS_DECODE_ATTN_STAGES=1|2)
+std::atomic<int> g_decode_attention_stages{-1};  // GPTOSS_DECODE_ATTN_STAGES=1|2
 }  // namespace
 
 int decode_attention_stages() {
-    int v = g_decode_attention_stages.load();
-    if (v == 0) {
+    return setting(g_decode_attention_stages, [] {
         const char* s = std::getenv("GPTOSS_DECODE_ATTN_STAGES");
-        int expected = 0;
-        g_decode_attention_stages.compare_exchange_strong(expected, s && *s && std::atoi(s) == 1 ? 1 : 2);
-        v = g_decode_attention_stages.load();
-    }
-    return v;
+        return s && *s && std::atoi(s) == 1 ? 1 : 2;
+    });
 }
 
 void set_decode_attention_stages(int stages) { g_decode_attention_stages.store(stages == 1 ? 1 : 2); }
@@ -917,18 +922,12 @@ uint32_t decode_attention_split_min() {
 void set_decode_attention_split_min(uint32_t keys) { g_decode_attention_split.store(split_keys(long(keys))); }
 
 namespace {
-std::atomic<int> g_decode_attention_window_whole{-1};  // -1: not read yet (GPTOSS_DECODE_ATTN_WINDOW_WHOLE)
+std::atomic<int> g_decode_attention_window_whole{-1};  // GPTOSS_DECODE_ATTN_WINDOW_WHOLE=0|1
 }  // namespace
 
 bool decode_attention_window_whole() {
-    int v = g_decode_attention_window_whole.load();
-    if (v < 0) {
-        int expected = -1;
-        g_decode_attention_window_whole.compare_exchange_strong(
-            expected, env_choice("GPTOSS_DECODE_ATTN_WINDOW_WHOLE", {0, 1}, 1));
-        v = g_decode_attention_window_whole.load();
-    }
-    return v != 0;
+    return setting(g_decode_attention_window_whole,
+                   [] { return env_choice("GPTOSS_DECODE_ATTN_WINDOW_WHOLE", {0, 1}, 1); }) != 0;
 }
 
 void set_decode_attention_window_whole(bool on) { g_decode_attention_window_whole.store(on ? 1 : 0); }

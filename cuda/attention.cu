@@ -16,7 +16,9 @@
 // By default each split is computed on tensor cores instead (attention_decode_cta_mma below;
 // cuda/attention_mma.cuh; GPTOSS_DECODE_ATTN_MMA=0 for the FMA split): same grid, partials and
 // merges, q and the softmax weights in bf16; a sliding window is one split of its own
-// (kernels.h decode_attention_window_whole), one CTA per kv head.
+// (kernels.h decode_attention_window_whole), one CTA per kv head; the grid is head-major and the
+// last CTA per kv head stages the partials in shared memory (decode_attention_head_major,
+// decode_attention_merge_staged; the same bits).
 #include "cuda/attention_mma.cuh"
 #include "cuda/common.cuh"
 #include "cuda/batch_decode.h"
@@ -35,6 +37,7 @@ constexpr int kD = 64;
 constexpr int kBlock = 64;
 constexpr int kMaxHeads = 8;      // query heads per kv head
 constexpr int kRowWords = 33;     // 64 bf16 + 1 pad word: conflict-free column reads
+constexpr int kPartial = int(attn_partial_floats(kD));  // floats per (head, split) partial
 
 // Online-softmax state of NH heads (lane l holds output dims 2l, 2l+1).
 template <int NH>
@@ -197,6 +200,9 @@ __device__ __forceinline__ void load_kv_block(const AttentionArgs& a, int pos0, 
 __device__ __forceinline__ int visible_lo(int p, uint32_t window) {
     return window ? max(0, p - int(window) + 1) : 0;
 }
+// The CTA's kv head and split index in the decode grid (AttentionArgs::head_major).
+__device__ __forceinline__ int cta_head(const AttentionArgs& a) { return int(a.head_major ? blockIdx.x : blockIdx.y); }
+__device__ __forceinline__ int cta_split(const AttentionArgs& a) { return int(a.head_major ? blockIdx.y : blockIdx.x); }
 
 // ---------------------------------------------------------------------------
 // Decode: one CTA of 8 warps per (split, kv head); warp h owns query head h of the group (the
@@ -277,7 +283,7 @@ __device__ __forceinline__ void store_head(const AttentionArgs& a, int head, con
 __device__ __forceinline__ void store_partial(const SplitState<1>& st, int head, int s_rel, float* partial,
                                               uint32_t max_splits) {
     const int lane = threadIdx.x & 31;
-    float* dst = partial + (size_t(head) * max_splits + s_rel) * (kD + 2);
+    float* dst = partial + (size_t(head) * max_splits + s_rel) * kPartial;
     dst[2 * lane] = st.o[0][0];
     dst[2 * lane + 1] = st.o[0][1];
     if (lane == 0) {
@@ -287,9 +293,8 @@ __device__ __forceinline__ void store_partial(const SplitState<1>& st, int head,
 }
 // Whether this CTA is the last of the `ctas` CTAs of kv head blockIdx.y to finish (after its
 // partials are stored); the last one re-arms the counter. Every thread of the CTA calls it.
-__device__ __forceinline__ bool last_of(int* counters, int ctas) {
+__device__ __forceinline__ bool last_of(int* counters, int ctas, int g) {
     __shared__ int is_last;
-    const int g = blockIdx.y;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -300,17 +305,37 @@ __device__ __forceinline__ bool last_of(int* counters, int ctas) {
     return is_last != 0;
 }
 // Head `head`'s n split partials merged into the sink in split order (8 splits' loads in flight).
+// stage (a.merge_staged): this warp's free shared memory for cap partials; each batch of cap
+// partials is copied there at once (cp.async, one L2 round trip), then folded in the same order.
 __device__ __forceinline__ void merge_partials(const AttentionArgs& a, int head, float sink, int n,
-                                               const float* partial, uint32_t max_splits) {
+                                               const float* partial, uint32_t max_splits, float* stage = nullptr,
+                                               int cap = 0) {
     const int lane = threadIdx.x & 31;
     __threadfence();
     HeadFold f(sink);
+    if (stage && cap > 0) {
+        for (int base = 0; base < n; base += cap) {
+            const int cnt = min(cap, n - base);
+            const float* src = partial + (size_t(head) * max_splits + base) * kPartial;
+            for (int i = lane; i < cnt * kPartial / 4; i += 32) cp_async16(stage + 4 * i, src + 4 * i);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncwarp();
+            for (int j = 0; j < cnt; ++j) {
+                const float* s = stage + j * kPartial;
+                f.add(s[kD], s[kD + 1], s[2 * lane], s[2 * lane + 1]);
+            }
+            __syncwarp();
+        }
+        store_head(a, head, f);
+        return;
+    }
     for (int base = 0; base < n; base += 8) {
         float m[8], l[8], o0[8], o1[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             if (base + j < n) {
-                const float* src = partial + (size_t(head) * max_splits + base + j) * (kD + 2);
+                const float* src = partial + (size_t(head) * max_splits + base + j) * kPartial;
                 m[j] = __ldcg(src + kD);
                 l[j] = __ldcg(src + kD + 1);
                 o0[j] = __ldcg(src + 2 * lane);
@@ -334,9 +359,9 @@ __device__ __forceinline__ void merge_partials(const AttentionArgs& a, int head,
 // not depend on which CTA holds which split, so attention_decode_cta_mma may group splits.)
 __device__ __forceinline__ void finish_split(const AttentionArgs& a, const SplitState<1>& st, float sink, int s_first,
                                              int s_last, int s_rel, float* partial, int* counters,
-                                             uint32_t max_splits) {
+                                             uint32_t max_splits, float* stage = nullptr, int cap = 0) {
     const int warp = threadIdx.x >> 5;
-    const int g = blockIdx.y;
+    const int g = cta_head(a);
     const int hpg = int(a.Q / a.G);
     if (s_first == s_last) {  // one split: merge it into the sink here (the same merge_ml/merge_o
         if (warp >= hpg) return;  // sequence as below, so the same bits), no partials, no counter
@@ -348,8 +373,8 @@ __device__ __forceinline__ void finish_split(const AttentionArgs& a, const Split
     if (warp < hpg) store_partial(st, g * hpg + warp, s_rel, partial, max_splits);
     // The last split CTA of this kv head to finish merges every split in order, then re-arms
     // the counter.
-    if (!last_of(counters, s_last - s_first + 1) || warp >= hpg) return;
-    merge_partials(a, g * hpg + warp, sink, min(s_last - s_first + 1, int(max_splits)), partial, max_splits);
+    if (!last_of(counters, s_last - s_first + 1, g) || warp >= hpg) return;
+    merge_partials(a, g * hpg + warp, sink, min(s_last - s_first + 1, int(max_splits)), partial, max_splits, stage, cap);
 }
 
 // The decode CTA (split blockIdx.x, kv head blockIdx.y) of one query at position pos0; shared
@@ -457,7 +482,7 @@ __device__ __forceinline__ SplitKeys split_prefetch(const AttentionArgs& a, int 
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
         if (kb + st * kStride <= sb_last)
-            load_sub_block(a, stage0 + st * 2 * kSubTile, kb + st * kStride, lo, kmax, p, int(blockIdx.y), lane);
+            load_sub_block(a, stage0 + st * 2 * kSubTile, kb + st * kStride, lo, kmax, p, cta_head(a), lane);
         cp_async_commit();
     }
     return SplitKeys{kb, sb_last};
@@ -472,7 +497,7 @@ __device__ __forceinline__ void split_state(const AttentionArgs& a, SplitKeys ke
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gq = lane >> 2, tq = lane & 3;
     const int hpg = int(a.Q / a.G);
-    const int g = int(blockIdx.y);
+    const int g = cta_head(a);
     const int kmax = fused ? p - 1 : p;
     constexpr int kStride = kWarps * kSubKeys;
     uint8_t* my_stage = stages + size_t(warp) * kStages * 2 * kSubTile;
@@ -621,7 +646,7 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
     float* qs = smem;
     uint8_t* stages = reinterpret_cast<uint8_t*>(qs + kMaxHeads * kD);
     const int warp = threadIdx.x >> 5;
-    const int g = blockIdx.y;
+    const int g = cta_head(a);
     const int hpg = int(a.Q / a.G);
     const int p = pos0, lo = visible_lo(p, a.window);
     const int len = int(kBatch ? batch_split_len(uint32_t(p), a.split_min) : decode_split_len(uint32_t(p), a.split_min));
@@ -631,7 +656,7 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
     // [r0, r1).
     const int s_first = whole ? 0 : lo / len, n_splits = whole ? 1 : p / len - s_first + 1;
     const int grp = kBatch ? group : 1;  // (one split per CTA for a lone query: a constant)
-    const int r0 = int(blockIdx.x) * grp;
+    const int r0 = cta_split(a) * grp;
     if (r0 >= n_splits) return;
     const int r1 = kBatch ? min(r0 + grp, n_splits) : r0 + 1;
     __shared__ uint32_t knew[kD / 2], vnew[kD / 2];
@@ -660,7 +685,10 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
     SplitState<1> st;
     if constexpr (!kBatch) {  // one split per CTA
         split_state<kStages>(a, keys, p, lo, fused, qf, stages, stage0, knew, vnew, st);
-        finish_split(a, st, sink, s_first, s_first + n_splits - 1, r0, partial, counters, max_splits);
+        constexpr int kWarpStage = kStages * 2 * kSubTile;  // bytes of a warp's stages
+        finish_split(a, st, sink, s_first, s_first + n_splits - 1, r0, partial, counters, max_splits,
+                     a.merge_staged ? reinterpret_cast<float*>(stages + size_t(warp) * kWarpStage) : nullptr,
+                     kWarpStage / int(sizeof(float) * kPartial));
         return;
     }
     const bool all = r0 == 0 && r1 == n_splits;  // this CTA folds every split itself
@@ -680,7 +708,7 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
         if (warp < hpg) store_head(a, g * hpg + warp, f);
         return;
     }
-    if (!last_of(counters, (n_splits + grp - 1) / grp) || warp >= hpg) return;
+    if (!last_of(counters, (n_splits + grp - 1) / grp, g) || warp >= hpg) return;
     merge_partials(a, g * hpg + warp, sink, min(n_splits, int(max_splits)), partial, max_splits);
 }
 
@@ -761,7 +789,7 @@ __global__ __launch_bounds__(256, 2) void bf16_attention_decode_batch_kernel(con
     const uint32_t i = blockIdx.z;
     const BatchAttentionItem it = items[i];
     const AttentionArgs b = item_args(a, it, i);
-    float* const part = partial + size_t(i) * a.Q * max_splits * (kD + 2);
+    float* const part = partial + size_t(i) * a.Q * max_splits * kPartial;
     if (kMma) attention_decode_cta_mma<true, 2, true>(b, it.pos, part, counters + size_t(i) * a.G, max_splits, group);
     else attention_decode_cta<true>(b, it.pos, part, counters + size_t(i) * a.G, max_splits);
 }
@@ -932,6 +960,22 @@ bool decode_attention_window_whole() {
 
 void set_decode_attention_window_whole(bool on) { g_decode_attention_window_whole.store(on ? 1 : 0); }
 
+namespace {
+// GPTOSS_DECODE_ATTN_HEAD_MAJOR, GPTOSS_DECODE_ATTN_MERGE_STAGED = 0|1 (default on).
+std::atomic<int> g_decode_attention_head_major{-1}, g_decode_attention_merge_staged{-1};
+}  // namespace
+
+bool decode_attention_head_major() {
+    return setting(g_decode_attention_head_major,
+                   [] { return env_choice("GPTOSS_DECODE_ATTN_HEAD_MAJOR", {0, 1}, 1); }) != 0;
+}
+void set_decode_attention_head_major(bool on) { g_decode_attention_head_major.store(on ? 1 : 0); }
+bool decode_attention_merge_staged() {
+    return setting(g_decode_attention_merge_staged,
+                   [] { return env_choice("GPTOSS_DECODE_ATTN_MERGE_STAGED", {0, 1}, 1); }) != 0;
+}
+void set_decode_attention_merge_staged(bool on) { g_decode_attention_merge_staged.store(on ? 1 : 0); }
+
 
 gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* counters, uint32_t max_splits,
                                cudaStream_t stream) {
@@ -945,15 +989,19 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* coun
     const int prefetch = prefetch_on && a.qkv != nullptr;
     AttentionArgs b = a;
     b.split_min = decode_attention_split_min();
-    b.window_whole = 0;
+    b.window_whole = b.head_major = b.merge_staged = 0;
     if (decode_attention_mma()) {
         b.window_whole = decode_attention_window_whole() ? 1u : 0u;
+        const bool head_major = decode_attention_head_major();
+        b.head_major = head_major ? 1u : 0u;
+        b.merge_staged = decode_attention_merge_staged() ? 1u : 0u;
         const bool one = b.window_whole && batch_window_whole(a.window);  // the window's one CTA per kv head
         const int stages = decode_attention_stages();
         const auto kernel = stages == 2 ? bf16_attention_decode_mma_kernel<2> : bf16_attention_decode_mma_kernel<1>;
         const size_t smem = decode_smem_mma(stages);
         GPTOSS_TRY(opt_in_smem(kernel, smem, "attention_decode"));
-        GPTOSS_LAUNCH(kernel, one ? dim3(1, a.G) : grid, 256, smem, stream, b, partial, counters, max_splits,
+        const dim3 g2 = one ? dim3(1, a.G) : grid;
+        GPTOSS_LAUNCH(kernel, head_major ? dim3(g2.y, g2.x) : g2, 256, smem, stream, b, partial, counters, max_splits,
                       prefetch);
     } else {
         GPTOSS_LAUNCH(bf16_attention_decode_kernel, grid, 256, kDecodeSmem, stream, b, partial, counters, max_splits,
@@ -1012,7 +1060,7 @@ gptoss_status attention_decode_batch(const AttentionArgs& a, const BatchAttentio
     if (n_items > 65535) return fail(GPTOSS_ERR_INTERNAL, "attention_decode_batch: %u items exceed the grid", n_items);
     AttentionArgs b = a;
     b.split_min = batch_attention_split();
-    b.window_whole = 0;  // (its own test, batch_window_whole)
+    b.window_whole = b.head_major = b.merge_staged = 0;  // (its own test, batch_window_whole)
     if (!decode_attention_mma()) {
         const dim3 grid(max_splits, a.G, n_items);
         GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel<false>, grid, 256, kDecodeSmem, stream, b, items, partial,

@@ -717,7 +717,7 @@ size_t CudaSession::layout(char* base) {
     act_ = cv.take<uint16_t>(size_t(T) * d.K * d.I * 2);
     part_ = cv.take<float>(size_t(T) * d.K * d.H * 4);
     logits_ = cv.take<float>(std::max<size_t>(d.V, size_t(be_.lm_rows()) * be_.rank_.n_ranks) * 4);
-    partial_ = cv.take<float>(size_t(d.Q) * max_splits_ * (d.D + 2) * 4);
+    partial_ = cv.take<float>(size_t(d.Q) * max_splits_ * attn_partial_floats(d.D) * 4);
     argmax_ = cv.take<int32_t>(8);
     token_ = cv.take<int32_t>(4);
     sample_scratch_ = cv.take<void>(sample_bytes_);

@@ -241,7 +241,7 @@ size_t BatchDecoder::carve(const BatchModel& m, uint32_t items, uint32_t sp, cha
     take(act_, size_t(items) * m.K * m.I * 2);
     take(part_, size_t(items) * m.K * m.H * 4);
     take(logits_, size_t(items) * m.V * 4);
-    take(partial_, size_t(items) * m.Q * sp * (m.D + 2) * 4);
+    take(partial_, size_t(items) * m.Q * sp * attn_partial_floats(m.D) * 4);
     take(counters_, size_t(items) * m.G * 4);
     take(route_counter_, 4);
     take(rows_, size_t(items) * sizeof(SampleRow));

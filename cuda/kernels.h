@@ -275,7 +275,16 @@ struct AttentionArgs {
     // (attention_decode_batch: 0), whatever the caller put here: a lone query's sliding window of
     // at most kBatchAttentionSplit keys is one split, as the batched step takes it.
     uint32_t window_whole = 0;
+    // Tensor-core split only, set by attention_decode (attention_decode_batch: 0), whatever the
+    // caller put here; neither changes the bits. head_major: the grid is (G, splits), so the kv
+    // heads of one split, which read the same 1 KB rows of the cache, are launched together
+    // (GPTOSS_DECODE_ATTN_HEAD_MAJOR=0: (splits, G)). merge_staged: the kv head's last CTA copies
+    // up to 30 partials per warp into its free stages at once (one L2 round trip per 30 instead of
+    // per 8) before folding them in split order (GPTOSS_DECODE_ATTN_MERGE_STAGED=0: registers).
+    uint32_t head_major = 0, merge_staged = 0;
 };
+// Floats per (head, split) partial of the decode attention: D outputs, m, l, 2 pad (16-byte rows).
+constexpr uint32_t attn_partial_floats(uint32_t D) { return D + 4; }
 constexpr uint32_t kAttentionSplit = 128;
 // Decode attention splits: kAttentionSplit keys each, the length doubled while more than
 // kMaxDecodeSplits splits would be needed for keys 0..pos (positions >= 16 384). A function of the
@@ -389,6 +398,14 @@ void set_decode_attention_split_min(uint32_t keys);
 // function of the position. The FMA split keeps the grid. Setter as above.
 bool decode_attention_window_whole();
 void set_decode_attention_window_whole(bool on);
+// AttentionArgs::head_major and merge_staged for attention_decode's tensor-core split: both on by
+// default (GPTOSS_DECODE_ATTN_HEAD_MAJOR=0, GPTOSS_DECODE_ATTN_MERGE_STAGED=0 turn them off).
+// Together on an H200, 20b tg128: +1.3 % at 8 192, +1.6 % at 32 768 (each alone −0.6..+1.1 %);
+// bench/NOTES.md "v42". Neither changes the bits. Setters as above.
+bool decode_attention_head_major();
+void set_decode_attention_head_major(bool on);
+bool decode_attention_merge_staged();
+void set_decode_attention_merge_staged(bool on);
 
 // Copies the chunk's k/v [T, G·D] into the cache: positions max(pos0, pos0 + T - slots) ..
 // pos0 + T - 1 to slot = position % slots.

@@ -648,7 +648,7 @@ struct AttnCase {
         a.window = window; a.sinks = sd.p; a.step = step.p; a.T = T; a.Q = Q; a.G = G; a.D = D; a.out = out.p;
         if (decode) {
             const uint32_t splits = grid_splits ? grid_splits : cuda::ceil_div(pos0 + 1, cuda::kAttentionSplit) + 1;
-            Dev<float> partial(size_t(Q) * splits * (D + 2));
+            Dev<float> partial(size_t(Q) * splits * cuda::attn_partial_floats(D));
             Dev<int> counters(G);
             REQUIRE(cudaMemset(counters.p, 0, G * sizeof(int)) == cudaSuccess);
             OK(cuda::attention_decode(a, partial.p, counters.p, splits, nullptr));
@@ -838,6 +838,40 @@ TEST_CASE("decode attention takes a sliding window in one split or in the split 
     CHECK(differ > 0);
 }
 
+// The head-major grid and the staged merge of the partials (both on by default) move CTAs and
+// loads, not sums: all four settings give the same bits, at positions with 2 .. 128 splits (the
+// staged merge's batches: 30 partials per warp with two stages, 15 with one), full and sliding.
+TEST_CASE("decode attention: the head-major grid and the staged partial merge do not change the bits") {
+    const bool was_major = cuda::decode_attention_head_major(), was_staged = cuda::decode_attention_merge_staged();
+    CHECK(was_major);
+    CHECK(was_staged);
+    for (const uint32_t window : {0u, 128u}) {
+        for (const uint32_t p : {300u, 8256u, 16500u, 40000u, 70001u}) {
+            const uint32_t slots = window ? 128 : p + 1;
+            AttnCase dec(p, 1, window, slots, 1717 + p);
+            for (const int stages : {1, 2}) {
+                const DecodeSplit split(true, stages, 256);
+                std::vector<uint16_t> ref;
+                for (const int mode : {0, 1, 2, 3}) {
+                    cuda::set_decode_attention_head_major(mode & 1);
+                    cuda::set_decode_attention_merge_staged(mode & 2);
+                    const auto d = dec.run(true, cuda::kMaxDecodeSplits);
+                    INFO("window " << window << " position " << p << " stages " << stages << " mode " << mode);
+                    if (mode == 0) {
+                        ref = d;
+                        expect_close(unpermuted_rows(d, 1, dec.Q * dec.D), dec.reference(true), 2e-3f, 8e-3f,
+                                     "decode");
+                    } else {
+                        CHECK(std::memcmp(d.data(), ref.data(), d.size() * 2) == 0);
+                    }
+                }
+            }
+        }
+    }
+    cuda::set_decode_attention_head_major(was_major);
+    cuda::set_decode_attention_merge_staged(was_staged);
+}
+
 TEST_CASE("decode attention with fused RoPE is bit-identical to rope_qkv + attention_decode, cache included") {
     const Config c = test_config();
     const uint32_t Q = c.n_heads, G = c.n_kv_heads, D = c.head_dim, W = (Q + 2 * G) * D;
@@ -856,7 +890,7 @@ TEST_CASE("decode attention with fused RoPE is bit-identical to rope_qkv + atten
             const uint32_t splits = cuda::ceil_div(p + 1, cuda::kAttentionSplit) + 1;
             auto run = [&](bool fused, std::vector<uint16_t>* kc, std::vector<uint16_t>* vc) {
                 Dev<uint16_t> kd(kc0), vd(vc0), out(size_t(Q) * D);
-                Dev<float> partial(size_t(Q) * splits * (D + 2));
+                Dev<float> partial(size_t(Q) * splits * cuda::attn_partial_floats(D));
                 Dev<int> counters(G);
                 REQUIRE(cudaMemset(counters.p, 0, G * sizeof(int)) == cudaSuccess);
                 cuda::AttentionArgs a;

@@ -5,7 +5,8 @@
 //
 // Mapping: a warp owns one head of one split. Lane l owns keys l and l+32 of each 64-key block
 // for the scores and dims 2l, 2l+1 of the output. Keys are visited in absolute 64-key blocks,
-// grouped into decode_split_len(pos)-key splits (kernels.h): each split is an online softmax from scratch, and
+// grouped into splits of lone_split_len (kernels.h decode_split_len_target; batched: batch_split_len)
+// keys: each split is an online softmax from scratch, and
 // splits are merged in increasing order into a state that starts as the sink (M = S, L = 1,
 // O = 0). The kernel runs one CTA per split and its last CTA per kv head merges (with a single
 // split, that CTA merges in place). It also applies RoPE to q and the new key and writes the
@@ -18,7 +19,8 @@
 // merges, q and the softmax weights in bf16; a sliding window is one split of its own
 // (kernels.h decode_attention_window_whole), one CTA per kv head; the grid is head-major and the
 // last CTA per kv head stages the partials in shared memory (decode_attention_head_major,
-// decode_attention_merge_staged; the same bits).
+// decode_attention_merge_staged; the same bits) and merges them in two passes
+// (decode_attention_merge_two_pass; other bits than the fold).
 #include "cuda/attention_mma.cuh"
 #include "cuda/common.cuh"
 #include "cuda/batch_decode.h"
@@ -200,6 +202,10 @@ __device__ __forceinline__ void load_kv_block(const AttentionArgs& a, int pos0, 
 __device__ __forceinline__ int visible_lo(int p, uint32_t window) {
     return window ? max(0, p - int(window) + 1) : 0;
 }
+// A lone query's split length at position p (AttentionArgs::split_max).
+__device__ __forceinline__ uint32_t lone_split_len(const AttentionArgs& a, uint32_t p) {
+    return a.split_max ? decode_split_len(p, a.split_min, a.split_max) : decode_split_len_target(p, a.split_min);
+}
 // The CTA's kv head and split index in the decode grid (AttentionArgs::head_major).
 __device__ __forceinline__ int cta_head(const AttentionArgs& a) { return int(a.head_major ? blockIdx.x : blockIdx.y); }
 __device__ __forceinline__ int cta_split(const AttentionArgs& a) { return int(a.head_major ? blockIdx.y : blockIdx.x); }
@@ -350,6 +356,77 @@ __device__ __forceinline__ void merge_partials(const AttentionArgs& a, int head,
     store_head(a, head, f);
 }
 
+// Head `head`'s n split partials merged in two passes (the lone query's tensor-core split,
+// a.merge_two_pass): first the largest of the sink and the splits' maxima, M (a warp max over
+// each lane's splits s = lane, lane + 32, ...), every split's weight w_s = e^(m_s - M) at once and
+// L = e^(sink - M) + sum_s l_s w_s (each lane's splits in order, then warp_sum's xor butterfly,
+// which gives every lane the same sum); then O = sum_s w_s o_s in split order, the o rows copied
+// into the warp's free stage (stage_floats floats: the weights, then as many 64-float rows as fit)
+// one batch per L2 round trip, the first batch's copy issued with the (m, l) loads. The left fold
+// (merge_partials) chains a dependent exp per split; this computes them side by side (H200, 20b
+// tg128 +0.5 % at 8 192 and 32 768, bench/NOTES.md "v43"). Other bits than the fold, a function of
+// the position as before (decode need not equal prefill, issue 12). n <= kTwoPassSplits.
+constexpr int kTwoPassPer = int(kMaxDecodeSplits + 31) / 32;  // splits per lane
+constexpr int kTwoPassSplits = 32 * kTwoPassPer;
+__device__ __forceinline__ void merge_partials_2pass(const AttentionArgs& a, int head, float sink, int n,
+                                                     const float* partial, uint32_t max_splits, float* stage,
+                                                     int stage_floats) {
+    const int lane = threadIdx.x & 31;
+    __threadfence();
+    const float* src = partial + size_t(head) * max_splits * kPartial;
+    float* ws = stage;                              // [kTwoPassSplits] weights
+    float* rows = stage + kTwoPassSplits;           // [cap][64] o rows
+    const int cap = (stage_floats - kTwoPassSplits) / kD;
+    const auto copy_rows = [&](int b0, int cnt) {  // rows b0 .. b0 + cnt - 1: 16 pieces of 16 bytes each
+        for (int i = lane; i < cnt * (kD / 4); i += 32)
+            cp_async16(rows + 4 * i, src + size_t(b0 + i / (kD / 4)) * kPartial + 4 * (i % (kD / 4)));
+        cp_async_commit();
+    };
+    copy_rows(0, min(cap, n));
+    float m[kTwoPassPer], l[kTwoPassPer];
+    float M = sink;
+#pragma unroll
+    for (int k = 0; k < kTwoPassPer; ++k) {
+        const int j = lane + 32 * k;
+        m[k] = -INFINITY;
+        l[k] = 0.0f;
+        if (j < n) {
+            m[k] = __ldcg(src + size_t(j) * kPartial + kD);
+            l[k] = __ldcg(src + size_t(j) * kPartial + kD + 1);
+        }
+        M = fmaxf(M, m[k]);
+    }
+    M = warp_max(M);  // finite: the sink is
+    float ls = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kTwoPassPer; ++k) {
+        const int j = lane + 32 * k;
+        if (j >= n) break;
+        const float w = expf(m[k] - M);
+        ws[j] = w;
+        ls = __fadd_rn(ls, __fmul_rn(l[k], w));
+    }
+    const float L = __fadd_rn(expf(sink - M), warp_sum(ls));
+    float O0 = 0.0f, O1 = 0.0f;
+    for (int b0 = 0; b0 < n; b0 += cap) {
+        const int cnt = min(cap, n - b0);
+        if (b0 > 0) {
+            __syncwarp();  // every lane is done with the previous batch's rows
+            copy_rows(b0, cnt);
+        }
+        cp_async_wait<0>();
+        __syncwarp();  // the rows and (first batch) the weights are visible to the warp
+        for (int r = 0; r < cnt; ++r) {
+            const float w = ws[b0 + r];
+            const float2 o = reinterpret_cast<const float2*>(rows + r * kD)[lane];
+            O0 = __fmaf_rn(w, o.x, O0);
+            O1 = __fmaf_rn(w, o.y, O1);
+        }
+    }
+    a.out[permuted_k(uint32_t(head) * kD + 2 * lane)] = f32_to_bf16_bits(__fdiv_rn(O0, L));
+    a.out[permuted_k(uint32_t(head) * kD + 2 * lane + 1)] = f32_to_bf16_bits(__fdiv_rn(O1, L));
+}
+
 // The end of a split CTA: st holds warp h's state for query head h of kv head blockIdx.y (lane l:
 // output dims 2l, 2l + 1). With one split (s_first == s_last) it merges into the sink in place;
 // else it writes its partial and the last CTA of the kv head merges every split in order.
@@ -359,7 +436,7 @@ __device__ __forceinline__ void merge_partials(const AttentionArgs& a, int head,
 // not depend on which CTA holds which split, so attention_decode_cta_mma may group splits.)
 __device__ __forceinline__ void finish_split(const AttentionArgs& a, const SplitState<1>& st, float sink, int s_first,
                                              int s_last, int s_rel, float* partial, int* counters,
-                                             uint32_t max_splits, float* stage = nullptr, int cap = 0) {
+                                             uint32_t max_splits, float* stage = nullptr, int stage_floats = 0) {
     const int warp = threadIdx.x >> 5;
     const int g = cta_head(a);
     const int hpg = int(a.Q / a.G);
@@ -374,7 +451,13 @@ __device__ __forceinline__ void finish_split(const AttentionArgs& a, const Split
     // The last split CTA of this kv head to finish merges every split in order, then re-arms
     // the counter.
     if (!last_of(counters, s_last - s_first + 1, g) || warp >= hpg) return;
-    merge_partials(a, g * hpg + warp, sink, min(s_last - s_first + 1, int(max_splits)), partial, max_splits, stage, cap);
+    const int n = min(s_last - s_first + 1, int(max_splits));
+    if (stage && a.merge_two_pass && n <= kTwoPassSplits && stage_floats >= kTwoPassSplits + kD) {
+        merge_partials_2pass(a, g * hpg + warp, sink, n, partial, max_splits, stage, stage_floats);
+        return;
+    }
+    merge_partials(a, g * hpg + warp, sink, n, partial, max_splits, a.merge_staged ? stage : nullptr,
+                   stage_floats / kPartial);
 }
 
 // The decode CTA (split blockIdx.x, kv head blockIdx.y) of one query at position pos0; shared
@@ -394,7 +477,7 @@ __device__ __forceinline__ void attention_decode_cta(const AttentionArgs& a, int
     const int hpg = int(a.Q / a.G);
     const int p = pos0, lo = visible_lo(p, a.window);
     // kAttentionSplit, longer past 16 384 keys; batched: batch_split_len, a sliding window whole
-    const int len = int(kBatch ? batch_split_len(uint32_t(p), a.split_min) : decode_split_len(uint32_t(p), a.split_min));
+    const int len = int(kBatch ? batch_split_len(uint32_t(p), a.split_min) : lone_split_len(a, uint32_t(p)));
     const bool whole = kBatch && batch_window_whole(a.window);
     const int s_rel = blockIdx.x, s = lo / len + s_rel;
     const int s_begin = whole ? lo & ~(kBlock - 1) : s * len, s_end = whole ? p : s_begin + len - 1;
@@ -649,7 +732,7 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
     const int g = cta_head(a);
     const int hpg = int(a.Q / a.G);
     const int p = pos0, lo = visible_lo(p, a.window);
-    const int len = int(kBatch ? batch_split_len(uint32_t(p), a.split_min) : decode_split_len(uint32_t(p), a.split_min));
+    const int len = int(kBatch ? batch_split_len(uint32_t(p), a.split_min) : lone_split_len(a, uint32_t(p)));
     // The sliding window in one split: the batched step, and a lone query with a.window_whole.
     const bool whole = (kBatch || a.window_whole) && batch_window_whole(a.window);
     // The kv head's splits s_first .. s_last (relative numbers 0 .. n_splits - 1); this CTA's
@@ -687,8 +770,9 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
         split_state<kStages>(a, keys, p, lo, fused, qf, stages, stage0, knew, vnew, st);
         constexpr int kWarpStage = kStages * 2 * kSubTile;  // bytes of a warp's stages
         finish_split(a, st, sink, s_first, s_first + n_splits - 1, r0, partial, counters, max_splits,
-                     a.merge_staged ? reinterpret_cast<float*>(stages + size_t(warp) * kWarpStage) : nullptr,
-                     kWarpStage / int(sizeof(float) * kPartial));
+                     a.merge_staged || a.merge_two_pass ? reinterpret_cast<float*>(stages + size_t(warp) * kWarpStage)
+                                                        : nullptr,
+                     kWarpStage / int(sizeof(float)));
         return;
     }
     const bool all = r0 == 0 && r1 == n_splits;  // this CTA folds every split itself
@@ -720,7 +804,7 @@ __global__ __launch_bounds__(256) void bf16_attention_decode_kernel(const Attent
                                                                    int* counters, uint32_t max_splits, int prefetch) {
     if (prefetch) {
         const int p = a.step->pos0, lo = visible_lo(p, a.window);
-        const int len = int(decode_split_len(uint32_t(p), a.split_min));
+        const int len = int(lone_split_len(a, uint32_t(p)));
         const int s_begin = (lo / len + int(blockIdx.x)) * len;
         const int s_end = s_begin + len - 1;
         int kb = s_begin;
@@ -975,6 +1059,26 @@ bool decode_attention_merge_staged() {
                    [] { return env_choice("GPTOSS_DECODE_ATTN_MERGE_STAGED", {0, 1}, 1); }) != 0;
 }
 void set_decode_attention_merge_staged(bool on) { g_decode_attention_merge_staged.store(on ? 1 : 0); }
+namespace {
+std::atomic<int> g_decode_attention_merge_two_pass{-1};  // GPTOSS_DECODE_ATTN_MERGE_2PASS = 0|1 (default on)
+}  // namespace
+bool decode_attention_merge_two_pass() {
+    return setting(g_decode_attention_merge_two_pass,
+                   [] { return env_choice("GPTOSS_DECODE_ATTN_MERGE_2PASS", {0, 1}, 1); }) != 0;
+}
+void set_decode_attention_merge_two_pass(bool on) { g_decode_attention_merge_two_pass.store(on ? 1 : 0); }
+
+namespace {
+std::atomic<int> g_decode_attention_max_splits{-1};  // GPTOSS_DECODE_ATTN_MAX_SPLITS = 0|16|32|64|128
+int max_splits_choice(long v) { return v <= 0 ? 0 : v <= 16 ? 16 : v <= 32 ? 32 : v <= 64 ? 64 : int(kMaxDecodeSplits); }
+}  // namespace
+uint32_t decode_attention_max_splits() {
+    return uint32_t(setting(g_decode_attention_max_splits, [] {
+        const char* s = std::getenv("GPTOSS_DECODE_ATTN_MAX_SPLITS");
+        return max_splits_choice(s && *s ? std::atol(s) : 0);
+    }));
+}
+void set_decode_attention_max_splits(uint32_t splits) { g_decode_attention_max_splits.store(max_splits_choice(long(splits))); }
 
 
 gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* counters, uint32_t max_splits,
@@ -989,12 +1093,14 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* coun
     const int prefetch = prefetch_on && a.qkv != nullptr;
     AttentionArgs b = a;
     b.split_min = decode_attention_split_min();
-    b.window_whole = b.head_major = b.merge_staged = 0;
+    b.split_max = decode_attention_max_splits();
+    b.window_whole = b.head_major = b.merge_staged = b.merge_two_pass = 0;
     if (decode_attention_mma()) {
         b.window_whole = decode_attention_window_whole() ? 1u : 0u;
         const bool head_major = decode_attention_head_major();
         b.head_major = head_major ? 1u : 0u;
         b.merge_staged = decode_attention_merge_staged() ? 1u : 0u;
+        b.merge_two_pass = decode_attention_merge_two_pass() ? 1u : 0u;
         const bool one = b.window_whole && batch_window_whole(a.window);  // the window's one CTA per kv head
         const int stages = decode_attention_stages();
         const auto kernel = stages == 2 ? bf16_attention_decode_mma_kernel<2> : bf16_attention_decode_mma_kernel<1>;
@@ -1060,7 +1166,7 @@ gptoss_status attention_decode_batch(const AttentionArgs& a, const BatchAttentio
     if (n_items > 65535) return fail(GPTOSS_ERR_INTERNAL, "attention_decode_batch: %u items exceed the grid", n_items);
     AttentionArgs b = a;
     b.split_min = batch_attention_split();
-    b.window_whole = b.head_major = b.merge_staged = 0;  // (its own test, batch_window_whole)
+    b.window_whole = b.head_major = b.merge_staged = b.merge_two_pass = 0;  // (its own test, batch_window_whole)
     if (!decode_attention_mma()) {
         const dim3 grid(max_splits, a.G, n_items);
         GPTOSS_LAUNCH(bf16_attention_decode_batch_kernel<false>, grid, 256, kDecodeSmem, stream, b, items, partial,

@@ -282,6 +282,14 @@ struct AttentionArgs {
     // up to 30 partials per warp into its free stages at once (one L2 round trip per 30 instead of
     // per 8) before folding them in split order (GPTOSS_DECODE_ATTN_MERGE_STAGED=0: registers).
     uint32_t head_major = 0, merge_staged = 0;
+    // Tensor-core split only, set by attention_decode (attention_decode_batch: 0): the kv head's
+    // last CTA merges the partials in two passes (all weights at once, then the o rows in split
+    // order) instead of the left fold; other bits (decode_attention_merge_two_pass).
+    uint32_t merge_two_pass = 0;
+    // Lone query only (the batched step keeps batch_split_len), set by attention_decode from
+    // decode_attention_max_splits(): 0 = decode_split_len_target's lengths, else decode_split_len's
+    // with at most that many splits (lone_split_len).
+    uint32_t split_max = 0;
 };
 // Floats per (head, split) partial of the decode attention: D outputs, m, l, 2 pad (16-byte rows).
 constexpr uint32_t attn_partial_floats(uint32_t D) { return D + 4; }
@@ -297,10 +305,25 @@ constexpr uint32_t kAttentionSplit = 128;
 #endif
 constexpr uint32_t kMaxDecodeSplits = GPTOSS_MAX_DECODE_SPLITS;
 // min_len: the shortest split (a power of two >= kAttentionSplit; decode_attention_split_min()).
-constexpr uint32_t decode_split_len(uint32_t pos, uint32_t min_len = kAttentionSplit) {
+// max_splits: the most splits (0 = kMaxDecodeSplits; decode_attention_max_splits() for a lone query).
+constexpr uint32_t decode_split_len(uint32_t pos, uint32_t min_len = kAttentionSplit, uint32_t max_splits = 0) {
+    const uint32_t most = max_splits ? max_splits : kMaxDecodeSplits;
     uint32_t len = min_len;
-    while (pos / len + 1 > kMaxDecodeSplits) len *= 2;
+    while (pos / len + 1 > most) len *= 2;
     return len;
+}
+// The lone query's split length (attention_decode's default since bench/NOTES.md "v43"): about
+// 17 splits per kv head below 16 384 keys and about 33 from there (at depth: one wave of 2 CTAs per
+// SM on a 132-SM GPU), in multiples of 128 keys (every warp of the tensor-core split walks as many
+// 16-key sub-blocks), at least min_len. H200, 20b tg128, against decode_split_len with 128 splits
+// at most (bench/NOTES.md "v43"): level at 4 096 keys, +1.2 % at 8 192 (17 splits of 512 against 33
+// of 256), +3.9 % at 12 288, +4.7 % at 16 384, +8.2 % at 24 576, +4.1 % at 32 768, +7.2 % at
+// 49 152, +3.6 % at 65 536 (17 splits instead of 33 gave +4.0 %, +1.8 %, -1 % at 16 384, 32 768,
+// 65 536). A function of the position alone; never more splits than decode_splits_needed(pos).
+constexpr uint32_t decode_split_len_target(uint32_t pos, uint32_t min_len) {
+    const uint32_t target = pos < 16384 ? 17 : 33;
+    const uint32_t len = 128 * ((pos + 128 * target) / (128 * target));  // 128 * ceil((pos + 1) / (128 * target))
+    return len > min_len ? len : min_len;
 }
 // Splits covering keys 0..pos (at most kMaxDecodeSplits); with min_len = kAttentionSplit an
 // upper bound for every longer min_len.
@@ -364,9 +387,9 @@ void set_batch_attention_window_warps(uint32_t warps);
 [[nodiscard]] gptoss_status attention_prefill(const AttentionArgs& args, cudaStream_t stream);
 // Decode (T = 1): one CTA per (split, kv head) for max_splits splits starting at the split of
 // the first visible key (early exit past the position); the last CTA of each kv head merges
-// in order. partial: fp32 [Q, max_splits, D + 2]; max_splits must be at least the number of
-// decode_split_len(pos)-key splits the visible range touches (decode_splits_needed(pos) for a
-// full layer);
+// in order. partial: fp32 [Q, max_splits, attn_partial_floats(D)]; max_splits must be at least
+// the number of splits the visible range touches (the split rule is decode_attention_max_splits';
+// decode_splits_needed(pos) bounds every rule for a full layer);
 // counters: int [G], zero before the first call (the merging CTA re-arms them).
 [[nodiscard]] gptoss_status attention_decode(const AttentionArgs& args, float* partial, int* counters,
                                              uint32_t max_splits, cudaStream_t stream);
@@ -406,6 +429,17 @@ bool decode_attention_head_major();
 void set_decode_attention_head_major(bool on);
 bool decode_attention_merge_staged();
 void set_decode_attention_merge_staged(bool on);
+// The lone query's merge of a kv head's split partials in two passes (the largest maximum, then
+// every split's weight at once, then the o rows in split order) instead of the left fold over the
+// splits, whose exp per split is a dependent chain: other bits, a function of the position as
+// before. GPTOSS_DECODE_ATTN_MERGE_2PASS=0 gives the fold back; default on.
+bool decode_attention_merge_two_pass();
+void set_decode_attention_merge_two_pass(bool on);
+// The lone query's split rule: 0 (the default) = decode_split_len_target; 16, 32, 64 or 128 =
+// decode_split_len with at most that many splits (128 = kMaxDecodeSplits: the rule before v43).
+// GPTOSS_DECODE_ATTN_MAX_SPLITS overrides (tuning).
+uint32_t decode_attention_max_splits();
+void set_decode_attention_max_splits(uint32_t splits);
 
 // Copies the chunk's k/v [T, G·D] into the cache: positions max(pos0, pos0 + T - slots) ..
 // pos0 + T - 1 to slot = position % slots.

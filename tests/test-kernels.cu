@@ -838,13 +838,40 @@ TEST_CASE("decode attention takes a sliding window in one split or in the split 
     CHECK(differ > 0);
 }
 
+// The lone query's split lengths (kernels.h decode_split_len_target; the measured points of
+// bench/NOTES.md "v43"): multiples of 128 keys, at least the shortest split, ~17 splits below 16 384
+// keys and ~33 from there, never more than the graph is sized for (decode_splits_needed).
+TEST_CASE("decode attention's split lengths: ~17 splits below 16k keys, ~33 beyond, within the graph's bound") {
+    const auto splits = [](uint32_t p) { return p / cuda::decode_split_len_target(p, 256) + 1; };
+    CHECK(cuda::decode_split_len_target(2048, 256) == 256);
+    CHECK(splits(4096) == 17);
+    CHECK(cuda::decode_split_len_target(8192, 256) == 512);
+    CHECK(splits(8192) == 17);
+    CHECK(splits(16384) == 33);
+    CHECK(cuda::decode_split_len_target(32768, 256) == 1024);
+    CHECK(cuda::decode_split_len_target(65536, 256) == 2048);
+    CHECK(splits(131071) <= 33);
+    uint32_t bad = 0;
+    for (uint32_t p = 0; p < 140000; ++p) {
+        const uint32_t len = cuda::decode_split_len_target(p, 256), n = splits(p);
+        if (len % 128 != 0 || len < 256 || n > (p < 16384 ? 17u : 33u) || n > cuda::decode_splits_needed(p) ||
+            n > cuda::kMaxDecodeSplits)
+            ++bad;
+    }
+    CHECK(bad == 0);
+    CHECK(cuda::decode_split_len_target(100, 1024) == 1024);  // the shortest split wins
+}
+
 // The head-major grid and the staged merge of the partials (both on by default) move CTAs and
 // loads, not sums: all four settings give the same bits, at positions with 2 .. 128 splits (the
 // staged merge's batches: 30 partials per warp with two stages, 15 with one), full and sliding.
+// (The left fold: the two-pass merge, default on, is off here; its own case follows.)
 TEST_CASE("decode attention: the head-major grid and the staged partial merge do not change the bits") {
     const bool was_major = cuda::decode_attention_head_major(), was_staged = cuda::decode_attention_merge_staged();
+    const bool was_two = cuda::decode_attention_merge_two_pass();
     CHECK(was_major);
     CHECK(was_staged);
+    cuda::set_decode_attention_merge_two_pass(false);
     for (const uint32_t window : {0u, 128u}) {
         for (const uint32_t p : {300u, 8256u, 16500u, 40000u, 70001u}) {
             const uint32_t slots = window ? 128 : p + 1;
@@ -870,6 +897,46 @@ TEST_CASE("decode attention: the head-major grid and the staged partial merge do
     }
     cuda::set_decode_attention_head_major(was_major);
     cuda::set_decode_attention_merge_staged(was_staged);
+    cuda::set_decode_attention_merge_two_pass(was_two);
+}
+
+// The two-pass merge of the partials (default on) sums in another order than the left fold (after
+// the bf16 rounding of the outputs the two rarely differ): both within tolerance of cpu::attention
+// and of each other, and the two-pass bits independent of
+// the grid's order, the staged switch and the launched grid width, at 2 .. 128 splits (batches of
+// 30 o rows with two stages, 14 with one), full and sliding.
+TEST_CASE("decode attention: the two-pass partial merge matches cpu::attention and the left fold") {
+    const bool was_major = cuda::decode_attention_head_major(), was_staged = cuda::decode_attention_merge_staged();
+    const bool was_two = cuda::decode_attention_merge_two_pass();
+    CHECK(was_two);
+    for (const uint32_t window : {0u, 128u}) {
+        for (const uint32_t p : {300u, 4100u, 8256u, 16500u, 40000u, 70001u, 131000u}) {
+            const uint32_t slots = window ? 128 : p + 1;
+            AttnCase dec(p, 1, window, slots, 2929 + p);
+            const auto ref = dec.reference(true);
+            for (const int stages : {1, 2}) {
+                const DecodeSplit split(true, stages, 256);
+                INFO("window " << window << " position " << p << " stages " << stages);
+                cuda::set_decode_attention_merge_two_pass(false);
+                const auto fold = dec.run(true, cuda::kMaxDecodeSplits);
+                cuda::set_decode_attention_merge_two_pass(true);
+                std::vector<uint16_t> two;
+                for (const int mode : {0, 1, 2, 3}) {
+                    cuda::set_decode_attention_head_major(mode & 1);
+                    cuda::set_decode_attention_merge_staged(mode & 2);
+                    const auto d = dec.run(true, mode == 3 ? cuda::kMaxDecodeSplits + 40 : cuda::kMaxDecodeSplits);
+                    INFO("mode " << mode);
+                    if (mode == 0) two = d;
+                    else CHECK(std::memcmp(d.data(), two.data(), d.size() * 2) == 0);
+                }
+                expect_close(unpermuted_rows(two, 1, dec.Q * dec.D), ref, 2e-3f, 8e-3f, "two-pass");
+                expect_close(widen(two), widen(fold), 1e-5f, 8e-3f, "two-pass vs fold");
+            }
+        }
+    }
+    cuda::set_decode_attention_head_major(was_major);
+    cuda::set_decode_attention_merge_staged(was_staged);
+    cuda::set_decode_attention_merge_two_pass(was_two);
 }
 
 TEST_CASE("decode attention with fused RoPE is bit-identical to rope_qkv + attention_decode, cache included") {

@@ -1,0 +1,128 @@
+// cuda/attention_settings.cu - the decode attention's process settings (kernels.h): which split
+// runs (tensor-core or FMA), its stages, the shortest split and the split rule, the sliding window
+// in one split, the head-major grid, the staged and the two-pass partial merges. Each is read from
+// its GPTOSS_DECODE_ATTN_* environment variable on first use unless a setter chose it first
+// (tests, benchmarks); attention.cu's launchers copy them into AttentionArgs. Host code only; the
+// measurements behind each default are in bench/NOTES.md (v15-v43).
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+
+#include <atomic>
+#include <cstdlib>
+
+namespace gptoss {
+namespace cuda {
+
+namespace {
+// A process setting held in v (-1: not chosen yet): its setter's value, else read() (its
+// environment variable) on first use.
+template <typename Read>
+int setting(std::atomic<int>& v, Read read) {
+    int x = v.load();
+    if (x < 0) {
+        int expected = -1;
+        v.compare_exchange_strong(expected, read());
+        x = v.load();
+    }
+    return x;
+}
+
+std::atomic<int> g_decode_attention_mma{-1};  // GPTOSS_DECODE_ATTN_MMA=0 turns it off
+}  // namespace
+
+bool decode_attention_mma() {
+    return setting(g_decode_attention_mma, [] {
+               const char* s = std::getenv("GPTOSS_DECODE_ATTN_MMA");
+               return s && *s && std::atoi(s) == 0 ? 0 : 1;
+           }) == 1;
+}
+
+void set_decode_attention_mma(bool on) { g_decode_attention_mma.store(on ? 1 : 0); }
+
+namespace {
+std::atomic<int> g_decode_attention_stages{-1};  // GPTOSS_DECODE_ATTN_STAGES=1|2
+}  // namespace
+
+int decode_attention_stages() {
+    return setting(g_decode_attention_stages, [] {
+        const char* s = std::getenv("GPTOSS_DECODE_ATTN_STAGES");
+        return s && *s && std::atoi(s) == 1 ? 1 : 2;
+    });
+}
+
+void set_decode_attention_stages(int stages) { g_decode_attention_stages.store(stages == 1 ? 1 : 2); }
+
+namespace {
+std::atomic<uint32_t> g_decode_attention_split{0};  // 0: not chosen yet (GPTOSS_DECODE_ATTN_SPLIT)
+// 256-key shortest splits: +4 % decode at 8 192 keys on an H200, level at 0 / 2 048 / 32 768
+// against 128 (bench/NOTES.md "v26"); 512 loses at 2 048.
+constexpr long kDefaultDecodeSplit = 256;
+uint32_t split_keys(long v) {  // a power of two in [kAttentionSplit, 4096]
+    uint32_t len = kAttentionSplit;
+    while (len < 4096 && long(len) * 2 <= v) len *= 2;
+    return len;
+}
+}  // namespace
+
+uint32_t decode_attention_split_min() {
+    uint32_t v = g_decode_attention_split.load();
+    if (v == 0) {
+        const char* s = std::getenv("GPTOSS_DECODE_ATTN_SPLIT");
+        uint32_t expected = 0;
+        g_decode_attention_split.compare_exchange_strong(expected, split_keys(s && *s ? std::atol(s) : kDefaultDecodeSplit));
+        v = g_decode_attention_split.load();
+    }
+    return v;
+}
+
+void set_decode_attention_split_min(uint32_t keys) { g_decode_attention_split.store(split_keys(long(keys))); }
+
+namespace {
+std::atomic<int> g_decode_attention_window_whole{-1};  // GPTOSS_DECODE_ATTN_WINDOW_WHOLE=0|1
+}  // namespace
+
+bool decode_attention_window_whole() {
+    return setting(g_decode_attention_window_whole,
+                   [] { return env_choice("GPTOSS_DECODE_ATTN_WINDOW_WHOLE", {0, 1}, 1); }) != 0;
+}
+
+void set_decode_attention_window_whole(bool on) { g_decode_attention_window_whole.store(on ? 1 : 0); }
+
+namespace {
+// GPTOSS_DECODE_ATTN_HEAD_MAJOR, GPTOSS_DECODE_ATTN_MERGE_STAGED = 0|1 (default on).
+std::atomic<int> g_decode_attention_head_major{-1}, g_decode_attention_merge_staged{-1};
+}  // namespace
+
+bool decode_attention_head_major() {
+    return setting(g_decode_attention_head_major,
+                   [] { return env_choice("GPTOSS_DECODE_ATTN_HEAD_MAJOR", {0, 1}, 1); }) != 0;
+}
+void set_decode_attention_head_major(bool on) { g_decode_attention_head_major.store(on ? 1 : 0); }
+bool decode_attention_merge_staged() {
+    return setting(g_decode_attention_merge_staged,
+                   [] { return env_choice("GPTOSS_DECODE_ATTN_MERGE_STAGED", {0, 1}, 1); }) != 0;
+}
+void set_decode_attention_merge_staged(bool on) { g_decode_attention_merge_staged.store(on ? 1 : 0); }
+namespace {
+std::atomic<int> g_decode_attention_merge_two_pass{-1};  // GPTOSS_DECODE_ATTN_MERGE_2PASS = 0|1 (default on)
+}  // namespace
+bool decode_attention_merge_two_pass() {
+    return setting(g_decode_attention_merge_two_pass,
+                   [] { return env_choice("GPTOSS_DECODE_ATTN_MERGE_2PASS", {0, 1}, 1); }) != 0;
+}
+void set_decode_attention_merge_two_pass(bool on) { g_decode_attention_merge_two_pass.store(on ? 1 : 0); }
+
+namespace {
+std::atomic<int> g_decode_attention_max_splits{-1};  // GPTOSS_DECODE_ATTN_MAX_SPLITS = 0|16|32|64|128
+int max_splits_choice(long v) { return v <= 0 ? 0 : v <= 16 ? 16 : v <= 32 ? 32 : v <= 64 ? 64 : int(kMaxDecodeSplits); }
+}  // namespace
+uint32_t decode_attention_max_splits() {
+    return uint32_t(setting(g_decode_attention_max_splits, [] {
+        const char* s = std::getenv("GPTOSS_DECODE_ATTN_MAX_SPLITS");
+        return max_splits_choice(s && *s ? std::atol(s) : 0);
+    }));
+}
+void set_decode_attention_max_splits(uint32_t splits) { g_decode_attention_max_splits.store(max_splits_choice(long(splits))); }
+
+}  // namespace cuda
+}  // namespace gptoss

@@ -424,8 +424,11 @@ __device__ __forceinline__ void merge_partials_2pass(const AttentionArgs& a, int
             O1 = __fmaf_rn(w, o.y, O1);
         }
     }
-    a.out[permuted_k(uint32_t(head) * kD + 2 * lane)] = f32_to_bf16_bits(__fdiv_rn(O0, L));
-    a.out[permuted_k(uint32_t(head) * kD + 2 * lane + 1)] = f32_to_bf16_bits(__fdiv_rn(O1, L));
+    HeadFold f(sink);
+    f.L = L;
+    f.O0 = O0;
+    f.O1 = O1;
+    store_head(a, head, f);
 }
 
 // The end of a split CTA: st holds warp h's state for query head h of kv head blockIdx.y (lane l:
@@ -435,6 +438,8 @@ __device__ __forceinline__ void merge_partials_2pass(const AttentionArgs& a, int
 // weight: before its dependency wait where it has one), not on the step's critical path here.
 // (The sink, then each split in order, through merge_ml / merge_o: a left fold whose bits do
 // not depend on which CTA holds which split, so attention_decode_cta_mma may group splits.)
+// stage (the tensor-core split; else null): this warp's free shared memory, stage_floats floats,
+// which the merge uses when a.merge_two_pass (merge_partials_2pass) or a.merge_staged is set.
 __device__ __forceinline__ void finish_split(const AttentionArgs& a, const SplitState<1>& st, float sink, int s_first,
                                              int s_last, int s_rel, float* partial, int* counters,
                                              uint32_t max_splits, float* stage = nullptr, int stage_floats = 0) {
@@ -771,9 +776,7 @@ __device__ __forceinline__ void attention_decode_cta_mma(const AttentionArgs& a,
         split_state<kStages>(a, keys, p, lo, fused, qf, stages, stage0, knew, vnew, st);
         constexpr int kWarpStage = kStages * 2 * kSubTile;  // bytes of a warp's stages
         finish_split(a, st, sink, s_first, s_first + n_splits - 1, r0, partial, counters, max_splits,
-                     a.merge_staged || a.merge_two_pass ? reinterpret_cast<float*>(stages + size_t(warp) * kWarpStage)
-                                                        : nullptr,
-                     kWarpStage / int(sizeof(float)));
+                     reinterpret_cast<float*>(stages + size_t(warp) * kWarpStage), kWarpStage / int(sizeof(float)));
         return;
     }
     const bool all = r0 == 0 && r1 == n_splits;  // this CTA folds every split itself

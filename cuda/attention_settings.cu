@@ -26,6 +26,10 @@ int setting(std::atomic<int>& v, Read read) {
     }
     return x;
 }
+// An on/off setting, on unless its environment variable `name` is 0.
+bool on_by_default(std::atomic<int>& v, const char* name) {
+    return setting(v, [name] { return env_choice(name, {0, 1}, 1); }) != 0;
+}
 
 std::atomic<int> g_decode_attention_mma{-1};  // GPTOSS_DECODE_ATTN_MMA=0 turns it off
 }  // namespace
@@ -53,7 +57,7 @@ int decode_attention_stages() {
 void set_decode_attention_stages(int stages) { g_decode_attention_stages.store(stages == 1 ? 1 : 2); }
 
 namespace {
-std::atomic<uint32_t> g_decode_attention_split{0};  // 0: not chosen yet (GPTOSS_DECODE_ATTN_SPLIT)
+std::atomic<int> g_decode_attention_split{-1};  // GPTOSS_DECODE_ATTN_SPLIT
 // 256-key shortest splits: +4 % decode at 8 192 keys on an H200, level at 0 / 2 048 / 32 768
 // against 128 (bench/NOTES.md "v26"); 512 loses at 2 048.
 constexpr long kDefaultDecodeSplit = 256;
@@ -65,25 +69,20 @@ uint32_t split_keys(long v) {  // a power of two in [kAttentionSplit, 4096]
 }  // namespace
 
 uint32_t decode_attention_split_min() {
-    uint32_t v = g_decode_attention_split.load();
-    if (v == 0) {
+    return uint32_t(setting(g_decode_attention_split, [] {
         const char* s = std::getenv("GPTOSS_DECODE_ATTN_SPLIT");
-        uint32_t expected = 0;
-        g_decode_attention_split.compare_exchange_strong(expected, split_keys(s && *s ? std::atol(s) : kDefaultDecodeSplit));
-        v = g_decode_attention_split.load();
-    }
-    return v;
+        return int(split_keys(s && *s ? std::atol(s) : kDefaultDecodeSplit));
+    }));
 }
 
-void set_decode_attention_split_min(uint32_t keys) { g_decode_attention_split.store(split_keys(long(keys))); }
+void set_decode_attention_split_min(uint32_t keys) { g_decode_attention_split.store(int(split_keys(long(keys)))); }
 
 namespace {
 std::atomic<int> g_decode_attention_window_whole{-1};  // GPTOSS_DECODE_ATTN_WINDOW_WHOLE=0|1
 }  // namespace
 
 bool decode_attention_window_whole() {
-    return setting(g_decode_attention_window_whole,
-                   [] { return env_choice("GPTOSS_DECODE_ATTN_WINDOW_WHOLE", {0, 1}, 1); }) != 0;
+    return on_by_default(g_decode_attention_window_whole, "GPTOSS_DECODE_ATTN_WINDOW_WHOLE");
 }
 
 void set_decode_attention_window_whole(bool on) { g_decode_attention_window_whole.store(on ? 1 : 0); }
@@ -94,21 +93,18 @@ std::atomic<int> g_decode_attention_head_major{-1}, g_decode_attention_merge_sta
 }  // namespace
 
 bool decode_attention_head_major() {
-    return setting(g_decode_attention_head_major,
-                   [] { return env_choice("GPTOSS_DECODE_ATTN_HEAD_MAJOR", {0, 1}, 1); }) != 0;
+    return on_by_default(g_decode_attention_head_major, "GPTOSS_DECODE_ATTN_HEAD_MAJOR");
 }
 void set_decode_attention_head_major(bool on) { g_decode_attention_head_major.store(on ? 1 : 0); }
 bool decode_attention_merge_staged() {
-    return setting(g_decode_attention_merge_staged,
-                   [] { return env_choice("GPTOSS_DECODE_ATTN_MERGE_STAGED", {0, 1}, 1); }) != 0;
+    return on_by_default(g_decode_attention_merge_staged, "GPTOSS_DECODE_ATTN_MERGE_STAGED");
 }
 void set_decode_attention_merge_staged(bool on) { g_decode_attention_merge_staged.store(on ? 1 : 0); }
 namespace {
 std::atomic<int> g_decode_attention_merge_two_pass{-1};  // GPTOSS_DECODE_ATTN_MERGE_2PASS = 0|1 (default on)
 }  // namespace
 bool decode_attention_merge_two_pass() {
-    return setting(g_decode_attention_merge_two_pass,
-                   [] { return env_choice("GPTOSS_DECODE_ATTN_MERGE_2PASS", {0, 1}, 1); }) != 0;
+    return on_by_default(g_decode_attention_merge_two_pass, "GPTOSS_DECODE_ATTN_MERGE_2PASS");
 }
 void set_decode_attention_merge_two_pass(bool on) { g_decode_attention_merge_two_pass.store(on ? 1 : 0); }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/v43-next-call.sh - the first GPU call prepared for the session after v43 (bench/NOTES.md
-# "v43", "Prepared, not run"). Applies, against main 26b4c3b or later:
+# "v43", "Prepared, not run"). Applies, against main at the v43 review mend or later:
 #   bench/v43-topk-redux.patch    router top-K by redux.sync (default on; GPTOSS_ROUTER_TOPK_REDUX=0
 #                                 for the butterfly; the same bits),
 #   bench/v43-qkv-2slab.patch     QKV's GEMV at two slabs per CTA (GPTOSS_DECODE_BF16_SLABS=2; the

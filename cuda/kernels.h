@@ -492,7 +492,16 @@ struct RouterDecodeArgs {
     // slab's chunks split further (logits within fp32 rounding of those), 0 =
     // router_decode_warps_default(). Anything else: GPTOSS_ERR_INTERNAL.
     uint32_t warps = 0;
+    // Set by router_decode / router_batch from router_topk_redux(), whatever the caller put here.
+    int topk_redux = 0;
 };
+// The routers' top-K (router_route, router_decode, router_batch) selects by the warp's integer
+// max reduction when no logit is NaN (redux.sync, sm_80+; ~4 dependent steps per expert instead
+// of a 10-shuffle argmax butterfly), else by the butterfly: the same experts and weights either
+// way. GPTOSS_ROUTER_TOPK_REDUX=0 keeps the butterfly always; default on. The setter is for tests
+// (re-capture decode graphs after).
+bool router_topk_redux();
+void set_router_topk_redux(bool on);
 bool router_decode_supported(uint32_t E, uint32_t K, uint32_t H);
 // GPTOSS_DECODE_ROUTER_WARPS (4 / 8 / 16), else the built-in default; read once.
 uint32_t router_decode_warps_default();

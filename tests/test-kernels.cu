@@ -190,6 +190,66 @@ TEST_CASE("router_route matches cpu::router_topk (ties pick the lower expert) an
     CHECK(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
 }
 
+// The routers' top-K by the warp's max reduction (router_topk_redux, default on) against the argmax
+// butterfly it replaces where no logit is NaN: the same experts and the same weight bits, with exact
+// ties, +0 against -0, -inf logits, fewer experts than a lane's slots hold (E = 100), and a NaN in
+// some tokens (those take the butterfly either way); the finite tokens also against cpu::router_topk.
+TEST_CASE("router top-K: the max-reduction selection gives the argmax butterfly's experts and weights") {
+    const bool was = cuda::router_topk_redux();
+    CHECK(was);
+    for (const uint32_t E : {32u, 100u, 128u, 256u}) {
+        for (const uint32_t K : {4u, 8u}) {
+            Rand r(900 + E + K);
+            const uint32_t T = 60, tile = 8;
+            auto logits = r.floats(size_t(T) * E, 2.0f);
+            std::vector<bool> finite(T, true);
+            for (uint32_t t = 0; t < T; ++t) {
+                float* row = &logits[size_t(t) * E];
+                switch (t % 5) {
+                case 0: row[7 % E] = row[3] = row[E - 1] = row[E / 2] = 9.0f; break;  // exact ties
+                case 1:
+                    for (uint32_t e = 0; e < E; ++e) row[e] = (e % 3 == 0) ? -0.0f : 0.0f;  // every logit ties
+                    break;
+                case 2:
+                    for (uint32_t e = 0; e < E; e += 2) row[e] = -INFINITY;
+                    break;
+                case 3:
+                    row[t % E] = NAN;
+                    finite[t] = false;
+                    break;
+                default: break;
+                }
+            }
+            Dev<float> ld(logits);
+            const uint32_t max_tiles = cuda::route_max_tiles(T, E, K, tile);
+            auto run = [&](bool redux, std::vector<int32_t>* e, std::vector<float>* w) {
+                cuda::set_router_topk_redux(redux);
+                Dev<int32_t> experts(size_t(T) * K), tiles(1 + 3 * size_t(max_tiles)), pairs(size_t(T) * K);
+                Dev<float> weights(size_t(T) * K);
+                OK(cuda::router_route(ld.p, T, E, K, experts.p, weights.p, tiles.p, pairs.p, tile, nullptr));
+                *e = experts.get();
+                *w = weights.get();
+            };
+            std::vector<int32_t> e_new, e_old;
+            std::vector<float> w_new, w_old;
+            run(true, &e_new, &w_new);
+            run(false, &e_old, &w_old);
+            INFO("E " << E << " K " << K);
+            CHECK(e_new == e_old);
+            CHECK(std::memcmp(w_new.data(), w_old.data(), w_new.size() * sizeof(float)) == 0);
+            std::vector<int32_t> ref_e(size_t(T) * K);
+            std::vector<float> ref_w(size_t(T) * K);
+            cpu::router_topk(logits.data(), T, E, K, ref_e.data(), ref_w.data());
+            for (uint32_t t = 0; t < T; ++t) {
+                if (!finite[t]) continue;
+                INFO("token " << t);
+                CHECK(std::equal(e_new.begin() + t * K, e_new.begin() + (t + 1) * K, ref_e.begin() + t * K));
+            }
+        }
+    }
+    cuda::set_router_topk_redux(was);
+}
+
 // The MoE block as the backend runs it: route → gate_up+SwiGLU → down → combine + residual.
 void check_moe(const std::vector<float>& logits_override, uint32_t T, uint64_t seed, const char* what) {
     Rand r(seed);

@@ -205,7 +205,7 @@ __device__ __forceinline__ int visible_lo(int p, uint32_t window) {
 }
 // A lone query's split length at position p (AttentionArgs::split_max).
 __device__ __forceinline__ uint32_t lone_split_len(const AttentionArgs& a, uint32_t p) {
-    return a.split_max ? decode_split_len(p, a.split_min, a.split_max) : decode_split_len_target(p, a.split_min);
+    return a.split_max ? decode_split_len(p, a.split_min, a.split_max) : decode_split_len_target(p, a.split_min, a.split_ramp != 0);
 }
 // The CTA's kv head and split index in the decode grid (AttentionArgs::head_major).
 __device__ __forceinline__ int cta_head(const AttentionArgs& a) { return int(a.head_major ? blockIdx.x : blockIdx.y); }
@@ -986,6 +986,7 @@ gptoss_status attention_decode(const AttentionArgs& a, float* partial, int* coun
     AttentionArgs b = a;
     b.split_min = decode_attention_split_min();
     b.split_max = decode_attention_max_splits();
+    b.split_ramp = decode_attention_split_ramp() ? 1u : 0u;
     b.window_whole = b.head_major = b.merge_staged = b.merge_two_pass = 0;
     if (decode_attention_mma()) {
         b.window_whole = decode_attention_window_whole() ? 1u : 0u;

@@ -1,9 +1,9 @@
 // cuda/attention_settings.cu - the decode attention's process settings (kernels.h): which split
 // runs (tensor-core or FMA), its stages, the shortest split and the split rule, the sliding window
-// in one split, the head-major grid, the staged and the two-pass partial merges. Each is read from
-// its GPTOSS_DECODE_ATTN_* environment variable on first use unless a setter chose it first
-// (tests, benchmarks); attention.cu's launchers copy them into AttentionArgs. Host code only; the
-// measurements behind each default are in bench/NOTES.md (v15-v43).
+// in one split, the head-major grid, the staged and the two-pass partial merges, and the split
+// rule's ramp. Each is read from its GPTOSS_DECODE_ATTN_* environment variable on first use unless a
+// setter chose it first (tests, benchmarks); attention.cu's launchers copy them into AttentionArgs.
+// Host code only; the measurements behind each default are in bench/NOTES.md (v15-v44).
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
 
@@ -119,6 +119,14 @@ uint32_t decode_attention_max_splits() {
     }));
 }
 void set_decode_attention_max_splits(uint32_t splits) { g_decode_attention_max_splits.store(max_splits_choice(long(splits))); }
+
+namespace {
+std::atomic<int> g_decode_attention_split_ramp{-1};  // GPTOSS_DECODE_ATTN_SPLIT_RAMP = 0|1 (default on)
+}  // namespace
+bool decode_attention_split_ramp() {
+    return on_by_default(g_decode_attention_split_ramp, "GPTOSS_DECODE_ATTN_SPLIT_RAMP");
+}
+void set_decode_attention_split_ramp(bool on) { g_decode_attention_split_ramp.store(on ? 1 : 0); }
 
 }  // namespace cuda
 }  // namespace gptoss

@@ -290,6 +290,9 @@ struct AttentionArgs {
     // decode_attention_max_splits(): 0 = decode_split_len_target's lengths, else decode_split_len's
     // with at most that many splits (lone_split_len).
     uint32_t split_max = 0;
+    // Lone query, split_max 0: decode_split_len_target's ramp (1) or v43's step (0), set by
+    // attention_decode from decode_attention_split_ramp().
+    uint32_t split_ramp = 1;
 };
 // Floats per (head, split) partial of the decode attention: D outputs, m, l, 2 pad (16-byte rows).
 constexpr uint32_t attn_partial_floats(uint32_t D) { return D + 4; }
@@ -320,8 +323,21 @@ constexpr uint32_t decode_split_len(uint32_t pos, uint32_t min_len = kAttentionS
 // of 256), +3.9 % at 12 288, +4.7 % at 16 384, +8.2 % at 24 576, +4.1 % at 32 768, +7.2 % at
 // 49 152, +3.6 % at 65 536 (17 splits instead of 33 gave +4.0 %, +1.8 %, -1 % at 16 384, 32 768,
 // 65 536). A function of the position alone; never more splits than decode_splits_needed(pos).
-constexpr uint32_t decode_split_len_target(uint32_t pos, uint32_t min_len) {
-    const uint32_t target = pos < 16384 ? 17 : 33;
+// ramp (the default since bench/NOTES.md "v44"; AttentionArgs::split_ramp): the target grows
+// from 17 to 33 between ~9 250 and 32 768 keys as isqrt(pos / 32) + 1 (a split's time grows with
+// its keys, the merge's with the number of splits n = pos / len: a · len + b · n is least at
+// len = sqrt(b / a · pos), and the measured best splits sat near len = 32 n); 17 below, 33 from
+// 32 768 (one wave at depth). Else v43's step (17 below 16 384 keys, 33 from there). v44 (H200, 20b
+// tg128, against the step): +0.8 % at 12 288 (20 splits against 17) and at 16 384 (22 against 33),
+// +0.2 % at 20 480, -0.4 % at 24 576 (within the spread).
+constexpr uint32_t decode_split_target(uint32_t pos, bool ramp = true) {
+    if (!ramp) return pos < 16384 ? 17 : 33;
+    uint32_t target = 17;
+    while (target < 33 && target * target <= pos / 32) ++target;
+    return target;
+}
+constexpr uint32_t decode_split_len_target(uint32_t pos, uint32_t min_len, bool ramp = true) {
+    const uint32_t target = decode_split_target(pos, ramp);
     const uint32_t len = 128 * ((pos + 128 * target) / (128 * target));  // 128 * ceil((pos + 1) / (128 * target))
     return len > min_len ? len : min_len;
 }
@@ -440,6 +456,9 @@ void set_decode_attention_merge_two_pass(bool on);
 // GPTOSS_DECODE_ATTN_MAX_SPLITS overrides (tuning).
 uint32_t decode_attention_max_splits();
 void set_decode_attention_max_splits(uint32_t splits);
+// decode_split_len_target's ramp (default on; GPTOSS_DECODE_ATTN_SPLIT_RAMP=0: v43's step).
+bool decode_attention_split_ramp();
+void set_decode_attention_split_ramp(bool on);
 
 // Copies the chunk's k/v [T, G·D] into the cache: positions max(pos0, pos0 + T - slots) ..
 // pos0 + T - 1 to slot = position % slots.

@@ -899,26 +899,42 @@ TEST_CASE("decode attention takes a sliding window in one split or in the split 
 }
 
 // The lone query's split lengths (kernels.h decode_split_len_target; the measured points of
-// bench/NOTES.md "v43"): multiples of 128 keys, at least the shortest split, ~17 splits below 16 384
-// keys and ~33 from there, never more than the graph is sized for (decode_splits_needed).
-TEST_CASE("decode attention's split lengths: ~17 splits below 16k keys, ~33 beyond, within the graph's bound") {
-    const auto splits = [](uint32_t p) { return p / cuda::decode_split_len_target(p, 256) + 1; };
+// bench/NOTES.md "v43" and "v44"): multiples of 128 keys, at least the shortest split, ~17 splits
+// below ~9 250 keys, ~sqrt(p / 32) up to 32 768 and ~33 from there (the ramp; v43's step: 17 below
+// 16 384 and 33 from there), never more than the graph is sized for (decode_splits_needed).
+TEST_CASE("decode attention's split lengths: ~17 splits below 9k keys, a ramp to ~33 at 32k, within the graph's bound") {
+    const auto splits = [](uint32_t p, bool ramp = true) { return p / cuda::decode_split_len_target(p, 256, ramp) + 1; };
     CHECK(cuda::decode_split_len_target(2048, 256) == 256);
     CHECK(splits(4096) == 17);
     CHECK(cuda::decode_split_len_target(8192, 256) == 512);
     CHECK(splits(8192) == 17);
-    CHECK(splits(16384) == 33);
+    CHECK(cuda::decode_split_target(12288) == 20);  // isqrt(384) + 1
+    CHECK(cuda::decode_split_len_target(12288, 256) == 640);
+    CHECK(splits(12288) == 20);
+    CHECK(cuda::decode_split_target(16384) == 23);
+    CHECK(cuda::decode_split_len_target(16384, 256) == 768);
+    CHECK(splits(16384) == 22);
+    CHECK(cuda::decode_split_target(32767) == 32);
+    CHECK(cuda::decode_split_target(32768) == 33);
     CHECK(cuda::decode_split_len_target(32768, 256) == 1024);
     CHECK(cuda::decode_split_len_target(65536, 256) == 2048);
     CHECK(splits(131071) <= 33);
-    uint32_t bad = 0;
+    // v43's step
+    CHECK(cuda::decode_split_len_target(12288, 256, false) == 768);
+    CHECK(splits(16384, false) == 33);
+    CHECK(cuda::decode_split_len_target(32768, 256, false) == 1024);
+    uint32_t bad = 0, shrink = 0;
     for (uint32_t p = 0; p < 140000; ++p) {
-        const uint32_t len = cuda::decode_split_len_target(p, 256), n = splits(p);
-        if (len % 128 != 0 || len < 256 || n > (p < 16384 ? 17u : 33u) || n > cuda::decode_splits_needed(p) ||
-            n > cuda::kMaxDecodeSplits)
-            ++bad;
+        for (const bool ramp : {true, false}) {
+            const uint32_t len = cuda::decode_split_len_target(p, 256, ramp), n = splits(p, ramp);
+            if (len % 128 != 0 || len < 256 || n > cuda::decode_split_target(p, ramp) || n > 33 ||
+                n > cuda::decode_splits_needed(p) || n > cuda::kMaxDecodeSplits)
+                ++bad;
+        }
+        if (p > 0 && cuda::decode_split_target(p) < cuda::decode_split_target(p - 1)) ++shrink;
     }
     CHECK(bad == 0);
+    CHECK(shrink == 0);  // the ramp's target never falls as the position grows
     CHECK(cuda::decode_split_len_target(100, 1024) == 1024);  // the shortest split wins
 }
 

@@ -1044,9 +1044,8 @@ uint32_t batch_attention_window_warps() {
     return set == 4 || set == 8 ? set : uint32_t(env);
 }
 
-uint32_t batch_attention_split() {
-    static const uint32_t len = uint32_t(env_choice("GPTOSS_DECODE_BATCH_ATTN_SPLIT", {256, 512, 1024, 2048},
-                                                    int(kBatchAttentionSplit)));
+uint32_t batch_attention_split() {  // 0: batch_split_len's rule; else GPTOSS_DECODE_BATCH_ATTN_SPLIT's
+    static const uint32_t len = uint32_t(env_choice("GPTOSS_DECODE_BATCH_ATTN_SPLIT", {256, 512, 1024, 2048}, 0));
     return len;
 }
 

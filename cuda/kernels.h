@@ -349,17 +349,24 @@ constexpr uint32_t decode_splits_needed(uint32_t pos, uint32_t min_len = kAttent
 // The batched step's splits (attention_decode_batch): at least kBatchAttentionSplit keys, so each of
 // a CTA's 8 warps walks several 16-key sub-blocks with the next one in flight (128-key splits gave
 // each warp one, and a CTA's life was its load and merge latency: H200, 64 streams, bench/NOTES.md
-// "v20 batched attention"); past that decode_split_len. Also a function of the position alone
-// (batch invariance); its bits differ from attention_decode's.
-// min_len: batch_attention_split() (kBatchAttentionSplit unless GPTOSS_DECODE_BATCH_ATTN_SPLIT, a
-// tuning knob: 256, 512, 1024 or 2048, read once per process; a process keeps one, since the bits
-// of a full layer depend on it).
+// "v20 batched attention"). Also a function of the position alone (batch invariance); its bits
+// differ from attention_decode's.
+// min_len 0 (the default since bench/NOTES.md "v44"): twice the lone query's split
+// (decode_split_len_target), at least kBatchAttentionSplit: 512 keys up to ~4 300, 1 024 at 8 192,
+// 2 048 at 32 768, ~17 splits at most; a batch of two or more sessions has the parallelism the lone
+// query's splits buy. H200, 20b decode tok/s against the rule before (512, then decode_split_len;
+// bench/NOTES.md "v44"): 2 streams at 8 192 keys +0.9 %, 8 at 8 192 +1.2 %, 2 at 32 768 +5.7 %,
+// 2 at 65 536 +3.5 %; the same splits below ~4 300 keys (64 streams of 1 024 tokens level).
+// min_len > 0: batch_attention_split()'s tuning knob GPTOSS_DECODE_BATCH_ATTN_SPLIT (256, 512, 1 024
+// or 2 048: at least min_len keys, past that decode_split_len, the rule before v44). Read once per
+// process; a process keeps one, since the bits of a full layer depend on it.
 constexpr uint32_t kBatchAttentionSplit = 512;
-constexpr uint32_t batch_split_len(uint32_t pos, uint32_t min_len = kBatchAttentionSplit) {
-    const uint32_t len = decode_split_len(pos);
-    return len > min_len ? len : min_len;
+constexpr uint32_t batch_split_len(uint32_t pos, uint32_t min_len = 0) {
+    const uint32_t len = min_len ? decode_split_len(pos) : 2 * decode_split_len_target(pos, kAttentionSplit);
+    const uint32_t least = min_len ? min_len : kBatchAttentionSplit;
+    return len > least ? len : least;
 }
-constexpr uint32_t batch_splits_needed(uint32_t pos, uint32_t min_len = kBatchAttentionSplit) {
+constexpr uint32_t batch_splits_needed(uint32_t pos, uint32_t min_len = 0) {
     return pos / batch_split_len(pos, min_len) + 1;
 }
 uint32_t batch_attention_split();

@@ -8,7 +8,8 @@
 // reference backend (the oracle), within the bf16 tolerance, on the tiny checkpoint with router
 // biases that keep the top-4 away from near-ties. Also: bad items fail alone with their own
 // message, a prompt chunk in the batch equals forward() alone, and the sliding window's 4-warp
-// CTAs agree with the 8-warp form within the bf16 tolerance. Sets GPTOSS_CUDA_DECODE_BATCH=1
+// CTAs agree with the 8-warp form within the bf16 tolerance; positions past 4 300 keys (longer
+// splits) against the CPU too. Sets GPTOSS_CUDA_DECODE_BATCH=1
 // (the default) in case the environment turned it off.
 #include "tests/kernel-test-util.cuh"
 
@@ -201,6 +202,39 @@ TEST_CASE("batched decode matches the CPU backend within bf16 tolerance") {
             ++gs[i].pos;
             ++cs[i].pos;
         }
+    }
+}
+
+// Past ~4 300 keys the batched step's splits grow with the position (kernels.h batch_split_len:
+// 768 keys at 4 400, 1 024 at 8 200): against the CPU backend, and each item alone bit for bit.
+TEST_CASE("batched decode at long positions (longer splits) matches the CPU backend and the item alone") {
+    CHECK(cuda::batch_split_len(4400) == 768);
+    CHECK(cuda::batch_split_len(8200) == 1024);
+    const BiasedCheckpoint t = load_biased_checkpoint(tiny_dir());
+    std::unique_ptr<Backend> g, c;
+    OK(create_cuda_backend(*t.ck, 0, {}, &g));
+    OK(create_cpu_backend(*t.ck, &c));
+    const uint32_t n = 3;
+    const uint32_t pos[n] = {4400, 6655, 8200};
+    auto make = [](Backend& b, uint32_t p, uint64_t seed) {
+        Stream st;
+        OK(b.create_session(8448, 256, &st.s));
+        st.toks = prompt(p + 16, seed);
+        for (uint32_t q = 0; q < p; q += 256) OK(st.s->forward(st.toks.data() + q, std::min(256u, p - q), q));
+        st.pos = p;
+        return st;
+    };
+    std::vector<Stream> gs, cs;
+    for (uint32_t i = 0; i < n; ++i) {
+        gs.push_back(make(*g, pos[i], 700 + i));
+        cs.push_back(make(*c, pos[i], 700 + i));
+    }
+    const auto gl = step(*g, gs, iota(n));
+    const auto cl = step(*c, cs, iota(n));
+    for (uint32_t i = 0; i < n; ++i) {
+        expect_logits_close(gl[i], cl[i], "position " + std::to_string(gs[i].pos));
+        const auto alone = step(*g, gs, {i});
+        CHECK(std::memcmp(alone[i].data(), gl[i].data(), kV * 4) == 0);
     }
 }
 

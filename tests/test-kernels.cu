@@ -750,13 +750,27 @@ TEST_CASE("decode attention past 16k keys (longer splits) matches cpu::attention
     CHECK(cuda::decode_split_len(32767) == 256);
     CHECK(cuda::decode_split_len(32768) == 512);
     CHECK(cuda::decode_splits_needed(131071) <= cuda::kMaxDecodeSplits);
-    // The batched step's splits: 512 keys until decode_split_len is longer.
+    // The batched step's splits: 512 keys, twice the lone query's split past ~4 300 keys.
     CHECK(cuda::batch_split_len(0) == 512);
     CHECK(cuda::batch_splits_needed(511) == 1);
     CHECK(cuda::batch_splits_needed(512) == 2);
-    CHECK(cuda::batch_splits_needed(65535) == 128);
-    CHECK(cuda::batch_split_len(65536) == 1024);
-    CHECK(cuda::batch_splits_needed(131071) <= cuda::kMaxDecodeSplits);
+    CHECK(cuda::batch_split_len(4351) == 512);
+    CHECK(cuda::batch_split_len(4352) == 768);
+    CHECK(cuda::batch_split_len(8192) == 1024);
+    CHECK(cuda::batch_split_len(32768) == 2048);
+    CHECK(cuda::batch_splits_needed(65535) == 16);
+    uint32_t bad = 0;
+    for (uint32_t p = 0; p < 140000; ++p) {
+        const uint32_t len = cuda::batch_split_len(p);
+        if (len % 256 != 0 || len < 512 || cuda::batch_splits_needed(p) > 17) ++bad;
+    }
+    CHECK(bad == 0);
+    // The shortest split as the tuning knob sets it (GPTOSS_DECODE_BATCH_ATTN_SPLIT): the rule
+    // before v44, 512 keys until decode_split_len is longer.
+    CHECK(cuda::batch_split_len(0, 512) == 512);
+    CHECK(cuda::batch_splits_needed(65535, 512) == 128);
+    CHECK(cuda::batch_split_len(65536, 512) == 1024);
+    CHECK(cuda::batch_splits_needed(131071, 512) <= cuda::kMaxDecodeSplits);
     // Splits per CTA of the batched attention on 132 SMs (8 kv heads): the cases of bench/NOTES.md v29.
     static_assert(cuda::batch_attention_group_for(64 * 8, 2, 132) == 2, "64 sessions at ~600 keys: one CTA");
     static_assert(cuda::batch_attention_group_for(64 * 8, 4, 132) == 4, "64 sessions at ~1 500 keys: one CTA");

@@ -45,10 +45,11 @@ struct Stream {
     uint32_t pos = 0;
 };
 
-// A session holding the K/V of toks[0, pos) (prefilled in chunks of at most 256).
-Stream make_stream(Backend& b, uint32_t pos, uint64_t seed) {
+// A session of max_context positions holding the K/V of toks[0, pos) (prefilled in chunks of at
+// most 256).
+Stream make_stream(Backend& b, uint32_t pos, uint64_t seed, uint32_t max_context = 2304) {
     Stream st;
-    OK(b.create_session(2304, 256, &st.s));
+    OK(b.create_session(max_context, 256, &st.s));
     st.toks = prompt(pos + 16, seed);
     for (uint32_t p = 0; p < pos; p += 256) OK(st.s->forward(st.toks.data() + p, std::min(256u, pos - p), p));
     st.pos = pos;
@@ -216,18 +217,10 @@ TEST_CASE("batched decode at long positions (longer splits) matches the CPU back
     OK(create_cpu_backend(*t.ck, &c));
     const uint32_t n = 3;
     const uint32_t pos[n] = {4400, 6655, 8200};
-    auto make = [](Backend& b, uint32_t p, uint64_t seed) {
-        Stream st;
-        OK(b.create_session(8448, 256, &st.s));
-        st.toks = prompt(p + 16, seed);
-        for (uint32_t q = 0; q < p; q += 256) OK(st.s->forward(st.toks.data() + q, std::min(256u, p - q), q));
-        st.pos = p;
-        return st;
-    };
     std::vector<Stream> gs, cs;
     for (uint32_t i = 0; i < n; ++i) {
-        gs.push_back(make(*g, pos[i], 700 + i));
-        cs.push_back(make(*c, pos[i], 700 + i));
+        gs.push_back(make_stream(*g, pos[i], 700 + i, 8448));
+        cs.push_back(make_stream(*c, pos[i], 700 + i, 8448));
     }
     const auto gl = step(*g, gs, iota(n));
     const auto cl = step(*c, cs, iota(n));

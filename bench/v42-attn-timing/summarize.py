@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Summarizes the decode-attention phase stamps of bench/v42-attn-timing.patch (bench/NOTES.md "v42").
+"""Summarizes the decode-attention phase stamps of bench/v42-attn-timing.patch and bench/v44-attn-timing.patch (bench/NOTES.md "v42", "v44").
 
 Input: the GPTOSS_ATTN_TIMING_OUT file (plain or .gz), one line per CTA: seven %globaltimer values in
 ns (entry, K/V requests issued, dependency wait released, q roped, split state done, counter
@@ -31,7 +31,8 @@ def launches(path):
 
 def main():
     groups = launches(sys.argv[1])
-    names = ["first entry", "last entry", "last q roped", "last split done", "last counter", "merge done"]
+    names = ["first entry", "last entry", "last q roped", "last split done", "last counter", "merge done",
+             "CTA issue (med)", "CTA q after wait", "CTA split (med)"]
     for sliding in (0, 1):
         gs = [g for g in groups if (g[0][7] >> 48) & 1 == sliding]
         if not gs:
@@ -44,6 +45,9 @@ def main():
             acc["last q roped"].append((max(r[3] for r in g) - w0) / 1e3)
             acc["last split done"].append((max(r[4] for r in g) - w0) / 1e3)
             acc["last counter"].append((max(r[5] for r in g) - w0) / 1e3)
+            acc["CTA issue (med)"].append(statistics.median((r[1] - r[0]) / 1e3 for r in g))
+            acc["CTA q after wait"].append(statistics.median((r[3] - r[2]) / 1e3 for r in g if r[2]))
+            acc["CTA split (med)"].append(statistics.median((r[4] - r[3]) / 1e3 for r in g))
             merged = [r[6] for r in g if r[6]]
             acc["merge done"].append((max(merged) - w0) / 1e3 if merged else float("nan"))
         ctas = statistics.median(len(g) for g in gs)

@@ -205,7 +205,8 @@ __device__ __forceinline__ int visible_lo(int p, uint32_t window) {
 }
 // A lone query's split length at position p (AttentionArgs::split_max).
 __device__ __forceinline__ uint32_t lone_split_len(const AttentionArgs& a, uint32_t p) {
-    return a.split_max ? decode_split_len(p, a.split_min, a.split_max) : decode_split_len_target(p, a.split_min, a.split_ramp != 0);
+    return a.split_max ? decode_split_len(p, a.split_min, a.split_max)
+                       : decode_split_len_target(p, a.split_min, a.split_ramp != 0);
 }
 // The CTA's kv head and split index in the decode grid (AttentionArgs::head_major).
 __device__ __forceinline__ int cta_head(const AttentionArgs& a) { return int(a.head_major ? blockIdx.x : blockIdx.y); }

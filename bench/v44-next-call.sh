@@ -9,10 +9,10 @@
 #                              the dependency wait instead of plain loads queued behind the K/V
 #                              requests (GPTOSS_DECODE_ATTN_Q_BULK=1; the same bits; its test: the
 #                              fused-RoPE case with it on); applies on top of the two above;
-# builds, runs test-kernels' stage and fused-RoPE cases, then the phase stamps at 8 192 and 32 768 for
+# builds, runs `ctest -L gpu` and test-kernels' stage and fused-RoPE cases, then the phase stamps at 8 192 and 32 768 for
 # 2 / 3 / 4 stages and q by bulk copies (does the split phase, ~6.3 us per CTA at 2 stages, shrink;
 # does the QKV grid end later; does q arrive sooner than 0.9 / 2.4 us?), then tg128 for the four at
-# five depths (two rounds, alternating). ~300 s. From the repository root on the GPU
+# five depths (two rounds, alternating). ~400 s. From the repository root on the GPU
 # machine with OUT set, after ../shared/device/carry-deps.sh and tools/fetch-tokenizer.sh (carry .deps
 # and .tokenizer):
 #   OUT=$OUT bash bench/v44-next-call.sh
@@ -22,8 +22,9 @@ for p in stages34 attn-timing q-bulk; do git apply "bench/v44-$p.patch" || { ech
 E=$PWD/.deps; T=$PWD/.tokenizer
 dev_start "$E" "$T"
 SECONDS=0
-dev_build build-gpu "$OUT/build.log" gptoss-bench test-kernels || { dev_build_errors "$OUT/build.log"; exit 1; }
+dev_build build-gpu "$OUT/build.log" || { dev_build_errors "$OUT/build.log"; exit 1; }
 echo "== build ${SECONDS}s"
+dev_ctest_gpu build-gpu "$OUT/ctest.txt"  # (also v44's 16d1d65: test-kernels-batch's refactored case, not yet run on a GPU)
 timeout 150 ./build-gpu/test-kernels -tc='*longer shortest*,*fused RoPE*' > "$OUT/tk.txt" 2>&1
 echo "== test-kernels stages, fused RoPE rc=$? $(grep -E 'test cases|assertions' "$OUT/tk.txt" | tr '\n' ' ')"
 grep -B2 -A12 -m2 'ERROR' "$OUT/tk.txt" | head -40

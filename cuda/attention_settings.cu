@@ -14,34 +14,26 @@ namespace gptoss {
 namespace cuda {
 
 namespace {
-// A process setting held in v (-1: not chosen yet): its setter's value, else read() (its
-// environment variable) on first use.
-template <typename Read>
-int setting(std::atomic<int>& v, Read read) {
-    int x = v.load();
-    if (x < 0) {
-        int expected = -1;
-        v.compare_exchange_strong(expected, read());
-        x = v.load();
-    }
-    return x;
-}
-// An on/off setting, on unless its environment variable `name` is 0.
-bool on_by_default(std::atomic<int>& v, const char* name) {
-    return setting(v, [name] { return env_choice(name, {0, 1}, 1); }) != 0;
-}
-
-std::atomic<int> g_decode_attention_mma{-1};  // GPTOSS_DECODE_ATTN_MMA=0 turns it off
+OnSwitch g_decode_attention_mma("GPTOSS_DECODE_ATTN_MMA");
+OnSwitch g_decode_attention_window_whole("GPTOSS_DECODE_ATTN_WINDOW_WHOLE");
+OnSwitch g_decode_attention_head_major("GPTOSS_DECODE_ATTN_HEAD_MAJOR");
+OnSwitch g_decode_attention_merge_staged("GPTOSS_DECODE_ATTN_MERGE_STAGED");
+OnSwitch g_decode_attention_merge_two_pass("GPTOSS_DECODE_ATTN_MERGE_2PASS");
+OnSwitch g_decode_attention_split_ramp("GPTOSS_DECODE_ATTN_SPLIT_RAMP");
 }  // namespace
 
-bool decode_attention_mma() {
-    return setting(g_decode_attention_mma, [] {
-               const char* s = std::getenv("GPTOSS_DECODE_ATTN_MMA");
-               return s && *s && std::atoi(s) == 0 ? 0 : 1;
-           }) == 1;
-}
-
-void set_decode_attention_mma(bool on) { g_decode_attention_mma.store(on ? 1 : 0); }
+bool decode_attention_mma() { return g_decode_attention_mma.on(); }
+void set_decode_attention_mma(bool on) { g_decode_attention_mma.set(on); }
+bool decode_attention_window_whole() { return g_decode_attention_window_whole.on(); }
+void set_decode_attention_window_whole(bool on) { g_decode_attention_window_whole.set(on); }
+bool decode_attention_head_major() { return g_decode_attention_head_major.on(); }
+void set_decode_attention_head_major(bool on) { g_decode_attention_head_major.set(on); }
+bool decode_attention_merge_staged() { return g_decode_attention_merge_staged.on(); }
+void set_decode_attention_merge_staged(bool on) { g_decode_attention_merge_staged.set(on); }
+bool decode_attention_merge_two_pass() { return g_decode_attention_merge_two_pass.on(); }
+void set_decode_attention_merge_two_pass(bool on) { g_decode_attention_merge_two_pass.set(on); }
+bool decode_attention_split_ramp() { return g_decode_attention_split_ramp.on(); }
+void set_decode_attention_split_ramp(bool on) { g_decode_attention_split_ramp.set(on); }
 
 namespace {
 std::atomic<int> g_decode_attention_stages{-1};  // GPTOSS_DECODE_ATTN_STAGES=1|2
@@ -78,37 +70,6 @@ uint32_t decode_attention_split_min() {
 void set_decode_attention_split_min(uint32_t keys) { g_decode_attention_split.store(int(split_keys(long(keys)))); }
 
 namespace {
-std::atomic<int> g_decode_attention_window_whole{-1};  // GPTOSS_DECODE_ATTN_WINDOW_WHOLE=0|1
-}  // namespace
-
-bool decode_attention_window_whole() {
-    return on_by_default(g_decode_attention_window_whole, "GPTOSS_DECODE_ATTN_WINDOW_WHOLE");
-}
-
-void set_decode_attention_window_whole(bool on) { g_decode_attention_window_whole.store(on ? 1 : 0); }
-
-namespace {
-// GPTOSS_DECODE_ATTN_HEAD_MAJOR, GPTOSS_DECODE_ATTN_MERGE_STAGED = 0|1 (default on).
-std::atomic<int> g_decode_attention_head_major{-1}, g_decode_attention_merge_staged{-1};
-}  // namespace
-
-bool decode_attention_head_major() {
-    return on_by_default(g_decode_attention_head_major, "GPTOSS_DECODE_ATTN_HEAD_MAJOR");
-}
-void set_decode_attention_head_major(bool on) { g_decode_attention_head_major.store(on ? 1 : 0); }
-bool decode_attention_merge_staged() {
-    return on_by_default(g_decode_attention_merge_staged, "GPTOSS_DECODE_ATTN_MERGE_STAGED");
-}
-void set_decode_attention_merge_staged(bool on) { g_decode_attention_merge_staged.store(on ? 1 : 0); }
-namespace {
-std::atomic<int> g_decode_attention_merge_two_pass{-1};  // GPTOSS_DECODE_ATTN_MERGE_2PASS = 0|1 (default on)
-}  // namespace
-bool decode_attention_merge_two_pass() {
-    return on_by_default(g_decode_attention_merge_two_pass, "GPTOSS_DECODE_ATTN_MERGE_2PASS");
-}
-void set_decode_attention_merge_two_pass(bool on) { g_decode_attention_merge_two_pass.store(on ? 1 : 0); }
-
-namespace {
 std::atomic<int> g_decode_attention_max_splits{-1};  // GPTOSS_DECODE_ATTN_MAX_SPLITS = 0|16|32|64|128
 int max_splits_choice(long v) { return v <= 0 ? 0 : v <= 16 ? 16 : v <= 32 ? 32 : v <= 64 ? 64 : int(kMaxDecodeSplits); }
 }  // namespace
@@ -119,14 +80,6 @@ uint32_t decode_attention_max_splits() {
     }));
 }
 void set_decode_attention_max_splits(uint32_t splits) { g_decode_attention_max_splits.store(max_splits_choice(long(splits))); }
-
-namespace {
-std::atomic<int> g_decode_attention_split_ramp{-1};  // GPTOSS_DECODE_ATTN_SPLIT_RAMP = 0|1 (default on)
-}  // namespace
-bool decode_attention_split_ramp() {
-    return on_by_default(g_decode_attention_split_ramp, "GPTOSS_DECODE_ATTN_SPLIT_RAMP");
-}
-void set_decode_attention_split_ramp(bool on) { g_decode_attention_split_ramp.store(on ? 1 : 0); }
 
 }  // namespace cuda
 }  // namespace gptoss

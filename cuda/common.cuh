@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
@@ -115,6 +116,29 @@ inline int env_choice(const char* name, std::initializer_list<int> allowed, int 
         if (v == a) return v;
     return def;
 }
+// A process setting held in v (-1: not chosen yet): its setter's value, else read() (its
+// environment variable) on first use.
+template <typename Read>
+int setting(std::atomic<int>& v, Read read) {
+    int x = v.load();
+    if (x < 0) {
+        int expected = -1;
+        v.compare_exchange_strong(expected, read());
+        x = v.load();
+    }
+    return x;
+}
+// An on/off process setting: on unless its environment variable is 0, or what set() chose (tests,
+// benchmarks).
+class OnSwitch {
+public:
+    constexpr explicit OnSwitch(const char* env) : env_(env) {}
+    bool on() { return setting(v_, [this] { return env_choice(env_, {0, 1}, 1); }) != 0; }
+    void set(bool on) { v_.store(on ? 1 : 0); }
+private:
+    const char* env_;
+    std::atomic<int> v_{-1};
+};
 
 // ---------------------------------------------------------------------------
 // Device helpers

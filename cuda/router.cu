@@ -14,7 +14,6 @@
 #include "cuda/kernels.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 
@@ -439,19 +438,10 @@ gptoss_status router_group(const int32_t* experts, uint32_t T, uint32_t E, uint3
 }
 
 namespace {
-std::atomic<int> g_router_topk_redux{-1};  // GPTOSS_ROUTER_TOPK_REDUX = 0|1 (default on)
+OnSwitch g_router_topk_redux("GPTOSS_ROUTER_TOPK_REDUX");
 }  // namespace
-bool router_topk_redux() {
-    int v = g_router_topk_redux.load();
-    if (v < 0) {
-        const char* s = std::getenv("GPTOSS_ROUTER_TOPK_REDUX");
-        int expected = -1;
-        g_router_topk_redux.compare_exchange_strong(expected, s && *s && std::atoi(s) == 0 ? 0 : 1);
-        v = g_router_topk_redux.load();
-    }
-    return v != 0;
-}
-void set_router_topk_redux(bool on) { g_router_topk_redux.store(on ? 1 : 0); }
+bool router_topk_redux() { return g_router_topk_redux.on(); }
+void set_router_topk_redux(bool on) { g_router_topk_redux.set(on); }
 
 bool router_decode_supported(uint32_t E, uint32_t K, uint32_t H) {
     return E >= 1 && E <= kMaxExperts && K >= 1 && K <= kMaxK && K <= E && H % 64 == 0 &&

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/v44-next-call.sh - the first GPU call(s) prepared for the session after v44 (bench/NOTES.md
-# "v44", "Prepared"). Applies, in this order, against main at a6a54f2 or later:
+# "v44", "Prepared"). Applies, in this order, against main at 0049cd5 or later:
 #   bench/v44-stages34.patch     3 and 4 K/V sub-blocks in flight per warp in the lone query's
 #                                tensor-core split (GPTOSS_DECODE_ATTN_STAGES=3|4; the same bits; its
 #                                test: stages 1-4 bit-identical against cpu::attention),

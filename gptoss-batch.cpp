@@ -13,6 +13,9 @@
 // on the batch (Backend::decode_batch's contract), so the timing of who joins which step never
 // changes a token. Prompt chunks join steps too, after the decode tokens and within a token
 // budget per step, so a long prompt enters between the streams' steps instead of beside them.
+// With batch invariance off (gptoss_model_params.batch_invariant), a step that holds one
+// session's decode token and no other runs through that session's own decode() (the CUDA decode
+// graph) instead of the backend's batched step.
 #include "gptoss-internal.h"
 
 #include <atomic>
@@ -95,7 +98,7 @@ struct DecodeBatcher::State {
     uint32_t active = 0;            // sessions between enter() and leave()
     bool stepping = false;          // a leader is running decode_batch
     std::condition_variable step_end;  // stepping went false (leave() waits for it)
-    uint64_t steps = 0, tokens = 0;
+    uint64_t steps = 0, tokens = 0, lone_steps = 0;
 
     // Wakes r's caller with r marked done (its step ended) or poked (look again).
     static void wake(Request* r, bool done) {
@@ -131,8 +134,8 @@ static void await_done(Request* r) {
     r->cv.wait(g, [r] { return r->done.load(); });
 }
 
-DecodeBatcher::DecodeBatcher(Backend& backend, uint32_t max_sessions)
-    : backend_(backend), max_sessions_(max_sessions), state_(new State()) {}
+DecodeBatcher::DecodeBatcher(Backend& backend, uint32_t max_sessions, bool invariant)
+    : backend_(backend), max_sessions_(max_sessions), invariant_(invariant), state_(new State()) {}
 
 DecodeBatcher::~DecodeBatcher() = default;
 
@@ -153,10 +156,27 @@ void DecodeBatcher::leave(BackendSession* session) {
     state_->poke_pending();  // the waiters may now be everyone left
 }
 
-void DecodeBatcher::counters(uint64_t* steps, uint64_t* tokens) const {
+void DecodeBatcher::counters(uint64_t* steps, uint64_t* tokens, uint64_t* lone_steps) const {
     std::lock_guard<std::mutex> lock(state_->mutex);
     *steps = state_->steps;
     *tokens = state_->tokens;
+    if (lone_steps != nullptr) *lone_steps = state_->lone_steps;
+}
+
+// Runs a step's items: the backend's batched step, or, when `lone` (batch invariance off and a
+// single decode token), each item on its own session (Backend::decode_batch's base version: the
+// decode token through session->decode(), a prompt chunk through forward(), as the CUDA step
+// runs chunks anyway). The lone session's part of an earlier step's speculative forward is
+// dropped first: that forward may still be writing the K/V of the position decode() writes.
+static void run_step(Backend& backend, DecodeItem* const* items, uint32_t n, bool rows_stable, bool lone) {
+    if (!lone) {
+        backend.decode_batch(items, n, rows_stable);
+        return;
+    }
+    if (backend.speculates())
+        for (uint32_t i = 0; i < n; i++)
+            if (!items[i]->prefill) backend.drop_speculation(items[i]->session);
+    backend.Backend::decode_batch(items, n, false);
 }
 
 // The step a leader runs (its vectors reserved for pending.size(), so nothing here allocates):
@@ -194,7 +214,7 @@ static uint32_t take_step(const std::vector<Request*>& pending, uint32_t max_ses
 // woken after. Out of memory while reserving withdraws `own` (nobody took it yet) and rethrows.
 template <typename State>
 static void lead_step(State& s, std::unique_lock<std::mutex>& lock, typename State::Request* own,
-                      uint32_t max_sessions, Backend& backend) {
+                      uint32_t max_sessions, bool invariant, Backend& backend) {
     using Request = typename State::Request;
     std::vector<Request*> batch, kept;
     std::vector<DecodeItem*> items;
@@ -219,9 +239,10 @@ static void lead_step(State& s, std::unique_lock<std::mutex>& lock, typename Sta
         items.push_back(&r->item);
     }
     s.stepping = true;
+    const bool lone = !invariant && n_decode == 1;
     lock.unlock();
     try {
-        backend.decode_batch(items.data(), uint32_t(items.size()), rows_stable);
+        run_step(backend, items.data(), uint32_t(items.size()), rows_stable, lone);
     } catch (...) {  // decode_batch promises not to throw; never strand the waiters
         for (DecodeItem* item : items)
             if (item->status == GPTOSS_OK) {
@@ -233,6 +254,7 @@ static void lead_step(State& s, std::unique_lock<std::mutex>& lock, typename Sta
     s.stepping = false;
     s.step_end.notify_all();  // leave() (no caller waits on it otherwise)
     if (n_decode > 0) s.steps++;  // steps with decode tokens: tokens / steps = mean batch
+    if (lone) s.lone_steps++;
     s.tokens += n_decode;
     s.poke_pending();  // submitted during the step: one of them may lead the next
     lock.unlock();
@@ -285,7 +307,7 @@ gptoss_status DecodeBatcher::run(BackendSession* session, const int32_t* tokens,
         } else if (!all_in && std::chrono::steady_clock::now() < deadline) {
             sleep(&deadline);
         } else {
-            lead_step(s, lock, &request, max_sessions_, backend_);
+            lead_step(s, lock, &request, max_sessions_, invariant_, backend_);
             led = true;
         }
     }
@@ -314,6 +336,25 @@ gptoss_status resolve_max_decode_batch(uint32_t param, uint32_t* out) {
     if (n > kMax)
         return fail(GPTOSS_ERR_INVALID_ARGUMENT, "params.max_decode_batch: %u exceeds the maximum of %u", n, kMax);
     *out = n;
+    return GPTOSS_OK;
+}
+
+gptoss_status resolve_batch_invariant(int32_t param, bool* out) {
+    if (param == GPTOSS_BATCH_INVARIANT_ON || param == GPTOSS_BATCH_INVARIANT_OFF) {
+        *out = param == GPTOSS_BATCH_INVARIANT_ON;
+        return GPTOSS_OK;
+    }
+    if (param != 0)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT,
+                    "params.batch_invariant: %d is neither GPTOSS_BATCH_INVARIANT_ON (1), GPTOSS_BATCH_INVARIANT_OFF "
+                    "(2) nor 0 (the default)",
+                    int(param));
+    *out = true;
+    const char* env = std::getenv("GPTOSS_BATCH_INVARIANT");
+    if (env == nullptr || *env == '\0') return GPTOSS_OK;
+    if (std::strcmp(env, "0") != 0 && std::strcmp(env, "1") != 0)
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "GPTOSS_BATCH_INVARIANT: \"%s\" is neither 1 (on) nor 0 (off)", env);
+    *out = env[0] == '1';
     return GPTOSS_OK;
 }
 

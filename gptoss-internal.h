@@ -366,7 +366,11 @@ class Tokenizer;  // tokenizer/tokenizer.h
 // Backend::decode_batch call of at most max_sessions items.
 class DecodeBatcher {
 public:
-    DecodeBatcher(Backend& backend, uint32_t max_sessions);
+    // invariant: gptoss_model_params.batch_invariant resolved (resolve_batch_invariant). When
+    // false, a step whose decode tokens are a single session's runs through the base
+    // Backend::decode_batch, i.e. that session's own decode() (after drop_speculation for it:
+    // an earlier step's speculative forward may still hold its next position).
+    DecodeBatcher(Backend& backend, uint32_t max_sessions, bool invariant = true);
     ~DecodeBatcher();
     // A session's decode loop is inside enter() .. leave(): the batcher waits for the
     // sessions inside (up to a short gather window) before it starts a step.
@@ -394,19 +398,26 @@ public:
     static constexpr uint32_t kStepTokenBudget = 4096;
     static uint32_t step_token_budget();
     uint32_t max_sessions() const { return max_sessions_; }
-    // Steps with decode tokens run, and decode tokens run, so far (tokens / steps = mean batch).
-    void counters(uint64_t* steps, uint64_t* tokens) const;
+    // Steps with decode tokens run, and decode tokens run, so far (tokens / steps = mean batch);
+    // lone_steps (may be null): how many of those steps ran one session's own decode()
+    // (batch invariance off).
+    void counters(uint64_t* steps, uint64_t* tokens, uint64_t* lone_steps = nullptr) const;
+    bool invariant() const { return invariant_; }
 
 private:
     struct State;
     Backend& backend_;
     const uint32_t max_sessions_;
+    const bool invariant_;
     std::unique_ptr<State> state_;
 };
 
 // Resolves the decode batch cap from params.max_decode_batch and GPTOSS_DECODE_BATCH
 // (gptoss-batch.cpp): 1 means off. Fails with INVALID_ARGUMENT naming a bad value.
 [[nodiscard]] gptoss_status resolve_max_decode_batch(uint32_t param, uint32_t* out);
+// Resolves params.batch_invariant (0: GPTOSS_BATCH_INVARIANT, else on) into *out
+// (gptoss-batch.cpp). Fails with INVALID_ARGUMENT naming a bad value.
+[[nodiscard]] gptoss_status resolve_batch_invariant(int32_t param, bool* out);
 
 }  // namespace gptoss
 

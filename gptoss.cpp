@@ -262,6 +262,8 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
     GPTOSS_TRY(resolve_devices(params, &device, &split));
     uint32_t max_decode_batch = 1;
     GPTOSS_TRY(resolve_max_decode_batch(params.max_decode_batch, &max_decode_batch));
+    bool batch_invariant = true;
+    GPTOSS_TRY(resolve_batch_invariant(params.batch_invariant, &batch_invariant));
     OffloadRequest offload;
     GPTOSS_TRY(resolve_offload(params, split.size(), &offload));
 
@@ -289,7 +291,8 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
     GPTOSS_TRY(check_offload_request(offload, model->checkpoint->config.n_layers));
     GPTOSS_TRY(create_backend(model.get(), device, split, offload, upload_progress));
     if (!report(1.0f)) return fail(GPTOSS_ERR_CANCELLED, "%s: loading cancelled by the progress callback", model_dir);
-    if (max_decode_batch > 1) model->batcher.reset(new DecodeBatcher(*model->backend, max_decode_batch));
+    if (max_decode_batch > 1)
+        model->batcher.reset(new DecodeBatcher(*model->backend, max_decode_batch, batch_invariant));
     model->name = model_name(model->checkpoint->config);
     *out = model.release();
     return GPTOSS_OK;

@@ -175,10 +175,27 @@ typedef struct gptoss_model_params {
     // GPTOSS_CPU_MOE_AUTO: tokens of KV cache (one session, default max_batch) the budget must
     // leave room for. 0 (the default): 32768.
     uint32_t           fit_context;
+    // Batch invariance of a model with max_decode_batch > 1 (appended in 0.1, issue 13).
+    // GPTOSS_BATCH_INVARIANT_ON: a session's tokens are the same whatever other sessions share
+    // its decode steps, alone included (the batched kernels reduce each token's column in one
+    // order at every batch size), so the same arguments and seed always give the same tokens.
+    // GPTOSS_BATCH_INVARIANT_OFF: a step whose only decode token is one session's runs that
+    // session's own one-token decode path instead (on CUDA the decode graph, as on a model
+    // without batching; bench/NOTES.md "v45" has the speeds), so a lone stream on a batching
+    // model decodes as fast as on a model without batching. Its tokens can then differ (within
+    // bf16 rounding: near-ties of greedy, sampled tokens after them) between a run alone and a
+    // run where other sessions shared some of its steps. Steps of two or more sessions, prompt
+    // chunks and the CPU backend (whose steps equal its one-token path) are unchanged.
+    // 0 (the default): the environment variable GPTOSS_BATCH_INVARIANT ("1" on, "0" off) if
+    // set, else on. Another value, here or in the variable: GPTOSS_ERR_INVALID_ARGUMENT.
+    int32_t            batch_invariant;
 } gptoss_model_params;
 
 // gptoss_model_params.n_cpu_moe: choose the split from gpu_memory_budget.
 #define GPTOSS_CPU_MOE_AUTO (-1)
+// gptoss_model_params.batch_invariant.
+#define GPTOSS_BATCH_INVARIANT_ON  1
+#define GPTOSS_BATCH_INVARIANT_OFF 2
 
 // Fills `params` with defaults. `struct_size` is sizeof(*params) as the caller compiled it,
 // which keeps callers built against an older or newer gptoss.h working.

@@ -17,6 +17,11 @@
 # 8 192, shrink? does q arrive sooner than 0.9 / 2.4 us? does the QKV grid end later?); ab = tg128 of
 # the five at depths 0 / 8 192 / 16 384 / 32 768, two rounds alternating. All three: ~480 s; if a
 # call is short, run PHASES="tests stamps" then PHASES=ab (a warm machine keeps build-gpu).
+# lone (v45, not in the default; ~90 s): batch invariance on / off (gptoss_model_params.batch_invariant)
+# alternating, two rounds, `--concurrency 1,2,8 -p 512 -n 256 --decode-batch 8`: does one stream on
+# a batching model reach the decode graph's rate with it off (tg128 @ 0 of the ab phase: 717-726),
+# and are 2 / 8 streams unchanged? (test-batch-gpu in the tests phase runs the new exactness case.)
+# Suggested: PHASES="tests stamps" first, then PHASES="ab lone" on the warm machine.
 # From the repository root on the GPU machine with OUT set, after ../shared/device/carry-deps.sh and
 # tools/fetch-tokenizer.sh (carry .deps and .tokenizer):
 #   OUT=$OUT [PHASES="..."] bash bench/v44-next-call.sh
@@ -55,5 +60,15 @@ fi
 if [[ " $PHASES " == *" ab "* ]]; then
   BENCH=./build-gpu/gptoss-bench DEPTHS=0,8192,16384,32768 ROUNDS=2 bash tools/device-decode-env.sh "$E" "$T" "" \
     "${VARIANTS[@]:1}"
+fi
+if [[ " $PHASES " == *" lone "* ]]; then
+  for r in 1 2; do
+    for inv in on off; do
+      echo "== lone: batch invariance $inv, round $r"
+      timeout 150 ./build-gpu/gptoss-bench --synthetic 20b --no-gemm-probe --concurrency 1,2,8 -p 512 -n 256 \
+        --decode-batch 8 --batch-invariant $inv 2>&1 | grep -E '^\| +[0-9]+ \||max_decode_batch'
+    done
+  done
+  echo "== lone ${SECONDS}s"
 fi
 echo "== done ${SECONDS}s"

@@ -35,12 +35,13 @@ int32_t test_device() {
     return d && *d ? int32_t(std::atoi(d)) : GPTOSS_DEVICE_CPU;
 }
 
-gptoss_model* load_tiny(uint32_t max_decode_batch) {
+gptoss_model* load_tiny(uint32_t max_decode_batch, int32_t batch_invariant = GPTOSS_BATCH_INVARIANT_ON) {
     const char* dir = std::getenv("GPTOSS_TINY_MODEL");
     REQUIRE_MESSAGE(dir != nullptr, "GPTOSS_TINY_MODEL is not set (run through ctest)");
     gptoss_model_params params = gptoss_model_default_params();
     params.device = test_device();
     params.max_decode_batch = max_decode_batch;
+    params.batch_invariant = batch_invariant;
     gptoss_model* model = nullptr;
     const gptoss_status status = gptoss_load(dir, &params, &model);
     INFO(std::string(gptoss_last_error()));
@@ -211,6 +212,41 @@ TEST_CASE("the batch cap comes from params.max_decode_batch or GPTOSS_DECODE_BAT
     CHECK(model == nullptr);
 }
 
+TEST_CASE("batch invariance comes from params.batch_invariant or GPTOSS_BATCH_INVARIANT, and bad values are named") {
+    bool on = false;
+    unsetenv("GPTOSS_BATCH_INVARIANT");
+    REQUIRE(gptoss::resolve_batch_invariant(0, &on) == GPTOSS_OK);
+    CHECK(on);  // on by default
+    REQUIRE(gptoss::resolve_batch_invariant(GPTOSS_BATCH_INVARIANT_OFF, &on) == GPTOSS_OK);
+    CHECK(!on);
+    setenv("GPTOSS_BATCH_INVARIANT", "0", 1);
+    REQUIRE(gptoss::resolve_batch_invariant(0, &on) == GPTOSS_OK);
+    CHECK(!on);
+    REQUIRE(gptoss::resolve_batch_invariant(GPTOSS_BATCH_INVARIANT_ON, &on) == GPTOSS_OK);
+    CHECK(on);  // the parameter wins
+    setenv("GPTOSS_BATCH_INVARIANT", "1", 1);
+    REQUIRE(gptoss::resolve_batch_invariant(0, &on) == GPTOSS_OK);
+    CHECK(on);
+    setenv("GPTOSS_BATCH_INVARIANT", "off", 1);
+    CHECK(gptoss::resolve_batch_invariant(0, &on) == GPTOSS_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(gptoss_last_error()).find("GPTOSS_BATCH_INVARIANT: \"off\"") != std::string::npos);
+    unsetenv("GPTOSS_BATCH_INVARIANT");
+    CHECK(gptoss::resolve_batch_invariant(3, &on) == GPTOSS_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(gptoss_last_error()).find("params.batch_invariant: 3") != std::string::npos);
+    CHECK(gptoss::resolve_batch_invariant(-1, &on) == GPTOSS_ERR_INVALID_ARGUMENT);
+
+    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
+    REQUIRE(dir != nullptr);
+    gptoss_model_params params = gptoss_model_default_params();
+    params.device = GPTOSS_DEVICE_CPU;
+    params.max_decode_batch = 4;
+    params.batch_invariant = 7;
+    gptoss_model* model = reinterpret_cast<gptoss_model*>(uintptr_t(1));
+    CHECK(gptoss_load(dir, &params, &model) == GPTOSS_ERR_INVALID_ARGUMENT);
+    CHECK(model == nullptr);
+    CHECK(std::string(gptoss_last_error()).find("batch_invariant") != std::string::npos);
+}
+
 TEST_CASE("8 sessions on 8 threads share decode steps and each gets exactly its tokens alone") {
     std::vector<Job> alone = mixed_jobs(8);
     // A stop token and a stop string taken from what the alone runs produce, so both fire.
@@ -320,6 +356,46 @@ TEST_CASE("a session reused after a short batched generation continues exactly l
     gptoss_model_free(model);
 }
 
+TEST_CASE("batch invariance off: a lone session decodes through its own decode path, as on a model without batching") {
+    // The oracle: a model without batching (max_decode_batch 1: session->decode, on CUDA the
+    // decode graph). With invariance off, a batching model running one session at a time takes
+    // the same path for every decode step, so the tokens are the same bits on any backend.
+    std::vector<Job> plain = mixed_jobs(6);
+    {
+        gptoss_model* model = load_tiny(1);
+        REQUIRE(model->batcher == nullptr);
+        gptoss_session* session = new_session(model);
+        for (Job& j : plain) run_job(session, &j);
+        gptoss_session_free(session);
+        gptoss_model_free(model);
+    }
+    gptoss_model* model = load_tiny(8, GPTOSS_BATCH_INVARIANT_OFF);
+    REQUIRE(model->batcher != nullptr);
+    CHECK(!model->batcher->invariant());
+    gptoss_session* session = new_session(model);
+    std::vector<Job> lone = plain;
+    for (Job& j : lone) run_job(session, &j);
+    check_same(plain, lone);
+    uint64_t steps = 0, tokens = 0, lone_steps = 0;
+    model->batcher->counters(&steps, &tokens, &lone_steps);
+    CHECK(steps > 0);
+    CHECK(lone_steps == steps);  // one session at a time: every decode step alone
+    CHECK(tokens == steps);
+    gptoss_session_free(session);
+
+    // Sessions together still share steps; the CPU's batched step equals its one-token path, so
+    // there the tokens are the same as well (on a GPU they may differ within bf16 rounding).
+    std::vector<Job> together = plain;
+    run_together(model, &together);
+    for (const Job& j : together) CHECK(j.status == GPTOSS_OK);
+    if (test_device() == GPTOSS_DEVICE_CPU) check_same(plain, together);
+    uint64_t steps2 = 0, tokens2 = 0, lone2 = 0;
+    model->batcher->counters(&steps2, &tokens2, &lone2);
+    INFO("steps " << steps2 - steps << ", lone " << lone2 - lone_steps << ", tokens " << tokens2 - tokens);
+    CHECK(tokens2 - tokens > steps2 - steps);  // some steps held more than one token
+    gptoss_model_free(model);
+}
+
 TEST_CASE("a bad request fails alone; the sessions beside it are untouched") {
     std::vector<Job> alone = mixed_jobs(4);
     run_alone(&alone);
@@ -344,7 +420,17 @@ namespace {
 class FakeSession final : public gptoss::BackendSession {
 public:
     FakeSession() : BackendSession(1) {}
-    gptoss_status forward(const int32_t*, uint32_t, uint32_t) override { return GPTOSS_OK; }
+    gptoss_status forward(const int32_t*, uint32_t n, uint32_t) override {
+        prefilled += n;
+        return GPTOSS_OK;
+    }
+    // Reached only through Backend::decode_batch's base version: a lone step, invariance off.
+    gptoss_status decode(int32_t token, uint32_t) override {
+        if (token < 0) return gptoss::fail(GPTOSS_ERR_DEVICE, "fake decode: token %d refused", int(token));
+        seen.push_back(token);
+        lone.push_back(token);
+        return GPTOSS_OK;
+    }
     gptoss_status get_logits(const float** out) override {
         *out = &logit_;
         return GPTOSS_OK;
@@ -352,6 +438,7 @@ public:
     gptoss_status save_sliding_snapshot() override { return GPTOSS_OK; }
     gptoss_status restore_sliding_snapshot() override { return GPTOSS_OK; }
     std::vector<int32_t> seen;  // tokens decoded, in order
+    std::vector<int32_t> lone;  // those of them decoded by decode() (a lone step)
     uint32_t prefilled = 0;     // prompt tokens run
 private:
     float logit_ = 0;
@@ -495,6 +582,63 @@ TEST_CASE("DecodeBatcher: rows_stable when every decoding session is in the step
     CHECK(prefiller.prefilled == 500);
     // Both sessions wait for each other (the gather window), so most of the 30+ steps hold both.
     CHECK(backend.stable_steps > 0);
+}
+
+TEST_CASE("DecodeBatcher, invariance off: a step of one decode token runs the session's own decode(), its "
+          "speculation dropped first; larger steps stay batched") {
+    FakeBackend backend;
+    gptoss::DecodeBatcher batcher(backend, 3, /*invariant=*/false);
+    // One session alone: every step is lone, the backend's batched step never runs.
+    FakeSession solo;
+    batcher.enter();
+    for (int i = 0; i < 5; i++) {
+        const int32_t token = 100 + i;
+        CHECK(batcher.run(&solo, &token, 1, uint32_t(i), false) == GPTOSS_OK);
+    }
+    const int32_t refused = -3;
+    CHECK(batcher.run(&solo, &refused, 1, 5, false) == GPTOSS_ERR_DEVICE);
+    CHECK(std::string(gptoss_last_error()) == "fake decode: token -3 refused");
+    batcher.leave(&solo);
+    CHECK(solo.lone == std::vector<int32_t>{100, 101, 102, 103, 104});
+    CHECK(backend.sizes.empty());
+    CHECK(backend.dropped.size() == 7);  // before each of the 6 lone steps, then at leave()
+    uint64_t steps = 0, tokens = 0, lone = 0;
+    batcher.counters(&steps, &tokens, &lone);
+    CHECK(steps == 6);
+    CHECK(lone == 6);
+
+    // Four threads, all inside their decode loops before the first token: steps of 2-3 tokens
+    // go to the backend, lone ones (a thread the gather window left behind, or the last one)
+    // to the session; every token is delivered once, in order.
+    constexpr int kThreads = 4, kSteps = 30;
+    std::vector<FakeSession> sessions(kThreads);
+    std::vector<std::thread> threads;
+    std::atomic<int> entered{0};
+    for (int t = 0; t < kThreads; t++)
+        threads.emplace_back([&, t] {
+            batcher.enter();
+            entered++;
+            while (entered.load() < kThreads) std::this_thread::yield();
+            for (int i = 0; i < kSteps; i++) {
+                const int32_t token = t * 1000 + i;
+                CHECK(batcher.run(&sessions[t], &token, 1, uint32_t(i), false) == GPTOSS_OK);
+            }
+            batcher.leave(&sessions[t]);
+        });
+    for (std::thread& t : threads) t.join();
+    size_t lone_tokens = 0;
+    for (int t = 0; t < kThreads; t++) {
+        CHECK(sessions[t].seen.size() == size_t(kSteps));
+        for (size_t i = 1; i < sessions[t].seen.size(); i++) CHECK(sessions[t].seen[i] > sessions[t].seen[i - 1]);
+        lone_tokens += sessions[t].lone.size();
+    }
+    for (uint32_t n : backend.sizes) CHECK(n >= 2);  // a single token never reaches the batched step
+    uint64_t steps2 = 0, tokens2 = 0, lone2 = 0;
+    batcher.counters(&steps2, &tokens2, &lone2);
+    CHECK(tokens2 - tokens == uint64_t(kThreads) * kSteps);
+    CHECK(lone2 - lone == lone_tokens);
+    CHECK(steps2 - steps == backend.sizes.size() + lone_tokens);
+    CHECK(!backend.sizes.empty());
 }
 
 int main(int argc, char** argv) {

@@ -22,6 +22,11 @@ out=$(timeout 120 "$bench" --device cpu --model "$model" --concurrency 1,3 -p 12
 check "--concurrency 1,3 finishes" "0" "$rc"
 check "--concurrency 1,3 rows" "| 1 | 4 ;| 3 | 12 ;" \
     "$(grep -oE '^\| +[0-9]+ \| +[0-9]+ ' <<< "$out" | tr -s ' ' | tr '\n' ';')"
+out=$(timeout 120 "$bench" --device cpu --model "$model" --concurrency 2 -p 12 -n 4 --batch-invariant off 2>/dev/null); rc=$?
+check "--batch-invariant off finishes" "0" "$rc"
+check "--batch-invariant off says so" "1" "$(grep -c 'max_decode_batch 2 (batch invariance off)' <<< "$out")"
+out=$(timeout 20 "$bench" --device cpu --model "$model" --concurrency 2 --batch-invariant maybe 2>&1); rc=$?
+check "--batch-invariant maybe is refused" "1" "$(grep -c 'expected on or off, found \"maybe\"' <<< "$out")"
 # --host-moe (the CPU experts of issue 16, tools/bench-host-moe.h): a wrong shape is refused.
 out=$(timeout 20 "$bench" --host-moe 7b 2>&1); rc=$?
 check "--host-moe 7b exits 2" "2" "$rc"

@@ -102,8 +102,14 @@ wait "$main_pid" || rc=$?
 [ "$rc" = 0 ] || fail "exit status $rc after SIGTERM"
 grep -q "stopping" "$work/main.log" || fail "no shutdown message"
 
-# --- a full queue: 503 ---------------------------------------------------------------------------
-start busy --parallel 1 --queue 1
+# --- a bad flag value: a usage error naming it ---------------------------------------------------
+rc=0
+"$server" --model "$model" --device cpu --batch-invariant maybe 2>"$work/flag.log" || rc=$?
+[ "$rc" = 2 ] && grep -q -- '--batch-invariant: expected on or off, found "maybe"' "$work/flag.log" ||
+    fail "--batch-invariant maybe: exit $rc, $(cat "$work/flag.log")"
+
+# --- a full queue: 503 (batch invariance off: a lone request on its own decode path) ---------------
+start busy --parallel 1 --queue 1 --decode-batch 2 --batch-invariant off
 long='{"messages":[{"role":"user","content":"go on"}],"max_tokens":100000,"stream":true}'
 curl -sS -N "$url/v1/chat/completions" -d "$long" >/dev/null 2>&1 &
 c1=$!

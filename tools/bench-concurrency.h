@@ -137,8 +137,9 @@ inline int run(gptoss_model* model, const std::string& what, const std::vector<u
     int failures = 0;
     for (const Row& r : rows) failures += r.failures;
     if (json) {
-        std::printf("{\"model\": \"%s\", \"max_decode_batch\": %u, \"prompt\": %u, \"gen\": %u, \"concurrency\": [\n",
-                    what.c_str(), cap, prompt_len, gen);
+        std::printf("{\"model\": \"%s\", \"max_decode_batch\": %u, \"batch_invariant\": %s, \"prompt\": %u, \"gen\": %u, "
+                    "\"concurrency\": [\n",
+                    what.c_str(), cap, model->batcher && !model->batcher->invariant() ? "false" : "true", prompt_len, gen);
         for (size_t i = 0; i < rows.size(); i++) {
             const Row& r = rows[i];
             std::printf("  {\"streams\": %u, \"tokens\": %llu, \"wall_s\": %.3f, \"tok_s\": %.2f, \"decode_tok_s\": %.2f, "
@@ -151,8 +152,8 @@ inline int run(gptoss_model* model, const std::string& what, const std::vector<u
         std::printf("]}\n");
         return failures == 0 ? 0 : 1;
     }
-    std::printf("model: %s   max_decode_batch %u   prompt %u tokens, %u generated per stream\n", what.c_str(), cap,
-                prompt_len, gen);
+    std::printf("model: %s   max_decode_batch %u%s   prompt %u tokens, %u generated per stream\n", what.c_str(), cap,
+                model->batcher && !model->batcher->invariant() ? " (batch invariance off)" : "", prompt_len, gen);
     std::printf("\n| streams | tokens | wall s  | tok/s    | decode tok/s | per-stream tok/s | TTFT p50 ms | TTFT p99 ms | mean batch |\n");
     std::printf("|---------|--------|---------|----------|--------------|------------------|-------------|-------------|------------|\n");
     for (const Row& r : rows)

@@ -279,10 +279,11 @@ int run_cpu(const std::string& model_dir, const std::vector<uint32_t>& pp, const
 }
 
 // --concurrency: a model from --model DIR (gptoss_load on `device`) or, on a GPU, --synthetic
-// weights wrapped in a model; its decode batch cap is `decode_batch` (0: the largest count).
+// weights wrapped in a model; its decode batch cap is `decode_batch` (0: the largest count), its
+// batch invariance `batch_invariant` (gptoss_model_params.batch_invariant).
 int run_concurrency(const std::string& model_dir, const std::string& synthetic, int32_t device, uint32_t layers,
-                    const std::vector<uint32_t>& counts, uint32_t decode_batch, uint32_t prompt_len, uint32_t gen,
-                    bool json) {
+                    const std::vector<uint32_t>& counts, uint32_t decode_batch, int32_t batch_invariant,
+                    uint32_t prompt_len, uint32_t gen, bool json) {
     using namespace gptoss;
     const uint32_t cap = decode_batch ? decode_batch : *std::max_element(counts.begin(), counts.end());
     gptoss_model* model = nullptr;
@@ -291,6 +292,7 @@ int run_concurrency(const std::string& model_dir, const std::string& synthetic, 
         gptoss_model_params_init(&mp, sizeof mp);
         mp.device = device;
         mp.max_decode_batch = cap;
+        mp.batch_invariant = batch_invariant;
         check(gptoss_load(model_dir.c_str(), &mp, &model), "loading the model");
     } else {
 #ifdef GPTOSS_HAVE_CUDA
@@ -306,7 +308,9 @@ int run_concurrency(const std::string& model_dir, const std::string& synthetic, 
         model->checkpoint->config = config;
         model->backend = std::move(backend);
         model->name = "synthetic";
-        if (cap > 1) model->batcher.reset(new DecodeBatcher(*model->backend, cap));
+        bool invariant = true;
+        check(resolve_batch_invariant(batch_invariant, &invariant), "--batch-invariant");
+        if (cap > 1) model->batcher.reset(new DecodeBatcher(*model->backend, cap, invariant));
 #else
         (void)layers;
         die("--synthetic needs the CUDA backend");
@@ -400,6 +404,7 @@ struct BenchArgs {
     std::vector<uint32_t> ttft, concurrency;
     uint32_t ttft_max_batch = 0;  // --max-batch: the --ttft sessions' max_batch (0: the library's default)
     uint32_t decode_batch = 0;
+    int32_t batch_invariant = 0;  // --batch-invariant on|off (0: the library's default)
     uint32_t tg = 128, reps = 3, layers = 0;
     bool json = false, profile = false, gemm_probe = true, no_collectives = false;
     gptoss::OffloadRequest offload;  // --n-cpu-moe, --gpu-memory
@@ -410,13 +415,15 @@ void print_usage() {
         "usage: gptoss-bench (--model DIR | --synthetic 20b|120b) [--device N|cpu] [--devices 0,1] [-p 512,2048] [-n 128]\n"
         "                    [-d 0,8192] [-r REPS] [--layers N] [--ttft 8192,32768,131000 [--max-batch N]] [--profile] [--json]\n"
         "                    [--no-gemm-probe] [--json-schema FILE --tokenizer DIR] [--no-collectives]\n"
-        "                    [--concurrency 1,8,32,64 [--decode-batch N]] [--n-cpu-moe N|auto [--gpu-memory 24G]]\n"
+        "                    [--concurrency 1,8,32,64 [--decode-batch N] [--batch-invariant on|off]]\n"
+        "                    [--n-cpu-moe N|auto [--gpu-memory 24G]]\n"
         "       gptoss-bench --host-moe 20b|120b [--json]   (CPU only: host MXFP4 experts vs the host read floor)\n"
         "       gptoss-bench --host-moe-sweep 20b|120b      (CPU only: the host experts' splits, prefetch, pages, pool sizes)\n"
         "Prints pp (prefill) and tg (decode) throughput at each context depth, with GB/s and %% of the\n"
         "bandwidth floor (decode) or TFLOP/s and %% of the measured bf16 tensor-core rate (prefill).\n"
         "--concurrency: N streams at once through gptoss_generate (prompt -p's first value, -n tokens\n"
-        "each), decode steps batched up to --decode-batch sessions (default the largest N; 1 = off).\n"
+        "each), decode steps batched up to --decode-batch sessions (default the largest N; 1 = off);\n"
+        "--batch-invariant off: a step of one stream runs its one-token decode path (gptoss.h).\n"
         "--max-batch: prompt tokens per forward of the --ttft sessions (default: the library's choice).\n");
 }
 
@@ -448,6 +455,11 @@ BenchArgs parse_args(int argc, char** argv) {
         else if (a == "--max-batch") b.ttft_max_batch = uint32_t(std::atoi(value()));
         else if (a == "--concurrency") b.concurrency = parse_list(value());
         else if (a == "--decode-batch") b.decode_batch = uint32_t(std::atoi(value()));
+        else if (a == "--batch-invariant") {
+            const std::string v = value();
+            if (v != "on" && v != "off") die("--batch-invariant: expected on or off, found \"%s\"", v.c_str());
+            b.batch_invariant = v == "on" ? GPTOSS_BATCH_INVARIANT_ON : GPTOSS_BATCH_INVARIANT_OFF;
+        }
         else if (a == "--json") b.json = true;
         else if (a == "--profile") b.profile = true;
         else if (a == "--no-gemm-probe") b.gemm_probe = false;
@@ -796,7 +808,7 @@ int main(int argc, char** argv) {
     if (a.schema_file.empty() != a.tokenizer_dir.empty()) die("--json-schema and --tokenizer go together");
     if (!a.concurrency.empty())
         return run_concurrency(a.model_dir, a.synthetic, a.device, a.layers, a.concurrency, a.decode_batch,
-                               a.pp.empty() ? 512 : a.pp[0], a.tg, a.json);
+                               a.batch_invariant, a.pp.empty() ? 512 : a.pp[0], a.tg, a.json);
     if (a.device == GPTOSS_DEVICE_CPU) return run_cpu(a.model_dir, a.pp, a.depths, a.tg, a.reps, a.json);
 #ifndef GPTOSS_HAVE_CUDA
     (void)&run_tg_t1; (void)&load_schema_bench;

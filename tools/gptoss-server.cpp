@@ -57,6 +57,7 @@ struct Options {
     int port = 8080;
     uint32_t parallel = 1;
     uint32_t decode_batch = 0;  // 0: --parallel
+    int32_t batch_invariant = 0;  // gptoss_model_params.batch_invariant (0: $GPTOSS_BATCH_INVARIANT, else on)
     uint32_t ctx = 0;
     std::string api_key;
     uint32_t queue = 32;
@@ -75,6 +76,11 @@ void usage(FILE* out) {
         "      --port N          port (default 8080; 0 picks a free one)\n"
         "      --parallel N      sessions, i.e. requests generating at once (default 1)\n"
         "      --decode-batch N  sessions that share one decode step (default: --parallel; 1: off)\n"
+        "      --batch-invariant on|off\n"
+        "                        on (default): a request's tokens never depend on which others share\n"
+        "                        its decode steps; off: a request decoding alone takes the one-token\n"
+        "                        decode path, faster on a GPU, and its tokens may then differ within\n"
+        "                        bf16 rounding from a run beside others\n"
         "      --ctx N           context length of each session in tokens (default: the model's)\n"
         "      --queue N         requests that may wait for a session; more get 503 (default 32)\n"
         "      --api-key KEY     require \"Authorization: Bearer KEY\" (default $GPTOSS_API_KEY,\n"
@@ -125,6 +131,11 @@ Options parse_args(int argc, char** argv) {
         }
         else if (arg == "--parallel") number(1, &o.parallel);
         else if (arg == "--decode-batch") number(1, &o.decode_batch);
+        else if (arg == "--batch-invariant") {
+            const std::string v = next();
+            if (v != "on" && v != "off") usage_error(kProgram, "--batch-invariant: expected on or off, found \"%s\"", v.c_str());
+            o.batch_invariant = v == "on" ? GPTOSS_BATCH_INVARIANT_ON : GPTOSS_BATCH_INVARIANT_OFF;
+        }
         else if (arg == "--ctx") number(0, &o.ctx);
         else if (arg == "--queue") number(0, &o.queue);
         else if (arg == "--api-key") o.api_key = next();
@@ -543,6 +554,7 @@ static gptoss_model* load_model(const Options& o, gptoss_model_info* info) {
     gptoss_model_params mp = gptoss_model_default_params();
     mp.device = o.device;
     mp.max_decode_batch = std::min<uint32_t>(o.decode_batch ? o.decode_batch : o.parallel, 1024);
+    mp.batch_invariant = o.batch_invariant;
     gptoss_model* model = nullptr;
     if (gptoss_load(o.model_dir.c_str(), &mp, &model) != GPTOSS_OK) {
         std::fprintf(stderr, "%s: cannot load the model from %s: %s\n", kProgram, o.model_dir.c_str(), gptoss_last_error());

@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
     FIELD(gptoss_model_params, n_cpu_moe);
     FIELD(gptoss_model_params, gpu_memory_budget);
     FIELD(gptoss_model_params, fit_context);
+    FIELD(gptoss_model_params, batch_invariant);
     end();
 
     BEGIN(gptoss_model_info);

@@ -31,7 +31,7 @@ func structLayouts() map[string]uintptr {
 		"max_decode_batch": unsafe.Offsetof(mp.max_decode_batch),
 		"devices": unsafe.Offsetof(mp.devices), "n_devices": unsafe.Offsetof(mp.n_devices),
 		"n_cpu_moe": unsafe.Offsetof(mp.n_cpu_moe), "gpu_memory_budget": unsafe.Offsetof(mp.gpu_memory_budget),
-		"fit_context": unsafe.Offsetof(mp.fit_context)})
+		"fit_context": unsafe.Offsetof(mp.fit_context), "batch_invariant": unsafe.Offsetof(mp.batch_invariant)})
 	var mi C.gptoss_model_info
 	add("gptoss_model_info", unsafe.Sizeof(mi), unsafe.Alignof(mi), map[string]uintptr{
 		"struct_size": unsafe.Offsetof(mi.struct_size), "name": unsafe.Offsetof(mi.name),

@@ -33,7 +33,8 @@ class ModelParams(Structure):
     _fields_ = [("struct_size", c_uint32), ("device", c_int32), ("progress", PROGRESS_FN),
                 ("progress_user_data", c_void_p), ("max_decode_batch", c_uint32),
                 ("devices", POINTER(c_int32)), ("n_devices", c_size_t),
-                ("n_cpu_moe", c_int32), ("gpu_memory_budget", c_uint64), ("fit_context", c_uint32)]
+                ("n_cpu_moe", c_int32), ("gpu_memory_budget", c_uint64), ("fit_context", c_uint32),
+                ("batch_invariant", c_int32)]
 
 
 class ModelInfo(Structure):

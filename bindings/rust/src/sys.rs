@@ -101,6 +101,7 @@ pub struct gptoss_model_params {
     pub n_cpu_moe: i32,
     pub gpu_memory_budget: u64,
     pub fit_context: u32,
+    pub batch_invariant: i32,
 }
 
 /// `gptoss_model_params.n_cpu_moe`: choose the split from the GPU memory budget.

@@ -46,7 +46,8 @@ fn every_struct_mirror_matches_the_c_layout() {
             n_devices,
             n_cpu_moe,
             gpu_memory_budget,
-            fit_context
+            fit_context,
+            batch_invariant
         }
     );
     layout!(

@@ -223,6 +223,11 @@ gptoss_status parse_rope(const std::string& path, simdjson::dom::object rope, Co
     return GPTOSS_OK;
 }
 
+// The most layers a config may declare: gpt-oss has 24 (20b) and 36 (120b). The bound comes
+// before anything sized by the layer count (the default layer_types, the per-layer tensor
+// lists): a config that claimed 2e9 layers looped for minutes (fuzz-config).
+constexpr uint32_t kMaxLayers = 1024;
+
 gptoss_status check_config(const std::string& path, const Config& c) {
     const struct { const char* field; uint32_t value; } positive[] = {
         {"num_hidden_layers", c.n_layers},     {"num_local_experts", c.n_experts},
@@ -234,6 +239,9 @@ gptoss_status check_config(const std::string& path, const Config& c) {
     };
     for (const auto& p : positive)
         if (p.value == 0) return fail(GPTOSS_ERR_FORMAT, "%s: field %s is 0, expected > 0", path.c_str(), p.field);
+    if (c.n_layers > kMaxLayers)
+        return fail(GPTOSS_ERR_FORMAT, "%s: field num_hidden_layers is %u, expected at most %u", path.c_str(),
+                    c.n_layers, kMaxLayers);
     if (c.hidden % 32 != 0)
         return fail(GPTOSS_ERR_FORMAT, "%s: field hidden_size is %u, expected a multiple of 32 (MXFP4 blocks)",
                     path.c_str(), c.hidden);
@@ -349,8 +357,8 @@ gptoss_status parse_config_json(const std::string& path, const char* json, size_
     GPTOSS_TRY(get_float(path, obj, "swiglu_limit", &c.swiglu_limit));
 
     GPTOSS_TRY(parse_rope_field(path, obj, &c));
+    GPTOSS_TRY(check_config(path, c));  // first: it bounds the layer count
     GPTOSS_TRY(parse_layer_types(path, obj, &c));
-    GPTOSS_TRY(check_config(path, c));
 
     // End-of-sequence ids: config.json first, then generation_config.json (load_config).
     GPTOSS_TRY(read_eos(path, obj, &c.eos_token_ids));

@@ -73,6 +73,23 @@ TEST_CASE("fuzz-config: a control character in layer_types is escaped in the mes
     CHECK(message.find("\"full_\\x01attention\"") != std::string::npos);
 }
 
+// fuzz-config (timeout): "num_hidden_layers": 20e8 and no layer_types built the default
+// alternating pattern of 2e9 layers (minutes; the loader would then size per-layer lists by it).
+// Fix: check_config bounds the count (kMaxLayers, 1024) before anything is sized by it.
+TEST_CASE("fuzz-config: two billion layers are refused at once, naming the field") {
+    const std::string json = R"({"num_hidden_layers": 20e8, "num_local_experts": 32, "hidden_size": 2880,
+        "intermediate_size": 2880, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+        "vocab_size": 201088, "sliding_window": 128, "max_position_embeddings": 131, "experts_per_token": 4})";
+    gptoss::Config c;
+    REQUIRE(gptoss::parse_config_json("config.json", json.data(), json.size(), &c) == GPTOSS_ERR_FORMAT);
+    CHECK(last_error() == "config.json: field num_hidden_layers is 2000000000, expected at most 1024");
+    const std::string ok = R"({"num_hidden_layers": 1024, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "vocab_size": 1000, "sliding_window": 128, "max_position_embeddings": 4096})";
+    REQUIRE(gptoss::parse_config_json("config.json", ok.data(), ok.size(), &c) == GPTOSS_OK);
+    CHECK(c.layer_sliding.size() == 1024);
+}
+
 TEST_CASE("fuzz-safetensors: a tensor name with DEL or a tab is escaped in the message") {
     // The name as JSON text, and as the message must show it.
     const std::vector<std::pair<std::string, std::string>> names = {{"\x7f_metadata__", "\\x7f_metadata__"},

@@ -167,7 +167,8 @@ void DecodeBatcher::counters(uint64_t* steps, uint64_t* tokens, uint64_t* lone_s
 // single decode token), each item on its own session (Backend::decode_batch's base version: the
 // decode token through session->decode(), a prompt chunk through forward(), as the CUDA step
 // runs chunks anyway). The lone session's part of an earlier step's speculative forward is
-// dropped first: that forward may still be writing the K/V of the position decode() writes.
+// dropped first: decode() now writes that position itself, so no later batched step may take
+// the speculation's row for it (on the GPU the session's stream already runs after that forward).
 static void run_step(Backend& backend, DecodeItem* const* items, uint32_t n, bool rows_stable, bool lone) {
     if (!lone) {
         backend.decode_batch(items, n, rows_stable);

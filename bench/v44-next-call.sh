@@ -21,7 +21,10 @@
 # alternating, two rounds, `--concurrency 1,2,8 -p 512 -n 256 --decode-batch 8`: does one stream on
 # a batching model reach the decode graph's rate with it off (tg128 @ 0 of the ab phase: 717-726),
 # and are 2 / 8 streams unchanged? (test-batch-gpu in the tests phase runs the new exactness case.)
-# Suggested: PHASES="tests stamps" first, then PHASES="ab lone" on the warm machine.
+# gap (v45, not in the default; ~40 s): tg128 at depths 0 / 8 192 with --decode-gap: the "tg128 nosync"
+# row (no sampling between steps) against tg128 is the host round trip per token, i.e. what feeding
+# the sampled token to the next decode step on the device could save (bench/NOTES.md "v45").
+# Suggested: PHASES="tests stamps" first, then PHASES="ab lone gap" on the warm machine.
 # From the repository root on the GPU machine with OUT set, after ../shared/device/carry-deps.sh and
 # tools/fetch-tokenizer.sh (carry .deps and .tokenizer):
 #   OUT=$OUT [PHASES="..."] bash bench/v44-next-call.sh
@@ -70,5 +73,10 @@ if [[ " $PHASES " == *" lone "* ]]; then
     done
   done
   echo "== lone ${SECONDS}s"
+fi
+if [[ " $PHASES " == *" gap "* ]]; then
+  timeout 120 ./build-gpu/gptoss-bench --synthetic 20b --no-gemm-probe -p 0 -n 128 -d 0,8192 -r 3 --decode-gap 2>&1 |
+    grep -E '^\| tg'
+  echo "== gap ${SECONDS}s"
 fi
 echo "== done ${SECONDS}s"

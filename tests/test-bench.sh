@@ -27,6 +27,9 @@ check "--batch-invariant off finishes" "0" "$rc"
 check "--batch-invariant off says so" "1" "$(grep -c 'max_decode_batch 2 (batch invariance off)' <<< "$out")"
 out=$(timeout 20 "$bench" --device cpu --model "$model" --concurrency 2 --batch-invariant maybe 2>&1); rc=$?
 check "--batch-invariant maybe is refused" "1" "$(grep -c 'expected on or off, found \"maybe\"' <<< "$out")"
+out=$(timeout 20 "$bench" --device cpu --model "$model" -p 0 -n 2 --decode-gap 2>&1); rc=$?
+check "--decode-gap on the CPU exits 2" "2" "$rc"
+check "--decode-gap on the CPU says why" "1" "$(grep -c 'decode-gap needs a GPU' <<< "$out")"
 # --host-moe (the CPU experts of issue 16, tools/bench-host-moe.h): a wrong shape is refused.
 out=$(timeout 20 "$bench" --host-moe 7b 2>&1); rc=$?
 check "--host-moe 7b exits 2" "2" "$rc"

@@ -407,6 +407,7 @@ struct BenchArgs {
     int32_t batch_invariant = 0;  // --batch-invariant on|off (0: the library's default)
     uint32_t tg = 128, reps = 3, layers = 0;
     bool json = false, profile = false, gemm_probe = true, no_collectives = false;
+    bool decode_gap = false;  // --decode-gap: a "tgN nosync" row after each tg row (bench_decode_gap)
     gptoss::OffloadRequest offload;  // --n-cpu-moe, --gpu-memory
 };
 
@@ -414,7 +415,7 @@ void print_usage() {
     std::printf(
         "usage: gptoss-bench (--model DIR | --synthetic 20b|120b) [--device N|cpu] [--devices 0,1] [-p 512,2048] [-n 128]\n"
         "                    [-d 0,8192] [-r REPS] [--layers N] [--ttft 8192,32768,131000 [--max-batch N]] [--profile] [--json]\n"
-        "                    [--no-gemm-probe] [--json-schema FILE --tokenizer DIR] [--no-collectives]\n"
+        "                    [--no-gemm-probe] [--decode-gap] [--json-schema FILE --tokenizer DIR] [--no-collectives]\n"
         "                    [--concurrency 1,8,32,64 [--decode-batch N] [--batch-invariant on|off]]\n"
         "                    [--n-cpu-moe N|auto [--gpu-memory 24G]]\n"
         "       gptoss-bench --host-moe 20b|120b [--json]   (CPU only: host MXFP4 experts vs the host read floor)\n"
@@ -424,7 +425,9 @@ void print_usage() {
         "--concurrency: N streams at once through gptoss_generate (prompt -p's first value, -n tokens\n"
         "each), decode steps batched up to --decode-batch sessions (default the largest N; 1 = off);\n"
         "--batch-invariant off: a step of one stream runs its one-token decode path (gptoss.h).\n"
-        "--max-batch: prompt tokens per forward of the --ttft sessions (default: the library's choice).\n");
+        "--max-batch: prompt tokens per forward of the --ttft sessions (default: the library's choice).\n"
+        "--decode-gap (GPU): after each tg row a \"tgN nosync\" row, the same steps with no sampling between\n"
+        "them: the host round trip between two decode steps is the difference.\n");
 }
 
 BenchArgs parse_args(int argc, char** argv) {
@@ -463,6 +466,7 @@ BenchArgs parse_args(int argc, char** argv) {
         else if (a == "--json") b.json = true;
         else if (a == "--profile") b.profile = true;
         else if (a == "--no-gemm-probe") b.gemm_probe = false;
+        else if (a == "--decode-gap") b.decode_gap = true;
         else if (a == "--json-schema") b.schema_file = value();
         else if (a == "--tokenizer") b.tokenizer_dir = value();
         else if (a == "--host-moe") b.host_moe = value();  // CPU experts of issue 16 (tools/bench-host-moe.h)
@@ -613,6 +617,28 @@ void bench_decode(gptoss::BackendSession& session, const std::vector<int32_t>& t
         add_result(rep, Result{"tg" + std::to_string(tg) + (mask ? " T=1 json" : " T=1"), depth, tg, msm / tg,
                                tg / (msm / 1e3), 0, 0, 0, 0});
     }
+}
+
+// --decode-gap: the tg loop again with no sample() between the steps (the same token fed at every
+// position, one sample at the end to wait), so the GPU runs the decode steps back to back. Its
+// ms per token against the tg row's is what the host round trip between two steps costs (the
+// sampler's launch, the 4-byte copy and wait, the host's work and the next step's launch): the
+// most that feeding the sampled token to the next step on the device could save. Row "tgN
+// nosync"; diagnostic only (the K/V it writes is of no real sequence).
+void bench_decode_gap(gptoss::BackendSession& session, const std::vector<int32_t>& tokens, uint32_t depth,
+                      const BenchArgs& a, Report* rep) {
+    const gptoss::SamplingConfig greedy{0.0f, 1.0f, 0};
+    std::vector<double> t;
+    for (uint32_t r = 0; r < a.reps; ++r) {
+        int32_t tok = tokens[depth];
+        const double t0 = now_ms();
+        for (uint32_t i = 0; i < a.tg; ++i) check(session.decode(tok, depth + i), "decode");
+        check(session.sample(greedy, 0.0, &tok), "decode");
+        t.push_back(now_ms() - t0);
+    }
+    const double ms = bench_concurrency::percentile(t, 0.5);
+    add_result(rep, Result{"tg" + std::to_string(a.tg) + " nosync", depth, a.tg, ms / a.tg, a.tg / (ms / 1e3), 0, 0,
+                           0, 0});
 }
 
 // Sampling latency per call on the last logits (host-timed: launches + the 4-byte copy).
@@ -779,6 +805,7 @@ int run_gpu(const BenchArgs& a) {
         check(cuda::synchronize(session.get()), "filling the context");
         bench_prefill(*session, tokens, depth, a, &rep);
         if (a.tg) bench_decode(*session, tokens, depth, a, &sb, &rep);
+        if (a.tg && a.decode_gap) bench_decode_gap(*session, tokens, depth, a, &rep);
     }
     rep.sample_us = sampling_latency(*session);
     if (a.profile) rep.profiles = collect_profiles(*session, tokens, max_pp, max_depth);
@@ -809,6 +836,8 @@ int main(int argc, char** argv) {
     if (!a.concurrency.empty())
         return run_concurrency(a.model_dir, a.synthetic, a.device, a.layers, a.concurrency, a.decode_batch,
                                a.batch_invariant, a.pp.empty() ? 512 : a.pp[0], a.tg, a.json);
+    if (a.device == GPTOSS_DEVICE_CPU && a.decode_gap)
+        die("--decode-gap needs a GPU (the CPU decodes in the host's thread)");
     if (a.device == GPTOSS_DEVICE_CPU) return run_cpu(a.model_dir, a.pp, a.depths, a.tg, a.reps, a.json);
 #ifndef GPTOSS_HAVE_CUDA
     (void)&run_tg_t1; (void)&load_schema_bench;

@@ -181,11 +181,12 @@ typedef struct gptoss_model_params {
     // order at every batch size), so the same arguments and seed always give the same tokens.
     // GPTOSS_BATCH_INVARIANT_OFF: a step whose only decode token is one session's runs that
     // session's own one-token decode path instead (on CUDA the decode graph, as on a model
-    // without batching; bench/NOTES.md "v45" has the speeds), so a lone stream on a batching
-    // model decodes as fast as on a model without batching. Its tokens can then differ (within
-    // bf16 rounding: near-ties of greedy, sampled tokens after them) between a run alone and a
-    // run where other sessions shared some of its steps. Steps of two or more sessions, prompt
-    // chunks and the CPU backend (whose steps equal its one-token path) are unchanged.
+    // without batching, which is faster than the batched kernels at one token; bench/NOTES.md
+    // "v30", "v45"), so a lone stream on a batching model runs the same path as on a model
+    // without batching. Its tokens can then differ (within bf16 rounding: near-ties of greedy,
+    // sampled tokens after them) between a run alone and a run where other sessions shared some
+    // of its steps. Steps of two or more sessions, prompt chunks and the CPU backend (whose
+    // steps equal its one-token path) are unchanged.
     // 0 (the default): the environment variable GPTOSS_BATCH_INVARIANT ("1" on, "0" off) if
     // set, else on. Another value, here or in the variable: GPTOSS_ERR_INVALID_ARGUMENT.
     int32_t            batch_invariant;

@@ -49,6 +49,17 @@ gptoss_model* load_tiny(uint32_t max_decode_batch, int32_t batch_invariant = GPT
     return model;
 }
 
+// gptoss_load of the tiny checkpoint on the CPU with `params` fails with INVALID_ARGUMENT and
+// leaves *model_out null.
+void check_load_refused(gptoss_model_params params) {
+    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
+    REQUIRE(dir != nullptr);
+    params.device = GPTOSS_DEVICE_CPU;
+    gptoss_model* model = reinterpret_cast<gptoss_model*>(uintptr_t(1));
+    CHECK(gptoss_load(dir, &params, &model) == GPTOSS_ERR_INVALID_ARGUMENT);
+    CHECK(model == nullptr);
+}
+
 gptoss_session* new_session(gptoss_model* model) {
     gptoss_session_params params = gptoss_session_default_params();
     params.max_context = 512;
@@ -202,14 +213,9 @@ TEST_CASE("the batch cap comes from params.max_decode_batch or GPTOSS_DECODE_BAT
     CHECK(gptoss::resolve_max_decode_batch(5000, &n) == GPTOSS_ERR_INVALID_ARGUMENT);
     CHECK(std::string(gptoss_last_error()).find("max_decode_batch") != std::string::npos);
 
-    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
-    REQUIRE(dir != nullptr);
     gptoss_model_params params = gptoss_model_default_params();
-    params.device = GPTOSS_DEVICE_CPU;
     params.max_decode_batch = 5000;
-    gptoss_model* model = reinterpret_cast<gptoss_model*>(uintptr_t(1));
-    CHECK(gptoss_load(dir, &params, &model) == GPTOSS_ERR_INVALID_ARGUMENT);
-    CHECK(model == nullptr);
+    check_load_refused(params);
 }
 
 TEST_CASE("batch invariance comes from params.batch_invariant or GPTOSS_BATCH_INVARIANT, and bad values are named") {
@@ -235,15 +241,10 @@ TEST_CASE("batch invariance comes from params.batch_invariant or GPTOSS_BATCH_IN
     CHECK(std::string(gptoss_last_error()).find("params.batch_invariant: 3") != std::string::npos);
     CHECK(gptoss::resolve_batch_invariant(-1, &on) == GPTOSS_ERR_INVALID_ARGUMENT);
 
-    const char* dir = std::getenv("GPTOSS_TINY_MODEL");
-    REQUIRE(dir != nullptr);
     gptoss_model_params params = gptoss_model_default_params();
-    params.device = GPTOSS_DEVICE_CPU;
     params.max_decode_batch = 4;
     params.batch_invariant = 7;
-    gptoss_model* model = reinterpret_cast<gptoss_model*>(uintptr_t(1));
-    CHECK(gptoss_load(dir, &params, &model) == GPTOSS_ERR_INVALID_ARGUMENT);
-    CHECK(model == nullptr);
+    check_load_refused(params);
     CHECK(std::string(gptoss_last_error()).find("batch_invariant") != std::string::npos);
 }
 

@@ -136,10 +136,11 @@ inline int run(gptoss_model* model, const std::string& what, const std::vector<u
     }
     int failures = 0;
     for (const Row& r : rows) failures += r.failures;
+    const bool invariant = !model->batcher || model->batcher->invariant();
     if (json) {
         std::printf("{\"model\": \"%s\", \"max_decode_batch\": %u, \"batch_invariant\": %s, \"prompt\": %u, \"gen\": %u, "
                     "\"concurrency\": [\n",
-                    what.c_str(), cap, model->batcher && !model->batcher->invariant() ? "false" : "true", prompt_len, gen);
+                    what.c_str(), cap, invariant ? "true" : "false", prompt_len, gen);
         for (size_t i = 0; i < rows.size(); i++) {
             const Row& r = rows[i];
             std::printf("  {\"streams\": %u, \"tokens\": %llu, \"wall_s\": %.3f, \"tok_s\": %.2f, \"decode_tok_s\": %.2f, "
@@ -153,7 +154,7 @@ inline int run(gptoss_model* model, const std::string& what, const std::vector<u
         return failures == 0 ? 0 : 1;
     }
     std::printf("model: %s   max_decode_batch %u%s   prompt %u tokens, %u generated per stream\n", what.c_str(), cap,
-                model->batcher && !model->batcher->invariant() ? " (batch invariance off)" : "", prompt_len, gen);
+                invariant ? "" : " (batch invariance off)", prompt_len, gen);
     std::printf("\n| streams | tokens | wall s  | tok/s    | decode tok/s | per-stream tok/s | TTFT p50 ms | TTFT p99 ms | mean batch |\n");
     std::printf("|---------|--------|---------|----------|--------------|------------------|-------------|-------------|------------|\n");
     for (const Row& r : rows)

@@ -73,6 +73,13 @@ inline bool parse_cpu_moe(const std::string& s, int32_t* out) {
     return true;
 }
 
+// "on" or "off" → gptoss_model_params.batch_invariant (GPTOSS_BATCH_INVARIANT_ON / _OFF).
+inline bool parse_batch_invariant(const std::string& s, int32_t* out) {
+    if (s != "on" && s != "off") return false;
+    *out = s == "on" ? GPTOSS_BATCH_INVARIANT_ON : GPTOSS_BATCH_INVARIANT_OFF;
+    return true;
+}
+
 // Bytes: digits with an optional binary suffix K, M, G or T (24G = 24 GiB) → *out.
 inline bool parse_bytes(const std::string& s, uint64_t* out) {
     if (s.empty()) return false;

@@ -460,8 +460,8 @@ BenchArgs parse_args(int argc, char** argv) {
         else if (a == "--decode-batch") b.decode_batch = uint32_t(std::atoi(value()));
         else if (a == "--batch-invariant") {
             const std::string v = value();
-            if (v != "on" && v != "off") die("--batch-invariant: expected on or off, found \"%s\"", v.c_str());
-            b.batch_invariant = v == "on" ? GPTOSS_BATCH_INVARIANT_ON : GPTOSS_BATCH_INVARIANT_OFF;
+            if (!gptoss::cli::parse_batch_invariant(v, &b.batch_invariant))
+                die("--batch-invariant: expected on or off, found \"%s\"", v.c_str());
         }
         else if (a == "--json") b.json = true;
         else if (a == "--profile") b.profile = true;

@@ -133,8 +133,8 @@ Options parse_args(int argc, char** argv) {
         else if (arg == "--decode-batch") number(1, &o.decode_batch);
         else if (arg == "--batch-invariant") {
             const std::string v = next();
-            if (v != "on" && v != "off") usage_error(kProgram, "--batch-invariant: expected on or off, found \"%s\"", v.c_str());
-            o.batch_invariant = v == "on" ? GPTOSS_BATCH_INVARIANT_ON : GPTOSS_BATCH_INVARIANT_OFF;
+            if (!parse_batch_invariant(v, &o.batch_invariant))
+                usage_error(kProgram, "--batch-invariant: expected on or off, found \"%s\"", v.c_str());
         }
         else if (arg == "--ctx") number(0, &o.ctx);
         else if (arg == "--queue") number(0, &o.queue);

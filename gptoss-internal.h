@@ -281,6 +281,20 @@ public:
     // backend masks on the device (cuda/mask.cu) so the logits never come to the host.
     [[nodiscard]] virtual gptoss_status sample_masked(const SamplingConfig& config, double u, const uint32_t* allowed,
                                                       int32_t* token_out);
+    // The pipelined decode loop (gptoss-decode-pipeline.cpp; issue 12): the sampled token feeds
+    // the next decode step on the device, so the host reads token k (and runs the caller's
+    // callback) while the device already runs the forward of token k and samples k + 1.
+    // sample_ahead(config, u): sample() from the latest logits, the token kept for
+    // decode_sampled() and fetch_sampled(); decode_sampled(pos): decode(that token, pos);
+    // fetch_sampled(): the token to the host (waits for it). Each sample_ahead() is followed by
+    // at most one decode_sampled() and one fetch_sampled(), in either order, before the next
+    // sample_ahead(). The results are those of sample() + decode(): the same tokens, logits and
+    // K/V. The defaults run sample() at once (nothing overlaps); a device backend overrides
+    // all three and says so with pipelines_decode().
+    virtual bool pipelines_decode() const { return false; }
+    [[nodiscard]] virtual gptoss_status sample_ahead(const SamplingConfig& config, double u);
+    [[nodiscard]] virtual gptoss_status decode_sampled(uint32_t pos);
+    [[nodiscard]] virtual gptoss_status fetch_sampled(int32_t* token_out);
     // Copies every sliding layer's ring (API.md §6) aside / back. After restore, the cache
     // holds for sliding layers what it held at the save; full layers are untouched (their
     // entries below the saved position are still valid, since the engine only rewinds).
@@ -289,6 +303,7 @@ public:
 
 protected:
     const uint32_t n_vocab_;
+    int32_t ahead_token_ = -1;  // the defaults' token of the latest sample_ahead(); -1: none
 };
 
 // One session's share of a batched step (gptoss-batch.cpp): a decode token (prefill false,
@@ -429,6 +444,8 @@ struct gptoss_model {
     std::string name;
     std::atomic<bool> poisoned{false};                // a CUDA error happened: every call fails
     std::unique_ptr<gptoss::DecodeBatcher> batcher;   // null: each session decodes alone
+    int decode_pipeline = -1;                         // GPTOSS_DECODE_PIPELINE at load: 0 off, 1 on,
+                                                      // -1 unset (the backend decides)
     std::mutex mutex;                                 // guards session creation and token_table
     std::shared_ptr<const void> token_table;          // schema::TokenTable, built by the first
                                                       // constrained call (gptoss-constraint.cpp)
@@ -553,6 +570,24 @@ struct GenerateOutput {
                                         const SamplingConfig* sampling = nullptr, double u = 0.0,
                                         int32_t* sampled = nullptr);
 [[nodiscard]] gptoss_status prefill_step(gptoss_session* session, const int32_t* tokens, uint32_t n, uint32_t pos);
+
+// The decode loop's pieces shared with gptoss-decode-pipeline.cpp (gptoss.cpp). stop_after:
+// after sampling `token` (already in out->tokens), whether to stop now (a stop token, on_token's
+// verdict, max_tokens, a full context), setting out->stop_reason. forget_cache: the cache's
+// content is unknown (a failed forward): nothing counts as cached.
+bool stop_after(const gptoss_session* session, const GenerateOptions& options, int32_t token, GenerateOutput* out);
+void forget_cache(gptoss_session* session);
+
+// The pipelined decode loop (gptoss-decode-pipeline.cpp). resolve_decode_pipeline: the
+// environment variable GPTOSS_DECODE_PIPELINE ("0" / "1"; unset or empty: -1, the backend
+// decides), INVALID_ARGUMENT naming it otherwise. use_decode_pipeline: whether this call takes
+// the pipelined loop (unconstrained, no batcher, and on by the variable or the backend).
+// decode_tokens_pipelined: the decode loop of session_generate, from the prefill's logits on,
+// with the same results as the plain loop (tokens, stop reason, cached).
+[[nodiscard]] gptoss_status resolve_decode_pipeline(int* out);
+bool use_decode_pipeline(const gptoss_session* session, const GenerateOptions& options);
+[[nodiscard]] gptoss_status decode_tokens_pipelined(gptoss_session* session, const GenerateOptions& options,
+                                                    GenerateOutput* out);
 class DecodeLoop {
 public:
     explicit DecodeLoop(gptoss_session* session);

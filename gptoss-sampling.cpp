@@ -163,4 +163,24 @@ gptoss_status BackendSession::sample_masked(const SamplingConfig& config, double
     return GPTOSS_OK;
 }
 
+// The pipelined loop's defaults (gptoss-internal.h): sample now, keep the token on the host.
+gptoss_status BackendSession::sample_ahead(const SamplingConfig& config, double u) {
+    ahead_token_ = -1;
+    int32_t token = -1;
+    GPTOSS_TRY(sample(config, u, &token));
+    ahead_token_ = token;
+    return GPTOSS_OK;
+}
+
+gptoss_status BackendSession::decode_sampled(uint32_t pos) {
+    if (ahead_token_ < 0) return fail(GPTOSS_ERR_INTERNAL, "decode_sampled: no sample_ahead() before it");
+    return decode(ahead_token_, pos);
+}
+
+gptoss_status BackendSession::fetch_sampled(int32_t* token_out) {
+    if (ahead_token_ < 0) return fail(GPTOSS_ERR_INTERNAL, "fetch_sampled: no sample_ahead() before it");
+    *token_out = ahead_token_;
+    return GPTOSS_OK;
+}
+
 }  // namespace gptoss

@@ -264,6 +264,8 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
     GPTOSS_TRY(resolve_max_decode_batch(params.max_decode_batch, &max_decode_batch));
     bool batch_invariant = true;
     GPTOSS_TRY(resolve_batch_invariant(params.batch_invariant, &batch_invariant));
+    int decode_pipeline = -1;
+    GPTOSS_TRY(resolve_decode_pipeline(&decode_pipeline));
     OffloadRequest offload;
     GPTOSS_TRY(resolve_offload(params, split.size(), &offload));
 
@@ -291,6 +293,7 @@ static gptoss_status load_model(const char* model_dir, const gptoss_model_params
     GPTOSS_TRY(check_offload_request(offload, model->checkpoint->config.n_layers));
     GPTOSS_TRY(create_backend(model.get(), device, split, offload, upload_progress));
     if (!report(1.0f)) return fail(GPTOSS_ERR_CANCELLED, "%s: loading cancelled by the progress callback", model_dir);
+    model->decode_pipeline = decode_pipeline;
     if (max_decode_batch > 1)
         model->batcher.reset(new DecodeBatcher(*model->backend, max_decode_batch, batch_invariant));
     model->name = model_name(model->checkpoint->config);
@@ -338,7 +341,7 @@ static uint32_t resume_position(const gptoss_session* session, uint32_t prefix, 
 static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* prompt, size_t n_prompt,
                                        const GenerateOptions& options, GenerateOutput* out);
 
-static void forget_cache(gptoss_session* session) {
+void forget_cache(gptoss_session* session) {
     session->cached.clear();
     session->n_prefilled = 0;
     session->snapshot_pos = 0;
@@ -453,8 +456,7 @@ static gptoss_status prefill_prompt(gptoss_session* session, const int32_t* prom
 
 // After sampling `token`: the reason to stop now, or false to go on (stop tokens, on_token's
 // verdict, max_tokens, a full context). Stops before feeding a token whose logits nobody uses.
-static bool stop_after(const gptoss_session* session, const GenerateOptions& options, int32_t token,
-                       GenerateOutput* out) {
+bool stop_after(const gptoss_session* session, const GenerateOptions& options, int32_t token, GenerateOutput* out) {
     if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), token) != options.stop_tokens.end()) {
         out->stop_reason = token == 200002 ? GPTOSS_STOP_RETURN : token == 200012 ? GPTOSS_STOP_CALL : GPTOSS_STOP_TOKEN;
         if (options.on_token) options.on_token(token);
@@ -541,7 +543,8 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
         return GPTOSS_OK;
     }
     const auto decode_start = std::chrono::steady_clock::now();
-    GPTOSS_TRY(decode_tokens(session, options, out));
+    if (use_decode_pipeline(session, options)) GPTOSS_TRY(decode_tokens_pipelined(session, options, out));
+    else GPTOSS_TRY(decode_tokens(session, options, out));
     out->decode_ms = ms_since(decode_start);
     return GPTOSS_OK;
 }

@@ -24,7 +24,11 @@
 # gap (v45, not in the default; ~40 s): tg128 at depths 0 / 8 192 with --decode-gap: the "tg128 nosync"
 # row (no sampling between steps) against tg128 is the host round trip per token, i.e. what feeding
 # the sampled token to the next decode step on the device could save (bench/NOTES.md "v45").
-# Suggested: PHASES="tests stamps" first, then PHASES="ab lone gap" on the warm machine.
+# pipe (v46, not in the default; ~60 s): the pipelined decode loop (gptoss-decode-pipeline.cpp, the
+# default on one GPU) against GPTOSS_DECODE_PIPELINE=0, tg128 at 0 / 8 192 alternating, two rounds;
+# then the 120b at depth 0 the same way. (The tests phase runs test-kernels-pipeline: the same tokens
+# and logits as the plain loop.) gap now also prints a "tg128 plain" row beside tg128.
+# Suggested: PHASES="tests stamps" first, then PHASES="ab pipe lone gap" on the warm machine.
 # From the repository root on the GPU machine with OUT set, after ../shared/device/carry-deps.sh and
 # tools/fetch-tokenizer.sh (carry .deps and .tokenizer):
 #   OUT=$OUT [PHASES="..."] bash bench/v44-next-call.sh
@@ -73,6 +77,13 @@ if [[ " $PHASES " == *" lone "* ]]; then
     done
   done
   echo "== lone ${SECONDS}s"
+fi
+if [[ " $PHASES " == *" pipe "* ]]; then
+  BENCH=./build-gpu/gptoss-bench DEPTHS=0,8192 ROUNDS=2 bash tools/device-decode-env.sh "$E" "$T" "" \
+    "GPTOSS_DECODE_PIPELINE=0"
+  MODEL=120b BENCH=./build-gpu/gptoss-bench DEPTHS=0 ROUNDS=2 bash tools/device-decode-env.sh "$E" "$T" "" \
+    "GPTOSS_DECODE_PIPELINE=0"
+  echo "== pipe ${SECONDS}s"
 fi
 if [[ " $PHASES " == *" gap "* ]]; then
   timeout 120 ./build-gpu/gptoss-bench --synthetic 20b --no-gemm-probe -p 0 -n 128 -d 0,8192 -r 3 --decode-gap 2>&1 |

@@ -7,6 +7,7 @@
 // calls fail too) or OUT_OF_MEMORY; the caller's current device is restored after each call.
 #include "cuda/backend.h"
 #include "cuda/batch_decode.h"
+#include "cuda/decode_feed.h"
 #include "cuda/common.cuh"
 #include "cuda/decode_probe.h"
 #include "cuda/host_moe.h"
@@ -126,6 +127,13 @@ public:
     gptoss_status sample(const SamplingConfig& config, double u, int32_t* token_out) override;
     gptoss_status sample_masked(const SamplingConfig& config, double u, const uint32_t* allowed,
                                 int32_t* token_out) override;
+    // The pipelined decode loop (gptoss-internal.h; cuda/decode_feed.h): the sampler's token goes
+    // to the next step's input on the device. One GPU with every expert on it; otherwise (and
+    // for a sampling config the device sampler does not take) the defaults.
+    bool pipelines_decode() const override;
+    gptoss_status sample_ahead(const SamplingConfig& config, double u) override;
+    gptoss_status decode_sampled(uint32_t pos) override;
+    gptoss_status fetch_sampled(int32_t* token_out) override;
     gptoss_status save_sliding_snapshot() override;
     gptoss_status restore_sliding_snapshot() override;
     gptoss_status copy_sliding(bool restore);
@@ -145,6 +153,9 @@ public:
 private:
     gptoss_status upload_step(const int32_t* tokens, uint32_t n, uint32_t pos);
     gptoss_status check_step(uint32_t n, uint32_t pos) const;
+    // decode()'s graph at pos (captured again when pos needs more attention splits), launched;
+    // the step's token and StepInfo are already on their way to the device.
+    gptoss_status launch_decode(uint32_t pos);
     // The whole forward on stream_: the prefill kernels for n >= 1 tokens, or (decode) the
     // decode kernels for one token; full_splits = decode attention splits per full layer.
     gptoss_status enqueue(uint32_t n, bool decode, uint32_t full_splits);
@@ -226,6 +237,12 @@ private:
     StepInfo step_host_{};
     cudaGraphExec_t graph_ = nullptr;
     bool have_logits_ = false;
+    // The pipelined loop: next_pos_ = the end of the latest step (where a decode continues);
+    // ahead_on_device_: the latest sample_ahead() went through feed_, which wrote tokens_[0] and
+    // step_ = {ahead_pos_, 1}.
+    DecodeFeed feed_;
+    uint32_t next_pos_ = 0, ahead_pos_ = 0;
+    bool ahead_on_device_ = false;
     // profiling
     bool profiling_ = false;
     std::vector<cudaEvent_t> events_;
@@ -680,6 +697,7 @@ CudaSession::~CudaSession() {
     if (stream_ == nullptr && arena_.get() == nullptr) return;  // never initialised (offload_sizes' probe)
     DeviceGuard guard(device_);
     if (stream_) cudaStreamSynchronize(stream_);
+    feed_.release();
     if (graph_) cudaGraphExecDestroy(graph_);
     if (mask_) cudaFree(mask_);
     if (mask_host_) cudaFreeHost(mask_host_);
@@ -1012,6 +1030,7 @@ gptoss_status CudaSession::upload_step(const int32_t* tokens, uint32_t n, uint32
     // Pageable sources: cudaMemcpyAsync stages them before returning, so the host copies can
     // be reused at once even while earlier work is still queued.
     tokens_host_.assign(tokens, tokens + n);
+    next_pos_ = pos + n;
     step_host_.pos0 = int32_t(pos);
     step_host_.n_tokens = int32_t(n);
     GPTOSS_CUDA_TRY(cudaMemcpyAsync(tokens_, tokens_host_.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
@@ -1055,6 +1074,10 @@ gptoss_status CudaSession::decode(int32_t token, uint32_t pos) {
     DeviceGuard guard(device_);
     have_logits_ = false;
     GPTOSS_TRY(checked(upload_step(&token, 1, pos)));
+    return launch_decode(pos);
+}
+
+gptoss_status CudaSession::launch_decode(uint32_t pos) {
     const uint32_t needed = decode_splits_needed(pos);  // splits of keys 0..pos
     if (graph_ && needed > graph_splits_) {
         cudaGraphExecDestroy(graph_);
@@ -1246,6 +1269,52 @@ gptoss_status CudaSession::sample_masked(const SamplingConfig& config, double u,
                                    "uploading the token mask", __FILE__, __LINE__)));
     GPTOSS_TRY(checked(apply_token_mask(logits_, mask_, be_.dims_.V, stream_)));
     return sample(config, u, token_out);
+}
+
+bool CudaSession::pipelines_decode() const { return be_.n_host_ == 0 && be_.rank_.n_ranks == 1; }
+
+// The pipelined loop (gptoss-decode-pipeline.cpp): the same sampler kernels as sample(), then
+// feed_ hands the token to the next step on the device instead of a copy and a wait.
+gptoss_status CudaSession::sample_ahead(const SamplingConfig& config, double u) {
+    ahead_on_device_ = false;
+    if (!pipelines_decode() || !std::isfinite(config.temperature) || !(u >= 0.0 && u < 1.0))
+        return BackendSession::sample_ahead(config, u);
+    if (be_.poisoned_) return fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable");
+    if (!have_logits_) return fail(GPTOSS_ERR_INTERNAL, "CUDA sample: no forward() has run");
+    DeviceGuard guard(device_);
+    const bool greedy = config.temperature <= 0.0f;
+    if (greedy) GPTOSS_TRY(checked(argmax(logits_, be_.dims_.V, argmax_, stream_)));
+    else GPTOSS_TRY(checked(cuda::sample(logits_, be_.dims_.V, config, u, sample_scratch_, sample_bytes_, token_, stream_)));
+    GPTOSS_TRY(checked(feed_.feed(greedy ? argmax_ : token_, greedy, tokens_, step_, int32_t(next_pos_), stream_)));
+    ahead_on_device_ = true;
+    ahead_pos_ = next_pos_;
+    return GPTOSS_OK;
+}
+
+gptoss_status CudaSession::decode_sampled(uint32_t pos) {
+    if (!ahead_on_device_) return BackendSession::decode_sampled(pos);
+    GPTOSS_TRY(check_step(1, pos));
+    DeviceGuard guard(device_);
+    have_logits_ = false;
+    if (pos != ahead_pos_) {  // not where the last step ended: the StepInfo from the host
+        step_host_.pos0 = int32_t(pos);
+        step_host_.n_tokens = 1;
+        GPTOSS_TRY(checked(cuda_status(cudaMemcpyAsync(step_, &step_host_, sizeof(StepInfo), cudaMemcpyHostToDevice, stream_),
+                                       "uploading the decode step", __FILE__, __LINE__)));
+    }
+    next_pos_ = pos + 1;
+    return launch_decode(pos);
+}
+
+gptoss_status CudaSession::fetch_sampled(int32_t* token_out) {
+    if (!ahead_on_device_) return BackendSession::fetch_sampled(token_out);
+    DeviceGuard guard(device_);
+    int32_t token = -1;
+    GPTOSS_TRY(checked(feed_.fetch(&token)));
+    if (token < 0 || uint32_t(token) >= be_.dims_.V)
+        return fail(GPTOSS_ERR_INTERNAL, "CUDA sample: the sampled token %d is outside [0, %u)", token, be_.dims_.V);
+    *token_out = token;
+    return GPTOSS_OK;
 }
 
 gptoss_status CudaSession::save_sliding_snapshot() { return copy_sliding(/*restore=*/false); }

@@ -407,7 +407,7 @@ struct BenchArgs {
     int32_t batch_invariant = 0;  // --batch-invariant on|off (0: the library's default)
     uint32_t tg = 128, reps = 3, layers = 0;
     bool json = false, profile = false, gemm_probe = true, no_collectives = false;
-    bool decode_gap = false;  // --decode-gap: a "tgN nosync" row after each tg row (bench_decode_gap)
+    bool decode_gap = false;  // --decode-gap: "tgN plain|pipelined" and "tgN nosync" rows (bench_decode_gap)
     gptoss::OffloadRequest offload;  // --n-cpu-moe, --gpu-memory
 };
 
@@ -426,8 +426,10 @@ void print_usage() {
         "each), decode steps batched up to --decode-batch sessions (default the largest N; 1 = off);\n"
         "--batch-invariant off: a step of one stream runs its one-token decode path (gptoss.h).\n"
         "--max-batch: prompt tokens per forward of the --ttft sessions (default: the library's choice).\n"
-        "--decode-gap (GPU): after each tg row a \"tgN nosync\" row, the same steps with no sampling between\n"
-        "them: the host round trip between two decode steps is the difference.\n");
+        "tg rows run the decode loop gptoss_generate takes (pipelined on one GPU; GPTOSS_DECODE_PIPELINE=0/1).\n"
+        "--decode-gap (GPU): after each tg row a \"tgN plain\" (or \"tgN pipelined\") row, the other decode\n"
+        "loop, and a \"tgN nosync\" row, the same steps with no sampling between them: what the host round\n"
+        "trip between two decode steps still costs is the difference.\n");
 }
 
 BenchArgs parse_args(int argc, char** argv) {
@@ -577,8 +579,41 @@ void bench_prefill(gptoss::BackendSession& session, const std::vector<int32_t>& 
     }
 }
 
-// The tg line at `depth` (greedy, GPU sampling, the decode graph), against the bandwidth floor;
-// with a schema, the T=1 lines without and with its mask.
+// Whether gptoss_generate takes the pipelined decode loop on this session
+// (GPTOSS_DECODE_PIPELINE if set, else the backend's choice; gptoss-decode-pipeline.cpp).
+bool decode_pipelined(const gptoss::BackendSession& session) {
+    int v = -1;
+    check(gptoss::resolve_decode_pipeline(&v), "reading GPTOSS_DECODE_PIPELINE");
+    return v >= 0 ? v == 1 : session.pipelines_decode();
+}
+
+// tg greedy decode steps from `first` at `depth`, as gptoss_generate runs them: pipelined (each
+// sampled token fed to the next step on the device and read after that step is enqueued) or
+// plain (sample, wait, decode). Wall ms, until the last token is on the host.
+double run_tg(gptoss::BackendSession& session, int32_t first, uint32_t depth, uint32_t tg, bool pipelined) {
+    const gptoss::SamplingConfig greedy{0.0f, 1.0f, 0};
+    int32_t tok = first;
+    const double t0 = now_ms();
+    if (!pipelined) {
+        for (uint32_t i = 0; i < tg; ++i) {
+            check(session.decode(tok, depth + i), "decode");
+            check(session.sample(greedy, 0.0, &tok), "decode");
+        }
+        return now_ms() - t0;
+    }
+    check(session.decode(tok, depth), "decode");
+    check(session.sample_ahead(greedy, 0.0), "decode");
+    for (uint32_t i = 1; i < tg; ++i) {
+        check(session.decode_sampled(depth + i), "decode");
+        check(session.fetch_sampled(&tok), "decode");
+        check(session.sample_ahead(greedy, 0.0), "decode");
+    }
+    check(session.fetch_sampled(&tok), "decode");
+    return now_ms() - t0;
+}
+
+// The tg line at `depth` (greedy, GPU sampling, the decode graph, the loop gptoss_generate
+// takes), against the bandwidth floor; with a schema, the T=1 lines without and with its mask.
 void bench_decode(gptoss::BackendSession& session, const std::vector<int32_t>& tokens, uint32_t depth,
                   const BenchArgs& a, SchemaBench* sb, Report* rep) {
     const gptoss::SamplingConfig greedy{0.0f, 1.0f, 0};
@@ -586,19 +621,11 @@ void bench_decode(gptoss::BackendSession& session, const std::vector<int32_t>& t
     int32_t tok = tokens[depth];
     check(session.decode(tok, depth), "decode warm-up");  // captures the graph
     check(session.sample(greedy, 0.0, &tok), "decode warm-up");
+    const bool pipelined = decode_pipelined(session);
     std::vector<double> t;
     double bytes = 0;
-    for (uint32_t r = 0; r < a.reps; ++r) {
-        tok = tokens[depth];
-        bytes = 0;
-        const double t0 = now_ms();
-        for (uint32_t i = 0; i < tg; ++i) {
-            check(session.decode(tok, depth + i), "decode");
-            check(session.sample(greedy, 0.0, &tok), "decode");
-            bytes += decode_bytes(rep->config, depth + i, rep->split);
-        }
-        t.push_back(now_ms() - t0);
-    }
+    for (uint32_t i = 0; i < tg; ++i) bytes += decode_bytes(rep->config, depth + i, rep->split);
+    for (uint32_t r = 0; r < a.reps; ++r) t.push_back(run_tg(session, tokens[depth], depth, tg, pipelined));
     const double ms = bench_concurrency::percentile(t, 0.5);
     Result res{"tg" + std::to_string(tg), depth, tg, ms / tg, tg / (ms / 1e3), 0, 0, 0, 0};
     res.gbps = bytes / (ms / 1e3) / 1e9;
@@ -621,13 +648,20 @@ void bench_decode(gptoss::BackendSession& session, const std::vector<int32_t>& t
 
 // --decode-gap: the tg loop again with no sample() between the steps (the same token fed at every
 // position, one sample at the end to wait), so the GPU runs the decode steps back to back. Its
-// ms per token against the tg row's is what the host round trip between two steps costs (the
-// sampler's launch, the 4-byte copy and wait, the host's work and the next step's launch): the
-// most that feeding the sampled token to the next step on the device could save. Row "tgN
-// nosync"; diagnostic only (the K/V it writes is of no real sequence).
+// ms per token against the tg row's is what the host round trip between two steps still costs
+// (the sampler, the hand-over of the token, the host's work and the next step's launch). Row
+// "tgN nosync"; diagnostic only (the K/V it writes is of no real sequence). Then the tg loop
+// the tg row did not take: "tgN plain" (sample, wait, decode) after a pipelined tg row, else
+// "tgN pipelined" (gptoss-decode-pipeline.cpp), the A/B of the pipelined loop in one run.
 void bench_decode_gap(gptoss::BackendSession& session, const std::vector<int32_t>& tokens, uint32_t depth,
                       const BenchArgs& a, Report* rep) {
     const gptoss::SamplingConfig greedy{0.0f, 1.0f, 0};
+    const bool other = !decode_pipelined(session);
+    std::vector<double> other_t;
+    for (uint32_t r = 0; r < a.reps; ++r) other_t.push_back(run_tg(session, tokens[depth], depth, a.tg, other));
+    const double other_ms = bench_concurrency::percentile(other_t, 0.5);
+    add_result(rep, Result{"tg" + std::to_string(a.tg) + (other ? " pipelined" : " plain"), depth, a.tg,
+                           other_ms / a.tg, a.tg / (other_ms / 1e3), 0, 0, 0, 0});
     std::vector<double> t;
     for (uint32_t r = 0; r < a.reps; ++r) {
         int32_t tok = tokens[depth];

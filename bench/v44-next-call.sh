@@ -50,6 +50,10 @@ if [[ " $PHASES " == *" tests "* ]]; then
   timeout 150 ./build-gpu/test-kernels -tc='*longer shortest*,*fused RoPE*' > "$OUT/tk.txt" 2>&1
   echo "== test-kernels stages, fused RoPE rc=$? $(grep -E 'test cases|assertions' "$OUT/tk.txt" | tr '\n' ' ')"
   grep -B2 -A12 -m2 'ERROR' "$OUT/tk.txt" | head -40
+  # v46: the decode feed kernel (and the pinned, mapped slot it writes) under memcheck.
+  GPTOSS_TINY_MODEL=$PWD/build-gpu/models/tiny timeout 240 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    ./build-gpu/test-kernels-pipeline > "$OUT/memcheck-pipeline.txt" 2>&1
+  echo "== memcheck test-kernels-pipeline rc=$? $(grep -E 'ERROR SUMMARY|test cases' "$OUT/memcheck-pipeline.txt" | tr '\n' ' ')"
   echo "== tests ${SECONDS}s"
 fi
 if [[ " $PHASES " == *" stamps "* ]]; then

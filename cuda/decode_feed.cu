@@ -39,8 +39,13 @@ gptoss_status DecodeFeed::feed(const int32_t* sampled, bool argmax_key, int32_t*
         }
         host_ = static_cast<int32_t*>(p);
         *host_ = -1;
+        // Its device address; with unified addressing (every 64-bit process) the host address
+        // itself, should the runtime not map it explicitly.
         void* d = nullptr;
-        GPTOSS_CUDA_TRY(cudaHostGetDevicePointer(&d, p, 0));
+        if (cudaHostGetDevicePointer(&d, p, 0) != cudaSuccess) {
+            cudaGetLastError();
+            d = p;
+        }
         host_dev_ = static_cast<int32_t*>(d);
     }
     if (event_ == nullptr) GPTOSS_CUDA_TRY(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));

@@ -10,14 +10,18 @@
 // verdict, a cancel), the forward of token k has run for nothing, and it wrote the K/V of
 // position cached.size() past the end of what `cached` lists (gptoss_session::kv_past_end, as
 // the batched step's speculation does). max_tokens and a full context are known in advance, so
-// the last token of such a call costs nothing extra. Used for unconstrained calls on a model
-// without a batcher whose backend pipelines (the CUDA decode graph); GPTOSS_DECODE_PIPELINE=0 /
-// 1 forces it off / on (A/B runs; on with the CPU backend runs this loop over the defaults,
-// which is how CI tests it).
+// the last token of such a call costs nothing extra, and nothing is sampled after a stop token.
+// Constrained calls (json_schema, chat's tool and response constraints) too: the mask of token
+// k + 1 is computed on the host after token k is read, while the device runs token k's forward.
+// Used on a model without a batcher whose backend pipelines (the CUDA decode graph);
+// GPTOSS_DECODE_PIPELINE=0 / 1 forces it off / on (A/B runs; on with the CPU backend runs this
+// loop over the defaults, which is how CI tests it).
 #include "gptoss-internal.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace gptoss {
 
@@ -32,9 +36,9 @@ gptoss_status resolve_decode_pipeline(int* out) {
     return GPTOSS_OK;
 }
 
-bool use_decode_pipeline(const gptoss_session* session, const GenerateOptions& options) {
+bool use_decode_pipeline(const gptoss_session* session, const GenerateOptions& /*options*/) {
     const gptoss_model* model = session->model;
-    if (options.constraint != nullptr || model->batcher != nullptr) return false;
+    if (model->batcher != nullptr) return false;
     if (model->decode_pipeline >= 0) return model->decode_pipeline == 1;
     return session->backend->pipelines_decode();
 }
@@ -51,9 +55,17 @@ static gptoss_status decode_sampled_or_forget(gptoss_session* session, uint32_t 
 gptoss_status decode_tokens_pipelined(gptoss_session* session, const GenerateOptions& options, GenerateOutput* out) {
     BackendSession& backend = *session->backend;
     Rng rng(options.seed);
-    // Token k is sampled (on the device) when an iteration starts; u is drawn in the plain
-    // loop's order, one per token.
-    GPTOSS_TRY(backend.sample_ahead(options.sampling, rng.next_double()));
+    TokenConstraint* constraint = options.constraint.get();
+    std::vector<uint32_t> allowed(constraint != nullptr ? (session->model->checkpoint->config.vocab + 31) / 32 : 0);
+    // Samples the next token on the device: u drawn in the plain loop's order (one per token),
+    // then the constraint's mask for it, if any (computed on the host while the device runs the
+    // forward of the token before it).
+    const auto sample_next = [&]() {
+        const double u = rng.next_double();
+        const bool masked = constraint != nullptr && constraint->mask(allowed.data(), uint32_t(allowed.size()));
+        return backend.sample_ahead(options.sampling, u, masked ? allowed.data() : nullptr);
+    };
+    GPTOSS_TRY(sample_next());  // token 0, from the prefill's logits
     for (;;) {
         if (session->cancel_requested.load()) {
             out->stop_reason = GPTOSS_STOP_CANCELLED;
@@ -67,8 +79,12 @@ gptoss_status decode_tokens_pipelined(gptoss_session* session, const GenerateOpt
         if (ahead) GPTOSS_TRY(decode_sampled_or_forget(session, pos));
         int32_t token = -1;
         gptoss_status status = backend.fetch_sampled(&token);
-        // Token k + 1 from the step just enqueued, before the host's work on token k.
-        if (status == GPTOSS_OK && ahead) status = backend.sample_ahead(options.sampling, rng.next_double());
+        if (status == GPTOSS_OK && constraint != nullptr) constraint->accept(token);
+        // Token k + 1 from the step just enqueued, before the host's work on token k (the stop
+        // checks, the callback); not after a stop token, where a constraint has no next mask.
+        const bool stop_token =
+            std::find(options.stop_tokens.begin(), options.stop_tokens.end(), token) != options.stop_tokens.end();
+        if (status == GPTOSS_OK && ahead && !stop_token) status = sample_next();
         if (status != GPTOSS_OK) {
             if (ahead) forget_cache(session);  // position pos may hold an unlisted token's K/V
             return status;
@@ -79,9 +95,8 @@ gptoss_status decode_tokens_pipelined(gptoss_session* session, const GenerateOpt
             if (ahead) session->kv_past_end = true;
             return GPTOSS_OK;
         }
-        if (!ahead)
-            return fail(GPTOSS_ERR_INTERNAL, "decode pipeline: token %zu went on past max_tokens or the context",
-                        out->tokens.size());
+        if (!ahead || stop_token)
+            return fail(GPTOSS_ERR_INTERNAL, "decode pipeline: token %zu went on past a stop", out->tokens.size());
         session->cached.push_back(token);
     }
 }

@@ -284,15 +284,16 @@ public:
     // The pipelined decode loop (gptoss-decode-pipeline.cpp; issue 12): the sampled token feeds
     // the next decode step on the device, so the host reads token k (and runs the caller's
     // callback) while the device already runs the forward of token k and samples k + 1.
-    // sample_ahead(config, u): sample() from the latest logits, the token kept for
-    // decode_sampled() and fetch_sampled(); decode_sampled(pos): decode(that token, pos);
+    // sample_ahead(config, u, allowed): sample() from the latest logits (sample_masked() when
+    // `allowed` is not null; it is read during the call), the token kept for decode_sampled()
+    // and fetch_sampled(); decode_sampled(pos): decode(that token, pos);
     // fetch_sampled(): the token to the host (waits for it). Each sample_ahead() is followed by
     // at most one decode_sampled() and one fetch_sampled(), in either order, before the next
     // sample_ahead(). The results are those of sample() + decode(): the same tokens, logits and
     // K/V. The defaults run sample() at once (nothing overlaps); a device backend overrides
     // all three and says so with pipelines_decode().
     virtual bool pipelines_decode() const { return false; }
-    [[nodiscard]] virtual gptoss_status sample_ahead(const SamplingConfig& config, double u);
+    [[nodiscard]] virtual gptoss_status sample_ahead(const SamplingConfig& config, double u, const uint32_t* allowed);
     [[nodiscard]] virtual gptoss_status decode_sampled(uint32_t pos);
     [[nodiscard]] virtual gptoss_status fetch_sampled(int32_t* token_out);
     // Copies every sliding layer's ring (API.md §6) aside / back. After restore, the cache
@@ -581,7 +582,7 @@ void forget_cache(gptoss_session* session);
 // The pipelined decode loop (gptoss-decode-pipeline.cpp). resolve_decode_pipeline: the
 // environment variable GPTOSS_DECODE_PIPELINE ("0" / "1"; unset or empty: -1, the backend
 // decides), INVALID_ARGUMENT naming it otherwise. use_decode_pipeline: whether this call takes
-// the pipelined loop (unconstrained, no batcher, and on by the variable or the backend).
+// the pipelined loop (no batcher, and on by the variable or the backend).
 // decode_tokens_pipelined: the decode loop of session_generate, from the prefill's logits on,
 // with the same results as the plain loop (tokens, stop reason, cached).
 [[nodiscard]] gptoss_status resolve_decode_pipeline(int* out);

@@ -164,10 +164,10 @@ gptoss_status BackendSession::sample_masked(const SamplingConfig& config, double
 }
 
 // The pipelined loop's defaults (gptoss-internal.h): sample now, keep the token on the host.
-gptoss_status BackendSession::sample_ahead(const SamplingConfig& config, double u) {
+gptoss_status BackendSession::sample_ahead(const SamplingConfig& config, double u, const uint32_t* allowed) {
     ahead_token_ = -1;
     int32_t token = -1;
-    GPTOSS_TRY(sample(config, u, &token));
+    GPTOSS_TRY(allowed != nullptr ? sample_masked(config, u, allowed, &token) : sample(config, u, &token));
     ahead_token_ = token;
     return GPTOSS_OK;
 }

@@ -371,7 +371,9 @@ typedef struct gptoss_event {
 } gptoss_event;
 
 // Called once per sampled token. Return false to stop generating. Must not call gptoss
-// functions on the same session, except gptoss_session_cancel().
+// functions on the same session, except gptoss_session_cancel(). On one GPU (a model without
+// decode batching) the forward pass of this token already runs while the callback does, so
+// time spent here overlaps decoding, up to one step.
 typedef bool (*gptoss_event_fn)(void* user_data, const gptoss_event* event);
 
 // ---------------------------------------------------------------------------

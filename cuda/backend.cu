@@ -131,7 +131,7 @@ public:
     // to the next step's input on the device. One GPU with every expert on it; otherwise (and
     // for a sampling config the device sampler does not take) the defaults.
     bool pipelines_decode() const override;
-    gptoss_status sample_ahead(const SamplingConfig& config, double u) override;
+    gptoss_status sample_ahead(const SamplingConfig& config, double u, const uint32_t* allowed) override;
     gptoss_status decode_sampled(uint32_t pos) override;
     gptoss_status fetch_sampled(int32_t* token_out) override;
     gptoss_status save_sliding_snapshot() override;
@@ -156,6 +156,9 @@ private:
     // decode()'s graph at pos (captured again when pos needs more attention splits), launched;
     // the step's token and StepInfo are already on their way to the device.
     gptoss_status launch_decode(uint32_t pos);
+    // Constrained decoding: the allowed-token bits up (pinned staging, then mask_) and the latest
+    // logits masked in place on the device (cuda/mask.cu); the previous upload must be complete.
+    gptoss_status mask_logits(const uint32_t* allowed);
     // The whole forward on stream_: the prefill kernels for n >= 1 tokens, or (decode) the
     // decode kernels for one token; full_splits = decode attention splits per full layer.
     gptoss_status enqueue(uint32_t n, bool decode, uint32_t full_splits);
@@ -227,7 +230,8 @@ private:
     size_t sample_bytes_ = 0;
     int32_t* token_ = nullptr;
     uint32_t* mask_ = nullptr;        // constrained decoding: the allowed-token bits [ceil(V/32)],
-    uint32_t* mask_host_ = nullptr;   // and their pinned staging copy (allocated on first use)
+    uint32_t* mask_host_ = nullptr;   // and their pinned staging copy (allocated on first use),
+    cudaEvent_t mask_event_ = nullptr;  // recorded after its latest upload
     struct LayerKv { uint16_t* k; uint16_t* v; uint32_t slots; uint16_t* snap_k; uint16_t* snap_v; };
     std::vector<LayerKv> kv_;
     std::vector<BatchAttentionItem> batch_layers_;  // kv_ as the batched step takes it
@@ -701,6 +705,7 @@ CudaSession::~CudaSession() {
     if (graph_) cudaGraphExecDestroy(graph_);
     if (mask_) cudaFree(mask_);
     if (mask_host_) cudaFreeHost(mask_host_);
+    if (mask_event_) cudaEventDestroy(mask_event_);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     if (stream_) cudaStreamDestroy(stream_);
     arena_.reset();
@@ -1250,8 +1255,7 @@ gptoss_status CudaSession::sample(const SamplingConfig& config, double u, int32_
 }
 
 // Constrained decoding: the mask goes up (25 KB), the logits are masked in place on the device
-// (cuda/mask.cu), then the usual sampler runs. The previous step's upload is complete: sample()
-// synchronised the stream.
+// (cuda/mask.cu), then the usual sampler runs.
 gptoss_status CudaSession::sample_masked(const SamplingConfig& config, double u, const uint32_t* allowed,
                                          int32_t* token_out) {
     if (!std::isfinite(config.temperature) || !(u >= 0.0 && u < 1.0))
@@ -1259,29 +1263,44 @@ gptoss_status CudaSession::sample_masked(const SamplingConfig& config, double u,
     if (be_.poisoned_) return fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable");
     if (!have_logits_) return fail(GPTOSS_ERR_INTERNAL, "CUDA sample: no forward() has run");
     DeviceGuard guard(device_);
+    GPTOSS_TRY(mask_logits(allowed));
+    return sample(config, u, token_out);
+}
+
+gptoss_status CudaSession::mask_logits(const uint32_t* allowed) {
     const size_t bytes = size_t(be_.dims_.V + 31) / 32 * sizeof(uint32_t);
     if (mask_ == nullptr) {
         GPTOSS_TRY(checked(cuda_status(cudaMalloc(&mask_, bytes), "allocating the token mask", __FILE__, __LINE__)));
         GPTOSS_TRY(checked(cuda_status(cudaMallocHost(&mask_host_, bytes), "allocating the token mask", __FILE__, __LINE__)));
     }
+    // The previous upload read the staging copy before it is overwritten (a pipelined call may
+    // have left one queued behind its last step; in the loop it is long done).
+    if (mask_event_ == nullptr)
+        GPTOSS_TRY(checked(cuda_status(cudaEventCreateWithFlags(&mask_event_, cudaEventDisableTiming),
+                                       "creating the token mask's event", __FILE__, __LINE__)));
+    else
+        GPTOSS_TRY(checked(cuda_status(cudaEventSynchronize(mask_event_), "the previous token mask upload", __FILE__,
+                                       __LINE__)));
     std::memcpy(mask_host_, allowed, bytes);
     GPTOSS_TRY(checked(cuda_status(cudaMemcpyAsync(mask_, mask_host_, bytes, cudaMemcpyHostToDevice, stream_),
                                    "uploading the token mask", __FILE__, __LINE__)));
-    GPTOSS_TRY(checked(apply_token_mask(logits_, mask_, be_.dims_.V, stream_)));
-    return sample(config, u, token_out);
+    GPTOSS_TRY(checked(cuda_status(cudaEventRecord(mask_event_, stream_), "recording the token mask upload", __FILE__,
+                                   __LINE__)));
+    return checked(apply_token_mask(logits_, mask_, be_.dims_.V, stream_));
 }
 
 bool CudaSession::pipelines_decode() const { return be_.n_host_ == 0 && be_.rank_.n_ranks == 1; }
 
 // The pipelined loop (gptoss-decode-pipeline.cpp): the same sampler kernels as sample(), then
 // feed_ hands the token to the next step on the device instead of a copy and a wait.
-gptoss_status CudaSession::sample_ahead(const SamplingConfig& config, double u) {
+gptoss_status CudaSession::sample_ahead(const SamplingConfig& config, double u, const uint32_t* allowed) {
     ahead_on_device_ = false;
     if (!pipelines_decode() || !std::isfinite(config.temperature) || !(u >= 0.0 && u < 1.0))
-        return BackendSession::sample_ahead(config, u);
+        return BackendSession::sample_ahead(config, u, allowed);
     if (be_.poisoned_) return fail(GPTOSS_ERR_DEVICE, "CUDA backend: an earlier CUDA error made this model unusable");
     if (!have_logits_) return fail(GPTOSS_ERR_INTERNAL, "CUDA sample: no forward() has run");
     DeviceGuard guard(device_);
+    if (allowed != nullptr) GPTOSS_TRY(mask_logits(allowed));
     const bool greedy = config.temperature <= 0.0f;
     if (greedy) GPTOSS_TRY(checked(argmax(logits_, be_.dims_.V, argmax_, stream_)));
     else GPTOSS_TRY(checked(cuda::sample(logits_, be_.dims_.V, config, u, sample_scratch_, sample_bytes_, token_, stream_)));

@@ -90,8 +90,8 @@ Run generate(gptoss_session* session, const std::vector<int32_t>& prompt, const 
 }
 
 // Wraps a session's backend: forwards everything, says it pipelines (so the engine takes the
-// pipelined loop on the CPU), and records the pipelined calls: 'S' sample_ahead, 'D'
-// decode_sampled, 'F' fetch_sampled; and counts restore_sliding_snapshot() calls.
+// pipelined loop on the CPU), and records the pipelined calls: 'S' sample_ahead ('M' with a
+// mask), 'D' decode_sampled, 'F' fetch_sampled; and counts restore_sliding_snapshot() calls.
 class Recorder final : public gptoss::BackendSession {
 public:
     Recorder(std::unique_ptr<gptoss::BackendSession> inner, uint32_t n_vocab)
@@ -107,9 +107,13 @@ public:
     gptoss_status sample(const gptoss::SamplingConfig& c, double u, int32_t* t) override {
         return inner_->sample(c, u, t);
     }
-    gptoss_status sample_ahead(const gptoss::SamplingConfig& c, double u) override {
-        calls += 'S';
-        return inner_->sample_ahead(c, u);
+    gptoss_status sample_ahead(const gptoss::SamplingConfig& c, double u, const uint32_t* allowed) override {
+        calls += allowed ? 'M' : 'S';
+        return inner_->sample_ahead(c, u, allowed);
+    }
+    gptoss_status sample_masked(const gptoss::SamplingConfig& c, double u, const uint32_t* allowed,
+                                int32_t* t) override {
+        return inner_->sample_masked(c, u, allowed, t);
     }
     gptoss_status decode_sampled(uint32_t pos) override {
         calls += 'D';
@@ -261,8 +265,9 @@ TEST_CASE("pipelined: a stop token leaves its step's K/V past the end, and the n
     const size_t k = 1;
     REQUIRE(stopped.tokens.size() == k + 1);
     CHECK(stopped.stop == GPTOSS_STOP_TOKEN);
-    // One sample_ahead before the loop, then per token: its step, its fetch, the next sample.
-    CHECK(rec->calls == "SDFSDFS");
+    // One sample_ahead before the loop, then per token: its step, its fetch, the next sample;
+    // none after the stop token.
+    CHECK(rec->calls == "SDFSDF");
     CHECK(session->kv_past_end);                        // the stop token's step wrote position 140 + k
     CHECK(session->cached.size() == prompt.size() + k);  // but the stop token is not listed
     // The next turn reuses the prefix and equals a fresh session.
@@ -305,4 +310,63 @@ TEST_CASE("pipelined: a cancel from the callback returns the tokens so far, as t
     CHECK(rec->calls == "SDFSDFS");
     gptoss_session_free(session);
     gptoss_model_free(model);
+}
+
+TEST_CASE("pipelined constrained decoding (json_schema, tool calls) gives the plain loop's tokens, masks on the host") {
+    gptoss_model* plain = model_with("0");
+    gptoss_model* piped = model_with("1");
+    const char* schema = R"({"type":"object","properties":{"a":{"type":"number"},"b":{"type":"string","maxLength":6}},)"
+                         R"("required":["a","b"],"additionalProperties":false})";
+    const std::vector<int32_t> prompt = prompt_of(40, 37);
+    for (uint64_t seed = 0; seed < 3; ++seed) {
+        INFO("json_schema, seed " << seed);
+        gptoss_sampling_params s = sampling(seed, 200);
+        s.json_schema = schema;
+        const int32_t end = 200002;
+        s.stop_tokens = &end;
+        s.n_stop_tokens = 1;
+        gptoss_session* a = session_of(plain);
+        gptoss_session* b = session_of(piped);
+        const Run want = generate(a, prompt, s);
+        const Run got = generate(b, prompt, s);
+        CHECK(want.stop == GPTOSS_STOP_RETURN);  // the document is complete: the schema's end
+        CHECK(got.tokens == want.tokens);
+        CHECK(got.stop == want.stop);
+        gptoss_session_free(a);
+        gptoss_session_free(b);
+    }
+    gptoss_tool tool = {"add", "Adds.", R"({"type":"object","properties":{"a":{"type":"number"},"b":{"type":"number"}},"required":["a","b"]})"};
+    gptoss_message history[1] = {{GPTOSS_ROLE_USER, GPTOSS_CHANNEL_NONE, "Add 2 and 3.", nullptr, nullptr, nullptr}};
+    for (uint64_t seed = 0; seed < 3; ++seed) {
+        INFO("tool call, seed " << seed);
+        gptoss_chat_request req = gptoss_chat_default_request();
+        req.messages = history;
+        req.n_messages = 1;
+        req.tools = &tool;
+        req.n_tools = 1;
+        req.tool_choice = GPTOSS_TOOL_CHOICE_REQUIRED;
+        gptoss_sampling_params p = gptoss_sampling_default_params();
+        p.seed = seed;
+        p.max_tokens = 400;
+        std::string raw[2];
+        gptoss_stop_reason stop[2] = {};
+        int i = 0;
+        for (gptoss_model* m : {plain, piped}) {
+            gptoss_session* s = session_of(m);
+            Recorder* rec = m == piped ? record(s) : nullptr;
+            const gptoss_chat_result* r = nullptr;
+            REQUIRE(gptoss_chat(s, &req, &p, nullptr, nullptr, &r) == GPTOSS_OK);
+            raw[i] = r->raw;
+            stop[i] = r->stop_reason;
+            // The forced call's header and its arguments were masked: sample_ahead with a mask.
+            if (rec) CHECK(rec->calls.find('M') != std::string::npos);
+            gptoss_session_free(s);
+            ++i;
+        }
+        CHECK(stop[0] == GPTOSS_STOP_CALL);
+        CHECK(raw[1] == raw[0]);
+        CHECK(stop[1] == stop[0]);
+    }
+    gptoss_model_free(plain);
+    gptoss_model_free(piped);
 }

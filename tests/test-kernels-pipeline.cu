@@ -5,7 +5,7 @@
 // a position the feed did not write (the step uploaded from the host); and gptoss_generate with
 // GPTOSS_DECODE_PIPELINE=0 against the default over calls that stop every way on reused sessions
 // (tokens, stop reasons, reused prefix), and reused == fresh after a stop token's step wrote past
-// the end. The engine loop's own logic is tested on the CPU (tests/test-decode-pipeline.cpp).
+// the end; and constrained calls (json_schema, a required tool call) the same way. The engine loop's own logic is tested on the CPU (tests/test-decode-pipeline.cpp).
 #include "tests/kernel-test-util.cuh"
 
 #include <cstdlib>
@@ -75,7 +75,7 @@ TEST_CASE("CUDA sample_ahead / decode_sampled / fetch_sampled give decode + samp
         OK(plain.forward(p.data(), uint32_t(p.size()), 0));
         OK(piped.forward(p.data(), uint32_t(p.size()), 0));
         gptoss::Rng ra(5), rb(5);
-        OK(piped.sample_ahead(cfg, rb.next_double()));
+        OK(piped.sample_ahead(cfg, rb.next_double(), nullptr));
         for (uint32_t i = 0; i < 40; ++i) {
             const uint32_t pos = uint32_t(p.size()) + i;
             int32_t want = -1, got = -1;
@@ -84,7 +84,7 @@ TEST_CASE("CUDA sample_ahead / decode_sampled / fetch_sampled give decode + samp
             OK(piped.decode_sampled(pos));  // enqueued before the token is read
             OK(piped.fetch_sampled(&got));
             REQUIRE(got == want);
-            OK(piped.sample_ahead(cfg, rb.next_double()));
+            OK(piped.sample_ahead(cfg, rb.next_double(), nullptr));
             if (i % 13 == 0) CHECK(logits_of(piped) == logits_of(plain));
         }
         int32_t want = -1, got = -1;
@@ -97,7 +97,7 @@ TEST_CASE("CUDA sample_ahead / decode_sampled / fetch_sampled give decode + samp
     OK(piped.forward(p.data(), 150, 0));
     OK(plain.forward(p.data(), 150, 0));
     const gptoss::SamplingConfig greedy{0.0f, 1.0f, 0};
-    OK(piped.sample_ahead(greedy, 0.0));
+    OK(piped.sample_ahead(greedy, 0.0, nullptr));
     int32_t tok = -1;
     OK(piped.fetch_sampled(&tok));
     OK(piped.decode_sampled(149));  // re-runs position 149 with the sampled token
@@ -162,6 +162,62 @@ TEST_CASE("gptoss_generate on the GPU: the pipelined loop (the default) equals G
     }
     gptoss_session_free(a);
     gptoss_session_free(b);
+    gptoss_model_free(plain);
+    gptoss_model_free(piped);
+}
+
+TEST_CASE("gptoss_generate / gptoss_chat constrained on the GPU: pipelined (the default) equals GPTOSS_DECODE_PIPELINE=0") {
+    gptoss_model* plain = load_gpu("0");
+    gptoss_model* piped = load_gpu(nullptr);
+    const std::vector<int32_t> p = prompt(40, 63);
+    const int32_t end = 200002;
+    for (uint64_t seed = 0; seed < 3; ++seed) {
+        INFO("json_schema, seed " << seed);
+        gptoss_sampling_params sp;
+        gptoss_sampling_params_init(&sp, sizeof sp);
+        sp.seed = seed;
+        sp.max_tokens = 200;
+        sp.json_schema = R"({"type":"object","properties":{"a":{"type":"number"},"b":{"type":"string","maxLength":6}},)"
+                         R"("required":["a","b"],"additionalProperties":false})";
+        sp.stop_tokens = &end;
+        sp.n_stop_tokens = 1;
+        gptoss_session* a = new_session(plain);
+        gptoss_session* b = new_session(piped);
+        const Run want = generate(a, p, sp, 0);
+        const Run got = generate(b, p, sp, 0);
+        CHECK(want.stop == GPTOSS_STOP_RETURN);
+        CHECK(got.tokens == want.tokens);
+        CHECK(got.stop == want.stop);
+        gptoss_session_free(a);
+        gptoss_session_free(b);
+    }
+    gptoss_tool tool = {"add", "Adds.", R"({"type":"object","properties":{"a":{"type":"number"},"b":{"type":"number"}},"required":["a","b"]})"};
+    gptoss_message history[1] = {{GPTOSS_ROLE_USER, GPTOSS_CHANNEL_NONE, "Add 2 and 3.", nullptr, nullptr, nullptr}};
+    for (uint64_t seed = 0; seed < 3; ++seed) {
+        INFO("tool call, seed " << seed);
+        gptoss_chat_request req = gptoss_chat_default_request();
+        req.messages = history;
+        req.n_messages = 1;
+        req.tools = &tool;
+        req.n_tools = 1;
+        req.tool_choice = GPTOSS_TOOL_CHOICE_REQUIRED;
+        gptoss_sampling_params sp = gptoss_sampling_default_params();
+        sp.seed = seed;
+        sp.max_tokens = 400;
+        std::string raw[2];
+        gptoss_stop_reason stop[2] = {};
+        for (int i = 0; i < 2; ++i) {
+            gptoss_session* s = new_session(i == 0 ? plain : piped);
+            const gptoss_chat_result* r = nullptr;
+            REQUIRE(gptoss_chat(s, &req, &sp, nullptr, nullptr, &r) == GPTOSS_OK);
+            raw[i] = r->raw;
+            stop[i] = r->stop_reason;
+            gptoss_session_free(s);
+        }
+        CHECK(stop[0] == GPTOSS_STOP_CALL);
+        CHECK(raw[1] == raw[0]);
+        CHECK(stop[1] == stop[0]);
+    }
     gptoss_model_free(plain);
     gptoss_model_free(piped);
 }

@@ -602,11 +602,11 @@ double run_tg(gptoss::BackendSession& session, int32_t first, uint32_t depth, ui
         return now_ms() - t0;
     }
     check(session.decode(tok, depth), "decode");
-    check(session.sample_ahead(greedy, 0.0), "decode");
+    check(session.sample_ahead(greedy, 0.0, nullptr), "decode");
     for (uint32_t i = 1; i < tg; ++i) {
         check(session.decode_sampled(depth + i), "decode");
         check(session.fetch_sampled(&tok), "decode");
-        check(session.sample_ahead(greedy, 0.0), "decode");
+        check(session.sample_ahead(greedy, 0.0, nullptr), "decode");
     }
     check(session.fetch_sampled(&tok), "decode");
     return now_ms() - t0;

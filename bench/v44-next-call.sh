@@ -21,9 +21,9 @@
 # alternating, two rounds, `--concurrency 1,2,8 -p 512 -n 256 --decode-batch 8`: does one stream on
 # a batching model reach the decode graph's rate with it off (tg128 @ 0 of the ab phase: 717-726),
 # and are 2 / 8 streams unchanged? (test-batch-gpu in the tests phase runs the new exactness case.)
-# gap (v45, not in the default; ~40 s): tg128 at depths 0 / 8 192 with --decode-gap: the "tg128 nosync"
-# row (no sampling between steps) against tg128 is the host round trip per token, i.e. what feeding
-# the sampled token to the next decode step on the device could save (bench/NOTES.md "v45").
+# gap (v45, not in the default; ~120 s): tg128 at depths 0 / 8 192 with --decode-gap, two rounds, and
+# the 120b at 0: tg128 (since v46 the pipelined loop) against "tg128 plain" (the old loop) and "tg128
+# nosync" (no sampling between steps) in one process each (bench/NOTES.md "v45", "v46").
 # pipe (v46, not in the default; ~60 s): the pipelined decode loop (gptoss-decode-pipeline.cpp, the
 # default on one GPU) against GPTOSS_DECODE_PIPELINE=0, tg128 at 0 / 8 192 alternating, two rounds;
 # then the 120b at depth 0 the same way. (The tests phase runs test-kernels-pipeline: the same tokens
@@ -90,8 +90,15 @@ if [[ " $PHASES " == *" pipe "* ]]; then
   echo "== pipe ${SECONDS}s"
 fi
 if [[ " $PHASES " == *" gap "* ]]; then
-  timeout 120 ./build-gpu/gptoss-bench --synthetic 20b --no-gemm-probe -p 0 -n 128 -d 0,8192 -r 3 --decode-gap 2>&1 |
-    grep -E '^\| tg'
+  # tg128 (the pipelined loop), "tg128 plain" (the old loop) and "tg128 nosync" in one process each.
+  for r in 1 2; do
+    echo "== gap: 20b, round $r"
+    timeout 150 ./build-gpu/gptoss-bench --synthetic 20b --no-gemm-probe -p 0 -n 128 -d 0,8192 -r 3 --decode-gap \
+      2>&1 | tee "$OUT/gap-20b-r$r.txt" | grep -E '^\| tg'
+  done
+  echo "== gap: 120b"
+  timeout 200 ./build-gpu/gptoss-bench --synthetic 120b --no-gemm-probe -p 0 -n 128 -d 0 -r 3 --decode-gap 2>&1 |
+    tee "$OUT/gap-120b.txt" | grep -E '^\| tg'
   echo "== gap ${SECONDS}s"
 fi
 echo "== done ${SECONDS}s"

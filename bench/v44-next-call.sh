@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # bench/v44-next-call.sh - the first GPU call(s) prepared for the session after v44 (bench/NOTES.md
-# "v44", "Prepared"). Applies, in this order, against main at 0049cd5 or later:
+# "v44", "Prepared"). RAN 2026-12-05 (bench/NOTES.md "v46"; raw lines bench/h200-v46-calls.txt):
+# phases tests, gap, ab and lone; the four patches lost (dropped, kept as the record), the pipelined
+# loop and batch invariance off measured. Kept as the record of those calls. Applies, in this order, against main at 0049cd5 or later:
 #   bench/v44-stages34.patch     3 and 4 K/V sub-blocks in flight per warp in the lone query's
 #                                tensor-core split (GPTOSS_DECODE_ATTN_STAGES=3|4; the same bits; its
 #                                test: stages 1-4 bit-identical against cpu::attention),

@@ -350,12 +350,19 @@ gptoss_status resolve_batch_invariant(int32_t param, bool* out) {
                     "params.batch_invariant: %d is neither GPTOSS_BATCH_INVARIANT_ON (1), GPTOSS_BATCH_INVARIANT_OFF "
                     "(2) nor 0 (the default)",
                     int(param));
-    *out = true;
-    const char* env = std::getenv("GPTOSS_BATCH_INVARIANT");
+    int env = -1;
+    GPTOSS_TRY(env_switch("GPTOSS_BATCH_INVARIANT", &env));
+    *out = env != 0;
+    return GPTOSS_OK;
+}
+
+gptoss_status env_switch(const char* name, int* out) {
+    *out = -1;
+    const char* env = std::getenv(name);
     if (env == nullptr || *env == '\0') return GPTOSS_OK;
     if (std::strcmp(env, "0") != 0 && std::strcmp(env, "1") != 0)
-        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "GPTOSS_BATCH_INVARIANT: \"%s\" is neither 1 (on) nor 0 (off)", env);
-    *out = env[0] == '1';
+        return fail(GPTOSS_ERR_INVALID_ARGUMENT, "%s: \"%s\" is neither 1 (on) nor 0 (off)", name, env);
+    *out = env[0] == '1' ? 1 : 0;
     return GPTOSS_OK;
 }
 

@@ -19,24 +19,13 @@
 #include "gptoss-internal.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 namespace gptoss {
 
-gptoss_status resolve_decode_pipeline(int* out) {
-    *out = -1;
-    const char* env = std::getenv("GPTOSS_DECODE_PIPELINE");
-    if (env == nullptr || *env == '\0') return GPTOSS_OK;
-    if (std::strcmp(env, "0") != 0 && std::strcmp(env, "1") != 0)
-        return fail(GPTOSS_ERR_INVALID_ARGUMENT,
-                    "GPTOSS_DECODE_PIPELINE: \"%s\" is neither 1 (on) nor 0 (off); unset, the backend decides", env);
-    *out = env[0] == '1' ? 1 : 0;
-    return GPTOSS_OK;
-}
+gptoss_status resolve_decode_pipeline(int* out) { return env_switch("GPTOSS_DECODE_PIPELINE", out); }
 
-bool use_decode_pipeline(const gptoss_session* session, const GenerateOptions& /*options*/) {
+bool use_decode_pipeline(const gptoss_session* session) {
     const gptoss_model* model = session->model;
     if (model->batcher != nullptr) return false;
     if (model->decode_pipeline >= 0) return model->decode_pipeline == 1;

@@ -434,6 +434,9 @@ private:
 // Resolves params.batch_invariant (0: GPTOSS_BATCH_INVARIANT, else on) into *out
 // (gptoss-batch.cpp). Fails with INVALID_ARGUMENT naming a bad value.
 [[nodiscard]] gptoss_status resolve_batch_invariant(int32_t param, bool* out);
+// An on/off environment variable (gptoss-batch.cpp): *out = 1 for "1", 0 for "0", -1 when unset
+// or empty; anything else INVALID_ARGUMENT naming the variable and its value.
+[[nodiscard]] gptoss_status env_switch(const char* name, int* out);
 
 }  // namespace gptoss
 
@@ -582,11 +585,11 @@ void forget_cache(gptoss_session* session);
 // The pipelined decode loop (gptoss-decode-pipeline.cpp). resolve_decode_pipeline: the
 // environment variable GPTOSS_DECODE_PIPELINE ("0" / "1"; unset or empty: -1, the backend
 // decides), INVALID_ARGUMENT naming it otherwise. use_decode_pipeline: whether this call takes
-// the pipelined loop (no batcher, and on by the variable or the backend).
+// the session's calls take the pipelined loop (no batcher, and on by the variable or the backend).
 // decode_tokens_pipelined: the decode loop of session_generate, from the prefill's logits on,
 // with the same results as the plain loop (tokens, stop reason, cached).
 [[nodiscard]] gptoss_status resolve_decode_pipeline(int* out);
-bool use_decode_pipeline(const gptoss_session* session, const GenerateOptions& options);
+bool use_decode_pipeline(const gptoss_session* session);
 [[nodiscard]] gptoss_status decode_tokens_pipelined(gptoss_session* session, const GenerateOptions& options,
                                                     GenerateOutput* out);
 class DecodeLoop {

@@ -543,7 +543,7 @@ static gptoss_status generate_on_cache(gptoss_session* session, const int32_t* p
         return GPTOSS_OK;
     }
     const auto decode_start = std::chrono::steady_clock::now();
-    if (use_decode_pipeline(session, options)) GPTOSS_TRY(decode_tokens_pipelined(session, options, out));
+    if (use_decode_pipeline(session)) GPTOSS_TRY(decode_tokens_pipelined(session, options, out));
     else GPTOSS_TRY(decode_tokens(session, options, out));
     out->decode_ms = ms_since(decode_start);
     return GPTOSS_OK;

@@ -32,6 +32,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 namespace gptoss {
 namespace cuda {
@@ -309,6 +310,19 @@ DecodeGemv env_variant(const char* name, DecodeGemv def) {
     return DecodeGemv{nw, d, sh != 0, def.fixed_k};
 }
 
+// "WARPS,DEPTH,CTAS_PER_SM" (e.g. "24,4,1") or "0" (off) from the environment, else `def`.
+DecodeSpread env_spread(const char* name, DecodeSpread def) {
+    const char* s = std::getenv(name);
+    if (!s || !*s) return def;
+    if (std::strcmp(s, "0") == 0) return DecodeSpread{};
+    unsigned nw = 0, d = 0, per = 0;
+    if (std::sscanf(s, "%u,%u,%u", &nw, &d, &per) != 3 || per == 0) {
+        std::fprintf(stderr, "gptoss: %s=\"%s\" is not WARPS,DEPTH,CTAS_PER_SM or 0; using the default\n", name, s);
+        return def;
+    }
+    return DecodeSpread{nw, d, per, 0};
+}
+
 bool env_flag(const char* name, bool def) {
     const char* s = std::getenv(name);
     return (s && *s) ? std::atoi(s) != 0 : def;
@@ -349,6 +363,8 @@ const DecodeTuning& decode_tuning() {
         d.route_ready = env_flag("GPTOSS_DECODE_ROUTE_READY", d.route_ready);
         d.bf16.fixed_k = env_flag("GPTOSS_DECODE_FIXED_K_BF16", d.bf16.fixed_k);
         d.fp4.fixed_k = env_flag("GPTOSS_DECODE_FIXED_K", d.fp4.fixed_k);
+        d.spread = env_spread("GPTOSS_DECODE_SPREAD", d.spread);
+        d.spread_down = env_spread("GPTOSS_DECODE_SPREAD_DOWN", d.spread);
         return d;
     }();
     return tuning;

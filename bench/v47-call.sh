@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# bench/v47-call.sh - one H200 call for bench/NOTES.md "v47" (issue 12): builds, runs the spread
+# GEMV's tests (test-kernels-decode, test-kernels-spread) and times the routed MXFP4 decode GEMVs in
+# gemv_spread.cu's form against the defaults, by environment, alternating, inside one call.
+# Usage (repository root, GPU machine): OUT=... PHASES="tests ab" bash bench/v47-call.sh DEPS TOK [VARIANT...]
+# A variant is one argument of space-separated NAME=VALUE pairs ("" = the defaults). Environment:
+# DEPTHS (0), ROUNDS (2), BUDGET (seconds after which no new bench run starts, 540).
+set -uo pipefail
+T0=$(date +%s)
+el() { echo $(( $(date +%s) - T0 )); }
+. tools/device-lib.sh
+dev_start "$1" "$2"
+shift 2
+PHASES="${PHASES:-tests ab}"
+rm -rf build-gpu  # a warm machine's objects can be newer than re-copied sources (NOTES "v46")
+dev_build build-gpu "$OUT/build.log" gptoss-bench gptoss-synth test-kernels-decode test-kernels ||
+  { dev_build_errors "$OUT/build.log"; exit 1; }
+echo "== build done at $(el)s"
+if [[ " $PHASES " == *" tests "* ]]; then
+  dev_ctest_gpu build-gpu "$OUT/ctest.txt" '^test-kernels-(decode|spread)$'
+  grep -E "Test +#|assertions|test cases" "$OUT/ctest.txt" | head -12
+  echo "== tests done at $(el)s"
+fi
+tg() {  # variant -> "DEPTH TOK/S; ..."
+  env $1 timeout 120 ./build-gpu/gptoss-bench --synthetic "${MODEL:-20b}" --no-gemm-probe -p 0 -n 128 \
+      -d "${DEPTHS:-0}" -r 3 2>&1 | awk -F'|' '/^\| tg/ {gsub(/ /, "", $3); gsub(/ /, "", $4); printf "%s %s; ", $3, $4}'
+}
+if [[ " $PHASES " == *" ab "* ]]; then
+  [ $# -gt 0 ] || set -- ""
+  for r in $(seq 1 "${ROUNDS:-2}"); do
+    for v in "$@"; do
+      [ "$(el)" -lt "${BUDGET:-540}" ] || { echo "== budget reached at $(el)s"; break 2; }
+      echo "== ${MODEL:-20b} [${v:-defaults}] r$r: $(tg "$v") ($(el)s)" | tee -a "$OUT/ab.txt"
+    done
+  done
+fi
+echo "== end at $(el)s"

@@ -84,33 +84,34 @@ __global__ __launch_bounds__(NW * 32) void gemv_spread_kernel(const SpreadArgs a
     const uint32_t act_units = n_act > i0 ? min(n_act - i0, n_local) * C : 0u;
     const uint32_t L = min(u1, act_units) > u0 ? min(u1, act_units) - u0 : 0u;
 
-    // Load cursor: (local item lj, chunk lc) and its pointers.
-    uint32_t lj = u0 / C, lc = u0 % C;
-    const uint4* lwp = nullptr;
-    const uint2* lsp = nullptr;
-    const auto seek = [&] {
-        const uint32_t item = i0 + lj, tile = item / S;
-        slab_pointers<true>(a.w, s_expert[tile - t_first], item % S, C, lane, &lwp, &lsp);
-        lwp += size_t(lc) * 32;
-        lsp += size_t(lc) * 8;
-    };
-    const auto advance = [&] {
-        if (++lc == C) {
-            lc = 0;
-            if (++lj < n_local && (i0 + lj) / S - t_first < 2) seek();
-        } else {
-            lwp += 32;
-            lsp += 8;
+    // The warp's units k = 0 .. L - 1 are the CTA's local units u0 + k. Within a tile a slab's chunks
+    // follow the previous slab's in memory (repack.cu's layout), so the weight pointers step one
+    // chunk at a time across item boundaries; only at the CTA's second tile (local unit u_sw,
+    // relative unit k_sw when inside the range) do they move to that tile's expert.
+    const uint32_t u_sw = ((t_first + 1) * S - i0) * C;
+    const uint32_t k_sw = u_sw > u0 ? u_sw - u0 : 0xFFFFFFFFu;
+    const uint4 *lwp = nullptr, *wsw = nullptr;
+    const uint2 *lsp = nullptr, *ssw = nullptr;
+    if (L > 0) {
+        const uint32_t item = i0 + u0 / C, c = u0 % C;
+        slab_pointers<true>(a.w, s_expert[item / S - t_first], item % S, C, lane, &lwp, &lsp);
+        lwp += size_t(c) * 32;
+        lsp += size_t(c) * 8;
+        if (k_sw < L) slab_pointers<true>(a.w, s_expert[1], 0, C, lane, &wsw, &ssw);
+    }
+    const auto load_next = [&](Chunk& ch, uint32_t k) {  // k: the relative unit it holds
+        if (k == k_sw) {
+            lwp = wsw;
+            lsp = ssw;
         }
+        load_chunk<true>(ch, lwp, lsp, 0);
+        lwp += 32;
+        lsp += 8;
     };
     Chunk ring[kDepth];
-    if (L > 0) seek();
 #pragma unroll
     for (int i = 0; i < kDepth; ++i)
-        if (uint32_t(i) < L) {
-            load_chunk<true>(ring[i], lwp, lsp, 0);
-            advance();
-        }
+        if (uint32_t(i) < L) load_next(ring[i], uint32_t(i));
 
     // The pairs (input and output rows) of the CTA's tiles; the biases of the rows this thread
     // finishes first (idx = threadIdx.x: local item idx / 16, row idx % 16).
@@ -156,42 +157,54 @@ __global__ __launch_bounds__(NW * 32) void gemv_spread_kernel(const SpreadArgs a
     }
     __syncthreads();
 
-    // Compute cursor: (local item cj, chunk cc), the row slot it reads, the flush slot.
-    uint32_t cj = u0 / C, cc = u0 % C, slot = 0;
-    // xq: uint4 index into xsm of this lane's words of chunk 0 of the row in use.
+    // Compute cursor: chunk cc of the item, xo = the uint4 index of this lane's activation words of
+    // that chunk (row slot 1 at offset x2 for the second tile when its row differs), the flush slot.
     const uint4* xbase = reinterpret_cast<const uint4*>(&xsm[0][0]);
-    const auto xslot = [&](uint32_t j) {
-        const uint32_t q = (i0 + j) / S - t_first;
-        return (q == 1 && s_row[1] != s_row[0] ? kSpreadMaxK / 8 : 0u) + 2u * uint32_t(t);
-    };
-    uint32_t xq = xslot(cj);
+    const uint32_t x2 = s_row[1] >= 0 && s_row[1] != s_row[0] ? kSpreadMaxK / 8 : 0u;
+    uint32_t cc = u0 % C, slot = 0;
+    uint32_t xo = (u0 >= u_sw ? x2 : 0u) + 2u * uint32_t(t) + cc * 8u;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const auto compute = [&](int i) {
+        const uint4 lo = xbase[xo], hi = xbase[xo + 1];
+        const uint32_t xw8[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        mxfp4_chunk_blockscale(acc, ring[i], xw8);
+        xo += 8;
+    };
+    // After relative unit k: its item's partial to the next slot at the item's (or the range's) end.
+    const auto finish = [&](uint32_t k, bool range_end) {
+        if (++cc == C || range_end) {
+            if (t == 0) {
+                red[warp][slot][g] = acc[0] * kXUnscale;
+                red[warp][slot][g + 8] = acc[2] * kXUnscale;
+            }
+            acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+            ++slot;
+            if (cc == C) {
+                cc = 0;
+                xo = (u0 + k + 1 >= u_sw ? x2 : 0u) + 2u * uint32_t(t);
+            }
+        }
+    };
     for (uint32_t base = 0; base < L; base += kDepth) {
+        if (base + 2 * kDepth <= L && (k_sw < base + kDepth || k_sw >= base + 2 * kDepth)) {
+            // A full round whose refills all lie in the range on one tile: the loads at immediate
+            // offsets from the round's pointers, no bound tests.
 #pragma unroll
-        for (int i = 0; i < kDepth; ++i) {
-            const uint32_t u = base + uint32_t(i);
-            if (u >= L) break;
-            {
-                const uint4 lo = xbase[xq + cc * 8], hi = xbase[xq + cc * 8 + 1];
-                const uint32_t xw8[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-                mxfp4_chunk_blockscale(acc, ring[i], xw8);
+            for (int i = 0; i < kDepth; ++i) {
+                compute(i);
+                load_chunk<true>(ring[i], lwp, lsp, uint32_t(i));
+                finish(base + uint32_t(i), false);
             }
-            if (u + kDepth < L) {
-                load_chunk<true>(ring[i], lwp, lsp, 0);
-                advance();
-            }
-            if (++cc == C || u + 1 == L) {
-                if (t == 0) {
-                    red[warp][slot][g] = acc[0] * kXUnscale;
-                    red[warp][slot][g + 8] = acc[2] * kXUnscale;
-                }
-                acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
-                ++slot;
-                if (cc == C) {
-                    cc = 0;
-                    ++cj;
-                    if (cj < n_local) xq = xslot(cj);
-                }
+            lwp += 32 * kDepth;
+            lsp += 8 * kDepth;
+        } else {
+#pragma unroll
+            for (int i = 0; i < kDepth; ++i) {
+                const uint32_t k = base + uint32_t(i);
+                if (k >= L) break;
+                compute(i);
+                if (k + kDepth < L) load_next(ring[i], k + kDepth);
+                finish(k, k + 1 == L);
             }
         }
     }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/v47-call.sh - one H200 call for bench/NOTES.md "v47" (issue 12): builds, runs the spread
-# GEMV's tests (test-kernels-decode, test-kernels-spread) and times the routed MXFP4 decode GEMVs in
+# GEMV's tests (test-kernels-decode, test-kernels-spread; memcheck and racecheck of the former's
+# spread cases) and times the routed MXFP4 decode GEMVs in
 # gemv_spread.cu's form against the defaults, by environment, alternating, inside one call.
 # Usage (repository root, GPU machine): OUT=... PHASES="tests ab" bash bench/v47-call.sh DEPS TOK [VARIANT...]
 # A variant is one argument of space-separated NAME=VALUE pairs ("" = the defaults). Environment:
@@ -19,6 +20,11 @@ echo "== build done at $(el)s"
 if [[ " $PHASES " == *" tests "* ]]; then
   dev_ctest_gpu build-gpu "$OUT/ctest.txt" '^test-kernels-(decode|spread)$'
   grep -E "Test +#|assertions|test cases" "$OUT/ctest.txt" | head -12
+  for tool in memcheck racecheck; do  # issue 12: every new kernel clean under both
+    GPTOSS_TEST_SPREAD_QUICK=1 timeout 120 compute-sanitizer --tool $tool ./build-gpu/test-kernels-decode -tc='decode spread*' \
+        > "$OUT/$tool.txt" 2>&1
+    echo "== $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.txt" | head -1)"
+  done
   echo "== tests done at $(el)s"
 fi
 tg() {  # variant -> "DEPTH TOK/S; ..."

@@ -45,7 +45,7 @@ for m in "${models[@]}"; do
 done
 [ "${NCU:-1}" = 1 ] || exit 0
 timeout 240 ncu --clock-control none --csv --page raw \
-  -k regex:"gemv_decode|router_decode|attention_decode|residual_rmsnorm" -c 170 \
+  -k regex:"gemv_decode|gemv_spread|router_decode|attention_decode|residual_rmsnorm" -c 170 \
   --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats --section WarpStateStats \
   --metrics dram__bytes_read.sum,dram__bytes_write.sum \
   "$bench" --synthetic 20b --no-gemm-probe -p 0 -n 1 -d "${DEPTH:-0}" -r 1 > "$OUT/breakdown-ncu-20b.csv" 2> "$OUT/breakdown-ncu-20b.err"

@@ -20,7 +20,7 @@ mkdir -p "$OUT"
 B=build-gpu
 dev_build $B "$OUT/ncu-build.log" gptoss-bench || { tail -40 "$OUT/ncu-build.log"; exit 1; }
 timeout 400 ncu --clock-control none --csv --page raw \
-  -k regex:"gemm|router|attention|residual|rope|argmax" --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread \
+  -k regex:"gemm|gemv|router|attention|residual|rope|argmax" --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread \
   ./$B/gptoss-bench --synthetic $MODEL --no-gemm-probe -p 16 -n 2 -d 0 -r 1 > "$OUT/ncu-$MODEL.csv" 2> "$OUT/ncu-$MODEL.err"
 echo "ncu rc=$?"
 python3 - "$OUT/ncu-$MODEL.csv" <<'PY' | tee "$OUT/ncu-summary-$MODEL.txt"

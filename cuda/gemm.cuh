@@ -187,6 +187,21 @@ __device__ __forceinline__ void fragment(const Chunk& ch, int j, uint32_t (&a)[4
 // (acc[0]: row g, acc[2]: row g + 8) is read.
 constexpr uint32_t kXScaleBf16x2 = 0x4F804F80u;  // bf16 2^32 in both halves
 constexpr float kXUnscale = 0x1p-32f;
+// The MXFP4 decode GEMVs' activation row staging: dst[0 .. K) = src[0 .. K) × 2^32 (exact; bf16
+// permuted, 16-byte aligned, K a multiple of 8), by `nthreads` threads of which this is `tid`, with
+// L2 loads (the row was written by the previous kernel). A __syncthreads must follow.
+__device__ __forceinline__ void stage_row_x2p32(uint16_t* dst, const uint16_t* src, uint32_t K, uint32_t tid,
+                                                uint32_t nthreads) {
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    for (uint32_t i = tid; i < K / 8; i += nthreads) {
+        uint4 v = __ldcg(s + i);
+        v.x = bf16x2_mul(v.x, kXScaleBf16x2);
+        v.y = bf16x2_mul(v.y, kXScaleBf16x2);
+        v.z = bf16x2_mul(v.z, kXScaleBf16x2);
+        v.w = bf16x2_mul(v.w, kXScaleBf16x2);
+        *reinterpret_cast<uint4*>(dst + 8 * i) = v;
+    }
+}
 __device__ __forceinline__ void mxfp4_chunk_blockscale(float (&acc)[4], const Chunk& ch, const uint32_t (&x)[8]) {
 #pragma unroll
     for (int b = 0; b < 2; ++b) {

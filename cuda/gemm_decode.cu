@@ -154,17 +154,9 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
         }
     };
     if constexpr (kFp4) {
-        // The whole row, once per CTA (every chunk of the slab is some warp's).
-        const uint4* src = reinterpret_cast<const uint4*>(xrow);
-        for (uint32_t i = threadIdx.x; i < K / 8; i += R) {
-            uint4 v = __ldcg(src + i);
-            // × 2^32 (exact): mxfp4_chunk_blockscale's operand
-            v.x = bf16x2_mul(v.x, kXScaleBf16x2);
-            v.y = bf16x2_mul(v.y, kXScaleBf16x2);
-            v.z = bf16x2_mul(v.z, kXScaleBf16x2);
-            v.w = bf16x2_mul(v.w, kXScaleBf16x2);
-            *reinterpret_cast<uint4*>(xsm + 8 * i) = v;
-        }
+        // The whole row, once per CTA (every chunk of the slab is some warp's), × 2^32:
+        // mxfp4_chunk_blockscale's operand.
+        stage_row_x2p32(xsm, xrow, K, threadIdx.x, R);
         __syncthreads();
     } else {
 #pragma unroll

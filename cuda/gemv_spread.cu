@@ -145,15 +145,7 @@ __global__ __launch_bounds__(NW * 32) void gemv_spread_kernel(const SpreadArgs a
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
         if (s_row[q] < 0 || (q == 1 && s_row[1] == s_row[0])) continue;
-        const uint4* src = reinterpret_cast<const uint4*>(a.x + size_t(s_row[q]) * K);
-        for (uint32_t i = threadIdx.x; i < K / 8; i += R) {
-            uint4 v = __ldcg(src + i);
-            v.x = bf16x2_mul(v.x, kXScaleBf16x2);
-            v.y = bf16x2_mul(v.y, kXScaleBf16x2);
-            v.z = bf16x2_mul(v.z, kXScaleBf16x2);
-            v.w = bf16x2_mul(v.w, kXScaleBf16x2);
-            *reinterpret_cast<uint4*>(&xsm[q][8 * i]) = v;
-        }
+        stage_row_x2p32(xsm[q], a.x + size_t(s_row[q]) * K, K, threadIdx.x, R);
     }
     __syncthreads();
 

@@ -90,28 +90,15 @@ __global__ __launch_bounds__(NW * 32) void gemv_spread_kernel(const SpreadArgs a
     // relative unit k_sw when inside the range) do they move to that tile's expert.
     const uint32_t u_sw = ((t_first + 1) * S - i0) * C;
     const uint32_t k_sw = u_sw > u0 ? u_sw - u0 : 0xFFFFFFFFu;
-    const uint4 *lwp = nullptr, *wsw = nullptr;
-    const uint2 *lsp = nullptr, *ssw = nullptr;
+    ChunkStream cs;
     if (L > 0) {
-        const uint32_t item = i0 + u0 / C, c = u0 % C;
-        slab_pointers<true>(a.w, s_expert[item / S - t_first], item % S, C, lane, &lwp, &lsp);
-        lwp += size_t(c) * 32;
-        lsp += size_t(c) * 8;
-        if (k_sw < L) slab_pointers<true>(a.w, s_expert[1], 0, C, lane, &wsw, &ssw);
+        const uint32_t item = i0 + u0 / C;
+        cs.begin(a.w, s_expert[item / S - t_first], item % S, u0 % C, C, lane, s_expert[1], k_sw, L);
     }
-    const auto load_next = [&](Chunk& ch, uint32_t k) {  // k: the relative unit it holds
-        if (k == k_sw) {
-            lwp = wsw;
-            lsp = ssw;
-        }
-        load_chunk<true>(ch, lwp, lsp, 0);
-        lwp += 32;
-        lsp += 8;
-    };
     Chunk ring[kDepth];
 #pragma unroll
     for (int i = 0; i < kDepth; ++i)
-        if (uint32_t(i) < L) load_next(ring[i], uint32_t(i));
+        if (uint32_t(i) < L) cs.next(ring[i], uint32_t(i));
 
     // The pairs (input and output rows) of the CTA's tiles; the biases of the rows this thread
     // finishes first (idx = threadIdx.x: local item idx / 16, row idx % 16).
@@ -178,24 +165,23 @@ __global__ __launch_bounds__(NW * 32) void gemv_spread_kernel(const SpreadArgs a
         }
     };
     for (uint32_t base = 0; base < L; base += kDepth) {
-        if (base + 2 * kDepth <= L && (k_sw < base + kDepth || k_sw >= base + 2 * kDepth)) {
+        if (base + 2 * kDepth <= L && cs.no_switch(base + kDepth, kDepth)) {
             // A full round whose refills all lie in the range on one tile: the loads at immediate
             // offsets from the round's pointers, no bound tests.
 #pragma unroll
             for (int i = 0; i < kDepth; ++i) {
                 compute(i);
-                load_chunk<true>(ring[i], lwp, lsp, uint32_t(i));
+                cs.round_load(ring[i], uint32_t(i));
                 finish(base + uint32_t(i), false);
             }
-            lwp += 32 * kDepth;
-            lsp += 8 * kDepth;
+            cs.round_end(kDepth);
         } else {
 #pragma unroll
             for (int i = 0; i < kDepth; ++i) {
                 const uint32_t k = base + uint32_t(i);
                 if (k >= L) break;
                 compute(i);
-                if (k + kDepth < L) load_next(ring[i], k + kDepth);
+                if (k + kDepth < L) cs.next(ring[i], k + kDepth);
                 finish(k, k + 1 == L);
             }
         }

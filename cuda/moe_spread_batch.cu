@@ -84,28 +84,15 @@ __global__ __launch_bounds__(NW * 32) void moe_spread_batch_kernel(const SpreadB
     const uint32_t cs = chunk_of(u0), L = ua1 > u0 ? chunk_of(ua1) - cs : 0u;
     const uint32_t u_sw = ((t_first + 1) * S - i0) * C;  // local chunk where the second tile starts
     const uint32_t k_sw = u_sw > cs ? u_sw - cs : 0xFFFFFFFFu;
-    const uint4 *lwp = nullptr, *wsw = nullptr;
-    const uint2 *lsp = nullptr, *ssw = nullptr;
+    ChunkStream stream;
     if (L > 0) {
         const uint32_t item = i0 + cs / C;
-        slab_pointers<true>(a.w, tref(item / S - t_first).expert, item % S, C, lane, &lwp, &lsp);
-        lwp += size_t(cs % C) * 32;
-        lsp += size_t(cs % C) * 8;
-        if (k_sw < L) slab_pointers<true>(a.w, tr1.expert, 0, C, lane, &wsw, &ssw);
+        stream.begin(a.w, tref(item / S - t_first).expert, item % S, cs % C, C, lane, tr1.expert, k_sw, L);
     }
-    const auto load_next = [&](Chunk& ch, uint32_t k) {  // k: the warp-relative chunk it holds
-        if (k == k_sw) {
-            lwp = wsw;
-            lsp = ssw;
-        }
-        load_chunk<true>(ch, lwp, lsp, 0);
-        lwp += 32;
-        lsp += 8;
-    };
     Chunk ring[D];
 #pragma unroll
     for (int i = 0; i < D; ++i)
-        if (uint32_t(i) < L) load_next(ring[i], uint32_t(i));
+        if (uint32_t(i) < L) stream.next(ring[i], uint32_t(i));
     // The tiles' activation rows (8 per tile), as moe_batch_kernel stages them.
     const uint32_t buf = 8 * sa.xstride;
     if (tr0.pairs != nullptr) stage_rows(a, tr0, smem, sa.xstride);
@@ -163,17 +150,16 @@ __global__ __launch_bounds__(NW * 32) void moe_spread_batch_kernel(const SpreadB
         }
     };
     for (uint32_t base = 0; base < L; base += D) {
-        if (base + 2 * D <= L && (k_sw < base + D || k_sw >= base + 2 * D)) {
+        if (base + 2 * D <= L && stream.no_switch(base + D, D)) {
             // A full round whose refills all lie in the range on one tile: loads at immediate
             // offsets from the round's pointers, no bound tests.
 #pragma unroll
             for (int i = 0; i < D; ++i) {
                 chunk_mma<1>(ring[i], xl, 0, cc, a2);
-                load_chunk<true>(ring[i], lwp, lsp, uint32_t(i));
+                stream.round_load(ring[i], uint32_t(i));
                 finish(base + uint32_t(i));
             }
-            lwp += 32 * D;
-            lsp += 8 * D;
+            stream.round_end(D);
             continue;
         }
 #pragma unroll
@@ -181,7 +167,7 @@ __global__ __launch_bounds__(NW * 32) void moe_spread_batch_kernel(const SpreadB
             const uint32_t k = base + uint32_t(i);
             if (k >= L) break;
             chunk_mma<1>(ring[i], xl, 0, cc, a2);
-            if (k + D < L) load_next(ring[i], k + D);
+            if (k + D < L) stream.next(ring[i], k + D);
             finish(k);
         }
     }

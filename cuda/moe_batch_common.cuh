@@ -69,20 +69,27 @@ __device__ __forceinline__ void chain(Chunk (&ring)[D], const uint4* wp, const u
 #pragma unroll
         for (int h = 0; h < 2; ++h) a2[g][h][0] = a2[g][h][1] = a2[g][h][2] = a2[g][h][3] = 0.0f;
     uint32_t part_end = kParts ? min(part_len, n_chunks) : n_chunks;  // the current part's end
-    bool first = true;
-    // kParts: the part's sum into tot after its last chunk.
+    // kParts: the part's sum into tot after its last chunk (the first part: part_end <= part_len).
+    // tot as a 32-bit shared-memory address: one register fewer than the pointer.
+    const uint32_t tot_s = kParts ? uint32_t(__cvta_generic_to_shared(tot)) : 0u;
     const auto fold = [&] {
+        const bool first = part_end <= part_len;
         part_end = min(part_end + part_len, n_chunks);
 #pragma unroll
         for (int g = 0; g < G; ++g)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const float s = __fadd_rn(a2[g][0][e], a2[g][1][e]);
-                float* t = tot + 32 * (4 * g + e);
-                *t = first ? s : __fadd_rn(*t, s);
+                const uint32_t at = tot_s + 128u * uint32_t(4 * g + e);
+                float v = s;
+                if (!first) {
+                    float old;
+                    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(old) : "r"(at));
+                    v = __fadd_rn(old, s);
+                }
+                asm volatile("st.shared.f32 [%0], %1;" ::"r"(at), "f"(v) : "memory");
                 a2[g][0][e] = a2[g][1][e] = 0.0f;
             }
-        first = false;
     };
     for (uint32_t base = 0; base < n_chunks; base += D) {
         if (base + 2 * D <= n_chunks) {  // every chunk's successor exists: no tests
@@ -116,8 +123,11 @@ __device__ __forceinline__ void chain(Chunk (&ring)[D], const uint4* wp, const u
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         if constexpr (kParts) {
-            acc[0][e] = tot[32 * e];
-            acc[1][e] = G > 1 ? tot[32 * (4 * (G - 1) + e)] : 0.0f;
+            asm volatile("ld.shared.f32 %0, [%1];" : "=f"(acc[0][e]) : "r"(tot_s + 128u * uint32_t(e)));
+            if (G > 1)
+                asm volatile("ld.shared.f32 %0, [%1];" : "=f"(acc[1][e]) : "r"(tot_s + 128u * uint32_t(4 * (G - 1) + e)));
+            else
+                acc[1][e] = 0.0f;
         } else {
             acc[0][e] = __fadd_rn(a2[0][0][e], a2[0][1][e]);
             acc[1][e] = G > 1 ? __fadd_rn(a2[G - 1][0][e], a2[G - 1][1][e]) : 0.0f;  // G == 1: never stored

@@ -57,7 +57,7 @@ __device__ __forceinline__ void chunk_mma(const Chunk& ch, const uint4* xl, uint
 // kParts (part_len > 0 chunks per part, moe_batch_part_len): the sum per part (its chunks from
 // zero, even + odd at the part's end), the parts added left to right — the order
 // moe_spread_batch.cu's kernel keeps when it splits a slab's parts between warps. The running sum
-// lives in shared memory (tot: this lane's 4·G floats at a stride of 32, moe_batch_tot_floats per
+// lives in shared memory (tot: this lane's 4·G floats at a stride of 32, kTotFloatsPerWarp per
 // warp), not in registers: at 24 warps per SM every register is taken.
 template <int D, int G, bool kParts = false>
 __device__ __forceinline__ void chain(Chunk (&ring)[D], const uint4* wp, const uint2* sp, uint32_t n_chunks,

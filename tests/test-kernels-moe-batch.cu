@@ -102,20 +102,33 @@ std::vector<float> skewed_logits(Rand& r) {
     return logits;
 }
 
+// Both tests' set-up: the experts on the GPU, kMaxN tokens (seeded) and their skewed router logits,
+// and the route of all kMaxN tokens.
+struct Setup {
+    TestWeights w{};
+    Rand r;
+    ExpertsW gu{w.gu_blocks, w.gu_scales, w.gu_bias, kE, 2 * kI, kH, true};
+    ExpertsW dn{w.dn_blocks, w.dn_scales, w.dn_bias, kE, kH, kI, false};
+    std::vector<float> xf = r.floats_bf16(size_t(kMaxN) * kH, 1.0f);
+    Dev<uint16_t> x{permuted_rows(xf, kMaxN, kH)};
+    Dev<float> ld{skewed_logits(r)};
+    Route full{ld, kMaxN, 16};
+    explicit Setup(uint64_t seed) : r(seed) {}
+};
+
 }  // namespace
 
 // moe_batch_gemm sums in its own order (one warp per slab, even and odd k16 steps in two chains), so
 // it is checked against the CPU reference, and for batch invariance against itself: every pair's
 // rows at n tokens == the same pair's at n = 64, on any grid, at every ring depth and CTA size.
 TEST_CASE("moe_batch_gemm matches the CPU reference and is batch-invariant") {
-    const TestWeights w{};
-    Rand r(7);
-    ExpertsW gu(w.gu_blocks, w.gu_scales, w.gu_bias, kE, 2 * kI, kH, true),
-        dn(w.dn_blocks, w.dn_scales, w.dn_bias, kE, kH, kI, false);
-    const auto xf = r.floats_bf16(size_t(kMaxN) * kH, 1.0f);
-    const Dev<uint16_t> x(permuted_rows(xf, kMaxN, kH));
-    const Dev<float> ld(skewed_logits(r));
-    const Route full(ld, kMaxN, 16);
+    const Setup su(7);
+    const TestWeights& w = su.w;
+    const ExpertsW &gu = su.gu, &dn = su.dn;
+    const auto& xf = su.xf;
+    const Dev<uint16_t>& x = su.x;
+    const Dev<float>& ld = su.ld;
+    const Route& full = su.full;
     const Out ref64 = run(gu, dn, x, full, kMaxN, true, 0, 0);
     const auto experts64 = full.experts.get();
     cpu_check(w, xf, experts64, ref64, kMaxN, "n 64");
@@ -156,14 +169,13 @@ TEST_CASE("moe_batch_gemm matches the CPU reference and is batch-invariant") {
 // same pair's in a 64-token step (batch invariance across the two kernels); parts mode against the
 // CPU too. 4 parts cut gate_up's 25 chunks 7 + 7 + 7 + 4 and down's 5 chunks 2 + 2 + 1 (3 parts).
 TEST_CASE("moe_spread_batch_gemm gives moe_batch_gemm's bits in its K-parts mode for 1-8 tokens") {
-    const TestWeights w{};
-    Rand r(8);
-    ExpertsW gu(w.gu_blocks, w.gu_scales, w.gu_bias, kE, 2 * kI, kH, true),
-        dn(w.dn_blocks, w.dn_scales, w.dn_bias, kE, kH, kI, false);
-    const auto xf = r.floats_bf16(size_t(kMaxN) * kH, 1.0f);
-    const Dev<uint16_t> x(permuted_rows(xf, kMaxN, kH));
-    const Dev<float> ld(skewed_logits(r));
-    const Route full(ld, kMaxN, 16);
+    const Setup su(8);
+    const TestWeights& w = su.w;
+    const ExpertsW &gu = su.gu, &dn = su.dn;
+    const auto& xf = su.xf;
+    const Dev<uint16_t>& x = su.x;
+    const Dev<float>& ld = su.ld;
+    const Route& full = su.full;
     const auto experts64 = full.experts.get();
     const auto spread = [&](const Route& rt, uint32_t n, uint32_t ctas, gptoss_status* st) {
         Dev<uint16_t> act(size_t(n) * kK * kI);

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Needs bench/v47-spread-and-parts.patch applied since v48, which removed those kernels from the tree.)
 # bench/v47-call.sh - one H200 call for bench/NOTES.md "v47" (issue 12): builds, runs the spread
 # GEMV's tests (test-kernels-decode, test-kernels-spread; memcheck and racecheck of the former's
 # spread cases) and times the routed MXFP4 decode GEMVs in

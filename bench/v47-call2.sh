@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Needs bench/v47-spread-and-parts.patch applied since v48, which removed those kernels from the tree.)
 # bench/v47-call2.sh - one H200 call for bench/NOTES.md "v47" (issue 13): the batched MoE's K parts
 # (GPTOSS_DECODE_BATCH_MOE_PARTS, moe_spread_batch.cu for steps of <= 8 tokens). Builds, runs the
 # parts tests (test-kernels-moe-batch: the two kernels bit for bit; test-batch-gpu-parts: a session's

@@ -820,10 +820,6 @@ gptoss_status CudaSession::project(bool decode, const GemmWeights& w, const uint
     // Decode: gemm_decode's split-K GEMVs (route_ready: the route was final before the previous
     // kernel's wait); lm_head-sized N (thousands of slabs, already at the floor) keeps gemm.
     const DecodeTuning& dt = decode_tuning();
-    const DecodeSpread& spread = epilogue == Epilogue::kSwiglu ? dt.spread : dt.spread_down;
-    if (decode && route && decode_spread_applies(w, *route, epilogue, spread))
-        return gemm_decode_spread(w, x, *route, route_ready && dt.route_ready, epilogue, out_f32, out_bf16, ldo,
-                                  swiglu_limit, spread, stream_);
     if (decode && (route || n_rows == 1) && w.N <= 65536)
         return gemm_decode(w, x, route, route_ready && dt.route_ready, epilogue, out_f32, out_bf16, ldo, swiglu_limit,
                            w.mxfp4 ? dt.fp4 : dt.bf16, stream_);

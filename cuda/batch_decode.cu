@@ -705,14 +705,7 @@ gptoss_status BatchDecoder::enqueue_moe(const BatchModel& m, uint32_t l, uint32_
     r1.max_tiles = route_max_tiles(n, m.E, m.K, tile_tokens);
     GemmRoute r2 = r1;
     r2.in_div = 1;
-    if (wide && moe_spread_batch_applies(L.gate_up, r1, n) && moe_spread_batch_applies(L.down, r2, n)) {
-        // K parts on (GPTOSS_DECODE_BATCH_MOE_PARTS) and a step of a few tokens: moe_batch_gemm's bits
-        // with a slab's parts spread over more warps.
-        GPTOSS_TRY(moe_spread_batch_gemm(L.gate_up, xn_, r1, n, Epilogue::kSwiglu, nullptr, act_, m.I, m.swiglu_limit, 0,
-                                         s));
-        GPTOSS_TRY(mark("moe gate_up + swiglu"));
-        GPTOSS_TRY(moe_spread_batch_gemm(L.down, act_, r2, n, Epilogue::kStore, part_, nullptr, m.H, 0, 0, s));
-    } else if (wide) {
+    if (wide) {
         GPTOSS_TRY(moe_batch_gemm(L.gate_up, xn_, r1, Epilogue::kSwiglu, nullptr, act_, m.I, m.swiglu_limit, 0, s));
         GPTOSS_TRY(mark("moe gate_up + swiglu"));
         GPTOSS_TRY(moe_batch_gemm(L.down, act_, r2, Epilogue::kStore, part_, nullptr, m.H, 0, 0, s));

@@ -111,43 +111,6 @@ __device__ __forceinline__ void load_chunk(Chunk& ch, const uint4* wp, const uin
     }
 }
 
-// One warp's stream of MXFP4 weight chunks for the spread kernels (gemv_spread.cu,
-// moe_spread_batch.cu): its chunks are the consecutive chunks of consecutive slabs of one expert
-// (repack.cu's layout puts a slab's chunks right after the previous slab's), then possibly of a
-// second expert's slabs from slab 0 (the CTA's second route tile) from warp-relative chunk k_sw on.
-// begin() points at (expert, slab, chunk c); next() loads the chunk at warp-relative position k
-// (k = 0, 1, 2, ... in order); a full round of D loads without a switch may instead use
-// round_load(i) for i < D then round_end(D).
-struct ChunkStream {
-    const uint4 *wp = nullptr, *wsw = nullptr;
-    const uint2 *sp = nullptr, *ssw = nullptr;
-    uint32_t k_sw = 0xFFFFFFFFu;
-    __device__ __forceinline__ void begin(const GemmWeights& w, int expert, uint32_t slab, uint32_t c,
-                                          uint32_t n_chunks, int lane, int expert2, uint32_t k_switch, uint32_t L) {
-        slab_pointers<true>(w, expert, slab, n_chunks, lane, &wp, &sp);
-        wp += size_t(c) * 32;
-        sp += size_t(c) * 8;
-        k_sw = k_switch;
-        if (k_switch < L) slab_pointers<true>(w, expert2, 0, n_chunks, lane, &wsw, &ssw);
-    }
-    __device__ __forceinline__ void next(Chunk& ch, uint32_t k) {
-        if (k == k_sw) {
-            wp = wsw;
-            sp = ssw;
-        }
-        load_chunk<true>(ch, wp, sp, 0);
-        wp += 32;
-        sp += 8;
-    }
-    // Whether the round loading k .. k + D - 1 crosses no switch.
-    __device__ __forceinline__ bool no_switch(uint32_t k, uint32_t D) const { return k_sw < k || k_sw >= k + D; }
-    __device__ __forceinline__ void round_load(Chunk& ch, uint32_t i) const { load_chunk<true>(ch, wp, sp, i); }
-    __device__ __forceinline__ void round_end(uint32_t D) {
-        wp += 32 * D;
-        sp += 8 * D;
-    }
-};
-
 // Where repack.cu puts the 8 e2m1 values of a fragment word (sub-tile j of a lane; value L_p is
 // the low half of A register p, H_p its high half; p = 0, 2: row g, p = 1, 3: row g+8) so that
 // few instructions rebuild the registers. The bf16 bit pattern of e2m1 · 2^-126 has the sign at
@@ -224,21 +187,6 @@ __device__ __forceinline__ void fragment(const Chunk& ch, int j, uint32_t (&a)[4
 // (acc[0]: row g, acc[2]: row g + 8) is read.
 constexpr uint32_t kXScaleBf16x2 = 0x4F804F80u;  // bf16 2^32 in both halves
 constexpr float kXUnscale = 0x1p-32f;
-// The MXFP4 decode GEMVs' activation row staging: dst[0 .. K) = src[0 .. K) × 2^32 (exact; bf16
-// permuted, 16-byte aligned, K a multiple of 8), by `nthreads` threads of which this is `tid`, with
-// L2 loads (the row was written by the previous kernel). A __syncthreads must follow.
-__device__ __forceinline__ void stage_row_x2p32(uint16_t* dst, const uint16_t* src, uint32_t K, uint32_t tid,
-                                                uint32_t nthreads) {
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    for (uint32_t i = tid; i < K / 8; i += nthreads) {
-        uint4 v = __ldcg(s + i);
-        v.x = bf16x2_mul(v.x, kXScaleBf16x2);
-        v.y = bf16x2_mul(v.y, kXScaleBf16x2);
-        v.z = bf16x2_mul(v.z, kXScaleBf16x2);
-        v.w = bf16x2_mul(v.w, kXScaleBf16x2);
-        *reinterpret_cast<uint4*>(dst + 8 * i) = v;
-    }
-}
 __device__ __forceinline__ void mxfp4_chunk_blockscale(float (&acc)[4], const Chunk& ch, const uint32_t (&x)[8]) {
 #pragma unroll
     for (int b = 0; b < 2; ++b) {

@@ -32,7 +32,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 namespace gptoss {
 namespace cuda {
@@ -154,9 +153,17 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
         }
     };
     if constexpr (kFp4) {
-        // The whole row, once per CTA (every chunk of the slab is some warp's), × 2^32:
-        // mxfp4_chunk_blockscale's operand.
-        stage_row_x2p32(xsm, xrow, K, threadIdx.x, R);
+        // The whole row, once per CTA (every chunk of the slab is some warp's).
+        const uint4* src = reinterpret_cast<const uint4*>(xrow);
+        for (uint32_t i = threadIdx.x; i < K / 8; i += R) {
+            uint4 v = __ldcg(src + i);
+            // × 2^32 (exact): mxfp4_chunk_blockscale's operand
+            v.x = bf16x2_mul(v.x, kXScaleBf16x2);
+            v.y = bf16x2_mul(v.y, kXScaleBf16x2);
+            v.z = bf16x2_mul(v.z, kXScaleBf16x2);
+            v.w = bf16x2_mul(v.w, kXScaleBf16x2);
+            *reinterpret_cast<uint4*>(xsm + 8 * i) = v;
+        }
         __syncthreads();
     } else {
 #pragma unroll
@@ -302,19 +309,6 @@ DecodeGemv env_variant(const char* name, DecodeGemv def) {
     return DecodeGemv{nw, d, sh != 0, def.fixed_k};
 }
 
-// "WARPS,DEPTH,CTAS_PER_SM" (e.g. "24,4,1") or "0" (off) from the environment, else `def`.
-DecodeSpread env_spread(const char* name, DecodeSpread def) {
-    const char* s = std::getenv(name);
-    if (!s || !*s) return def;
-    if (std::strcmp(s, "0") == 0) return DecodeSpread{};
-    unsigned nw = 0, d = 0, per = 0;
-    if (std::sscanf(s, "%u,%u,%u", &nw, &d, &per) != 3 || per == 0) {
-        std::fprintf(stderr, "gptoss: %s=\"%s\" is not WARPS,DEPTH,CTAS_PER_SM or 0; using the default\n", name, s);
-        return def;
-    }
-    return DecodeSpread{nw, d, per, 0};
-}
-
 bool env_flag(const char* name, bool def) {
     const char* s = std::getenv(name);
     return (s && *s) ? std::atoi(s) != 0 : def;
@@ -355,8 +349,6 @@ const DecodeTuning& decode_tuning() {
         d.route_ready = env_flag("GPTOSS_DECODE_ROUTE_READY", d.route_ready);
         d.bf16.fixed_k = env_flag("GPTOSS_DECODE_FIXED_K_BF16", d.bf16.fixed_k);
         d.fp4.fixed_k = env_flag("GPTOSS_DECODE_FIXED_K", d.fp4.fixed_k);
-        d.spread = env_spread("GPTOSS_DECODE_SPREAD", d.spread);
-        d.spread_down = env_spread("GPTOSS_DECODE_SPREAD_DOWN", d.spread);
         return d;
     }();
     return tuning;

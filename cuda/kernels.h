@@ -160,26 +160,6 @@ struct DecodeGemv {
     // bits as the any-K kernel).
     bool fixed_k = false;
 };
-// gemv_spread.cu: the routed MXFP4 decode GEMV (T = 1 route; MoE gate_up + SwiGLU with kSwiglu, MoE
-// down with kStore) over `grid` CTAs (0: ctas_per_sm per SM, at most one per item) of `warps` warps,
-// each warp streaming a contiguous range of the CTA's (item, 64-k chunk) units through a ring of
-// `depth` chunks. Deterministic; within fp32 rounding of gemm_decode, not its bits.
-struct DecodeSpread {
-    uint32_t warps = 0;  // 0: not used
-    uint32_t depth = 4;
-    uint32_t ctas_per_sm = 1;
-    uint32_t grid = 0;  // tests: an explicit grid size
-};
-// Every compiled (warps, depth) pair (tests run them all).
-std::vector<DecodeSpread> decode_spread_variants();
-// Whether gemm_decode_spread takes these weights, route, epilogue and variant (MXFP4, K <= 4096,
-// kStore or kSwiglu, max_tiles <= 64, a compiled variant, a grid whose CTAs span <= 2 tiles).
-bool decode_spread_applies(const GemmWeights& w, const GemmRoute& route, Epilogue epilogue, const DecodeSpread& v);
-// Arguments as gemm_decode (route required); GPTOSS_ERR_INTERNAL when !decode_spread_applies.
-[[nodiscard]] gptoss_status gemm_decode_spread(const GemmWeights& w, const uint16_t* x, const GemmRoute& route,
-                                               bool route_ready, Epilogue epilogue, float* out_f32,
-                                               uint16_t* out_bf16, uint32_t ldo, float swiglu_limit,
-                                               const DecodeSpread& v, cudaStream_t stream);
 // The variants in use: defaults, overridden for A/B runs by GPTOSS_DECODE_BF16 / _FP4 =
 // "WARPS,DEPTH,SHFL", GPTOSS_DECODE_ROUTE_READY = 0|1, GPTOSS_DECODE_FIXED_K / _FIXED_K_BF16 = 0|1 (the
 // MXFP4 / bf16 variant's fixed_k). Read once per process.
@@ -193,11 +173,6 @@ struct DecodeTuning {
     // registers, 7 CTAs; "v39") by ~2.3 % alone; the fixed-K rings of 5, 6, 8 lost ("v40").
     DecodeGemv fp4{4, 4, true, true};
     bool route_ready = true;
-    // The routed MXFP4 GEMVs as gemv_spread.cu's few large CTAs instead (warps 0: off): gate_up
-    // (GPTOSS_DECODE_SPREAD = "WARPS,DEPTH,CTAS_PER_SM" or "0") and down (GPTOSS_DECODE_SPREAD_DOWN,
-    // by default what gate_up takes).
-    DecodeSpread spread{};
-    DecodeSpread spread_down{};
 };
 const DecodeTuning& decode_tuning();
 // Every compiled (mxfp4, variant) pair (tests run them all).

@@ -32,33 +32,6 @@ namespace cuda {
 // batched step runs.
 void set_moe_batch_shape(int depth, int warps = 0);
 
-// K parts (issue 13: the batch-invariant split of a slab's K that lets moe_spread_batch_gemm give
-// steps of a few tokens these bits): 0 (default) = one chain per slab as always; P = 1..4 = each
-// slab's 64-k chunks cut into parts of ceil(chunks / P) (moe_batch_part_len; 0 when off), each part
-// summed from zero (its even and odd k16 chains added at its end) and the parts added left to right.
-// Different bits from P = 0; the same for any P between the two kernels.
-// GPTOSS_DECODE_BATCH_MOE_PARTS (read once) or set_moe_batch_parts (tests; -1 = the variable; set
-// it only while no batched step runs).
-uint32_t moe_batch_parts();
-uint32_t moe_batch_part_len(uint32_t K);
-void set_moe_batch_parts(int parts);
-
-// moe_spread_batch.cu: moe_batch_gemm's outputs bit for bit in its K-parts mode (moe_batch_parts()
-// > 0), for steps of n_tokens <= moe_spread_batch_max_tokens() (GPTOSS_DECODE_BATCH_SPREAD_MAX_T:
-// 0, 1, 2, 4 or 8, default 8; tiles of at most 8 pairs), with a slab's parts split between the warps
-// of one CTA per SM: many more warps busy than moe_batch_gemm's one per (tile, slab) item when the
-// items are few. Arguments as moe_batch_gemm's (ctas: 0 = one per SM); applies() says whether it
-// takes them (parts on, few tokens, MXFP4, a grid whose CTAs span at most two tiles, the shared
-// memory). GPTOSS_DECODE_BATCH_SPREAD_WARPS (16, 22 or 24, default 22) and _DEPTH (4 or 6, default
-// 4), or set_moe_spread_batch_shape (tests; 0 = those), pick the kernel: the same bits whichever.
-bool moe_spread_batch_applies(const GemmWeights& w, const GemmRoute& route, uint32_t n_tokens);
-uint32_t moe_spread_batch_max_tokens();
-[[nodiscard]] gptoss_status moe_spread_batch_gemm(const GemmWeights& w, const uint16_t* x, const GemmRoute& route,
-                                                  uint32_t n_tokens, Epilogue epilogue, float* out_f32,
-                                                  uint16_t* out_bf16, uint32_t ldo, float swiglu_limit,
-                                                  uint32_t ctas, cudaStream_t stream);
-void set_moe_spread_batch_shape(int warps, int depth);
-
 // Whether the batched step runs its MoE through moe_batch_gemm (default) or gemm() (one CTA per
 // route tile of 8 pairs and slab): GPTOSS_DECODE_BATCH_MOE_WIDE=0 (read once). H200, 20b, v20's
 // form against gemm() with the same attention: +5.8 % decode tok/s at 64 streams, equal at 8, -14 %

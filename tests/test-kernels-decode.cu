@@ -5,8 +5,7 @@
 // tiles than max_tiles, input rows by in_div) with and without route_ready, plain and with the
 // fused SwiGLU; each result reproduced bit for bit by a second launch (deterministic); MXFP4
 // activations over 29 octaves with scales 0 and 128, and a row of 1e6 (finite results); the
-// fixed-K instances (K = 2880, 4096) bit for bit against the any-K kernel of their variant; and
-// gemv_spread.cu's routed kernel, every variant over several grids, against the CPU.
+// fixed-K instances (K = 2880, 4096) bit for bit against the any-K kernel of their variant.
 // Without a CUDA device the tests are skipped (exit 77). Tolerance |got − ref| <= atol + rtol·|ref|.
 #include "tests/kernel-test-util.cuh"
 
@@ -290,95 +289,6 @@ TEST_CASE("decode GEMV fixed-K instances equal the any-K kernel bit for bit and 
             }
         }
     }
-}
-
-// gemv_spread.cu: every compiled (warps, depth) over grids that put one item per CTA, several
-// tiles' items in one CTA, a warp's range across up to four items, and the default grid; fewer
-// tiles in use than max_tiles; route_ready or not. Against the CPU, and bit for bit run to run.
-TEST_CASE("decode spread GEMV (MXFP4 routed, every variant and grid) matches the CPU; reproducible bit for bit") {
-    Rand r(75);
-    const uint32_t E = 6;
-    const std::vector<int32_t> experts{4, 0, 5};  // 3 of max_tiles = 4 tiles in use
-    struct Shape {
-        const char* what;
-        uint32_t N, K;
-        bool swiglu;
-        std::vector<uint32_t> grids;
-    };
-    // down: S = 180 slabs, C = 3 chunks (grid 30: 24 items per CTA, 3-4 per 8-warp range, CTA 7 across
-    // two tiles); gate_up: S = 24, C = 45 (grid 4: one tile per CTA; 5, 7:
-    // CTAs across two tiles; 96: one item each).
-    const Shape shapes[] = {{"down", 2880, 192, false, {0, 30, 333, 720}},
-                            {"gate_up", 384, 2880, true, {0, 4, 5, 7, 96}}};
-    for (const Shape& sh : shapes) {
-        Mxfp4Experts m(r, E, sh.N, sh.K, sh.swiglu ? 118 : 115, sh.swiglu ? 6 : 14, sh.swiglu ? 0.5f : 0.1f);
-        const cuda::GemmWeights& w = m.repack(sh.swiglu);
-        const uint32_t rows = sh.swiglu ? 1 : uint32_t(experts.size());
-        const auto x = r.floats_bf16(size_t(rows) * sh.K, 1.0f);
-        Dev<uint16_t> xd(permuted_rows(x, rows, sh.K));
-        const std::vector<float> g = m.reference(x, sh.swiglu ? 0 : sh.K, experts);
-        const uint32_t I = sh.N / 2, n_out = sh.swiglu ? I : sh.N;
-        std::vector<float> ref = g;
-        if (sh.swiglu) {
-            ref.assign(experts.size() * I, 0.0f);
-            for (size_t p = 0; p < experts.size(); ++p) cpu::swiglu(g.data() + p * sh.N, 1, I, 7.0f, ref.data() + p * I);
-        }
-        Route route(experts, sh.swiglu ? 4 : 1, 4);
-        const cuda::Epilogue ep = sh.swiglu ? cuda::Epilogue::kSwiglu : cuda::Epilogue::kStore;
-        // GPTOSS_TEST_SPREAD_QUICK=1 (the sanitizer runs): the first variant over the first two grids.
-        const bool quick = std::getenv("GPTOSS_TEST_SPREAD_QUICK") != nullptr;
-        std::vector<cuda::DecodeSpread> vs = cuda::decode_spread_variants();
-        if (quick) vs.resize(1);
-        for (cuda::DecodeSpread v : vs) {
-            for (size_t gi = 0; gi < (quick ? 2 : sh.grids.size()); ++gi) {
-                const uint32_t grid = sh.grids[gi];
-                v.grid = grid;
-                REQUIRE(cuda::decode_spread_applies(w, route.r, ep, v));
-                for (bool ready : {false, true}) {
-                    const std::string what = std::string(sh.what) + " spread warps " + std::to_string(v.warps) +
-                                             " depth " + std::to_string(v.depth) + " grid " + std::to_string(grid) +
-                                             (ready ? " route_ready" : "");
-                    INFO(what);
-                    std::vector<float> got;
-                    if (sh.swiglu) {
-                        Dev<uint16_t> a(experts.size() * I), b(experts.size() * I);
-                        OK(cuda::gemm_decode_spread(w, xd.p, route.r, ready, ep, nullptr, a.p, I, 7.0f, v, nullptr));
-                        OK(cuda::gemm_decode_spread(w, xd.p, route.r, ready, ep, nullptr, b.p, I, 7.0f, v, nullptr));
-                        const auto ga = a.get();
-                        CHECK(ga == b.get());
-                        got.resize(ga.size());
-                        for (size_t p = 0; p < experts.size(); ++p)
-                            for (uint32_t k = 0; k < I; ++k) got[p * I + k] = bf16_to_f32(ga[p * I + cuda::permuted_k(k)]);
-                        expect_close(got, ref, 1e-3f, 8e-3f, what);
-                    } else {
-                        Dev<float> a(ref.size()), b(ref.size());
-                        OK(cuda::gemm_decode_spread(w, xd.p, route.r, ready, ep, a.p, nullptr, sh.N, 0, v, nullptr));
-                        OK(cuda::gemm_decode_spread(w, xd.p, route.r, ready, ep, b.p, nullptr, sh.N, 0, v, nullptr));
-                        got = a.get();
-                        CHECK(got == b.get());
-                        expect_close(got, ref, 1e-4f, 1e-4f, what);
-                    }
-                    CHECK(got.size() == experts.size() * n_out);
-                }
-            }
-        }
-    }
-}
-
-TEST_CASE("decode spread GEMV: a grid whose CTAs would span three tiles is refused, naming the shape") {
-    Rand r(76);
-    Mxfp4Experts m(r, 6, 384, 2880, 118, 6, 0.5f);
-    const cuda::GemmWeights& w = m.repack(true);
-    Route route({4, 0, 5}, 4, 4);
-    cuda::DecodeSpread v = cuda::decode_spread_variants().front();
-    v.grid = 3;  // 96 items / 3 = 32 per CTA > 24 slabs per tile
-    CHECK_FALSE(cuda::decode_spread_applies(w, route.r, cuda::Epilogue::kSwiglu, v));
-    Dev<uint16_t> out(3 * 192), xd(2880);
-    CHECK(cuda::gemm_decode_spread(w, xd.p, route.r, false, cuda::Epilogue::kSwiglu, nullptr, out.p, 192, 7.0f, v,
-                                   nullptr) == GPTOSS_ERR_INTERNAL);
-    CHECK(std::string(gptoss_last_error()).find("N=384, K=2880, 4 tiles") != std::string::npos);
-    v.grid = 0;
-    CHECK_FALSE(cuda::decode_spread_applies(w, route.r, cuda::Epilogue::kAdd, v));
 }
 
 TEST_CASE("gemm_decode rejects a variant that is not compiled in, naming it") {

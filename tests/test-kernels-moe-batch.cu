@@ -6,10 +6,8 @@
 // activations for down); (b) batch invariance: every pair's output rows at n tokens == the same
 // pair's at n = 64, bit for bit, on grids of auto / 1 / 7 CTAs (a static schedule: one CTA runs
 // every item) and at every ring depth; and gemm()'s own tile widths (8 and 16 pairs) against each
-// other, bit for bit. H = 1600 (100 slabs of down, not a multiple of the 7-CTA grid). In the K-parts
-// mode (GPTOSS_DECODE_BATCH_MOE_PARTS) moe_spread_batch_gemm (cuda/moe_spread_batch.cu) against
-// moe_batch_gemm, bit for bit, for 1-8 tokens. Bad arguments fail with messages naming them. Without a
-// CUDA device the tests are skipped (exit 77).
+// other, bit for bit. H = 1600 (100 slabs of down, not a multiple of the 7-CTA grid). Bad arguments fail
+// with messages naming them. Without a CUDA device the tests are skipped (exit 77).
 #include "cuda/moe_decode_batch.h"
 #include "tests/kernel-test-util.cuh"
 
@@ -102,33 +100,20 @@ std::vector<float> skewed_logits(Rand& r) {
     return logits;
 }
 
-// Both tests' set-up: the experts on the GPU, kMaxN tokens (seeded) and their skewed router logits,
-// and the route of all kMaxN tokens.
-struct Setup {
-    TestWeights w{};
-    Rand r;
-    ExpertsW gu{w.gu_blocks, w.gu_scales, w.gu_bias, kE, 2 * kI, kH, true};
-    ExpertsW dn{w.dn_blocks, w.dn_scales, w.dn_bias, kE, kH, kI, false};
-    std::vector<float> xf = r.floats_bf16(size_t(kMaxN) * kH, 1.0f);
-    Dev<uint16_t> x{permuted_rows(xf, kMaxN, kH)};
-    Dev<float> ld{skewed_logits(r)};
-    Route full{ld, kMaxN, 16};
-    explicit Setup(uint64_t seed) : r(seed) {}
-};
-
 }  // namespace
 
 // moe_batch_gemm sums in its own order (one warp per slab, even and odd k16 steps in two chains), so
 // it is checked against the CPU reference, and for batch invariance against itself: every pair's
 // rows at n tokens == the same pair's at n = 64, on any grid, at every ring depth and CTA size.
 TEST_CASE("moe_batch_gemm matches the CPU reference and is batch-invariant") {
-    const Setup su(7);
-    const TestWeights& w = su.w;
-    const ExpertsW &gu = su.gu, &dn = su.dn;
-    const auto& xf = su.xf;
-    const Dev<uint16_t>& x = su.x;
-    const Dev<float>& ld = su.ld;
-    const Route& full = su.full;
+    const TestWeights w{};
+    Rand r(7);
+    ExpertsW gu(w.gu_blocks, w.gu_scales, w.gu_bias, kE, 2 * kI, kH, true),
+        dn(w.dn_blocks, w.dn_scales, w.dn_bias, kE, kH, kI, false);
+    const auto xf = r.floats_bf16(size_t(kMaxN) * kH, 1.0f);
+    const Dev<uint16_t> x(permuted_rows(xf, kMaxN, kH));
+    const Dev<float> ld(skewed_logits(r));
+    const Route full(ld, kMaxN, 16);
     const Out ref64 = run(gu, dn, x, full, kMaxN, true, 0, 0);
     const auto experts64 = full.experts.get();
     cpu_check(w, xf, experts64, ref64, kMaxN, "n 64");
@@ -162,80 +147,6 @@ TEST_CASE("moe_batch_gemm matches the CPU reference and is batch-invariant") {
     uint32_t tiles_of_2 = 0;
     for (int32_t i = 0; i < ti[0]; ++i) tiles_of_2 += ti[1 + 3 * size_t(i)] == 2;
     CHECK(tiles_of_2 == 4);
-}
-
-// Steps of 1-8 tokens through moe_spread_batch_gemm (cuda/moe_spread_batch.cu): in moe_batch_gemm's
-// K-parts mode the two give the same bits, on any grid and CTA shape, and a pair's rows equal the
-// same pair's in a 64-token step (batch invariance across the two kernels); parts mode against the
-// CPU too. 4 parts cut gate_up's 25 chunks 7 + 7 + 7 + 4 and down's 5 chunks 2 + 2 + 1 (3 parts).
-TEST_CASE("moe_spread_batch_gemm gives moe_batch_gemm's bits in its K-parts mode for 1-8 tokens") {
-    const Setup su(8);
-    const TestWeights& w = su.w;
-    const ExpertsW &gu = su.gu, &dn = su.dn;
-    const auto& xf = su.xf;
-    const Dev<uint16_t>& x = su.x;
-    const Dev<float>& ld = su.ld;
-    const Route& full = su.full;
-    const auto experts64 = full.experts.get();
-    const auto spread = [&](const Route& rt, uint32_t n, uint32_t ctas, gptoss_status* st) {
-        Dev<uint16_t> act(size_t(n) * kK * kI);
-        Dev<float> part(size_t(n) * kK * kH);
-        *st = cuda::moe_spread_batch_gemm(gu.w, x.p, rt.r1, n, cuda::Epilogue::kSwiglu, nullptr, act.p, kI, kLimit, ctas,
-                                          nullptr);
-        if (*st == GPTOSS_OK)
-            *st = cuda::moe_spread_batch_gemm(dn.w, act.p, rt.r2, n, cuda::Epilogue::kStore, part.p, nullptr, kH, 0, ctas,
-                                              nullptr);
-        sync_ok();
-        return Out{act.get(), part.get()};
-    };
-    CHECK(cuda::moe_batch_parts() == 0);  // off unless asked for
-    CHECK_FALSE(cuda::moe_spread_batch_applies(gu.w, full.r1, 1));
-    const Out plain64 = run(gu, dn, x, full, kMaxN, true, 0, 0);
-    for (int parts : {4, 3, 1}) {
-        cuda::set_moe_batch_parts(parts);
-        const Out ref64 = run(gu, dn, x, full, kMaxN, true, 0, 0);
-        cpu_check(w, xf, experts64, ref64, kMaxN, "parts " + std::to_string(parts) + ", n 64");
-        if (parts > 1) CHECK(!same_bits(plain64.part, 0, ref64.part, 0, size_t(kMaxN) * kK * kH));
-        uint32_t runs = 0, refused = 0;
-        for (uint32_t n : {1u, 2u, 3u, 5u, 8u}) {
-            const Route rt(ld, n, 16);
-            const size_t pairs = size_t(n) * kK;
-            REQUIRE(cuda::moe_spread_batch_applies(gu.w, rt.r1, n));
-            const Out batch = run(gu, dn, x, rt, n, true, 0, 0);  // moe_batch_gemm, parts mode
-            CHECK(same_bits(batch.act, 0, ref64.act, 0, pairs * kI));
-            CHECK(same_bits(batch.part, 0, ref64.part, 0, pairs * kH));
-            const int shapes[][2] = {{0, 0}, {16, 4}, {24, 4}, {16, 6}};
-            for (const auto& shape : shapes) {
-                cuda::set_moe_spread_batch_shape(shape[0], shape[1]);
-                for (uint32_t ctas : {0u, 1u, 7u, 13u, 400u}) {
-                    INFO("parts " << parts << " n " << n << " warps " << shape[0] << " depth " << shape[1] << " ctas "
-                                  << ctas);
-                    gptoss_status st = GPTOSS_OK;
-                    const Out got = spread(rt, n, ctas, &st);
-                    if (st != GPTOSS_OK) {  // a grid whose CTAs would span three tiles, or too many sums
-                        CHECK(std::string(gptoss_last_error()).find("do not fit") != std::string::npos);
-                        ++refused;
-                        continue;
-                    }
-                    ++runs;
-                    CHECK(same_bits(got.act, 0, ref64.act, 0, pairs * kI));
-                    CHECK(same_bits(got.part, 0, ref64.part, 0, pairs * kH));
-                }
-            }
-            cuda::set_moe_spread_batch_shape(0, 0);
-        }
-        CHECK(runs >= 60);
-        CHECK(refused > 0);  // ctas 1: every item in one CTA
-        MESSAGE("parts " << parts << ": " << runs << " spread runs, " << refused << " grids refused");
-    }
-    // More than 8 tokens: moe_batch_gemm's domain.
-    const Route rt9(ld, 9, 16);
-    CHECK_FALSE(cuda::moe_spread_batch_applies(gu.w, rt9.r1, 9));
-    gptoss_status st = GPTOSS_OK;
-    spread(rt9, 9, 0, &st);
-    CHECK(st == GPTOSS_ERR_INTERNAL);
-    CHECK(std::string(gptoss_last_error()).find("9 tokens") != std::string::npos);
-    cuda::set_moe_batch_parts(-1);
 }
 
 TEST_CASE("moe_batch_gemm refuses what it does not run, naming it") {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/v48-final.sh - the closing H100 call of bench/NOTES.md "v48": a clean build of the whole
 # tree (v47's spread kernels removed), `ctest -L gpu`, then issue 12's deep-context rows on the H100
-# (tg at 131 072 tokens of context, 20b and 120b).
+# (tg at 131 072 tokens of context, 20b and 120b), and the decode switches tuned on the H200 timed
+# on the H100 (tg128 at depth 0, two rounds alternating): a device-dependent default if one wins.
 # Usage (repository root, GPU machine): OUT=... bash bench/v48-final.sh DEPS TOK
 set -uo pipefail
 T0=$(date +%s)
@@ -17,5 +18,11 @@ grep -E "Test +#" "$OUT/ctest.txt" | head -30
 echo "== ctest done at $(el)s"
 for m in 20b 120b; do
   echo "== $m @131072: $(timeout 150 ./build-gpu/gptoss-bench --synthetic $m --no-gemm-probe -p 0 -n 64 -d 131072 -r 1 2>&1 | grep -E '^\| tg|rror') ($(el)s)"
+done
+for r in 1 2; do
+  for v in "" GPTOSS_DECODE_ROUTER_WARPS=8 GPTOSS_DECODE_FP4=4,6,1 GPTOSS_DECODE_BF16=16,4,0 GPTOSS_DECODE_ROUTER_CLUSTER=0; do
+    [ "$(el)" -lt 540 ] || break 2
+    echo "== [${v:-defaults}] r$r: $(env $v timeout 60 ./build-gpu/gptoss-bench --synthetic 20b --no-gemm-probe -p 0 -n 128 -r 3 2>&1 | grep -E '^\| tg')"
+  done
 done
 echo "== end at $(el)s"

@@ -16,13 +16,13 @@ export GPTOSS_SOURCE_DIR=$PWD
 dev_ctest_gpu build-gpu "$OUT/ctest.txt"
 grep -E "Test +#" "$OUT/ctest.txt" | head -30
 echo "== ctest done at $(el)s"
-for m in 20b 120b; do
-  echo "== $m @131072: $(timeout 150 ./build-gpu/gptoss-bench --synthetic $m --no-gemm-probe -p 0 -n 64 -d 131072 -r 1 2>&1 | grep -E '^\| tg|rror') ($(el)s)"
-done
 for r in 1 2; do
   for v in "" GPTOSS_DECODE_ROUTER_WARPS=8 GPTOSS_DECODE_FP4=4,6,1 GPTOSS_DECODE_BF16=16,4,0 GPTOSS_DECODE_ROUTER_CLUSTER=0; do
     [ "$(el)" -lt 540 ] || break 2
     echo "== [${v:-defaults}] r$r: $(env $v timeout 60 ./build-gpu/gptoss-bench --synthetic 20b --no-gemm-probe -p 0 -n 128 -r 3 2>&1 | grep -E '^\| tg')"
   done
+done
+for m in 20b 120b; do
+  echo "== $m @131072: $(timeout 150 ./build-gpu/gptoss-bench --synthetic $m --no-gemm-probe -p 0 -n 64 -d 131072 -r 1 2>&1 | grep -E '^\| tg|rror') ($(el)s)"
 done
 echo "== end at $(el)s"

@@ -3,17 +3,22 @@
 # tree (v47's spread kernels removed), `ctest -L gpu`, then issue 12's deep-context rows on the H100
 # (tg at 131 072 tokens of context, 20b and 120b), and the decode switches tuned on the H200 timed
 # on the H100 (tg128 at depth 0, two rounds alternating): a device-dependent default if one wins.
-# Usage (repository root, GPU machine): OUT=... bash bench/v48-final.sh DEPS TOK
+# Usage (repository root, GPU machine): OUT=... [LIGHT=1] bash bench/v48-final.sh DEPS TOK
 set -uo pipefail
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 . tools/device-lib.sh
 dev_start "$1" "$2"
 rm -rf build-gpu
-dev_build build-gpu "$OUT/build.log" || { dev_build_errors "$OUT/build.log"; exit 1; }
+# LIGHT=1: only what the revert touched (a short call): the engine, the whole-backend kernel test and
+# the tests of the reverted files.
+T=() R=""
+[ "${LIGHT:-0}" = 1 ] && T=(gptoss-bench gptoss-synth test-kernels test-kernels-decode test-kernels-moe-batch test-batch) &&
+  R='^(test-kernels|test-kernels-decode|test-kernels-moe-batch|test-batch-gpu)$'
+dev_build build-gpu "$OUT/build.log" "${T[@]}" || { dev_build_errors "$OUT/build.log"; exit 1; }
 echo "== build done at $(el)s"
 export GPTOSS_SOURCE_DIR=$PWD
-dev_ctest_gpu build-gpu "$OUT/ctest.txt"
+dev_ctest_gpu build-gpu "$OUT/ctest.txt" "$R"
 grep -E "Test +#" "$OUT/ctest.txt" | head -30
 echo "== ctest done at $(el)s"
 for r in 1 2; do
@@ -22,7 +27,8 @@ for r in 1 2; do
     echo "== [${v:-defaults}] r$r: $(env $v timeout 60 ./build-gpu/gptoss-bench --synthetic 20b --no-gemm-probe -p 0 -n 128 -r 3 2>&1 | grep -E '^\| tg')"
   done
 done
-for m in 20b 120b; do
+MODELS="20b 120b"; [ "${LIGHT:-0}" = 1 ] && MODELS=20b
+for m in $MODELS; do
   echo "== $m @131072: $(timeout 150 ./build-gpu/gptoss-bench --synthetic $m --no-gemm-probe -p 0 -n 64 -d 131072 -r 1 2>&1 | grep -E '^\| tg|rror') ($(el)s)"
 done
 echo "== end at $(el)s"

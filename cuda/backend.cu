@@ -866,8 +866,10 @@ gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits
     // One row: the decode GEMV serves prefill too (a row's bits depend only on that row).
     // Split model: this rank's vocabulary rows land at their offset; the all-gather fills the rest.
     const uint32_t lm_rows = b.lm_rows();
-    GPTOSS_TRY(project(true, b.dense(b.lm_head_, nullptr, lm_rows, d.H), xn_ + size_t(n - 1) * d.H, 1, nullptr,
-                       Epilogue::kStore, logits_ + size_t(b.rank_.rank) * lm_rows, nullptr, lm_rows, 0));
+    if (emptied(decode, DecodeOp::kLmHead)) GPTOSS_TRY(decode_probe_empty(stream_));
+    else
+        GPTOSS_TRY(project(true, b.dense(b.lm_head_, nullptr, lm_rows, d.H), xn_ + size_t(n - 1) * d.H, 1, nullptr,
+                           Epilogue::kStore, logits_ + size_t(b.rank_.rank) * lm_rows, nullptr, lm_rows, 0));
     GPTOSS_TRY(mark("lm_head"));
     if (comm_) {
         GPTOSS_TRY(rank_all_gather(comm_, logits_, lm_rows, stream_));

@@ -24,6 +24,7 @@ unsigned parse_probe(const char* s) {
         {"o", unsigned(DecodeOp::kO)},             {"router", unsigned(DecodeOp::kRouter)},
         {"gate_up", unsigned(DecodeOp::kGateUp)},  {"down", unsigned(DecodeOp::kDown)},
         {"combine", unsigned(DecodeOp::kCombine)}, {"all", 127u},
+        {"lm_head", unsigned(DecodeOp::kLmHead)},
     };
     unsigned mask = 0;
     std::string list = s ? s : "";

@@ -2,7 +2,7 @@
 # tools/device-decode-breakdown.sh - issue 12's accounting of a decode step on the GPU machine,
 # with a built gptoss-bench (BENCH) of the working tree: (1) the timing-only probe
 # (GPTOSS_DECODE_PROBE, cuda/decode_probe.h) cumulatively, ops emptied in pipeline order (qkv;
-# qkv,attn; ... all seven), so the differences between consecutive steps add up exactly to
+# qkv,attn; ... all seven; then the lm_head too), so the differences between consecutive steps add up exactly to
 # step(nothing emptied) - step(all emptied), the part of the step the layers' ops take beyond
 # their launch boundaries; then in reverse order (combine first), which attributes the overlap
 # between neighbours the other way; (2) Nsight Compute over one decode step of the 20b shape
@@ -39,6 +39,10 @@ for m in "${models[@]}"; do
         t=$(tg "$m" "$list")
         echo "$order $list $t $(awk -v t="$t" 'BEGIN{printf "%.1f", 1e6/t}')"
       done
+      # The lm_head emptied too: step(all) - this is the lm_head's cost, and this is the 7 x layers
+      # launch boundaries + the embedding + sampling, measured instead of estimated.
+      t=$(tg "$m" "$list,lm_head")
+      echo "$order $list,lm_head $t $(awk -v t="$t" 'BEGIN{printf "%.1f", 1e6/t}')"
     done
   } > "$f"
   echo "== $m"; cat "$f"

@@ -27,6 +27,9 @@ for r in 1 2; do
     echo "== [${v:-defaults}] r$r: $(env $v timeout 60 ./build-gpu/gptoss-bench --synthetic 20b --no-gemm-probe -p 0 -n 128 -r 3 2>&1 | grep -E '^\| tg')"
   done
 done
+for pr in all all,lm_head; do  # the probe's new lm_head entry: the boundaries measured (59f9c8e)
+  echo "== probe $pr: $(GPTOSS_DECODE_PROBE=$pr timeout 60 ./build-gpu/gptoss-bench --synthetic 20b --no-gemm-probe -p 0 -n 128 -r 3 2>&1 | grep -E '^\| tg')"
+done
 MODELS="20b 120b"; [ "${LIGHT:-0}" = 1 ] && MODELS=20b
 for m in $MODELS; do
   echo "== $m @131072: $(timeout 150 ./build-gpu/gptoss-bench --synthetic $m --no-gemm-probe -p 0 -n 64 -d 131072 -r 1 2>&1 | grep -E '^\| tg|rror') ($(el)s)"

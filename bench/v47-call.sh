@@ -8,16 +8,13 @@
 # A variant is one argument of space-separated NAME=VALUE pairs ("" = the defaults). Environment:
 # DEPTHS (0), ROUNDS (2), BUDGET (seconds after which no new bench run starts, 540).
 set -uo pipefail
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
 . tools/device-lib.sh
-dev_start "$1" "$2"
+dev_clean_start "$1" "$2"
 shift 2
 PHASES="${PHASES:-tests ab}"
-rm -rf build-gpu  # a warm machine's objects can be newer than re-copied sources (NOTES "v46")
 dev_build build-gpu "$OUT/build.log" gptoss-bench gptoss-synth test-kernels-decode test-kernels ||
   { dev_build_errors "$OUT/build.log"; exit 1; }
-echo "== build done at $(el)s"
+echo "== build done at $(dev_elapsed)s"
 if [[ " $PHASES " == *" tests "* ]]; then
   dev_ctest_gpu build-gpu "$OUT/ctest.txt" '^test-kernels-(decode|spread)$'
   grep -E "Test +#|assertions|test cases" "$OUT/ctest.txt" | head -12
@@ -26,7 +23,7 @@ if [[ " $PHASES " == *" tests "* ]]; then
         > "$OUT/$tool.txt" 2>&1
     echo "== $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.txt" | head -1)"
   done
-  echo "== tests done at $(el)s"
+  echo "== tests done at $(dev_elapsed)s"
 fi
 tg() {  # variant -> "DEPTH TOK/S; ..."
   env $1 timeout 120 ./build-gpu/gptoss-bench --synthetic "${MODEL:-20b}" --no-gemm-probe -p 0 -n 128 \
@@ -36,9 +33,9 @@ if [[ " $PHASES " == *" ab "* ]]; then
   [ $# -gt 0 ] || set -- ""
   for r in $(seq 1 "${ROUNDS:-2}"); do
     for v in "$@"; do
-      [ "$(el)" -lt "${BUDGET:-540}" ] || { echo "== budget reached at $(el)s"; break 2; }
-      echo "== ${MODEL:-20b} [${v:-defaults}] r$r: $(tg "$v") ($(el)s)" | tee -a "$OUT/ab.txt"
+      [ "$(dev_elapsed)" -lt "${BUDGET:-540}" ] || { echo "== budget reached at $(dev_elapsed)s"; break 2; }
+      echo "== ${MODEL:-20b} [${v:-defaults}] r$r: $(tg "$v") ($(dev_elapsed)s)" | tee -a "$OUT/ab.txt"
     done
   done
 fi
-echo "== end at $(el)s"
+echo "== end at $(dev_elapsed)s"

@@ -10,28 +10,25 @@
 # Usage (repository root, GPU machine): OUT=... bash bench/v47-call2.sh DEPS TOK
 # Environment: PARTS (4), ROUNDS (2), BUDGET (seconds after which no new bench run starts, 540).
 set -uo pipefail
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
 . tools/device-lib.sh
-dev_start "$1" "$2"
-rm -rf build-gpu
+dev_clean_start "$1" "$2"
 dev_build build-gpu "$OUT/build.log" gptoss-bench gptoss-synth test-kernels-moe-batch test-batch ||
   { dev_build_errors "$OUT/build.log"; exit 1; }
-echo "== build done at $(el)s"
+echo "== build done at $(dev_elapsed)s"
 dev_ctest_gpu build-gpu "$OUT/ctest.txt" '^(test-kernels-moe-batch|test-batch-gpu-parts|test-batch-gpu)$'
 grep -E "Test +#|spread runs" "$OUT/ctest.txt" | head -12
 timeout 150 compute-sanitizer --tool memcheck ./build-gpu/test-kernels-moe-batch -tc='moe_spread*' > "$OUT/memcheck.txt" 2>&1
-echo "== memcheck rc=$?: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.txt" | head -1) ($(el)s)"
+echo "== memcheck rc=$?: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.txt" | head -1) ($(dev_elapsed)s)"
 conc() {  # env, args -> the bench's concurrency rows
   env $1 timeout 150 ./build-gpu/gptoss-bench --synthetic 20b --no-gemm-probe $2 2>&1 | grep -E "^\| *(conc|[0-9])" | head -8
 }
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for v in "" "GPTOSS_DECODE_BATCH_MOE_PARTS=${PARTS:-4}"; do
     for args in "--concurrency 1,2,8 -p 512 -n 256 --decode-batch 8" "--decode-batch 64 -p 512 -n 1024 --concurrency 64"; do
-      [ "$(el)" -lt "${BUDGET:-540}" ] || { echo "== budget reached at $(el)s"; break 3; }
-      echo "== [${v:-parts off}] $args r$r ($(el)s)" | tee -a "$OUT/conc.txt"
+      [ "$(dev_elapsed)" -lt "${BUDGET:-540}" ] || { echo "== budget reached at $(dev_elapsed)s"; break 3; }
+      echo "== [${v:-parts off}] $args r$r ($(dev_elapsed)s)" | tee -a "$OUT/conc.txt"
       conc "$v" "$args" | tee -a "$OUT/conc.txt"
     done
   done
 done
-echo "== end at $(el)s"
+echo "== end at $(dev_elapsed)s"

@@ -5,33 +5,36 @@
 # on the H100 (tg128 at depth 0, two rounds alternating): a device-dependent default if one wins.
 # Usage (repository root, GPU machine): OUT=... [LIGHT=1] bash bench/v48-final.sh DEPS TOK
 set -uo pipefail
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
 . tools/device-lib.sh
-dev_start "$1" "$2"
-rm -rf build-gpu
+dev_clean_start "$1" "$2"
 # LIGHT=1: only what the revert touched (a short call): the engine, the whole-backend kernel test and
 # the tests of the reverted files.
 T=() R=""
 [ "${LIGHT:-0}" = 1 ] && T=(gptoss-bench gptoss-synth test-kernels test-kernels-decode test-kernels-moe-batch test-batch) &&
   R='^(test-kernels|test-kernels-decode|test-kernels-moe-batch|test-batch-gpu)$'
 dev_build build-gpu "$OUT/build.log" "${T[@]}" || { dev_build_errors "$OUT/build.log"; exit 1; }
-echo "== build done at $(el)s"
+echo "== build done at $(dev_elapsed)s"
 export GPTOSS_SOURCE_DIR=$PWD
 dev_ctest_gpu build-gpu "$OUT/ctest.txt" "$R"
 grep -E "Test +#" "$OUT/ctest.txt" | head -30
-echo "== ctest done at $(el)s"
+echo "== ctest done at $(dev_elapsed)s"
+tg() {  # MODEL DEPTH TOKENS REPEATS [NAME=VALUE...] -> gptoss-bench's tg row (or its error)
+  local m=$1 d=$2 n=$3 r=$4
+  shift 4
+  env "$@" timeout 150 ./build-gpu/gptoss-bench --synthetic "$m" --no-gemm-probe -p 0 -n "$n" -d "$d" -r "$r" 2>&1 |
+    grep -E '^\| tg|rror'
+}
 for r in 1 2; do
   for v in "" GPTOSS_DECODE_ROUTER_WARPS=8 GPTOSS_DECODE_FP4=4,6,1 GPTOSS_DECODE_BF16=16,4,0 GPTOSS_DECODE_ROUTER_CLUSTER=0; do
-    [ "$(el)" -lt 540 ] || break 2
-    echo "== [${v:-defaults}] r$r: $(env $v timeout 60 ./build-gpu/gptoss-bench --synthetic 20b --no-gemm-probe -p 0 -n 128 -r 3 2>&1 | grep -E '^\| tg')"
+    [ "$(dev_elapsed)" -lt 540 ] || break 2
+    echo "== [${v:-defaults}] r$r: $(tg 20b 0 128 3 $v)"
   done
 done
 for pr in all all,lm_head; do  # the probe's new lm_head entry: the boundaries measured (59f9c8e)
-  echo "== probe $pr: $(GPTOSS_DECODE_PROBE=$pr timeout 60 ./build-gpu/gptoss-bench --synthetic 20b --no-gemm-probe -p 0 -n 128 -r 3 2>&1 | grep -E '^\| tg')"
+  echo "== probe $pr: $(tg 20b 0 128 3 GPTOSS_DECODE_PROBE=$pr)"
 done
 MODELS="20b 120b"; [ "${LIGHT:-0}" = 1 ] && MODELS=20b
 for m in $MODELS; do
-  echo "== $m @131072: $(timeout 150 ./build-gpu/gptoss-bench --synthetic $m --no-gemm-probe -p 0 -n 64 -d 131072 -r 1 2>&1 | grep -E '^\| tg|rror') ($(el)s)"
+  echo "== $m @131072: $(tg $m 131072 64 1) ($(dev_elapsed)s)"
 done
-echo "== end at $(el)s"
+echo "== end at $(dev_elapsed)s"

@@ -5,21 +5,19 @@
 # clean build of everything and `ctest -L gpu`.
 # Usage (repository root, GPU machine): OUT=... bash bench/v48-h200.sh DEPS TOK
 set -uo pipefail
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
+. tools/device-lib.sh
+DEV_T0=$(date +%s)  # the clock covers the spread part too
 nvidia-smi --query-gpu=name --format=csv,noheader
 git apply bench/v47-spread-and-parts.patch || exit 1
 OUT=$OUT/spread BUDGET=200 PHASES=ab bash bench/v47-call.sh "$1" "$2" "" "GPTOSS_DECODE_SPREAD=24,4,1 GPTOSS_DECODE_SPREAD_DOWN=0" \
   "GPTOSS_DECODE_SPREAD=24,4,1" "GPTOSS_DECODE_SPREAD=12,4,2" | grep "=="
 git apply -R bench/v47-spread-and-parts.patch || exit 1
-echo "== spread part done at $(el)s"
-. tools/device-lib.sh
-dev_start "$1" "$2"
-rm -rf build-gpu
+echo "== spread part done at $(dev_elapsed)s"
+dev_clean_start "$1" "$2"
 dev_build build-gpu "$OUT/build.log" || { dev_build_errors "$OUT/build.log"; exit 1; }
-echo "== build done at $(el)s"
+echo "== build done at $(dev_elapsed)s"
 export GPTOSS_SOURCE_DIR=$PWD
 dev_ctest_gpu build-gpu "$OUT/ctest.txt"
 grep -E "Test +#" "$OUT/ctest.txt" | head -30
 echo "== tg128: $(timeout 60 ./build-gpu/gptoss-bench --synthetic 20b --no-gemm-probe -p 0 -n 128 -d 0,8192 -r 3 2>&1 | grep -E '^\| tg' | tr '\n' ' ')"
-echo "== end at $(el)s"
+echo "== end at $(dev_elapsed)s"

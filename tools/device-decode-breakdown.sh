@@ -2,8 +2,8 @@
 # tools/device-decode-breakdown.sh - issue 12's accounting of a decode step on the GPU machine,
 # with a built gptoss-bench (BENCH) of the working tree: (1) the timing-only probe
 # (GPTOSS_DECODE_PROBE, cuda/decode_probe.h) cumulatively, ops emptied in pipeline order (qkv;
-# qkv,attn; ... all seven; then the lm_head too), so the differences between consecutive steps add up exactly to
-# step(nothing emptied) - step(all emptied), the part of the step the layers' ops take beyond
+# qkv,attn; ... all seven; then the lm_head too), so the differences between consecutive steps
+# add up exactly to step(nothing emptied) - step(all emptied), the part of the step the layers' ops take beyond
 # their launch boundaries; then in reverse order (combine first), which attributes the overlap
 # between neighbours the other way; (2) Nsight Compute over one decode step of the 20b shape
 # (each kernel alone: duration, DRAM bytes, issue rate, occupancy, top stalls; tools/ncu-decode-
@@ -24,25 +24,27 @@ tg() {  # model probe-list -> "tok/s"
   env GPTOSS_DECODE_PROBE="$2" timeout 120 "$bench" --synthetic "$1" --no-gemm-probe -p 0 -n $n -d "${DEPTH:-0}" -r $r 2>&1 |
     awk -F'|' '/^\| tg/ {gsub(/ /, "", $4); print $4}'
 }
+row() {  # model probe-list -> "ORDER LIST TOK/S STEP-US" ($order from the loop below)
+  local t
+  t=$(tg "$1" "$2")
+  echo "$order $2 $t $(awk -v t="$t" 'BEGIN{printf "%.1f", 1e6/t}')"
+}
 for m in "${models[@]}"; do
   f="$OUT/breakdown-$m${DEPTH:+-d$DEPTH}.txt"
   {
     echo "# $m at depth ${DEPTH:-0}: decode step us (from tg tok/s) with the listed ops emptied"
     for order in ${ORDERS:-forward reverse}; do
-      list="" prev=""
+      list=""
       seq=("${ops[@]}")
       [ $order = reverse ] && seq=(combine down gate_up router o attn qkv)
-      base=$(tg "$m" none)
-      echo "$order none $base $(awk -v t="$base" 'BEGIN{printf "%.1f", 1e6/t}')"
+      row "$m" none
       for op in "${seq[@]}"; do
         list="${list:+$list,}$op"
-        t=$(tg "$m" "$list")
-        echo "$order $list $t $(awk -v t="$t" 'BEGIN{printf "%.1f", 1e6/t}')"
+        row "$m" "$list"
       done
       # The lm_head emptied too: step(all) - this is the lm_head's cost, and this is the 7 x layers
       # launch boundaries + the embedding + sampling, measured instead of estimated.
-      t=$(tg "$m" "$list,lm_head")
-      echo "$order $list,lm_head $t $(awk -v t="$t" 'BEGIN{printf "%.1f", 1e6/t}')"
+      row "$m" "$list,lm_head"
     done
   } > "$f"
   echo "== $m"; cat "$f"

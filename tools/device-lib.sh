@@ -52,6 +52,21 @@ dev_start() {
   echo "== tree $(dev_tree_hash)"
 }
 
+# dev_clean_start DEPS_DIR TOKENIZER_DIR: dev_start for a call script that builds build-gpu from
+# scratch (a warm machine's objects can be newer than re-copied sources: bench/NOTES.md "v46") and
+# reports its progress in seconds: removes build-gpu and starts the clock dev_elapsed reads (unless
+# the caller started it earlier by setting DEV_T0).
+dev_clean_start() {
+  DEV_T0=${DEV_T0:-$(date +%s)}
+  dev_start "$1" "$2"
+  rm -rf build-gpu
+}
+
+# dev_elapsed prints the seconds since dev_clean_start (or the caller's DEV_T0).
+dev_elapsed() {
+  echo $(( $(date +%s) - ${DEV_T0:-$(date +%s)} ))
+}
+
 # dev_build_errors LOG prints the first compiler errors of a failed dev_build's log.
 dev_build_errors() {
   grep -B2 -A10 -m3 error "$1" | head -40

@@ -70,6 +70,7 @@ struct LayerDev {
     float* sinks = nullptr;
     void* router_w = nullptr;
     float* router_b = nullptr;
+    uint16_t* router_fold_w = nullptr;  // router_fold_pack's layout (CudaBackend::router_fold_)
     void* gu_w = nullptr;
     uint16_t* gu_s = nullptr;
     float* gu_b = nullptr;
@@ -173,7 +174,11 @@ private:
     // chunk). Arguments as cuda::gemm (kernels.h); route null for dense weights.
     gptoss_status project(bool decode, const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
                           const GemmRoute* route, Epilogue epilogue, float* out_f32, uint16_t* out_bf16,
-                          uint32_t ldo, float swiglu_limit, bool route_ready = false);
+                          uint32_t ldo, float swiglu_limit, bool route_ready = false,
+                          const RouterFoldArgs* fold = nullptr);
+    // Whether this decode step's router runs in the O projection's epilogue (router_fold.cu):
+    // the backend's router_fold_, one GPU, neither op emptied by the decode probe.
+    bool folds_router(bool decode) const;
     gptoss_status mark(const char* label);
     gptoss_status checked(gptoss_status s);
     gptoss_status host_moe_failed();  // OUT_OF_MEMORY if a host-expert callback failed
@@ -225,6 +230,7 @@ private:
     float* logits_ = nullptr;
     float* partial_ = nullptr;
     int* counters_ = nullptr;
+    float* fold_partial_ = nullptr;  // the router fold's partial sums (CudaBackend::router_fold_)
     int32_t* argmax_ = nullptr;
     void* sample_scratch_ = nullptr;  // cuda::sample's scratch (sample_bytes_)
     size_t sample_bytes_ = 0;
@@ -259,7 +265,11 @@ private:
 class CudaBackend final : public Backend {
 public:
     CudaBackend(const Config& config, int32_t device, const RankInfo& rank = RankInfo())
-        : config_(config), dims_(dims_of(config)), device_(device), rank_(rank) {}
+        : config_(config), dims_(dims_of(config)), device_(device), rank_(rank) {
+        const Dims& d = dims_;
+        router_fold_ = rank_.n_ranks == 1 && router_fold_default() && router_fold_supported(d.E, d.K, d.H) &&
+                       decode_gemv_fold_usable(decode_tuning().bf16, d.QD);
+    }
     ~CudaBackend() override {
         DeviceGuard guard(device_);
         arena_.reset();
@@ -329,6 +339,7 @@ public:
             L.sinks = c.take<float>(d.Q * 4);
             L.router_w = c.take<void>(bf16_fragment_bytes(d.E, d.H));
             L.router_b = c.take<float>(d.E * 4);
+            if (router_fold_) L.router_fold_w = c.take<uint16_t>(router_fold_bytes(d.E, d.H));
             L.gu_b = c.take<float>(size_t(d.E) * 2 * d.I * 4);
             L.dn_b = c.take<float>(size_t(d.E) * d.H * 4);
             if (l < n_host_) continue;  // experts in host memory (host_moe.h)
@@ -417,6 +428,9 @@ public:
     std::atomic<bool> poisoned_{false};
     // Issue 16: the experts of layers [0, n_host_) live in host_; one device slot streams them.
     uint32_t n_host_ = 0;
+    // The decode graph's router folded into the O projection (router_fold.cu; one GPU, the fold's
+    // shapes, GPTOSS_DECODE_ROUTER_FOLD); its weights' layout is kept only when set.
+    bool router_fold_ = false;
     HostExperts host_;
     void* stream_raw_ = nullptr;
     LayerDev slot_;
@@ -554,6 +568,7 @@ gptoss_status CudaBackend::load_layer_dense(const LayerWeights& lw, LayerDev& L,
     }
     GPTOSS_TRY(st.upload(lw.router_weight.data, size_t(d.E) * d.H * 2, rb));
     GPTOSS_TRY(repack_bf16(reinterpret_cast<uint16_t*>(rb), d.E, d.H, L.router_w, s));
+    if (L.router_fold_w) GPTOSS_TRY(router_fold_pack(L.router_w, d.E, d.H, L.router_fold_w, s));
     GPTOSS_TRY(bf16_to_f32_via(st, rb, s, lw.router_bias.data, d.E, false, L.router_b));
     // The gate/up regrouping of the rows applies to each expert's bias too.
     for (uint32_t e = 0; e < d.E; ++e)
@@ -606,6 +621,7 @@ gptoss_status CudaBackend::synthesize(uint64_t seed) {
         GPTOSS_TRY(vec(L.o_b, d.H, 0.0f, 0.01f));
         GPTOSS_TRY(vec(L.sinks, d.Q, 0.0f, 1.0f));
         GPTOSS_TRY(bf16(L.router_w, bf16_fragment_bytes(d.E, d.H)));
+        if (L.router_fold_w) GPTOSS_TRY(router_fold_pack(L.router_w, d.E, d.H, L.router_fold_w, stream.s));
         GPTOSS_TRY(vec(L.router_b, d.E, 0.0f, 0.01f));
         if (L.gu_w == nullptr) continue;  // a host layer: host_moe_biases() below
         GPTOSS_TRY(fill_random(L.gu_w, size_t(d.E) * mxfp4_fragment_bytes(2 * d.I, d.H) / 4, ++k, false, 0, stream.s));
@@ -744,7 +760,8 @@ size_t CudaSession::layout(char* base) {
     argmax_ = cv.take<int32_t>(8);
     token_ = cv.take<int32_t>(4);
     sample_scratch_ = cv.take<void>(sample_bytes_);
-    counters_ = cv.take<int>(size_t(d.G + 1) * 4);  // attention's G, the router's
+    counters_ = cv.take<int>(size_t(d.G + 2) * 4);  // attention's G, the router's, the router fold's
+    fold_partial_ = be_.router_fold_ ? cv.take<float>(size_t(ceil_div(d.H, 16)) * (d.E + 1) * 4) : nullptr;
     kv_.assign(c.n_layers, LayerKv{});
     for (uint32_t l = 0; l < c.n_layers; ++l) {
         LayerKv& kv = kv_[l];
@@ -816,13 +833,14 @@ gptoss_status CudaSession::mark(const char* label) {
 
 gptoss_status CudaSession::project(bool decode, const GemmWeights& w, const uint16_t* x, uint32_t n_rows,
                                    const GemmRoute* route, Epilogue epilogue, float* out_f32, uint16_t* out_bf16,
-                                   uint32_t ldo, float swiglu_limit, bool route_ready) {
+                                   uint32_t ldo, float swiglu_limit, bool route_ready, const RouterFoldArgs* fold) {
     // Decode: gemm_decode's split-K GEMVs (route_ready: the route was final before the previous
     // kernel's wait); lm_head-sized N (thousands of slabs, already at the floor) keeps gemm.
     const DecodeTuning& dt = decode_tuning();
     if (decode && (route || n_rows == 1) && w.N <= 65536)
         return gemm_decode(w, x, route, route_ready && dt.route_ready, epilogue, out_f32, out_bf16, ldo, swiglu_limit,
-                           w.mxfp4 ? dt.fp4 : dt.bf16, stream_);
+                           w.mxfp4 ? dt.fp4 : dt.bf16, stream_, fold);
+    if (fold) return fail(GPTOSS_ERR_INTERNAL, "CUDA project: the router fold is a decode GEMV epilogue");
     // Prefill: the tiled kernel for the expert GEMMs and the dense projections; the router
     // (N <= 256 rows) keeps gemm(), whose logits are the fused decode router's bits.
     if (!decode && prefill_gemm_ && (route || w.N > 256))
@@ -836,6 +854,11 @@ gptoss_status CudaSession::project(bool decode, const GemmWeights& w, const uint
 
 // Timing only (decode_probe.h): an empty kernel in place of each op GPTOSS_DECODE_PROBE lists.
 bool emptied(bool decode, DecodeOp op) { return decode && decode_probe_skips(op); }
+
+bool CudaSession::folds_router(bool decode) const {
+    return decode && be_.router_fold_ && comm_ == nullptr && !emptied(decode, DecodeOp::kO) &&
+           !emptied(decode, DecodeOp::kRouter);
+}
 
 gptoss_status CudaSession::enqueue(uint32_t n, bool decode, uint32_t full_splits) {
     CudaBackend& b = be_;
@@ -922,10 +945,19 @@ gptoss_status CudaSession::enqueue_attention(uint32_t l, uint32_t n, bool decode
     }
     // Split model: rank 0 adds the residual, the others store their partial o_proj; the
     // all-reduce sums them (gptoss-shard.h).
+    RouterFoldArgs fold;
+    const bool folded = folds_router(decode);
+    if (folded) {
+        fold.w = L.router_fold_w; fold.bias = L.router_b; fold.norm_w = L.mlp_norm; fold.eps = c.rms_norm_eps;
+        fold.E = d.E; fold.K = d.K; fold.partial = fold_partial_; fold.counter = counters_ + d.G + 1;
+        fold.xn = xn_; fold.logits = rlogits_; fold.experts = experts_; fold.weights = weights_; fold.tiles = tiles_;
+        fold.pairs = pairs_;
+    }
     if (emptied(decode, DecodeOp::kO)) GPTOSS_TRY(decode_probe_empty(s));
     else GPTOSS_TRY(project(decode, b.dense(L.o_w, L.o_b, d.H, d.QD), attn_, n, nullptr,
-                            b.rank_.rank == 0 ? Epilogue::kAdd : Epilogue::kStore, x_, nullptr, d.H, 0));
-    GPTOSS_TRY(mark("o gemm + residual"));
+                            b.rank_.rank == 0 ? Epilogue::kAdd : Epilogue::kStore, x_, nullptr, d.H, 0, false,
+                            folded ? &fold : nullptr));
+    GPTOSS_TRY(mark(folded ? "o gemm + residual + rmsnorm + router + top-k (folded)" : "o gemm + residual"));
     if (comm_) {
         GPTOSS_TRY(rank_all_reduce(comm_, x_, size_t(n) * d.H, s));
         GPTOSS_TRY(mark("all-reduce (attention)"));
@@ -939,6 +971,7 @@ gptoss_status CudaSession::enqueue_router(uint32_t l, uint32_t n, bool decode, c
     const Config& c = b.config_;
     const LayerDev& L = b.layers_[l];
     cudaStream_t s = stream_;
+    if (folds_router(decode)) return GPTOSS_OK;  // O's epilogue routed (enqueue_attention)
     if (decode && router_decode_supported(d.E, d.K, d.H)) {
         RouterDecodeArgs ra;
         ra.x = x_; ra.norm_w = L.mlp_norm; ra.eps = c.rms_norm_eps; ra.router = b.dense(L.router_w, L.router_b, d.E, d.H);

@@ -29,9 +29,11 @@
 #include "cuda/common.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/kernels.h"
+#include "cuda/router_fold.cuh"
 
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 
 namespace gptoss {
 namespace cuda {
@@ -50,18 +52,23 @@ struct DecodeArgs {
     uint16_t* out_bf16;
     uint32_t ldo;
     float limit;
+    RouterFoldArgs fold;  // kFold instances only (router_fold.cuh)
 };
 
 constexpr uint32_t kMaxRowK = 4096;  // the MXFP4 activation row lives in shared memory
+struct NoFoldSmem {};                // the shared memory of the instances without the router fold
 
 // kChunks: 0 = any K (a loop over rounds of kDepth chunks with a bound test per chunk), else the
 // instance for K = 64·kChunks only: the warp's chunks unrolled, so the loads and shared-memory
 // reads sit at immediate offsets from one pointer and the only test left is whether the warp has
 // the slab's last, odd chunk. The same chunks in the same order through the same mma: the same bits.
-template <bool kFp4, int NW, int kDepth, bool kShfl, int kChunks>
+// kFold (dense kAdd only): the router folded into the epilogue (router_fold.cuh).
+template <bool kFp4, int NW, int kDepth, bool kShfl, int kChunks, bool kFold = false>
 __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs args) {
+    static_assert(!kFold || !kFp4, "the router fold runs in the dense O projection");
     constexpr uint32_t R = NW * 32;
     __shared__ float red[NW][16];
+    __shared__ std::conditional_t<kFold, fold_detail::FoldSmem<NW>, NoFoldSmem> fsm;
     // MXFP4: the staged activation row, permuted as it is.
     __shared__ __align__(16) uint16_t xsm[kFp4 ? kMaxRowK : 8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -129,6 +136,8 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
         bias_lo = __ldg(bias + er);
         if (swiglu) bias_hi = __ldg(bias + er + 8);
     }
+    float fold_g = 0.0f;  // kFold: γ of the row this thread finishes
+    if constexpr (kFold) fold_g = fold_detail::fold_prefetch<NW>(args.fold, fsm, slab, N);
     if (!args.routed || args.route_ready) pdl_wait();
     pdl_launch_dependents();
     float resid = 0.0f;
@@ -248,14 +257,17 @@ __global__ __launch_bounds__(NW * 32) void gemv_decode_kernel(const DecodeArgs a
     } else {
         const int r = threadIdx.x;
         const uint32_t row = slab * 16 + r;
+        float stored = 0.0f;
         if (r < 16 && row < N) {
             float s = red[0][r];
 #pragma unroll
             for (int w = 1; w < NW; ++w) s = __fadd_rn(s, red[w][r]);
             const float v = s + bias_lo;
             float* o = args.out_f32 + size_t(out_row) * args.ldo + row;
-            *o = args.epilogue == int(Epilogue::kAdd) ? resid + v : v;
+            stored = args.epilogue == int(Epilogue::kAdd) ? resid + v : v;
+            *o = stored;
         }
+        if constexpr (kFold) fold_detail::fold_epilogue<NW>(args.fold, fsm, slab, stored, fold_g, args.out_f32, N);
     }
 }
 
@@ -266,10 +278,13 @@ struct Instance {
     DecodeGemv v;
     uint32_t chunks;  // 0: any K; else K = 64·chunks only
     KernelFn fn;
+    bool fold = false;  // the router fold in the epilogue (router_fold.cuh)
 };
 
 #define GPTOSS_GEMV(FP4, NW, D, SH, C) \
     Instance{FP4, DecodeGemv{NW, D, SH}, C, gemv_decode_kernel<FP4, NW, D, SH, C>}
+#define GPTOSS_GEMV_FOLD(NW, D, SH, C) \
+    Instance{false, DecodeGemv{NW, D, SH}, C, gemv_decode_kernel<false, NW, D, SH, C, true>, true}
 // The variants compiled in (decode_gemv_variants lists them; the tests run every one), and the
 // fixed-K instances of the defaults for gpt-oss's K: 2880 (45 chunks: QKV, gate_up, down) and
 // 4096 (64: O), which gemm_decode takes when the variant's fixed_k allows and K matches.
@@ -279,6 +294,8 @@ const Instance kInstances[] = {
     GPTOSS_GEMV(true, 4, 4, true, 0),   GPTOSS_GEMV(true, 4, 6, true, 0),   GPTOSS_GEMV(true, 4, 8, true, 0),
     GPTOSS_GEMV(true, 8, 4, true, 0),   GPTOSS_GEMV(true, 8, 4, false, 0),
     GPTOSS_GEMV(true, 4, 4, true, 45),  GPTOSS_GEMV(false, 8, 4, false, 45), GPTOSS_GEMV(false, 8, 4, false, 64),
+    // The router fold (O's default variant and its any-K kernel, the same bits apart from the fold).
+    GPTOSS_GEMV_FOLD(8, 4, false, 0), GPTOSS_GEMV_FOLD(8, 4, false, 64),
 };
 // Measured and removed (bench/NOTES.md "v39", "v40"): MXFP4 rings holding a warp's whole share of a
 // 45-chunk slab (4 warps × 12, 8 × 6, 16 × 3): 6-17 % slower than 4 × 6; a ring of 5 bounded to 8
@@ -286,11 +303,13 @@ const Instance kInstances[] = {
 // rings bounded to 6-8 CTAs per SM (spills) and fixed-K MXFP4 CTAs of 2 or 8 warps: −4 to −10 %, and
 // the fixed-K bf16 GEMVs at 4 warps: −1.5 %, against the defaults of the time.
 #undef GPTOSS_GEMV
+#undef GPTOSS_GEMV_FOLD
 
-const Instance* find_instance(bool fp4, const DecodeGemv& v, uint32_t chunks) {
+const Instance* find_instance(bool fp4, const DecodeGemv& v, uint32_t chunks, bool fold = false) {
     const Instance* any_k = nullptr;
     for (const Instance& in : kInstances)
-        if (in.fp4 == fp4 && in.v.warps == v.warps && in.v.depth == v.depth && in.v.shfl_x == v.shfl_x) {
+        if (in.fp4 == fp4 && in.fold == fold && in.v.warps == v.warps && in.v.depth == v.depth &&
+            in.v.shfl_x == v.shfl_x) {
             if (in.chunks == 0) any_k = &in;
             else if (v.fixed_k && in.chunks == chunks) return &in;
         }
@@ -326,14 +345,18 @@ bool route_early() {
 std::vector<std::pair<bool, DecodeGemv>> decode_gemv_variants() {
     std::vector<std::pair<bool, DecodeGemv>> out;
     for (const Instance& in : kInstances)
-        if (in.chunks == 0) out.emplace_back(in.fp4, in.v);
+        if (in.chunks == 0 && !in.fold) out.emplace_back(in.fp4, in.v);
     return out;
+}
+
+bool decode_gemv_fold_usable(const DecodeGemv& v, uint32_t K) {
+    return K % 64 == 0 && find_instance(false, v, K / 64, true) != nullptr;
 }
 
 std::vector<DecodeFixedK> decode_gemv_fixed_k() {
     std::vector<DecodeFixedK> out;
     for (const Instance& in : kInstances)
-        if (in.chunks != 0) {
+        if (in.chunks != 0 && !in.fold) {
             DecodeGemv v = in.v;
             v.fixed_k = true;
             out.push_back(DecodeFixedK{in.fp4, v, 64 * in.chunks});
@@ -356,7 +379,7 @@ const DecodeTuning& decode_tuning() {
 
 gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRoute* route, bool route_ready,
                           Epilogue epilogue, float* out_f32, uint16_t* out_bf16, uint32_t ldo, float swiglu_limit,
-                          const DecodeGemv& variant, cudaStream_t stream) {
+                          const DecodeGemv& variant, cudaStream_t stream, const RouterFoldArgs* fold) {
     if (w.K == 0 || w.K % 64 != 0 || w.N == 0)
         return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: K=%u must be a positive multiple of 64, N=%u > 0", w.K, w.N);
     if (w.mxfp4 && w.K > kMaxRowK)
@@ -366,10 +389,20 @@ gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRou
         return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: SwiGLU needs a route, N %% 16 == 0 (N=%u) and a bf16 output",
                     w.N);
     if (epilogue != Epilogue::kSwiglu && !out_f32) return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: fp32 output missing");
-    const Instance* in = find_instance(w.mxfp4, variant, w.K / 64);
+    if (fold) {
+        if (w.mxfp4 || route || epilogue != Epilogue::kAdd || !router_fold_supported(fold->E, fold->K, w.N) ||
+            !fold->w || !fold->norm_w || !fold->partial || !fold->counter || !fold->xn || !fold->logits ||
+            !fold->experts || !fold->weights || !fold->tiles || !fold->pairs)
+            return fail(GPTOSS_ERR_INTERNAL,
+                        "gemm_decode: the router fold needs dense weights, epilogue kAdd, every buffer, E <= 128 "
+                        "and H %% 64 == 0 (E=%u, top-%u, H=%u)",
+                        fold->E, fold->K, w.N);
+    }
+    const Instance* in = find_instance(w.mxfp4, variant, w.K / 64, fold != nullptr);
     if (!in)
-        return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: no %s variant with %u warps, ring depth %u, shfl %d",
-                    w.mxfp4 ? "MXFP4" : "bf16", variant.warps, variant.depth, int(variant.shfl_x));
+        return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: no %s variant with %u warps, ring depth %u, shfl %d%s",
+                    w.mxfp4 ? "MXFP4" : "bf16", variant.warps, variant.depth, int(variant.shfl_x),
+                    fold ? " and the router fold" : "");
     DecodeArgs a{};
     a.w = w;
     a.x = x;
@@ -382,6 +415,10 @@ gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRou
     a.out_bf16 = out_bf16;
     a.ldo = ldo;
     a.limit = swiglu_limit;
+    if (fold) {
+        a.fold = *fold;
+        a.fold.topk_redux = router_topk_redux() ? 1 : 0;
+    }
     const uint32_t tiles = route ? route->max_tiles : 1;
     if (tiles == 0) return GPTOSS_OK;
     if (tiles > 65535) return fail(GPTOSS_ERR_INTERNAL, "gemm_decode: %u tiles exceed the grid limit", tiles);

@@ -185,10 +185,47 @@ struct DecodeFixedK {
     uint32_t K;
 };
 std::vector<DecodeFixedK> decode_gemv_fixed_k();
+// The decode router folded into the O projection (router_fold.cu, router_fold.cuh; issue 12):
+// gemm_decode of O with epilogue kAdd also computes the MoE router's route from the new residual
+// row x [H]: xn = bf16(x · inv · norm_w) (bf16 permuted [H], as router_decode), logits = inv ·
+// (W_r · (x ⊙ norm_w)) + b (fp32 [E]; within fp32 rounding of router_decode's from the fp32 row,
+// not its bits), experts / weights / tiles / pairs as router_route(logits, T = 1). Replaces
+// router_decode's launch in the decode graph. Usable where router_fold_supported(E, K, H) and the
+// bf16 variant has a fold instance (decode_gemv_fold_usable).
+struct RouterFoldArgs {
+    const uint16_t* w = nullptr;       // router weights in router_fold_pack's layout
+    const float* bias = nullptr;       // fp32 [E] (nullptr: none)
+    const float* norm_w = nullptr;     // the MLP RMSNorm weight, fp32 [H]
+    float eps = 0.0f;
+    uint32_t E = 0;                    // experts
+    uint32_t K = 0;                    // top-K
+    float* partial = nullptr;          // scratch, fp32 [ceil(H / 16)][E + 1]
+    int* counter = nullptr;            // one device int, 0 before the first call (re-armed)
+    uint16_t* xn = nullptr;
+    float* logits = nullptr;
+    int32_t* experts = nullptr;
+    float* weights = nullptr;
+    int32_t* tiles = nullptr;
+    int32_t* pairs = nullptr;
+    int topk_redux = 0;                // set by gemm_decode from router_topk_redux()
+};
+// E <= 128, 1 <= K <= min(E, 8), H % 64 == 0, H <= 4096.
+bool router_fold_supported(uint32_t E, uint32_t K, uint32_t H);
+// Bytes of the fold layout: bf16 [ceil(H / 16)][E][16] (slab s, expert e, row r = W_r[e, 16s + r]).
+size_t router_fold_bytes(uint32_t E, uint32_t H);
+// The fold layout from the router's bf16 fragment weights (repack_bf16's layout of [E, H]), on
+// the device; out: router_fold_bytes(E, H).
+[[nodiscard]] gptoss_status router_fold_pack(const void* router_fragments, uint32_t E, uint32_t H, uint16_t* out,
+                                             cudaStream_t stream);
+// GPTOSS_DECODE_ROUTER_FOLD (0 / 1), else the built-in default; read once.
+bool router_fold_default();
+// Whether gemm_decode has a fold instance for this bf16 variant at K.
+bool decode_gemv_fold_usable(const DecodeGemv& v, uint32_t K);
+// fold: non-null = the router fold above (dense, epilogue kAdd, w.N = H; else GPTOSS_ERR_INTERNAL).
 [[nodiscard]] gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRoute* route,
                                         bool route_ready, Epilogue epilogue, float* out_f32, uint16_t* out_bf16,
                                         uint32_t ldo, float swiglu_limit, const DecodeGemv& variant,
-                                        cudaStream_t stream);
+                                        cudaStream_t stream, const RouterFoldArgs* fold = nullptr);
 
 // ---------------------------------------------------------------------------
 // Residual stream + RMSNorm (rmsnorm.cu). One CTA per token:

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# bench/v49-fold.sh - issue 12's router fold (cuda/router_fold.cuh) on the GPU: a clean build of
+# what it touches, its kernel test and the decode GEMV / whole-backend kernel tests, then tg128 with
+# the fold on (the default) and off (GPTOSS_DECODE_ROUTER_FOLD=0: router_decode's launch), 20b at
+# depths 0 and 8 192 in two rounds alternating, the 120b at depth 0, then compute-sanitizer memcheck
+# and racecheck of the fold's test while the call has time left.
+# Usage (repository root, GPU machine): OUT=... bash bench/v49-fold.sh DEPS TOK
+set -uo pipefail
+. tools/device-lib.sh
+dev_clean_start "$1" "$2"
+T=(gptoss-bench gptoss-synth test-kernels test-kernels-decode test-kernels-fold)
+dev_build build-gpu "$OUT/build.log" "${T[@]}" || { dev_build_errors "$OUT/build.log"; exit 1; }
+echo "== build done at $(dev_elapsed)s"
+export GPTOSS_SOURCE_DIR=$PWD
+GPTOSS_DECODE_ROUTER_FOLD=1 dev_ctest_gpu build-gpu "$OUT/ctest.txt" '^(test-kernels|test-kernels-decode|test-kernels-fold)$'
+grep -E "Test +#" "$OUT/ctest.txt" | head -10
+echo "== ctest done at $(dev_elapsed)s"
+tg() {  # MODEL DEPTHS TOKENS REPEATS [NAME=VALUE...] -> gptoss-bench's tg rows (or its error)
+  local m=$1 d=$2 n=$3 r=$4
+  shift 4
+  env "$@" timeout 150 ./build-gpu/gptoss-bench --synthetic "$m" --no-gemm-probe -p 0 -n "$n" -d "$d" -r "$r" 2>&1 |
+    grep -E '^\| tg|rror' | tr '\n' ' '
+}
+for r in 1 2; do
+  for v in GPTOSS_DECODE_ROUTER_FOLD=1 GPTOSS_DECODE_ROUTER_FOLD=0; do
+    [ "$(dev_elapsed)" -lt 480 ] || break 2
+    echo "== 20b [$v] r$r: $(tg 20b 0,8192 128 3 $v) ($(dev_elapsed)s)"
+  done
+done
+for v in GPTOSS_DECODE_ROUTER_FOLD=1 GPTOSS_DECODE_ROUTER_FOLD=0; do
+  [ "$(dev_elapsed)" -lt 500 ] || break
+  echo "== 120b [$v]: $(tg 120b 0 128 3 $v) ($(dev_elapsed)s)"
+done
+for tool in memcheck racecheck; do
+  [ "$(dev_elapsed)" -lt 520 ] || break
+  timeout 60 compute-sanitizer --tool $tool --error-exitcode 3 ./build-gpu/test-kernels-fold > "$OUT/$tool.txt" 2>&1
+  echo "== $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test cases' "$OUT/$tool.txt" | tr '\n' ' ') ($(dev_elapsed)s)"
+done
+echo "== end at $(dev_elapsed)s"

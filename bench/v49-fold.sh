@@ -4,21 +4,35 @@
 # the fold on (the default) and off (GPTOSS_DECODE_ROUTER_FOLD=0: router_decode's launch), 20b at
 # depths 0 and 8 192 in two rounds alternating, the 120b at depth 0, then compute-sanitizer memcheck
 # and racecheck of the fold's test while the call has time left.
-# Usage (repository root, GPU machine): OUT=... bash bench/v49-fold.sh DEPS TOK
+# Usage (repository root, GPU machine): OUT=... [CARRY_BIN=.carry-bin] bash bench/v49-fold.sh DEPS TOK
 set -uo pipefail
 . tools/device-lib.sh
 dev_clean_start "$1" "$2"
-T=(gptoss-bench gptoss-synth test-kernels test-kernels-decode test-kernels-fold)
-dev_build build-gpu "$OUT/build.log" "${T[@]}" || { dev_build_errors "$OUT/build.log"; exit 1; }
-echo "== build done at $(dev_elapsed)s"
-export GPTOSS_SOURCE_DIR=$PWD
-GPTOSS_DECODE_ROUTER_FOLD=1 dev_ctest_gpu build-gpu "$OUT/ctest.txt" '^(test-kernels|test-kernels-decode|test-kernels-fold)$'
-grep -E "Test +#" "$OUT/ctest.txt" | head -10
-echo "== ctest done at $(dev_elapsed)s"
+# CARRY_BIN=DIR: gptoss-bench, test-kernels-fold and test-kernels-decode built on the build machine
+# from this tree (sm_90a, Release; carried to save the call's build) when they run here; else a build.
+B=build-gpu
+if [ -n "${CARRY_BIN:-}" ] && LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu "$CARRY_BIN/gptoss-bench" --help > /dev/null 2>&1; then
+  B=$CARRY_BIN
+  export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  echo "== carried binaries ($B)"
+  for t in test-kernels-fold test-kernels-decode; do
+    GPTOSS_DECODE_ROUTER_FOLD=1 timeout 120 "$B/$t" > "$OUT/$t.txt" 2>&1
+    echo "== $t rc=$? $(grep -E 'test cases|assertions' "$OUT/$t.txt" | tr '\n' ' ')"
+  done
+else
+  T=(gptoss-bench gptoss-synth test-kernels test-kernels-decode test-kernels-fold)
+  dev_build build-gpu "$OUT/build.log" "${T[@]}" || { dev_build_errors "$OUT/build.log"; exit 1; }
+  echo "== build done at $(dev_elapsed)s"
+  export GPTOSS_SOURCE_DIR=$PWD
+  GPTOSS_DECODE_ROUTER_FOLD=1 dev_ctest_gpu build-gpu "$OUT/ctest.txt" '^(test-kernels|test-kernels-decode|test-kernels-fold)$'
+  grep -E "Test +#" "$OUT/ctest.txt" | head -10
+fi
+grep -B3 -A25 -m3 -E "ERROR|FAILED" "$OUT"/test-kernels-*.txt 2>/dev/null | head -60
+echo "== tests done at $(dev_elapsed)s"
 tg() {  # MODEL DEPTHS TOKENS REPEATS [NAME=VALUE...] -> gptoss-bench's tg rows (or its error)
   local m=$1 d=$2 n=$3 r=$4
   shift 4
-  env "$@" timeout 150 ./build-gpu/gptoss-bench --synthetic "$m" --no-gemm-probe -p 0 -n "$n" -d "$d" -r "$r" 2>&1 |
+  env "$@" timeout 150 "$B/gptoss-bench" --synthetic "$m" --no-gemm-probe -p 0 -n "$n" -d "$d" -r "$r" 2>&1 |
     grep -E '^\| tg|rror' | tr '\n' ' '
 }
 for r in 1 2; do
@@ -33,7 +47,7 @@ for v in GPTOSS_DECODE_ROUTER_FOLD=1 GPTOSS_DECODE_ROUTER_FOLD=0; do
 done
 for tool in memcheck racecheck; do
   [ "$(dev_elapsed)" -lt 520 ] || break
-  timeout 60 compute-sanitizer --tool $tool --error-exitcode 3 ./build-gpu/test-kernels-fold > "$OUT/$tool.txt" 2>&1
+  timeout 60 compute-sanitizer --tool $tool --error-exitcode 3 "$B/test-kernels-fold" > "$OUT/$tool.txt" 2>&1
   echo "== $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test cases' "$OUT/$tool.txt" | tr '\n' ' ') ($(dev_elapsed)s)"
 done
 echo "== end at $(dev_elapsed)s"

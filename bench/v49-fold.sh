@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/v49-fold.sh - issue 12's router fold (cuda/router_fold.cuh) on the GPU: a clean build of
 # what it touches, its kernel test and the decode GEMV / whole-backend kernel tests, then tg128 with
-# the fold on (the default) and off (GPTOSS_DECODE_ROUTER_FOLD=0: router_decode's launch), 20b at
+# the fold on (its CTAs' arrival by fences, then by acquire-release atomics: _ACQREL=1) and off
+# (GPTOSS_DECODE_ROUTER_FOLD=0: router_decode's launch), 20b at
 # depths 0 and 8 192 in two rounds alternating, the 120b at depth 0, then compute-sanitizer memcheck
 # and racecheck of the fold's test while the call has time left.
 # Usage (repository root, GPU machine): OUT=... [CARRY_BIN=.carry-bin] bash bench/v49-fold.sh DEPS TOK
@@ -35,14 +36,15 @@ tg() {  # MODEL DEPTHS TOKENS REPEATS [NAME=VALUE...] -> gptoss-bench's tg rows 
   env "$@" timeout 150 "$B/gptoss-bench" --synthetic "$m" --no-gemm-probe -p 0 -n "$n" -d "$d" -r "$r" 2>&1 |
     grep -E '^\| tg|rror' | tr '\n' ' '
 }
+V=("GPTOSS_DECODE_ROUTER_FOLD=1" "GPTOSS_DECODE_ROUTER_FOLD=1 GPTOSS_DECODE_ROUTER_FOLD_ACQREL=1" "GPTOSS_DECODE_ROUTER_FOLD=0")
 for r in 1 2; do
-  for v in GPTOSS_DECODE_ROUTER_FOLD=1 GPTOSS_DECODE_ROUTER_FOLD=0; do
-    [ "$(dev_elapsed)" -lt 480 ] || break 2
+  for v in "${V[@]}"; do
+    [ "$(dev_elapsed)" -lt 460 ] || break 2
     echo "== 20b [$v] r$r: $(tg 20b 0,8192 128 3 $v) ($(dev_elapsed)s)"
   done
 done
-for v in GPTOSS_DECODE_ROUTER_FOLD=1 GPTOSS_DECODE_ROUTER_FOLD=0; do
-  [ "$(dev_elapsed)" -lt 500 ] || break
+for v in "${V[@]}"; do
+  [ "$(dev_elapsed)" -lt 490 ] || break
   echo "== 120b [$v]: $(tg 120b 0 128 3 $v) ($(dev_elapsed)s)"
 done
 for tool in memcheck racecheck; do

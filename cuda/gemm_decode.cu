@@ -418,6 +418,7 @@ gptoss_status gemm_decode(const GemmWeights& w, const uint16_t* x, const GemmRou
     if (fold) {
         a.fold = *fold;
         a.fold.topk_redux = router_topk_redux() ? 1 : 0;
+        if (a.fold.acq_rel < 0) a.fold.acq_rel = router_fold_acq_rel() ? 1 : 0;
     }
     const uint32_t tiles = route ? route->max_tiles : 1;
     if (tiles == 0) return GPTOSS_OK;

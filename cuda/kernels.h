@@ -208,6 +208,9 @@ struct RouterFoldArgs {
     int32_t* tiles = nullptr;
     int32_t* pairs = nullptr;
     int topk_redux = 0;                // set by gemm_decode from router_topk_redux()
+    // The CTAs' arrival: 0 = a fence per thread + a relaxed atomic, 1 = one acquire-release atomic
+    // (the same bits), -1 = router_fold_acq_rel().
+    int acq_rel = -1;
 };
 // E <= 128, 1 <= K <= min(E, 8), H % 64 == 0, H <= 4096.
 bool router_fold_supported(uint32_t E, uint32_t K, uint32_t H);
@@ -219,6 +222,8 @@ size_t router_fold_bytes(uint32_t E, uint32_t H);
                                              cudaStream_t stream);
 // GPTOSS_DECODE_ROUTER_FOLD (0 / 1), else the built-in default; read once.
 bool router_fold_default();
+// GPTOSS_DECODE_ROUTER_FOLD_ACQREL (0 / 1), else the built-in default; read once.
+bool router_fold_acq_rel();
 // Whether gemm_decode has a fold instance for this bf16 variant at K.
 bool decode_gemv_fold_usable(const DecodeGemv& v, uint32_t K);
 // fold: non-null = the router fold above (dense, epilogue kAdd, w.N = H; else GPTOSS_ERR_INTERNAL).

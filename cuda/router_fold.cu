@@ -18,6 +18,7 @@ namespace cuda {
 namespace {
 
 constexpr bool kRouterFoldDefault = false;  // GPTOSS_DECODE_ROUTER_FOLD=0|1 overrides
+constexpr bool kRouterFoldAcqRelDefault = false;  // GPTOSS_DECODE_ROUTER_FOLD_ACQREL=0|1 overrides
 
 // out[(s·E + e)·16 + r] = W[e, 16s + r] (0 past H), W in repack_bf16's fragment layout: chunk c
 // of 16-row slab e / 16 is 128 words of 16 bytes, word j·32 + lane = {row g: k0, k0 + 1; row g +
@@ -65,6 +66,14 @@ bool router_fold_default() {
     static const bool on = [] {
         const char* s = std::getenv("GPTOSS_DECODE_ROUTER_FOLD");
         return (s && *s) ? std::atoi(s) != 0 : kRouterFoldDefault;
+    }();
+    return on;
+}
+
+bool router_fold_acq_rel() {
+    static const bool on = [] {
+        const char* s = std::getenv("GPTOSS_DECODE_ROUTER_FOLD_ACQREL");
+        return (s && *s) ? std::atoi(s) != 0 : kRouterFoldAcqRelDefault;
     }();
     return on;
 }

@@ -39,6 +39,13 @@ struct FoldSmem {
     int is_last;
 };
 
+// atomicAdd with acquire-release semantics at GPU scope.
+__device__ __forceinline__ int atomic_add_acq_rel(int* p, int v) {
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
 // Before the kernel's dependency wait (the weights and γ are read only): the slab's router
 // weights into shared memory (cp.async, waited for in fold_epilogue), γ of row slab·16 + tid for
 // threads tid < 16.
@@ -135,15 +142,19 @@ __device__ __forceinline__ void fold_epilogue(const RouterFoldArgs& f, FoldSmem<
         }
         if (lane == 0) part[E] = ss;
     }
-    __threadfence();
+    // The arrival: every thread fences its stores, then a relaxed atomic (the attention kernel's
+    // pattern), or (acq_rel) one acquire-release atomic by thread 0 after the CTA barrier (CUTLASS's
+    // semaphore pattern: the barrier orders the CTA's stores before thread 0's release, its acquire
+    // before the barrier that lets the CTA read the others' partials).
+    if (!f.acq_rel) __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        s.is_last = atomicAdd(f.counter, 1) == int(gridDim.x) - 1;
+        s.is_last = (f.acq_rel ? atomic_add_acq_rel(f.counter, 1) : atomicAdd(f.counter, 1)) == int(gridDim.x) - 1;
         if (s.is_last) *f.counter = 0;
     }
     __syncthreads();
     if (!s.is_last) return;
-    __threadfence();
+    if (!f.acq_rel) __threadfence();
     fold_finish<NW>(f, s, x, N);
 }
 

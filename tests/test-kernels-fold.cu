@@ -6,8 +6,8 @@
 // sums fp32 products of exact values), the experts and weights against cpu::router_topk of those
 // logits and against router_decode on the same row (random logits: far from near-ties), xn within
 // one bf16 step of router_decode's (inv may differ in its last bit: another order of Σ x²); exact
-// ties (three equal router rows) pick the lower experts; two launches give the same bits and the
-// counter is re-armed; bad arguments get GPTOSS_ERR_INTERNAL naming the fold. Without a CUDA device
+// ties (three equal router rows) pick the lower experts; four launches (the CTAs' arrival by fences,
+// then by acquire-release atomics) give the same bits and the counter is re-armed; bad arguments get GPTOSS_ERR_INTERNAL naming the fold. Without a CUDA device
 // the tests are skipped (exit 77).
 #include "tests/kernel-test-util.cuh"
 
@@ -111,7 +111,7 @@ TEST_CASE("gemm_decode with the router fold: O's rows unchanged, the route of in
             INFO("fixed_k " << fixed_k);
             REQUIRE(cuda::decode_gemv_fold_usable(fv, QD));
             std::vector<float> first_logits;
-            for (int round = 0; round < 2; ++round) {
+            for (int round = 0; round < 4; ++round) {  // the arrival by fences, then by acq_rel atomics
                 Dev<float> x(x0), logits(E), wt(K), partial(size_t(H / 16) * (E + 1));
                 Dev<uint16_t> xn(H);
                 Dev<int32_t> ex(K), ti(1 + 3 * size_t(max_tiles)), pr(K);
@@ -119,6 +119,7 @@ TEST_CASE("gemm_decode with the router fold: O's rows unchanged, the route of in
                 f.w = fold_w.p; f.bias = rw.bias.p; f.norm_w = gd.p; f.eps = eps; f.E = E; f.K = K;
                 f.partial = partial.p; f.counter = counter.p; f.xn = xn.p; f.logits = logits.p; f.experts = ex.p;
                 f.weights = wt.p; f.tiles = ti.p; f.pairs = pr.p;
+                f.acq_rel = round / 2;
                 OK(cuda::gemm_decode(ow.w, attn.p, nullptr, false, cuda::Epilogue::kAdd, x.p, nullptr, H, 0, fv, nullptr,
                                      &f));
                 CHECK(x.get() == xr);  // the fold only reads the rows O stores

@@ -20,6 +20,11 @@ if [ -n "${CARRY_BIN:-}" ] && LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu "$C
     GPTOSS_DECODE_ROUTER_FOLD=1 timeout 120 "$B/$t" > "$OUT/$t.txt" 2>&1
     echo "== $t rc=$? $(grep -E 'test cases|assertions' "$OUT/$t.txt" | tr '\n' ' ')"
   done
+  # The engine's tests with the fold (test-kernels: the backend against the CPU backend, the
+  # transformers goldens) need the tiny model and a build: built here in the background, niced, while
+  # the benches run (the A/B rounds alternate, so both variants share its load), run after the 20b rows.
+  (nice -n 19 bash -c '. tools/device-lib.sh; DEPS='"$DEPS"' TOK='"$TOK"' dev_build build-gpu "'"$OUT"'/build.log" gptoss-synth test-kernels' \
+    && echo ok > "$OUT/build.done" || echo failed > "$OUT/build.done") &
 else
   T=(gptoss-bench gptoss-synth test-kernels test-kernels-decode test-kernels-fold)
   dev_build build-gpu "$OUT/build.log" "${T[@]}" || { dev_build_errors "$OUT/build.log"; exit 1; }
@@ -43,6 +48,16 @@ for r in 1 2; do
     echo "== 20b [$v] r$r: $(tg 20b 0,8192 128 3 $v) ($(dev_elapsed)s)"
   done
 done
+if [ "$B" != build-gpu ]; then
+  while [ ! -f "$OUT/build.done" ] && [ "$(dev_elapsed)" -lt 420 ]; do sleep 5; done
+  echo "== background build: $(cat "$OUT/build.done" 2>/dev/null || echo 'not done') at $(dev_elapsed)s"
+  if [ "$(cat "$OUT/build.done" 2>/dev/null)" = ok ]; then
+    GPTOSS_SOURCE_DIR=$PWD GPTOSS_DECODE_ROUTER_FOLD=1 dev_ctest_gpu build-gpu "$OUT/ctest.txt" '^test-kernels$'
+  else
+    dev_build_errors "$OUT/build.log"
+  fi
+  echo "== ctest done at $(dev_elapsed)s"
+fi
 for v in "${V[@]}"; do
   [ "$(dev_elapsed)" -lt 490 ] || break
   echo "== 120b [$v]: $(tg 120b 0 128 3 $v) ($(dev_elapsed)s)"

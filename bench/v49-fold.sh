@@ -5,10 +5,11 @@
 # (GPTOSS_DECODE_ROUTER_FOLD=0: router_decode's launch), 20b at
 # depths 0 and 8 192 in two rounds alternating, the 120b at depth 0, then compute-sanitizer memcheck
 # and racecheck of the fold's test while the call has time left.
-# Usage (repository root, GPU machine): OUT=... [CARRY_BIN=.carry-bin] bash bench/v49-fold.sh DEPS TOK
+# Usage (repository root, GPU machine): OUT=... [CARRY_BIN=.carry-bin] [LIMIT=560] bash bench/v49-fold.sh DEPS TOK
 set -uo pipefail
 . tools/device-lib.sh
 dev_clean_start "$1" "$2"
+L=${LIMIT:-560}  # the call's limit in seconds: the phases below stop in time for it
 # CARRY_BIN=DIR: gptoss-bench, test-kernels-fold and test-kernels-decode built on the build machine
 # from this tree (sm_90a, Release; carried to save the call's build) when they run here; else a build.
 B=build-gpu
@@ -44,12 +45,12 @@ tg() {  # MODEL DEPTHS TOKENS REPEATS [NAME=VALUE...] -> gptoss-bench's tg rows 
 V=("GPTOSS_DECODE_ROUTER_FOLD=1" "GPTOSS_DECODE_ROUTER_FOLD=1 GPTOSS_DECODE_ROUTER_FOLD_ACQREL=1" "GPTOSS_DECODE_ROUTER_FOLD=0")
 for r in 1 2; do
   for v in "${V[@]}"; do
-    [ "$(dev_elapsed)" -lt 460 ] || break 2
+    [ "$(dev_elapsed)" -lt $((L - 100)) ] || break 2
     echo "== 20b [$v] r$r: $(tg 20b 0,8192 128 3 $v) ($(dev_elapsed)s)"
   done
 done
 if [ "$B" != build-gpu ]; then
-  while [ ! -f "$OUT/build.done" ] && [ "$(dev_elapsed)" -lt 420 ]; do sleep 5; done
+  while [ ! -f "$OUT/build.done" ] && [ "$(dev_elapsed)" -lt $((L - 140)) ]; do sleep 5; done
   echo "== background build: $(cat "$OUT/build.done" 2>/dev/null || echo 'not done') at $(dev_elapsed)s"
   if [ "$(cat "$OUT/build.done" 2>/dev/null)" = ok ]; then
     GPTOSS_SOURCE_DIR=$PWD GPTOSS_DECODE_ROUTER_FOLD=1 dev_ctest_gpu build-gpu "$OUT/ctest.txt" '^test-kernels$'
@@ -59,11 +60,11 @@ if [ "$B" != build-gpu ]; then
   echo "== ctest done at $(dev_elapsed)s"
 fi
 for v in "${V[@]}"; do
-  [ "$(dev_elapsed)" -lt 490 ] || break
+  [ "$(dev_elapsed)" -lt $((L - 70)) ] || break
   echo "== 120b [$v]: $(tg 120b 0 128 3 $v) ($(dev_elapsed)s)"
 done
 for tool in memcheck racecheck; do
-  [ "$(dev_elapsed)" -lt 520 ] || break
+  [ "$(dev_elapsed)" -lt $((L - 40)) ] || break
   timeout 60 compute-sanitizer --tool $tool --error-exitcode 3 "$B/test-kernels-fold" > "$OUT/$tool.txt" 2>&1
   echo "== $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test cases' "$OUT/$tool.txt" | tr '\n' ' ') ($(dev_elapsed)s)"
 done

@@ -190,8 +190,9 @@ std::vector<DecodeFixedK> decode_gemv_fixed_k();
 // row x [H]: xn = bf16(x · inv · norm_w) (bf16 permuted [H], as router_decode), logits = inv ·
 // (W_r · (x ⊙ norm_w)) + b (fp32 [E]; within fp32 rounding of router_decode's from the fp32 row,
 // not its bits), experts / weights / tiles / pairs as router_route(logits, T = 1). Replaces
-// router_decode's launch in the decode graph. Usable where router_fold_supported(E, K, H) and the
-// bf16 variant has a fold instance (decode_gemv_fold_usable).
+// router_decode's launch in the decode graph when router_fold_default() (off: slower on an H100,
+// bench/NOTES.md "v49"). Usable where router_fold_supported(E, K, H) and the bf16 variant has a fold
+// instance (decode_gemv_fold_usable).
 struct RouterFoldArgs {
     const uint16_t* w = nullptr;       // router weights in router_fold_pack's layout
     const float* bias = nullptr;       // fp32 [E] (nullptr: none)

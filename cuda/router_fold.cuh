@@ -10,7 +10,10 @@
 // after O's grid boundary) with one reduction at the end of O. Not router_decode's bits: the
 // logits come from the fp32 row, not from the bf16 xn (decode need not equal prefill; near-ties
 // may pick other experts than the prefill router, within the decode-vs-prefill tolerance
-// tests). Deterministic: fixed summation orders, no floating-point atomics.
+// tests). Deterministic: fixed summation orders, no floating-point atomics. Measured slower than
+// router_decode's launch on an H100 (20b −4.3 %, 120b −13.6 %: the tail at O's end grows with E, the
+// last CTA's sums of the 180 partials issuing their L2 loads a few at a time), so it is off by default
+// (router_fold_default) until that tail is one round trip (bench/NOTES.md "v49", what would make it win).
 // Used by gemm_decode.cu's kFold instances; the layout of the weights (one slab's [E][16] bf16
 // contiguous) is router_fold_pack's (router_fold.cu).
 #pragma once

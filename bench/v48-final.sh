@@ -12,12 +12,7 @@ dev_clean_start "$1" "$2"
 T=() R=""
 [ "${LIGHT:-0}" = 1 ] && T=(gptoss-bench gptoss-synth test-kernels test-kernels-decode test-kernels-moe-batch test-batch) &&
   R='^(test-kernels|test-kernels-decode|test-kernels-moe-batch|test-batch-gpu)$'
-dev_build build-gpu "$OUT/build.log" "${T[@]}" || { dev_build_errors "$OUT/build.log"; exit 1; }
-echo "== build done at $(dev_elapsed)s"
-export GPTOSS_SOURCE_DIR=$PWD
-dev_ctest_gpu build-gpu "$OUT/ctest.txt" "$R"
-grep -E "Test +#" "$OUT/ctest.txt" | head -30
-echo "== ctest done at $(dev_elapsed)s"
+dev_clean_check "$R" "${T[@]}"
 tg() {  # MODEL DEPTH TOKENS REPEATS [NAME=VALUE...] -> gptoss-bench's tg row (or its error)
   local m=$1 d=$2 n=$3 r=$4
   shift 4

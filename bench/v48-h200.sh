@@ -14,10 +14,6 @@ OUT=$OUT/spread BUDGET=200 PHASES=ab bash bench/v47-call.sh "$1" "$2" "" "GPTOSS
 git apply -R bench/v47-spread-and-parts.patch || exit 1
 echo "== spread part done at $(dev_elapsed)s"
 dev_clean_start "$1" "$2"
-dev_build build-gpu "$OUT/build.log" || { dev_build_errors "$OUT/build.log"; exit 1; }
-echo "== build done at $(dev_elapsed)s"
-export GPTOSS_SOURCE_DIR=$PWD
-dev_ctest_gpu build-gpu "$OUT/ctest.txt"
-grep -E "Test +#" "$OUT/ctest.txt" | head -30
+dev_clean_check
 echo "== tg128: $(timeout 60 ./build-gpu/gptoss-bench --synthetic 20b --no-gemm-probe -p 0 -n 128 -d 0,8192 -r 3 2>&1 | grep -E '^\| tg' | tr '\n' ' ')"
 echo "== end at $(dev_elapsed)s"

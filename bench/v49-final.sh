@@ -7,12 +7,7 @@
 set -uo pipefail
 . tools/device-lib.sh
 dev_clean_start "$1" "$2"
-dev_build build-gpu "$OUT/build.log" || { dev_build_errors "$OUT/build.log"; exit 1; }
-echo "== build done at $(dev_elapsed)s"
-export GPTOSS_SOURCE_DIR=$PWD
-dev_ctest_gpu build-gpu "$OUT/ctest.txt"
-grep -E "Test +#" "$OUT/ctest.txt" | head -30
-echo "== ctest done at $(dev_elapsed)s"
+dev_clean_check
 tg() {  # MODEL DEPTHS TOKENS REPEATS [NAME=VALUE...] -> gptoss-bench's tg rows (or its error)
   local m=$1 d=$2 n=$3 r=$4
   shift 4

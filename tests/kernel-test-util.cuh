@@ -24,6 +24,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace gptoss;
@@ -146,6 +147,20 @@ inline void expect_close(const std::vector<float>& got, const std::vector<float>
 template <typename T>
 inline bool same_bits(const std::vector<T>& a, size_t a0, const std::vector<T>& b, size_t b0, size_t n) {
     return std::memcmp(a.data() + a0, b.data() + b0, n * sizeof(T)) == 0;
+}
+
+// A router's bf16 weights [E, H] and bias [E] for the fused-router cases (test-kernels,
+// test-kernels-fold); ties: experts 3, 9 and 20 get the same row and a bias far above the rest
+// (exact ties).
+inline std::pair<std::vector<uint16_t>, std::vector<uint16_t>> router_weights(Rand& r, uint32_t E, uint32_t H,
+                                                                              bool ties) {
+    auto W = r.bf16s(size_t(E) * H, 0.05f);
+    auto b = r.bf16s(E, 0.5f);
+    if (ties) {
+        for (uint32_t k = 0; k < H; ++k) W[size_t(9) * H + k] = W[size_t(20) * H + k] = W[size_t(3) * H + k];
+        b[9] = b[20] = b[3] = f32_to_bf16(30.0f);
+    }
+    return {W, b};
 }
 
 // --- repacked weights for the GEMM launchers -------------------------------------------------

@@ -13,22 +13,6 @@
 
 #include <functional>
 
-namespace {
-
-// A router's bf16 weights [E, H] and bias [E]; ties: experts 3, 9 and 20 get the same row and a
-// bias far above the rest (exact ties).
-std::pair<std::vector<uint16_t>, std::vector<uint16_t>> router_weights(Rand& r, uint32_t E, uint32_t H, bool ties) {
-    auto W = r.bf16s(size_t(E) * H, 0.05f);
-    auto b = r.bf16s(E, 0.5f);
-    if (ties) {
-        for (uint32_t k = 0; k < H; ++k) W[size_t(9) * H + k] = W[size_t(20) * H + k] = W[size_t(3) * H + k];
-        b[9] = b[20] = b[3] = f32_to_bf16(30.0f);
-    }
-    return {W, b};
-}
-
-}  // namespace
-
 TEST_CASE("router_fold_pack lays the router's fragments out slab by slab as [H/16][E][16]") {
     for (const auto& shape : {std::pair<uint32_t, uint32_t>{32, 2880}, {128, 2880}, {40, 128}, {8, 64}}) {
         const uint32_t E = shape.first, H = shape.second;

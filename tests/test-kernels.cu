@@ -301,19 +301,6 @@ void check_moe(const std::vector<float>& logits_override, uint32_t T, uint64_t s
     expect_close(x.get(), ref, 1e-2f * scale, 1e-2f, what);
 }
 
-// A router's bf16 weights [E, H] and bias [E] for the fused-router cases; ties: experts 3, 9 and 20
-// get the same row and a bias far above the rest (exact ties).
-static std::pair<std::vector<uint16_t>, std::vector<uint16_t>> router_weights(Rand& r, uint32_t E, uint32_t H,
-                                                                              bool ties) {
-    auto W = r.bf16s(size_t(E) * H, 0.05f);
-    auto b = r.bf16s(E, 0.5f);
-    if (ties) {
-        for (uint32_t k = 0; k < H; ++k) W[size_t(9) * H + k] = W[size_t(20) * H + k] = W[size_t(3) * H + k];
-        b[9] = b[20] = b[3] = f32_to_bf16(30.0f);
-    }
-    return {W, b};
-}
-
 // warps 4: bit-identical to residual_rmsnorm + gemm + router_route; 8 and 16 (the decode graph's
 // shorter chain, issue 12): the same xn, logits within fp32 rounding of gemm()'s, the same route.
 TEST_CASE("router_decode (fused norm + router + top-k; counter or cluster; 4, 8 or 16 warps) against residual_rmsnorm + gemm + router_route") {

@@ -71,3 +71,18 @@ dev_elapsed() {
 dev_build_errors() {
   grep -B2 -A10 -m3 error "$1" | head -40
 }
+
+# dev_clean_check [REGEX [TARGET...]]: after dev_clean_start, build build-gpu (every target, or the
+# TARGETs) and run its `ctest -L gpu` (only the tests matching REGEX when it is not empty) into
+# $OUT/build.log and $OUT/ctest.txt, printing the progress with dev_elapsed and the tests' lines;
+# exits the calling script when the build fails.
+dev_clean_check() {
+  local regex=${1:-}
+  [ $# -gt 0 ] && shift
+  dev_build build-gpu "$OUT/build.log" "$@" || { dev_build_errors "$OUT/build.log"; exit 1; }
+  echo "== build done at $(dev_elapsed)s"
+  export GPTOSS_SOURCE_DIR=$PWD
+  dev_ctest_gpu build-gpu "$OUT/ctest.txt" "$regex"
+  grep -E "Test +#" "$OUT/ctest.txt" | head -30
+  echo "== ctest done at $(dev_elapsed)s"
+}

@@ -11,8 +11,6 @@
 #include "cuda/kernels.h"
 #include "cuda/router_fold.cuh"
 
-#include <cstdlib>
-
 namespace gptoss {
 namespace cuda {
 namespace {
@@ -65,18 +63,12 @@ gptoss_status router_fold_pack(const void* router_fragments, uint32_t E, uint32_
 }
 
 bool router_fold_default() {
-    static const bool on = [] {
-        const char* s = std::getenv("GPTOSS_DECODE_ROUTER_FOLD");
-        return (s && *s) ? std::atoi(s) != 0 : kRouterFoldDefault;
-    }();
+    static const bool on = env_int("GPTOSS_DECODE_ROUTER_FOLD", kRouterFoldDefault) != 0;
     return on;
 }
 
 bool router_fold_acq_rel() {
-    static const bool on = [] {
-        const char* s = std::getenv("GPTOSS_DECODE_ROUTER_FOLD_ACQREL");
-        return (s && *s) ? std::atoi(s) != 0 : kRouterFoldAcqRelDefault;
-    }();
+    static const bool on = env_int("GPTOSS_DECODE_ROUTER_FOLD_ACQREL", kRouterFoldAcqRelDefault) != 0;
     return on;
 }
 
